@@ -1,0 +1,74 @@
+"""Every error a user can cause has its own class, so the CLI, the Python API and the HTTP server can
+each turn it into the right message or status code without parsing strings."""
+from __future__ import annotations
+
+
+class EdgespecError(Exception):
+    """Base class: anything edgespec raises on purpose."""
+
+
+# --- bundles -------------------------------------------------------------------------------------
+class BundleError(EdgespecError):
+    """The bundle cannot be trusted or used: missing files, bad checksums, bad manifest."""
+
+
+class BundleNotFound(BundleError):
+    pass
+
+
+class BundleCorrupt(BundleError):
+    """A checksum, size or schema check failed. `problems` lists each one, one line each."""
+
+    def __init__(self, path: str, problems: list[str]):
+        self.path = path
+        self.problems = list(problems)
+        lines = "\n  ".join(self.problems)
+        super().__init__(f"bundle {path} failed verification ({len(self.problems)} problem(s)):\n  {lines}")
+
+
+class TokenizerMismatch(EdgespecError):
+    """Target and draft do not map the same tokens to the same ids."""
+
+
+# --- requests (all are ValueErrors so that plain Python callers can catch them as such) ----------
+class InvalidRequest(EdgespecError, ValueError):
+    """A request parameter is out of range; the server answers 400."""
+
+    param: str | None = None
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class PromptTooLong(InvalidRequest):
+    def __init__(self, prompt_tokens: int, max_new_tokens: int, capacity: int):
+        self.prompt_tokens = prompt_tokens
+        self.capacity = capacity
+        super().__init__(
+            f"prompt is {prompt_tokens} tokens but the cache holds {capacity} "
+            f"(prompt + at least 1 new token must fit; open the engine with a larger max_len "
+            f"or shorten the prompt)",
+            param="prompt",
+        )
+
+
+class DraftUnavailable(InvalidRequest):
+    """`draft="model"` on a bundle without a draft model (or one dropped by the memory plan)."""
+
+
+# --- resources -----------------------------------------------------------------------------------
+class BudgetError(EdgespecError):
+    """A memory or power budget cannot be met; the message carries the numbers."""
+
+
+class ProviderError(EdgespecError):
+    """No execution provider could create a session."""
+
+
+class ExportError(EdgespecError):
+    """The workstation export failed for a reason the user can fix (bad source, no network, ...)."""
+
+
+class ModelFetchError(EdgespecError):
+    """`edgespec pull` could not get a model from any of its sources."""

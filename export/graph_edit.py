@@ -1,0 +1,55 @@
+"""Edits to the builder's graph that the runtime relies on.
+
+`add_logits_to_keep`: the builder's graph returns logits for every input position, so a 1000-token
+prefill of a 152k-vocabulary model would return ~600 MB. We slice the hidden states to the last n
+positions *before* the lm_head MatMul, with n an int64 [1] input: 1 for a prefill, k+1 for a verify.
+That also saves the lm_head compute for the other positions.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+LOGITS_TO_KEEP = "num_logits_to_keep"
+
+
+def add_logits_to_keep(model_path: Path, logits_name: str = "logits") -> None:
+    """Rewrites `model_path` in place (the graph proto only; external weights are untouched)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    g = model.graph
+    if any(i.name == LOGITS_TO_KEEP for i in g.input):
+        return
+    producers = [n for n in g.node if logits_name in n.output]
+    if len(producers) != 1:
+        raise ValueError(f"expected one node producing {logits_name!r}, found {len(producers)}")
+    lm_head = producers[0]
+    if lm_head.op_type not in ("MatMul", "MatMulNBits", "Gemm"):
+        raise ValueError(f"the node producing {logits_name!r} is a {lm_head.op_type}, expected the lm_head MatMul")
+    hidden = lm_head.input[0]
+    g.input.append(helper.make_tensor_value_info(LOGITS_TO_KEEP, TensorProto.INT64, [1]))
+    new_nodes = [
+        helper.make_node("Neg", [LOGITS_TO_KEEP], ["/edgespec/logits_start"], name="/edgespec/Neg"),
+        helper.make_node(
+            "Constant", [], ["/edgespec/logits_end"], name="/edgespec/End",
+            value=helper.make_tensor("end", TensorProto.INT64, [1], [2**62]),
+        ),
+        helper.make_node(
+            "Constant", [], ["/edgespec/seq_axis"], name="/edgespec/Axis",
+            value=helper.make_tensor("axis", TensorProto.INT64, [1], [1]),
+        ),
+        helper.make_node(
+            "Slice", [hidden, "/edgespec/logits_start", "/edgespec/logits_end", "/edgespec/seq_axis"],
+            ["/edgespec/last_hidden"], name="/edgespec/SliceLast",
+        ),
+    ]
+    at = list(g.node).index(lm_head)
+    for offset, node in enumerate(new_nodes):
+        g.node.insert(at + offset, node)
+    lm_head.input[0] = "/edgespec/last_hidden"
+    for out in g.output:
+        if out.name == logits_name and len(out.type.tensor_type.shape.dim) >= 2:
+            out.type.tensor_type.shape.dim[1].ClearField("dim_value")
+            out.type.tensor_type.shape.dim[1].dim_param = "num_logits_to_keep"
+    onnx.save(model, str(model_path))
