@@ -1,0 +1,1 @@
+"""One module per `edgespec` subcommand; each defines `register(subparsers)`."""

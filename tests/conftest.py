@@ -1,0 +1,65 @@
+"""Shared fixtures: tiny bundles built once per test session through the real export path."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tiny_bundles  # noqa: E402
+
+IN_CI = bool(os.environ.get("CI"))
+
+
+@pytest.fixture(scope="session")
+def bundle_root(tmp_path_factory) -> Path:
+    pre = os.environ.get("EDGESPEC_TEST_BUNDLES")
+    if pre:
+        return Path(pre)
+    pytest.importorskip("torch", reason="building test bundles needs the export extra (pip install .[export])")
+    return tmp_path_factory.mktemp("bundles")
+
+
+def _bundle(bundle_root: Path, name: str) -> Path:
+    path = bundle_root / name
+    if not (path / "manifest.json").exists():
+        if os.environ.get("EDGESPEC_TEST_BUNDLES"):
+            pytest.fail(f"prebuilt bundle {path} missing (run tests/tiny_bundles.py {bundle_root})")
+        tiny_bundles.build(name, bundle_root)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(bundle_root) -> Path:
+    """fp32 Qwen2-shaped target + a draft that agrees often (target weights + 5 % noise)."""
+    return _bundle(bundle_root, "qwen-agree")
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle_disagree(bundle_root) -> Path:
+    return _bundle(bundle_root, "qwen-disagree")
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle_nodraft(bundle_root) -> Path:
+    return _bundle(bundle_root, "qwen-nodraft")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_bundle(bundle_root) -> Path:
+    return _bundle(bundle_root, "llama-agree")
+
+
+@pytest.fixture
+def bundle_copy(tmp_path):
+    """Returns a function that copies a bundle into tmp_path, for tests that damage it."""
+
+    def copy(src: Path, name: str = "copy") -> Path:
+        dst = tmp_path / name
+        shutil.copytree(src, dst)
+        return dst
+
+    return copy

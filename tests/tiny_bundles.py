@@ -1,0 +1,43 @@
+"""Builds the tiny test bundles through the real export path.
+
+    python tests/tiny_bundles.py DIR      # prebuild (e.g. on x86_64, for the arm64 run without torch)
+
+Tests get them from the fixtures in conftest.py; with EDGESPEC_TEST_BUNDLES=DIR set they are read
+from DIR instead of being built (the export extra, torch included, is then not needed).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# name -> (target arch, draft: None | noise level relative to the target's weights, quant)
+VARIANTS = {
+    "qwen-agree": ("qwen2", 0.05, "fp32"),  # a draft that agrees often
+    "qwen-disagree": ("qwen2", 2.0, "fp32"),  # a draft that disagrees often
+    "qwen-nodraft": ("qwen2", None, "fp32"),
+    "llama-agree": ("llama", 0.05, "fp32"),
+}
+
+
+def build(name: str, root: Path) -> Path:
+    from edgespec_export.pipeline import export_bundle
+    from edgespec_export.tiny import make_tiny_draft, make_tiny_model
+
+    arch, noise, quant = VARIANTS[name]
+    out = root / name
+    if (out / "manifest.json").exists():
+        return out
+    src = root / "src" / name
+    target = make_tiny_model(src / "target", arch=arch, seed=0)
+    draft = make_tiny_draft(target, src / "draft", noise=noise) if noise is not None else None
+    return export_bundle(target, out, draft=draft, quant=quant)
+
+
+def build_all(root: Path) -> dict[str, Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    return {name: build(name, root) for name in VARIANTS}
+
+
+if __name__ == "__main__":
+    for name, path in build_all(Path(sys.argv[1])).items():
+        print(name, path)
