@@ -32,14 +32,27 @@ class StepTimes:
 
     total_s: dict[int, float] = field(default_factory=dict)
     count: dict[int, int] = field(default_factory=dict)
+    # Exponentially weighted recent time by tokens per step: the cost model wants today's cost
+    # (after warm-up, under the current thermal state), not the all-time mean.
+    recent_s: dict[int, float] = field(default_factory=dict)
+    alpha: float = 0.25
 
     def add(self, n_tokens: int, seconds: float) -> None:
+        c = self.count.get(n_tokens, 0)
         self.total_s[n_tokens] = self.total_s.get(n_tokens, 0.0) + seconds
-        self.count[n_tokens] = self.count.get(n_tokens, 0) + 1
+        self.count[n_tokens] = c + 1
+        prev = self.recent_s.get(n_tokens)
+        if prev is None or c < 2:  # the first run of a shape pays one-off allocation: replace it
+            self.recent_s[n_tokens] = seconds if prev is None else min(prev, seconds)
+        else:
+            self.recent_s[n_tokens] = prev + self.alpha * (seconds - prev)
 
     def mean(self, n_tokens: int) -> float | None:
         c = self.count.get(n_tokens)
         return self.total_s[n_tokens] / c if c else None
+
+    def recent(self, n_tokens: int) -> float | None:
+        return self.recent_s.get(n_tokens)
 
 
 class ModelRunner:

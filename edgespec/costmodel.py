@@ -1,0 +1,104 @@
+"""What a round of speculation costs and buys, from step times measured on this device.
+
+Speculation pays only when the tokens a round yields outweigh what it costs:
+
+    rate(k) = E[tokens | k proposals] / (draft cost of k tokens + verify(k + 1))
+
+against 1 / verify(1) for the target alone. On a compute-poor CPU verify(k+1) grows quickly with k
+(on the 2-core dev machine verify(5) ~ 1.8 x verify(1)) while on a Jetson GPU it is nearly flat,
+so the numbers must come from the device itself: the runners record the wall time of every step
+by its number of tokens (`StepTimes`), and this module turns those into estimates, falling back
+to ratios measured on the dev machine (DESIGN.md) for sizes not seen yet.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .runner import StepTimes
+
+# Priors, relative to one 1-token target step, from the dev machine (DESIGN.md): a verify of s
+# tokens costs about 1 + 0.19 (s - 1); a 0.5B draft step about a third of a 1.5B target step.
+PRIOR_VERIFY_SLOPE = 0.19
+PRIOR_DRAFT_RATIO = 0.35
+_MAX_FIT = 17  # steps longer than this are prefills: not used to fit the verify slope
+
+
+def expected_tokens(k: int, a: float) -> float:
+    """Tokens a round yields with k proposals each accepted with probability a (given all before
+    were): 1 + a + a^2 + ... + a^k (the last term is the target's own bonus/correction token)."""
+    if k <= 0:
+        return 1.0
+    if a >= 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def expected_tokens_chain(a_first: float, a_next: float, k: int) -> float:
+    """Like expected_tokens, for proposals whose first token is the uncertain one and the rest are
+    accepted with a_next once it is (n-gram copies: a span either is being copied or is not)."""
+    if k <= 0:
+        return 1.0
+    return 1.0 + a_first * expected_tokens(k - 1, a_next)
+
+
+@dataclass
+class CostModel:
+    """Seconds per step, estimated from the runners' recent step times."""
+
+    target: StepTimes
+    draft: StepTimes | None = None
+
+    def verify(self, s: int) -> float:
+        """Seconds for a target step of s tokens (s = k + 1 for a verify of k proposals)."""
+        t = self.target.recent(s)
+        if t is not None and self.target.count.get(s, 0) >= 2:
+            return t
+        t1 = self._t1()
+        return t1 * (1.0 + self._slope(t1) * (s - 1))
+
+    def draft_step(self) -> float:
+        """Seconds for one 1-token draft step."""
+        if self.draft is not None:
+            t = self.draft.recent(1)
+            if t is not None and self.draft.count.get(1, 0) >= 2:
+                return t
+        return PRIOR_DRAFT_RATIO * self._t1()
+
+    def target_alone_rate(self) -> float:
+        return 1.0 / self.verify(1)
+
+    def best_k(self, a: float, k_max: int, *, draft_cost: float | None = None, chain: float | None = None
+               ) -> tuple[int, float]:
+        """The k in [0, k_max] with the highest expected tokens per second, and that rate.
+
+        `draft_cost` is seconds per proposed token (None: the draft model's step; 0 for n-gram);
+        `chain` switches to the n-gram model where a is the first token's acceptance and `chain`
+        the acceptance of each following one."""
+        d = self.draft_step() if draft_cost is None else draft_cost
+        best_k, best = 0, self.target_alone_rate()
+        for k in range(1, max(0, k_max) + 1):
+            e = expected_tokens(k, a) if chain is None else expected_tokens_chain(a, chain, k)
+            r = e / (k * d + self.verify(k + 1))
+            if r > best:
+                best_k, best = k, r
+        return best_k, best
+
+    # -- internals --------------------------------------------------------------------------------
+    def _t1(self) -> float:
+        t = self.target.recent(1)
+        if t is not None:
+            return t
+        # no 1-token step seen yet (right after a prefill): derive it from any small step we have
+        for s in sorted(self.target.recent_s):
+            if s < _MAX_FIT:
+                return self.target.recent_s[s] / (1.0 + PRIOR_VERIFY_SLOPE * (s - 1))
+        return 1.0  # nothing measured: relative units, the decisions only compare ratios
+
+    def _slope(self, t1: float) -> float:
+        """Extra cost per extra token, as a fraction of t1, fitted through the measured sizes."""
+        pts = [(s, t) for s, t in self.target.recent_s.items() if 1 < s < _MAX_FIT and self.target.count.get(s, 0) >= 2]
+        if not pts or t1 <= 0:
+            return PRIOR_VERIFY_SLOPE
+        num = sum((s - 1) * (t / t1 - 1.0) for s, t in pts)
+        den = sum((s - 1) ** 2 for s, _ in pts)
+        return max(0.0, num / den)

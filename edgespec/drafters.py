@@ -1,0 +1,328 @@
+"""Drafters propose the next few tokens cheaply; the target checks them all in one pass.
+
+One small interface for all of them:
+
+    propose(ctx, k, params, rng) -> Proposal   # at most k tokens that may follow ctx
+    feedback(proposal, accepted, valid_len)    # learn from the verdict; forget cache rows past valid_len
+    begin(ctx)                                 # a new request starts (may share a prefix with the last)
+
+- `NoDrafter`     proposes nothing: plain target decoding through the same loop.
+- `NgramDrafter`  prompt lookup: the longest suffix of ctx (n = max_n .. 1) that occurred earlier in
+                  prompt + output proposes what followed it then. Costs no model step at all.
+- `ModelDrafter`  runs the small draft model on its own KV cache. With `adaptive`, it stops drafting
+                  as soon as its own confidence says one more token is not worth its cost.
+- `AutoDrafter`   per round, picks n-gram, model or nothing by expected tokens per second from the
+                  measured costs (costmodel.py) and the acceptance it has seen, and keeps learning.
+
+Proposals are lossless whatever they contain: the target accepts only what it would have produced
+(greedy) or corrects the distribution (rejection sampling, speculative.py). Drafters only decide
+speed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from .costmodel import CostModel
+from .runner import ModelRunner
+from .sampling import SamplingParams, probs, sample
+
+DRAFT_MODES = ("auto", "model", "ngram", "none")
+PREFILL_CHUNK = 512  # tokens per prefill step: bounds activation memory on long prompts
+
+
+@dataclass
+class Proposal:
+    tokens: list[int] = field(default_factory=list)
+    # Draft distributions the tokens were sampled from, [len(tokens), usable]; None means the
+    # proposal is deterministic (greedy model drafts, n-gram): rejection sampling then uses q one-hot.
+    q: np.ndarray | None = None
+    source: str = "none"  # "model" | "ngram" | "none"
+    conf: list[float] = field(default_factory=list)  # draft's probability of each token (model)
+    ngram: int = 0  # length of the matched suffix (ngram)
+
+
+EMPTY = Proposal()
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else n
+
+
+class Beta:
+    """A running acceptance probability: a Beta posterior whose old evidence fades (weight `keep`
+    per update), so the estimate follows the text as it changes from prose to code and back."""
+
+    __slots__ = ("a", "b", "keep")
+
+    def __init__(self, mean: float, weight: float = 4.0, keep: float = 0.97):
+        self.a, self.b, self.keep = mean * weight, (1.0 - mean) * weight, keep
+
+    @property
+    def mean(self) -> float:
+        return self.a / (self.a + self.b)
+
+    def add(self, hits: float, misses: float) -> None:
+        self.a = self.a * self.keep + hits
+        self.b = self.b * self.keep + misses
+
+
+class Drafter:
+    name = "none"
+
+    def begin(self, ctx: Sequence[int]) -> None:
+        """A new request starts; ctx is its prompt."""
+
+    def propose(self, ctx: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Proposal:
+        return EMPTY
+
+    def feedback(self, proposal: Proposal, accepted: int, valid_len: int) -> None:
+        """`accepted` of proposal.tokens were accepted; the first `valid_len` tokens of the context
+        are now final, so any cache rows past them are stale."""
+
+
+class NoDrafter(Drafter):
+    name = "none"
+
+
+# --- n-gram prompt lookup ------------------------------------------------------------------------
+def ngram_lookup(ctx: Sequence[int] | np.ndarray, k: int, max_n: int = 5, min_n: int = 1) -> tuple[list[int], int]:
+    """Finds the longest suffix of ctx (max_n down to min_n tokens) that occurred earlier and returns
+    up to k tokens that followed its latest earlier occurrence, preferring one with k tokens after
+    it, and the matched length n. ([], 0) when nothing matches."""
+    a = np.asarray(ctx, dtype=np.int64)
+    length = a.shape[0]
+    if k <= 0 or length < 2:
+        return [], 0
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        windows = sliding_window_view(a[: length - 1], n)  # [length-n, n]; window i = a[i:i+n], followed by a[i+n]
+        hits = np.flatnonzero((windows == a[length - n :]).all(axis=1))
+        if hits.size == 0:
+            continue
+        full = hits[hits + n + k <= length]
+        i = int(full[-1] if full.size else hits[-1])
+        return a[i + n : i + n + k].tolist(), n
+    return [], 0
+
+
+class NgramDrafter(Drafter):
+    """Proposes what followed the longest earlier match of the context's suffix.
+
+    With `adaptive`, it proposes only as many tokens as pay off given how often matches of this
+    length were accepted (an n-gram copy either is being copied or not: the first token is the
+    uncertain one, hence separate first/next acceptance)."""
+
+    name = "ngram"
+
+    def __init__(self, costs: CostModel | None = None, *, adaptive: bool = True, max_n: int = 5):
+        self.costs = costs
+        self.adaptive = adaptive and costs is not None
+        self.max_n = max_n
+        # priors: a one-token match is a weak hint, three or more tokens a strong one
+        self.first = {n: Beta(m) for n, m in ((1, 0.25), (2, 0.4), (3, 0.5), (4, 0.55), (5, 0.6))}
+        self.next = Beta(0.75)
+
+    def first_beta(self, n: int) -> Beta:
+        return self.first[min(n, max(self.first))]
+
+    def lookup(self, ctx: Sequence[int], k: int) -> tuple[list[int], int]:
+        return ngram_lookup(ctx, k, self.max_n)
+
+    def plan(self, tokens: list[int], n: int) -> tuple[int, float]:
+        """How many of a lookup's tokens to propose, and the expected tokens per second."""
+        if not tokens:
+            return 0, self.costs.target_alone_rate() if self.costs else 0.0
+        if not self.adaptive:
+            return len(tokens), 0.0
+        return self.costs.best_k(self.first_beta(n).mean, len(tokens), draft_cost=0.0, chain=self.next.mean)
+
+    def propose(self, ctx, k, params, rng) -> Proposal:
+        tokens, n = self.lookup(ctx, k)
+        use, _ = self.plan(tokens, n)
+        return Proposal(tokens[:use], None, "ngram", ngram=n) if use else EMPTY
+
+    def feedback(self, proposal, accepted, valid_len) -> None:
+        if proposal.source != "ngram" or not proposal.tokens:
+            return
+        self.first_beta(proposal.ngram).add(accepted > 0, accepted == 0)
+        if accepted > 0 and len(proposal.tokens) > 1:
+            self.next.add(accepted - 1, accepted < len(proposal.tokens))
+
+
+# --- the draft model -----------------------------------------------------------------------------
+# Acceptance is learned per bin of the draft's own probability for the token it proposed: a
+# confident draft is usually right, an unsure one usually wrong, and that is known *before* paying
+# for the next draft step and the longer verify.
+_CONF_EDGES = np.array([0.2, 0.4, 0.6, 0.75, 0.85, 0.92, 0.97, 0.99])
+
+
+def _conf_bin(c: float) -> int:
+    return int(np.searchsorted(_CONF_EDGES, c, side="right"))
+
+
+class ModelDrafter(Drafter):
+    """The small draft model on its own in-place KV cache (a ModelRunner).
+
+    Its cache holds a prefix of the context; `_sync` feeds whatever is missing in one step (the
+    target's last token, or a whole new prompt), so rewinding after a rejection is free."""
+
+    name = "model"
+
+    def __init__(self, runner: ModelRunner, usable: int, costs: CostModel | None = None, *, adaptive: bool = True):
+        self.runner = runner
+        self.usable = usable
+        self.costs = costs
+        self.adaptive = adaptive and costs is not None
+        self.tokens: list[int] = []  # exactly what the draft cache holds
+        mids = np.concatenate([[0.1], (_CONF_EDGES[:-1] + _CONF_EDGES[1:]) / 2, [0.995]])
+        self.by_conf = [Beta(float(m) * 0.9) for m in mids]
+        self.mean = Beta(0.6, weight=8.0)
+
+    def begin(self, ctx) -> None:
+        n = common_prefix(self.tokens, ctx)
+        self.runner.rewind(n)
+        del self.tokens[n:]
+
+    def _sync(self, ctx: Sequence[int]) -> np.ndarray:
+        """Makes the draft cache hold ctx and returns the logits row predicting the next token."""
+        n = min(common_prefix(self.tokens, ctx), len(ctx) - 1)
+        self.runner.rewind(n)
+        del self.tokens[n:]
+        row = None
+        while n < len(ctx):
+            chunk = list(ctx[n : n + PREFILL_CHUNK])
+            row = self.runner.step(chunk, 1)[0]
+            self.tokens.extend(chunk)
+            n += len(chunk)
+        return row
+
+    def acceptance(self, conf: float) -> float:
+        return self.by_conf[_conf_bin(conf)].mean
+
+    def propose(self, ctx, k, params, rng) -> Proposal:
+        if k <= 0 or len(ctx) + k - 1 > self.runner.max_len:
+            return EMPTY
+        row = self._sync(ctx)
+        tokens: list[int] = []
+        confs: list[float] = []
+        qs: list[np.ndarray] = []
+        # greedy drafting under the round's figure of merit: expected tokens / seconds
+        d = self.costs.draft_step() if self.adaptive else 0.0
+        p_all, e_tok, best_j, best_rate = 1.0, 1.0, 0, 0.0
+        if self.adaptive:
+            best_rate = 1.0 / (d + self.costs.verify(1))  # submitting nothing after one draft step
+        for j in range(k):
+            if params.greedy:
+                x = row[: self.usable]
+                t = int(np.argmax(x))
+                c = float(1.0 / np.exp(x - x[t]).sum())
+            else:
+                q = probs(row, params, self.usable)
+                t = sample(q, rng)
+                c = float(q[t])
+                qs.append(q)
+            tokens.append(t)
+            confs.append(c)
+            if not self.adaptive:
+                if j + 1 < k:
+                    row = self._step(t)
+                continue
+            p_all *= self.acceptance(c)
+            e_tok += p_all
+            spent = (j + 1) * d
+            rate = e_tok / (spent + self.costs.verify(j + 2))
+            if rate > best_rate:
+                best_j, best_rate = j + 1, rate
+            if j + 1 == k:
+                break
+            # one more draft step pays if the next token's expected value beats its cost
+            more = (e_tok + p_all * self.mean.mean) / (spent + d + self.costs.verify(j + 3))
+            if more <= best_rate:
+                break
+            row = self._step(t)
+        if self.adaptive:
+            del tokens[best_j:], confs[best_j:], qs[best_j:]
+        if not tokens:
+            return EMPTY
+        return Proposal(tokens, np.stack(qs) if qs else None, "model", confs)
+
+    def _step(self, t: int) -> np.ndarray:
+        row = self.runner.step([t], 1)[0]
+        self.tokens.append(t)
+        return row
+
+    def feedback(self, proposal, accepted, valid_len) -> None:
+        if valid_len < len(self.tokens):
+            self.runner.rewind(valid_len)
+            del self.tokens[valid_len:]
+        if proposal.source != "model" or not proposal.tokens:
+            return
+        judged = proposal.conf[: accepted + 1]  # tokens after the first rejection were never judged
+        for i, c in enumerate(judged):
+            ok = i < accepted
+            self.by_conf[_conf_bin(c)].add(ok, not ok)
+            self.mean.add(ok, not ok)
+
+
+# --- auto ----------------------------------------------------------------------------------------
+class AutoDrafter(Drafter):
+    """Per round: an n-gram hit, the draft model, or nothing, whichever promises the most tokens per
+    second right now. Every option's estimate keeps learning from its verdicts; an option that has
+    not been chosen for a while is tried once so that a change in the text is noticed."""
+
+    name = "auto"
+    EXPLORE_EVERY = 24
+
+    def __init__(self, costs: CostModel, ngram: NgramDrafter, model: ModelDrafter | None = None):
+        self.costs = costs
+        self.ngram = ngram
+        self.model = model
+        self.idle = {"ngram": 0, "model": 0}
+        self.last = "none"
+
+    def begin(self, ctx) -> None:
+        if self.model is not None:
+            self.model.begin(ctx)
+
+    def model_rate(self, k: int) -> float:
+        if self.model is None or k <= 0:
+            return 0.0
+        return self.costs.best_k(self.model.mean.mean, k)[1]
+
+    def propose(self, ctx, k, params, rng) -> Proposal:
+        if k <= 0:
+            return EMPTY
+        base = self.costs.target_alone_rate()
+        tokens, n = self.ngram.lookup(ctx, k)
+        ng_k, ng_rate = self.ngram.plan(tokens, n) if tokens else (0, 0.0)
+        m_rate = self.model_rate(k)
+        choice = max((("none", base), ("ngram", ng_rate if ng_k else 0.0), ("model", m_rate)), key=lambda c: c[1])[0]
+        if choice == "none":  # explore: has the text become draftable again?
+            if self.model is not None and self.idle["model"] >= self.EXPLORE_EVERY:
+                choice = "model"
+            elif tokens and self.idle["ngram"] >= self.EXPLORE_EVERY:
+                choice, ng_k = "ngram", 1
+        for name in self.idle:
+            self.idle[name] = 0 if name == choice else self.idle[name] + 1
+        self.last = choice
+        if choice == "ngram":
+            return Proposal(tokens[:ng_k], None, "ngram", ngram=n)
+        if choice == "model":
+            return self.model.propose(ctx, k, params, rng)
+        return EMPTY
+
+    def feedback(self, proposal, accepted, valid_len) -> None:
+        self.ngram.feedback(proposal, accepted, valid_len)
+        if self.model is not None:
+            self.model.feedback(proposal, accepted, valid_len)
+
