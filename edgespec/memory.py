@@ -1,0 +1,368 @@
+"""Memory budget: decide, before anything is loaded, how long the KV cache may be and whether the
+draft model fits, so a board with 4-16 GB shared memory gets a smaller cache or no draft model, or a
+refusal with the numbers, instead of an out-of-memory kill halfway through loading.
+
+The prediction is the resident memory of the whole process once a request has filled the cache:
+
+    runtime          python + onnxruntime + numpy + tokenizers, and the loaded tokenizer
+    <role>_weights   the model's files on disk (onnxruntime keeps the int4 blocks as they are)
+    <role>_kv        2 x layers x kv_heads x head_dim x max_len x dtype bytes (past and present share it)
+    working          activations of the largest step (a prefill chunk), attention scores, logits rows
+
+Order of retreat when the budget is too small: shrink max_len (down to a floor), then drop the draft
+model (n-gram drafting needs no memory), then refuse with BudgetError. The constants below were fitted
+against measured RSS of real bundles (see docs/edge.md, "Memory budget"); `measure_rss` and
+`compare` let every load check the prediction again.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import BudgetError, InvalidRequest
+
+# --- the model's constants (bytes) --------------------------------------------------------------
+RUNTIME_BASE = 72 << 20  # measured: python 3.11 + onnxruntime 1.32 + numpy + tokenizers imported
+TOKENIZER_FACTOR = 6  # a loaded `tokenizers.Tokenizer` holds ~6x its tokenizer.json (measured, Qwen)
+SESSION_OVERHEAD = 8 << 20  # per onnxruntime session: graph, kernels, arena bookkeeping
+ARENA_SLACK = 1.25  # onnxruntime's CPU arena grows in power-of-two chunks and keeps them
+DEFAULT_MAX_LEN = 2048
+MIN_MAX_LEN = 256  # below this a chat turn does not fit; the plan refuses instead of shrinking further
+DEFAULT_PREFILL_CHUNK = 512  # the engine prefills long prompts in chunks of at most this many tokens
+LEN_ALIGN = 64  # shrunk lengths are multiples of this (the floor itself is kept as given)
+
+
+@dataclass
+class MemoryPlan:
+    """What to load and how big the caches may be. `breakdown` sums to `predicted_bytes`."""
+
+    max_len: int
+    load_draft: bool
+    predicted_bytes: int
+    breakdown: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+    budget_bytes: int | None = None
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    requested_max_len: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_len": self.max_len,
+            "load_draft": self.load_draft,
+            "predicted_bytes": self.predicted_bytes,
+            "budget_bytes": self.budget_bytes,
+            "prefill_chunk": self.prefill_chunk,
+            "requested_max_len": self.requested_max_len,
+            "breakdown": dict(self.breakdown),
+            "notes": list(self.notes),
+        }
+
+    def describe(self) -> str:
+        """Several lines for `edgespec plan` and logs: the numbers, then what was given up and why."""
+        lines = [f"max_len {self.max_len}, draft model {'loaded' if self.load_draft else 'not loaded'}"]
+        width = max(len(k) for k in self.breakdown) if self.breakdown else 0
+        for k, v in self.breakdown.items():
+            if v:
+                lines.append(f"  {k:<{width}}  {format_size(v):>10}")
+        total = f"  {'total':<{width}}  {format_size(self.predicted_bytes):>10}"
+        if self.budget_bytes:
+            total += f"  of budget {format_size(self.budget_bytes)} ({100 * self.predicted_bytes / self.budget_bytes:.0f} %)"
+        lines.append(total)
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+# --- sizes ---------------------------------------------------------------------------------------
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kib": 1 << 10, "kb": 10**3,
+    "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+    "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
+    "t": 1 << 40, "tib": 1 << 40, "tb": 10**12,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """'5GiB', '512M', '1.5G', '800MB', '1073741824' -> bytes.
+
+    Short forms (K, M, G, T) are binary like systemd's MemoryMax; KB/MB/GB are decimal, KiB/MiB/GiB
+    binary. A size must be positive: a zero budget is a typo, not a request."""
+    if isinstance(text, bool):
+        raise InvalidRequest(f"not a memory size: {text!r}", param="memory_budget")
+    if isinstance(text, int):
+        value = text
+    else:
+        m = _SIZE_RE.match(str(text))
+        unit = m.group(2).lower() if m else None
+        if not m or unit not in _UNITS:
+            raise InvalidRequest(
+                f"not a memory size: {text!r} (write e.g. 5GiB, 512M, 1.5G, 800MB or a number of bytes)",
+                param="memory_budget",
+            )
+        value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise InvalidRequest(f"memory size must be positive, got {text!r}", param="memory_budget")
+    return value
+
+
+def format_size(n: int | float) -> str:
+    """Binary units with three significant digits: 1.13 GiB, 117 MiB, 512 B."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{int(n)} B"
+            return f"{n:.3g} {unit}" if abs(n) < 100 else f"{n:.0f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+# --- prediction ----------------------------------------------------------------------------------
+def _open(bundle):
+    from .bundle import Bundle
+
+    if isinstance(bundle, Bundle):
+        return bundle
+    return Bundle.open(bundle, verify=False)
+
+
+def _intermediate_size(facts) -> int:
+    """The MLP width is not in the manifest; recover it from the parameter count
+    (params ~ embeddings + layers x (attention + 3 x hidden x intermediate)), else assume 4 x hidden."""
+    h, layers = facts.hidden_size, facts.layers
+    kv = facts.kv_heads * facts.head_dim
+    if facts.params:
+        emb = facts.vocab_size * h
+        attn = h * h * 2 + 2 * h * kv
+        for embeddings in (emb, 2 * emb):  # tied or untied lm_head
+            per_layer = (facts.params - embeddings) / layers - attn
+            inter = per_layer / (3 * h)
+            if h <= inter <= 8 * h:
+                return int(inter)
+    return 4 * h
+
+
+def working_bytes(facts, max_len: int, prefill_chunk: int, *, verify_rows: int = 16) -> int:
+    """Peak activations of one session: the largest step is a prefill chunk of S tokens.
+
+    Shapes (fp32): hidden states [S, H] a handful of times, MLP [S, I] x 3, attention scores
+    [heads, S, L] (the CPU GroupQueryAttention materialises them), logits [rows, V] for the rows kept.
+    """
+    s = max(1, min(prefill_chunk, max_len))
+    h = facts.hidden_size
+    heads = max(1, h // facts.head_dim)
+    inter = _intermediate_size(facts)
+    act = s * (6 * h + 3 * inter) * 4
+    scores = heads * s * max_len * 4
+    logits = max(verify_rows, 1) * facts.vocab_size * 4
+    return SESSION_OVERHEAD + int(ARENA_SLACK * (act + scores)) + logits
+
+
+def runtime_bytes(b) -> int:
+    tok = b.root / "tokenizer.json"
+    size = tok.stat().st_size if tok.exists() else 0
+    return RUNTIME_BASE + TOKENIZER_FACTOR * size
+
+
+def predict(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> dict[str, int]:
+    """The breakdown (bytes) for one choice of max_len and draft; `plan` searches over these."""
+    b = _open(bundle)
+    parts = {
+        "runtime": runtime_bytes(b),
+        "target_weights": b.model_bytes("target"),
+        "target_kv": b.target.kv_bytes_per_token() * max_len,
+        "working": working_bytes(b.target, max_len, prefill_chunk),
+        "draft_weights": 0,
+        "draft_kv": 0,
+    }
+    if load_draft and b.draft is not None:
+        parts["draft_weights"] = b.model_bytes("draft")
+        parts["draft_kv"] = b.draft.kv_bytes_per_token() * max_len
+        parts["working"] += working_bytes(b.draft, max_len, prefill_chunk)
+    return parts
+
+
+def plan(
+    bundle,
+    *,
+    max_len: int | None,
+    want_draft: bool,
+    budget_bytes: int | None,
+    profile=None,
+    min_len: int = MIN_MAX_LEN,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+) -> MemoryPlan:
+    """Chooses max_len and whether to load the draft so the prediction fits `budget_bytes`.
+
+    `max_len=None` takes the device profile's default (else 2048), capped at the model's context.
+    `budget_bytes=None` takes the profile's default budget; with neither, nothing is shrunk.
+    Raises BudgetError, with the numbers, when even the target alone at the floor length is too big.
+    """
+    b = _open(bundle)
+    notes: list[str] = []
+    context = b.target.max_context
+    if b.draft is not None:
+        context = min(context, b.draft.max_context)
+    if max_len is None:
+        want_len = int(getattr(profile, "default_max_len", None) or DEFAULT_MAX_LEN)
+    else:
+        if int(max_len) < 2:
+            raise InvalidRequest(f"max_len must be at least 2, got {max_len}", param="max_len")
+        want_len = int(max_len)
+    if want_len > context:
+        notes.append(f"max_len {want_len} capped at the model's context length {context}")
+        want_len = context
+    floor = min(min_len, want_len)
+    if budget_bytes is None and profile is not None:
+        budget_bytes = getattr(profile, "memory_budget_bytes", None)
+        if budget_bytes:
+            notes.append(f"memory budget {format_size(budget_bytes)} is the {profile.id} default")
+    if budget_bytes is not None and budget_bytes <= 0:
+        raise InvalidRequest(f"memory budget must be positive, got {budget_bytes}", param="memory_budget")
+    load_draft = bool(want_draft and b.draft is not None)
+    if want_draft and b.draft is None:
+        notes.append("bundle has no draft model: drafting can use n-gram lookup only")
+
+    def make(length: int, draft: bool) -> MemoryPlan:
+        parts = predict(b, length, draft, prefill_chunk=prefill_chunk)
+        return MemoryPlan(
+            max_len=length, load_draft=draft, predicted_bytes=sum(parts.values()), breakdown=parts,
+            notes=notes, budget_bytes=budget_bytes, prefill_chunk=prefill_chunk, requested_max_len=want_len,
+        )
+
+    full = make(want_len, load_draft)
+    if budget_bytes is None or full.predicted_bytes <= budget_bytes:
+        return full
+    over = full.predicted_bytes - budget_bytes
+    # 1. shrink the cache, keeping the draft
+    if load_draft:
+        length = _longest_fitting(b, True, floor, want_len, budget_bytes, prefill_chunk)
+        if length is not None:
+            notes.append(
+                f"max_len shrunk from {want_len} to {length}: the full length needs "
+                f"{format_size(full.predicted_bytes)}, {format_size(over)} over the budget"
+            )
+            return make(length, True)
+    # 2. drop the draft model (n-gram drafting costs no memory), as long a cache as then fits
+    length = _longest_fitting(b, False, floor, want_len, budget_bytes, prefill_chunk)
+    if length is not None:
+        if load_draft:
+            at_floor = make(floor, True).predicted_bytes
+            notes.append(
+                f"draft model dropped: with it even max_len {floor} needs {format_size(at_floor)} "
+                f"(budget {format_size(budget_bytes)}); n-gram drafting still works"
+            )
+        if length < want_len:
+            notes.append(f"max_len shrunk from {want_len} to {length} to fit the budget")
+        return make(length, False)
+    # 3. refuse, with the numbers
+    smallest = make(floor, False)
+    parts = smallest.breakdown
+    detail = " + ".join(f"{k.replace('_', ' ')} {format_size(v)}" for k, v in parts.items() if v)
+    err = BudgetError(
+        f"memory budget {format_size(budget_bytes)} is too small for bundle {b.name}: the smallest plan "
+        f"(target model only, max_len {floor}) needs {format_size(smallest.predicted_bytes)} = {detail}; "
+        f"the full plan (max_len {want_len}{', with draft' if load_draft else ''}) needs "
+        f"{format_size(full.predicted_bytes)}. Raise --memory-budget to at least "
+        f"{format_size(smallest.predicted_bytes)} or use a smaller model"
+    )
+    err.needed_bytes = smallest.predicted_bytes  # type: ignore[attr-defined]
+    err.budget_bytes = budget_bytes  # type: ignore[attr-defined]
+    err.breakdown = parts  # type: ignore[attr-defined]
+    raise err
+
+
+def _longest_fitting(b, draft: bool, floor: int, want: int, budget: int, chunk: int) -> int | None:
+    """Largest max_len in [floor, want] whose prediction fits (prediction grows with max_len), aligned
+    down to LEN_ALIGN unless that would cross the floor."""
+    def fits(n: int) -> bool:
+        return sum(predict(b, n, draft, prefill_chunk=chunk).values()) <= budget
+
+    if not fits(floor):
+        return None
+    lo, hi = floor, want  # fits(lo) is true
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    aligned = (lo // LEN_ALIGN) * LEN_ALIGN
+    return aligned if aligned >= floor and lo != want else lo
+
+
+# --- measurement ---------------------------------------------------------------------------------
+def measure_rss(pid: int | str = "self") -> dict[str, int]:
+    """{"rss": current resident bytes, "peak": high-water mark} from /proc/<pid>/status (Linux)."""
+    out: dict[str, int] = {}
+    keys = {"VmRSS:": "rss", "VmHWM:": "peak", "RssAnon:": "anon", "RssFile:": "file"}
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                parts = line.split()
+                if parts and parts[0] in keys:
+                    out[keys[parts[0]]] = int(parts[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+@dataclass
+class MemoryCheck:
+    predicted_bytes: int
+    measured_bytes: int
+
+    @property
+    def error(self) -> float:
+        """(measured - predicted) / measured: positive means the plan under-predicted."""
+        return (self.measured_bytes - self.predicted_bytes) / max(1, self.measured_bytes)
+
+    def describe(self) -> str:
+        return (
+            f"memory: predicted {format_size(self.predicted_bytes)}, measured {format_size(self.measured_bytes)} "
+            f"RSS ({100 * self.error:+.1f} %)"
+        )
+
+
+def compare(plan_: MemoryPlan, measured_bytes: int | None = None) -> MemoryCheck:
+    """Predicted vs measured resident memory of this process (peak RSS unless given)."""
+    if measured_bytes is None:
+        m = measure_rss()
+        measured_bytes = m.get("peak") or m.get("rss") or 0
+    return MemoryCheck(plan_.predicted_bytes, int(measured_bytes))
+
+
+def available_bytes(root: str | os.PathLike = "/") -> int | None:
+    """MemAvailable from <root>/proc/meminfo: what the kernel thinks can be allocated without swapping."""
+    info = meminfo(root)
+    return info.get("MemAvailable")
+
+
+def meminfo(root: str | os.PathLike = "/") -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        text = (Path(root) / "proc/meminfo").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        parts = line.replace(":", " ").split()
+        if len(parts) >= 2 and parts[1].isdigit():
+            mult = 1024 if len(parts) > 2 and parts[2].lower() == "kb" else 1
+            out[parts[0]] = int(parts[1]) * mult
+    return out
+
+
+def fits_now(plan_: MemoryPlan, root: str | os.PathLike = "/") -> str | None:
+    """A warning line when the plan needs more than the kernel says is available right now."""
+    avail = available_bytes(root)
+    if avail is not None and plan_.predicted_bytes > avail:
+        return (
+            f"the plan needs {format_size(plan_.predicted_bytes)} but only {format_size(avail)} is available "
+            f"now (MemAvailable): expect swapping or an out-of-memory kill; set --memory-budget"
+        )
+    return None
+
