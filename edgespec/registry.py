@@ -296,7 +296,7 @@ def ensure_model(
                 nxt = chosen[i + 1].describe() if i + 1 < len(chosen) else None
                 log.info("%s: %s: %s%s", name, src.describe(), e, f"; trying {nxt}" if nxt else "")
                 continue
-            log.info("%s: %s (sha256 verified)", name, dest)
+            log.info("%s: fetched from %s into %s (sha256 verified)", name, src.describe(), dest)
             return dest
         lines = "\n  ".join(failures) or "no source selected"
         raise ModelFetchError(
