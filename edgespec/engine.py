@@ -179,8 +179,8 @@ class Engine:
         plan = _memory_plan(b, max_len=max_len, want_draft=want_draft, device=device, memory_budget=memory_budget)
         if plan is not None:
             max_len, load_draft, chunk = plan.max_len, plan.load_draft, getattr(plan, "prefill_chunk", PREFILL_CHUNK)
-            for note in plan.notes:
-                log.info("memory plan: %s", note)
+            for note in plan.notes:  # what a budget changed matters; the rest is detail
+                log.log(logging.INFO if memory_budget is not None else logging.DEBUG, "memory plan: %s", note)
         else:
             load_draft, chunk = want_draft, PREFILL_CHUNK
             if max_len is None:
