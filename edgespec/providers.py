@@ -2,67 +2,269 @@
 
 A provider listed by `get_available_providers()` can still fail to create a session (missing CUDA
 libraries, a TensorRT that rejects an op), so each is tried with the real model and the next one
-is used on failure, with one log line saying why.
+is used on failure, with one log line saying why. onnxruntime's Python wrapper may also fall back
+on its own (TensorRT -> CUDA -> CPU) and only print to stderr, so the provider a session really
+got is read back from `session.get_providers()` and logged the same way.
+
+The session for provider P also lists the providers after P in the requested order: TensorRT takes
+the subgraphs it can build engines for and leaves the rest (GroupQueryAttention, MatMulNBits) to
+CUDA, instead of to the CPU. The draft model can be given its own order (e.g. CPU cores while the
+target runs on the GPU).
+
+TensorRT engines are cached under the state folder ($STATE_DIRECTORY when systemd runs us, else
+$EDGESPEC_HOME, else ~/.cache/edgespec; then trt-cache/), so a reboot does not rebuild them.
 """
 from __future__ import annotations
 
 import logging
 import os
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ProviderError
+from .errors import InvalidRequest, ProviderError
 
 log = logging.getLogger("edgespec.providers")
 
-DEFAULT_ORDER = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
-SHORT_NAMES = {"tensorrt": "TensorrtExecutionProvider", "trt": "TensorrtExecutionProvider",
-               "cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
+TRT, CUDA, CPU = "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"
+DEFAULT_ORDER = (TRT, CUDA, CPU)
+SHORT_NAMES = {"tensorrt": TRT, "trt": TRT, "cuda": CUDA, "cpu": CPU}
+DEFAULT_TRT_WORKSPACE = 1 << 30  # bytes; a device profile may set its own (trt.workspace_gib)
 
 
 def normalize(names) -> list[str]:
-    """Accepts "cuda,cpu", ["cuda", "CPUExecutionProvider"], ... and returns full provider names."""
+    """Accepts "cuda,cpu", ["cuda", "CPUExecutionProvider"], ... and returns full provider names.
+    A name that is neither a short name nor a full onnxruntime provider name is a user error."""
     if names is None:
         return list(DEFAULT_ORDER)
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
-    return [SHORT_NAMES.get(n.lower(), n) for n in names]
+    out = []
+    for n in names:
+        full = SHORT_NAMES.get(str(n).lower(), str(n))
+        if not full.endswith("ExecutionProvider"):
+            raise InvalidRequest(
+                f"unknown execution provider {n!r}: use tensorrt, cuda, cpu or a full onnxruntime name "
+                f"such as CUDAExecutionProvider", param="providers")
+        if full not in out:
+            out.append(full)
+    if not out:
+        raise InvalidRequest("empty provider list: name at least one of tensorrt, cuda, cpu", param="providers")
+    return out
+
+
+def short_name(provider: str) -> str:
+    for short, full in SHORT_NAMES.items():
+        if full == provider and short != "trt":
+            return short
+    return provider
 
 
 def device_of(provider: str) -> str:
     """Where the KV cache should live for this provider (OrtValue device name)."""
-    return "cuda" if provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider") else "cpu"
+    return "cuda" if provider in (CUDA, TRT) else "cpu"
 
 
-def session_options(threads: int | None = None):
+def state_dir() -> Path:
+    """Where edgespec keeps state that must survive a reboot (systemd's StateDirectory= first)."""
+    sd = os.environ.get("STATE_DIRECTORY")
+    if sd:
+        return Path(sd.split(":")[0])
+    home = os.environ.get("EDGESPEC_HOME")
+    return Path(home).expanduser() if home else Path.home() / ".cache" / "edgespec"
+
+
+def trt_cache_dir() -> Path:
+    return state_dir() / "trt-cache"
+
+
+def default_provider_options(name: str, *, profile=None, cache_dir: Path | None = None, device_id: int = 0) -> dict:
+    """Options each GPU provider gets unless the caller passes its own.
+
+    TensorRT: fp16 kernels, a workspace limit (shared memory on a Jetson: the profile's
+    trt.workspace_gib), engine and timing caches on disk. CUDA: an arena that grows by what is asked,
+    not in powers of two (the memory plan counts what is asked)."""
+    if name == TRT:
+        trt = getattr(profile, "trt", None) or {}
+        cache = Path(cache_dir) if cache_dir is not None else trt_cache_dir()
+        workspace = int(float(trt.get("workspace_gib", DEFAULT_TRT_WORKSPACE / (1 << 30))) * (1 << 30))
+        return {
+            "device_id": device_id,
+            "trt_fp16_enable": bool(trt.get("fp16", True)),
+            "trt_max_workspace_size": workspace,
+            "trt_engine_cache_enable": True,
+            "trt_engine_cache_path": str(cache),
+            "trt_timing_cache_enable": True,
+            "trt_timing_cache_path": str(cache),
+        }
+    if name == CUDA:
+        return {"device_id": device_id, "arena_extend_strategy": "kSameAsRequested"}
+    return {}
+
+
+def session_options(threads: int | None = None, *, spinning: bool | None = None):
+    """`spinning=False` stops idle pool threads from busy-waiting between ops: less power and CPU
+    time on a board, a little more latency per step; None keeps onnxruntime's default."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     if threads:
         so.intra_op_num_threads = int(threads)
         so.inter_op_num_threads = 1
+    if spinning is not None:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
     return so
 
 
-def create_session(path: str | os.PathLike, *, providers=None, threads: int | None = None, provider_options=None):
-    """Returns (session, device). Tries each requested provider that this onnxruntime has."""
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0][:300] if s else type(e).__name__
+
+
+def _chain(order: list[str], i: int, available: set[str], options: dict) -> list[tuple[str, dict]]:
+    """Provider P = order[i] followed by the available providers after it (node-level fallback)."""
+    return [(n, options.get(n, {})) for n in order[i:] if n in available]
+
+
+def create_session(path: str | os.PathLike, *, providers=None, threads: int | None = None, provider_options=None,
+                   profile=None, spinning: bool | None = None):
+    """Returns (session, device). Tries each requested provider that this onnxruntime has.
+
+    `providers=None` uses TensorRT -> CUDA -> CPU (those this onnxruntime lacks are skipped quietly);
+    an explicit list is tried as given, and a provider in it that this onnxruntime lacks gets a log
+    line. Raises ProviderError listing every provider's reason when none works."""
     import onnxruntime as ort
 
+    explicit = providers is not None
+    order = normalize(providers)
     available = set(ort.get_available_providers())
+    options = {n: default_provider_options(n, profile=profile) for n in order}
+    for n, o in (provider_options or {}).items():
+        options[SHORT_NAMES.get(n.lower(), n)] = dict(o)
+    name_of = Path(path).name
     errors = []
-    for name in normalize(providers):
+    for i, name in enumerate(order):
         if name not in available:
-            errors.append(f"{name}: not in this onnxruntime build")
+            errors.append(f"{name}: not in this onnxruntime build ({missing_hint(name)})")
+            if explicit:
+                log.warning("provider %s requested but this onnxruntime does not have it; trying the next one",
+                            short_name(name))
             continue
-        opts = (provider_options or {}).get(name, {})
+        if name == TRT:
+            Path(options[TRT]["trt_engine_cache_path"]).mkdir(parents=True, exist_ok=True)
+        chain = _chain(order, i, available, options)
         try:
-            sess = ort.InferenceSession(str(Path(path)), session_options(threads), providers=[(name, opts)])
+            sess = ort.InferenceSession(str(Path(path)), session_options(threads, spinning=spinning), providers=chain)
         except Exception as e:  # onnxruntime raises plain RuntimeError/Fail for all of these
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            log.warning("provider %s failed for %s (%s); trying the next one", name, Path(path).name, msg)
+            msg = _first_line(e)
+            log.warning("provider %s failed for %s (%s); trying the next one", short_name(name), name_of, msg)
             errors.append(f"{name}: {msg}")
             continue
-        return sess, device_of(name)
-    raise ProviderError(f"no execution provider could run {path}: " + "; ".join(errors))
+        got = sess.get_providers()[0] if sess.get_providers() else name
+        if got != name:  # onnxruntime fell back on its own
+            log.warning("provider %s could not run %s: onnxruntime fell back to %s", short_name(name), name_of,
+                        short_name(got))
+            if got not in order[i:]:
+                errors.append(f"{name}: onnxruntime fell back to {got}, which was not requested")
+                continue
+        return sess, device_of(got)
+    hint = ""
+    if explicit and CPU not in order:
+        hint = " (add cpu to the list to fall back to the CPU)"
+    raise ProviderError(f"no execution provider could run {path}: " + "; ".join(errors) + hint)
+
+
+def missing_hint(name: str) -> str:
+    if name in (TRT, CUDA):
+        return "needs onnxruntime-gpu; see `edgespec doctor`"
+    return "see `edgespec doctor`"
+
+
+# --- probing (doctor) ----------------------------------------------------------------------------
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _field(num: int, value) -> bytes:
+    """One protobuf field: ints as varints, bytes/str as length-delimited."""
+    if isinstance(value, int):
+        return _varint(num << 3) + _varint(value)
+    data = value.encode() if isinstance(value, str) else value
+    return _varint((num << 3) | 2) + _varint(len(data)) + data
+
+
+def _tensor_value_info(name: str, dims: list[int]) -> bytes:
+    shape = b"".join(_field(1, _field(1, d)) for d in dims)  # TensorShapeProto.dim{dim_value}
+    tensor_type = _field(1, 1) + _field(2, shape)  # elem_type FLOAT, shape
+    return _field(1, name) + _field(2, _field(1, tensor_type))  # ValueInfoProto{name, TypeProto{tensor_type}}
+
+
+def probe_model_bytes(n: int = 8) -> bytes:
+    """A serialized ONNX model, Y = MatMul(X [1,n], W [n,n]), written by hand so that probing a
+    provider needs neither the `onnx` package nor a file shipped with edgespec."""
+    node = _field(1, "X") + _field(1, "W") + _field(2, "Y") + _field(3, "probe") + _field(4, "MatMul")
+    graph = (_field(1, node) + _field(2, "edgespec-probe") + _field(11, _tensor_value_info("X", [1, n]))
+             + _field(11, _tensor_value_info("W", [n, n])) + _field(12, _tensor_value_info("Y", [1, n])))
+    opset = _field(1, "") + _field(2, 17)
+    return _field(1, 8) + _field(2, "edgespec") + _field(7, graph) + _field(8, opset)
+
+
+@dataclass
+class ProbeResult:
+    provider: str
+    in_build: bool  # listed by onnxruntime.get_available_providers()
+    works: bool  # created a session on this provider and computed the right answer
+    error: str | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"provider": short_name(self.provider), "name": self.provider, "in_build": self.in_build,
+                "works": self.works, "error": self.error, "seconds": round(self.seconds, 3)}
+
+
+def probe(names=None, *, profile=None) -> list[ProbeResult]:
+    """Tries a tiny MatMul session on each provider (TensorRT, CUDA, CPU by default) and checks the
+    result against numpy: a provider 'works' only if it really ran it, not fell back."""
+    import numpy as np
+
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        return [ProbeResult(n, False, False, f"onnxruntime not importable: {e}") for n in normalize(names)]
+    available = set(ort.get_available_providers())
+    model = probe_model_bytes()
+    x = np.arange(8, dtype=np.float32).reshape(1, 8) / 8
+    w = (np.arange(64, dtype=np.float32).reshape(8, 8) % 5) - 2
+    want = x @ w
+    results = []
+    for name in normalize(names):
+        if name not in available:
+            results.append(ProbeResult(name, False, False, missing_hint(name)))
+            continue
+        t0 = time.perf_counter()
+        try:
+            with tempfile.TemporaryDirectory(prefix="edgespec-probe-") as tmp:
+                opts = default_provider_options(name, profile=profile, cache_dir=Path(tmp))
+                sess = ort.InferenceSession(model, session_options(1), providers=[(name, opts)])
+                got_provider = sess.get_providers()[0]
+                if got_provider != name:
+                    raise RuntimeError(f"onnxruntime fell back to {got_provider}")
+                (y,) = sess.run(None, {"X": x, "W": w})
+            ok = bool(np.allclose(y, want, atol=1e-2))
+            results.append(ProbeResult(name, True, ok, None if ok else "wrong result from the probe model",
+                                       time.perf_counter() - t0))
+        except Exception as e:
+            results.append(ProbeResult(name, True, False, _first_line(e), time.perf_counter() - t0))
+    return results
