@@ -1,0 +1,48 @@
+"""`edgespec plan BUNDLE --device D --memory-budget SIZE`: what would be loaded, with the numbers,
+before loading anything (no onnxruntime session is created)."""
+from __future__ import annotations
+
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "plan", help="show the memory plan for a bundle on a device (nothing is loaded)",
+        description="Predict the memory a bundle needs on a device (weights, both KV caches, working memory) and "
+                    "what fits a budget: a shorter cache, no draft model, or a refusal with the numbers.")
+    p.add_argument("bundle", help="bundle folder (or the name of one under $EDGESPEC_HOME/bundles)")
+    p.add_argument("--device", default=None, help="device profile, e.g. jetson-orin-nano-8gb, rpi5-8gb (default: this board)")
+    p.add_argument("--memory-budget", default=None, metavar="SIZE",
+                   help="e.g. 5GiB, 512M, 1.5G (default: the device's default budget, if it has one)")
+    p.add_argument("--max-len", type=int, default=None, metavar="N", help="wanted cache length (default: the device's)")
+    p.add_argument("--draft", choices=("auto", "model", "ngram", "none"), default="auto",
+                   help="ngram/none plan without the draft model")
+    p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from .. import devices, memory
+    from ..bundle import Bundle
+    from .generate import resolve_bundle
+
+    profile = devices.resolve(args.device)
+    bundle = Bundle.open(resolve_bundle(args.bundle), verify=False)
+    budget = memory.parse_size(args.memory_budget) if args.memory_budget is not None else None
+    want_draft = args.draft in ("auto", "model")
+    plan = memory.plan(bundle, max_len=args.max_len, want_draft=want_draft, budget_bytes=budget, profile=profile)
+    warning = memory.fits_now(plan) if not args.device or args.device == "auto" else None
+    if args.draft == "model" and not plan.load_draft:
+        plan.notes.append("--draft model asked for, but the plan has no draft model: the engine would refuse")
+    if args.json:
+        out = {"bundle": str(bundle.root), "device": profile.id, **plan.to_dict()}
+        if warning:
+            out["warning"] = warning
+        print(json.dumps(out, indent=2))
+    else:
+        mem = f", {memory.format_size(profile.memory_bytes)} memory" if profile.memory_bytes else ""
+        print(f"bundle {bundle.name} ({bundle.root}) on {profile.name} ({profile.id}{mem})")
+        print(plan.describe())
+        if warning:
+            print(f"warning: {warning}")
+    return 0
