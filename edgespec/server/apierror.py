@@ -1,0 +1,46 @@
+"""HTTP errors in OpenAI's shape, so every OpenAI client raises its usual exception with our message.
+
+Body: {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}. The `openai` package maps the
+status code to its exception class (400 BadRequestError, 401 AuthenticationError, 404 NotFoundError,
+413/429/5xx ...) and shows `message`, so the message is the whole user-facing explanation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# status -> OpenAI error type
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+@dataclass
+class APIError(Exception):
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    @property
+    def type(self) -> str:
+        return _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)

@@ -1,0 +1,88 @@
+"""What `edgespec serve` was told: network, limits, security. Engine options travel separately
+(they go to Engine.open untouched)."""
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import EdgespecError
+
+log = logging.getLogger(__name__)
+
+# systemd's LoadCredential= puts the key here; preferred over a file the service user must be able to read
+CREDENTIAL_NAME = "api-key"
+
+
+class ConfigError(EdgespecError):
+    """A serve option or the environment file is wrong (the service exits without restarting)."""
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    queue_size: int = 8  # requests waiting while one generates; beyond it: 429
+    request_timeout: float = 300.0  # seconds from arrival, queue included; then 504
+    drain_timeout: float = 10.0  # SIGTERM: how long the running request may still take
+    max_body_bytes: int = 1 << 20  # beyond it: 413
+    max_tokens_limit: int = 4096  # largest max_tokens a request may ask for (also capped by the cache)
+    default_max_tokens: int = 512
+    default_temperature: float = 0.0
+    api_key_file: str | None = None
+    ui: bool = False
+    model_names: list[str] = field(default_factory=list)  # first one is the id /v1/models shows
+    warmup: bool = True
+    stall_grace: float = 60.0  # a job older than request_timeout + this means the worker is stuck
+
+    def check(self) -> None:
+        problems = []
+        if not 0 <= self.port <= 65535:
+            problems.append(f"port must be 0..65535, got {self.port}")
+        if self.queue_size < 0:
+            problems.append(f"queue size must be >= 0, got {self.queue_size}")
+        for name in ("request_timeout", "drain_timeout"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name.replace('_', ' ')} must be > 0 seconds, got {getattr(self, name)}")
+        if self.max_body_bytes < 1024:
+            problems.append(f"max body bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.max_tokens_limit < 1 or self.default_max_tokens < 1:
+            problems.append("max tokens limits must be >= 1")
+        if not 0.0 <= self.default_temperature <= 2.0:
+            problems.append(f"default temperature must be in [0, 2], got {self.default_temperature}")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
+def read_api_key(path: str | None, environ: dict[str, str] | None = None) -> str | None:
+    """The bearer token, from `path`, else from systemd's credential directory, else None (no auth).
+
+    Never from argv or the unit file: those are readable by every local user (ps, systemctl show).
+    """
+    env = os.environ if environ is None else environ
+    if not path:
+        cred_dir = env.get("CREDENTIALS_DIRECTORY")
+        if cred_dir and (Path(cred_dir) / CREDENTIAL_NAME).is_file():
+            path = str(Path(cred_dir) / CREDENTIAL_NAME)
+        else:
+            return None
+    p = Path(path)
+    try:
+        st = p.stat()
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"API key file {p} does not exist") from None
+    except (PermissionError, IsADirectoryError, UnicodeDecodeError) as e:
+        raise ConfigError(f"API key file {p} cannot be read: {e}") from None
+    key = text.strip()
+    if not key:
+        raise ConfigError(f"API key file {p} is empty")
+    if any(c.isspace() for c in key):
+        raise ConfigError(f"API key file {p} must hold one token without spaces or newlines")
+    if len(key) < 16:
+        raise ConfigError(f"API key in {p} is too short ({len(key)} characters; use at least 16)")
+    if st.st_mode & (stat.S_IRGRP | stat.S_IROTH):
+        log.warning("API key file %s is readable by other users (chmod 600 it)", p)
+    return key

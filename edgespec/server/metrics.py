@@ -1,0 +1,146 @@
+"""Prometheus text exposition (format 0.0.4), written by hand: a handful of counters, gauges and
+histograms do not justify a dependency on a board where every package has to be cross-installed."""
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from typing import Any, Iterable
+
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+DURATION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+QUEUE_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0)
+
+
+class Histogram:
+    def __init__(self, buckets: Iterable[float]):
+        self.buckets = tuple(buckets)
+        self.counts = [0] * len(self.buckets)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.sum += value
+        self.count += 1
+        for i, b in enumerate(self.buckets):
+            if value <= b:
+                self.counts[i] += 1
+
+    def lines(self, name: str) -> list[str]:
+        out = [f'{name}_bucket{{le="{_num(b)}"}} {c}' for b, c in zip(self.buckets, self.counts)]
+        out.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
+        out.append(f"{name}_sum {_num(self.sum)}")
+        out.append(f"{name}_count {self.count}")
+        return out
+
+
+def _num(v: float | int) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        return str(v)
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v))
+
+
+def _label(v: str) -> str:
+    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class Metrics:
+    """Updated by request handlers in the event loop and read by /metrics; a lock keeps a scrape
+    consistent if a future caller updates from another thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: Counter[tuple[str, int]] = Counter()
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.target_passes = 0
+        self.generation_seconds = 0.0
+        self.last_tokens_per_second: float | None = None
+        self.last_acceptance_rate: float | None = None
+        self.last_energy_j_per_token: float | None = None
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.duration = Histogram(DURATION_BUCKETS)
+        self.queue_wait = Histogram(QUEUE_BUCKETS)
+
+    def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
+        with self._lock:
+            self.requests[(endpoint, int(status))] += 1
+            self.duration.observe(seconds)
+
+    def observe_generation(self, stats: Any, *, ttft: float | None, queue_wait: float | None, seconds: float | None) -> None:
+        """`stats`: the engine's GenerationStats; `ttft`/`queue_wait`: as the client saw them (the queue included)."""
+        g = lambda name, default=0: getattr(stats, name, default)  # noqa: E731
+        with self._lock:
+            self.prompt_tokens += int(g("prompt_tokens") or 0)
+            self.completion_tokens += int(g("new_tokens") or 0)
+            self.drafted += int(g("drafted") or 0)
+            self.accepted += int(g("accepted") or 0)
+            self.target_passes += int(g("target_passes") or 0)
+            if seconds is not None:
+                self.generation_seconds += seconds
+            tps = g("decode_tokens_per_second", None)
+            if tps is not None and math.isfinite(tps):
+                self.last_tokens_per_second = float(tps)
+            rate = g("acceptance_rate", None)
+            if g("drafted") and rate is not None and math.isfinite(rate):
+                self.last_acceptance_rate = float(rate)
+            energy = g("energy_j_per_token", None)
+            if energy is not None and math.isfinite(energy):
+                self.last_energy_j_per_token = float(energy)
+            if ttft is not None:
+                self.ttft.observe(ttft)
+            if queue_wait is not None:
+                self.queue_wait.observe(queue_wait)
+
+    def render(self, gauges: dict[str, tuple[str, float | int]], info: dict[str, str]) -> str:
+        """`gauges`: name -> (help, value) read at scrape time (queue depth, ready ...)."""
+        out: list[str] = []
+
+        def metric(name: str, kind: str, help_: str, lines: list[str]) -> None:
+            out.append(f"# HELP {name} {help_}")
+            out.append(f"# TYPE {name} {kind}")
+            out.extend(lines)
+
+        with self._lock:
+            labels = ",".join(f'{k}="{_label(v)}"' for k, v in sorted(info.items()))
+            metric("edgespec_info", "gauge", "edgespec version and the model served", [f"edgespec_info{{{labels}}} 1"])
+            metric(
+                "edgespec_requests_total", "counter", "HTTP requests answered, by endpoint and status code",
+                [f'edgespec_requests_total{{endpoint="{_label(e)}",status="{s}"}} {n}'
+                 for (e, s), n in sorted(self.requests.items())],
+            )
+            for name, help_, value in (
+                ("edgespec_prompt_tokens_total", "prompt tokens processed", self.prompt_tokens),
+                ("edgespec_completion_tokens_total", "tokens generated", self.completion_tokens),
+                ("edgespec_drafted_tokens_total", "tokens proposed by the drafter", self.drafted),
+                ("edgespec_accepted_tokens_total", "drafted tokens the target accepted", self.accepted),
+                ("edgespec_target_passes_total", "target model passes", self.target_passes),
+                ("edgespec_generation_seconds_total", "seconds the engine spent generating", self.generation_seconds),
+            ):
+                metric(name, "counter", help_, [f"{name} {_num(value)}"])
+            overall = self.accepted / self.drafted if self.drafted else None
+            for name, help_, value in (
+                ("edgespec_acceptance_rate", "accepted / drafted over all requests since start", overall),
+                ("edgespec_last_acceptance_rate", "accepted / drafted of the last request that drafted", self.last_acceptance_rate),
+                ("edgespec_tokens_per_second", "decode tokens per second of the last request", self.last_tokens_per_second),
+                ("edgespec_energy_joules_per_token", "energy per generated token of the last request (power sensor)", self.last_energy_j_per_token),
+            ):
+                if value is not None:
+                    metric(name, "gauge", help_, [f"{name} {_num(value)}"])
+            for name, (help_, value) in gauges.items():
+                metric(name, "gauge", help_, [f"{name} {_num(value)}"])
+            metric("edgespec_time_to_first_token_seconds", "histogram",
+                   "request arrival to first generated text, queue wait included", self.ttft.lines("edgespec_time_to_first_token_seconds"))
+            metric("edgespec_queue_wait_seconds", "histogram", "time a request waited for the engine",
+                   self.queue_wait.lines("edgespec_queue_wait_seconds"))
+            metric("edgespec_request_duration_seconds", "histogram", "request arrival to the last byte of the answer",
+                   self.duration.lines("edgespec_request_duration_seconds"))
+        return "\n".join(out) + "\n"

@@ -1,0 +1,278 @@
+"""The server process: listen first, load the engine in the background, tell systemd when it is
+really ready, keep the watchdog fed while the serving loop is alive, and drain on SIGTERM.
+
+Life of the process:
+  bind the socket (a port clash fails at once)  ->  HTTP up: /health 200, /ready 503 "loading"
+  -> Engine.open + a short warm-up generation  ->  READY=1, /ready 200
+  -> WATCHDOG=1 every third of WatchdogSec from the event loop, only while the worker is not stuck
+  -> SIGTERM/SIGINT: STOPPING=1, stop accepting, 503 to queued requests, the running one may finish
+     within --drain-timeout and is cancelled after it, then exit 0.
+
+Test hooks (only with EDGESPEC_TEST_HOOKS=1 in the environment, for the systemd and drain tests):
+  EDGESPEC_TEST_READY_DELAY=S  wait S seconds after the warm-up before READY=1
+  EDGESPEC_TEST_TOKEN_DELAY=S  sleep S seconds after each generated piece (a slow engine)
+  SIGUSR2                      block the event loop for good (a hung serving loop: the watchdog fires)
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import EdgespecError, InvalidRequest
+from .app import ANSWER_GRACE, ServerState, create_app
+from .config import ConfigError, ServerConfig, read_api_key
+from .scheduler import SHUTDOWN, Scheduler
+from .sdnotify import Notifier, ping_interval
+
+log = logging.getLogger("edgespec.server")
+
+STATUS_EVERY = 10.0  # seconds between STATUS= updates for `systemctl status`
+
+
+@dataclass
+class TestHooks:
+    enabled: bool = False
+    ready_delay: float = 0.0
+    token_delay: float = 0.0
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "TestHooks":
+        env = os.environ if environ is None else environ
+        if env.get("EDGESPEC_TEST_HOOKS") != "1":
+            return cls()
+        return cls(True, float(env.get("EDGESPEC_TEST_READY_DELAY", 0) or 0),
+                   float(env.get("EDGESPEC_TEST_TOKEN_DELAY", 0) or 0))
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        hint = " (another server is using it: stop it or choose --port)" if e.errno == 98 else ""
+        raise EdgespecError(f"cannot listen on {host}:{port}: {e.strerror}{hint}") from None
+    sock.listen(128)
+    return sock
+
+
+def warm_up(engine: Any) -> None:
+    """One tiny generation, so the first real request does not pay for lazy initialisation
+    (session arenas, kernels, the chat template) and READY=1 means "answers at full speed"."""
+    try:
+        engine.generate(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=2)
+    except InvalidRequest:  # a bundle without a chat template
+        engine.generate(prompt="Hi", max_new_tokens=2)
+
+
+class _Uvicorn:
+    """uvicorn.Server whose signal handler drains first; built lazily so importing this module stays cheap."""
+
+    @staticmethod
+    def make(config: Any, on_signal: Callable[[int], None]) -> Any:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                # not super(): uvicorn would re-raise the signal after shutdown and we would die by
+                # SIGTERM instead of exiting 0 after a clean drain
+                on_signal(sig)
+
+        return Server(config)
+
+
+class Service:
+    def __init__(self, config: ServerConfig, open_engine: Callable[[], Any], *, default_name: str,
+                 notifier: Notifier | None = None, hooks: TestHooks | None = None):
+        config.check()
+        self.config = config
+        self.open_engine = open_engine
+        self.notifier = notifier or Notifier()
+        self.hooks = hooks or TestHooks.from_env()
+        api_key = read_api_key(config.api_key_file)
+        self.scheduler = Scheduler(config.queue_size, token_delay=self.hooks.token_delay)
+        self.state = ServerState(config, self.scheduler, default_name=default_name, api_key=api_key)
+        if config.ui and "/" not in self.state.static:
+            raise ConfigError("--ui: the kiosk page is not installed (edgespec/static/index.html is missing)")
+        if not _is_loopback(config.host) and not api_key:
+            log.warning("listening on %s without an API key: anyone who can reach this port can use the model "
+                        "(set --api-key-file)", config.host)
+        self.sock = bind_socket(config.host, config.port)
+        self.port = self.sock.getsockname()[1]
+        self.exit_error: BaseException | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.server: Any = None
+        self._loader: threading.Thread | None = None
+        self._t0 = time.monotonic()
+
+    # -- the event loop ---------------------------------------------------------------------------
+    def run(self) -> int:
+        """Serves until SIGTERM/SIGINT; 0 after a clean drain. A load failure is raised again here."""
+        import uvicorn
+
+        uv_config = uvicorn.Config(
+            create_app(self.state), lifespan="off", log_config=None, access_log=False, use_colors=False,
+            server_header=False, http="h11", loop="asyncio", timeout_keep_alive=5,
+            timeout_graceful_shutdown=int(self.config.drain_timeout + 5),
+        )
+        self.server = _Uvicorn.make(uv_config, self._on_signal)
+        try:
+            asyncio.run(self._main())
+        finally:
+            self.sock.close()
+        if self.exit_error is not None:
+            raise self.exit_error
+        if self._loader is not None and self._loader.is_alive():
+            # stopped while onnxruntime was still building sessions: a normal interpreter exit could
+            # crash inside that thread; leave at once, nothing is half-written by loading
+            log.info("stopped during loading")
+            logging.shutdown()
+            os._exit(0)
+        return 0
+
+    async def _main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.notifier.status("loading the model")
+        log.info("listening on http://%s:%d (model loading; /ready answers 200 once it is served)",
+                 _url_host(self.config.host), self.port)
+        self._loader = threading.Thread(target=self._load, name="edgespec-load", daemon=True)
+        self._loader.start()
+        if self.hooks.enabled:
+            signal.signal(signal.SIGUSR2, lambda *_: self.loop.call_soon_threadsafe(self._hang))
+        beat = asyncio.create_task(self._heartbeat())
+        try:
+            await self.server.serve(sockets=[self.sock])
+        finally:
+            beat.cancel()
+            if not self.scheduler.stop(timeout=5.0):
+                log.warning("the worker did not stop within 5 s")
+            engine = self.state.engine
+            if engine is not None:
+                try:
+                    engine.close()
+                except Exception:  # noqa: BLE001 - closing must not turn a clean stop into a crash
+                    log.exception("closing the engine failed")
+            self.notifier.status("stopped")
+
+    def _load(self) -> None:
+        try:
+            engine = self.open_engine()
+            if self.config.warmup:
+                self.notifier.status("warming up")
+                warm_up(engine)
+            if self.hooks.ready_delay:
+                time.sleep(self.hooks.ready_delay)
+        except BaseException as e:  # noqa: BLE001 - reported to the loop, which stops the server
+            self._call_in_loop(self._load_failed, e)
+            return
+        self._call_in_loop(self._loaded, engine)
+
+    def _call_in_loop(self, fn: Callable, *args: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # loop closed: we were stopped while loading
+            pass
+
+    def _loaded(self, engine: Any) -> None:
+        if self.state.phase != "loading":  # a SIGTERM arrived during the load
+            engine.close()
+            return
+        self.state.set_engine(engine)
+        self.scheduler.start(engine)
+        self.state.phase = "ready"
+        where = f"http://{_url_host(self.config.host)}:{self.port}"
+        log.info("ready: serving %r on %s (loaded and warmed up in %.1f s, cache %d tokens, queue %d)",
+                 self.state.model_id, where, time.monotonic() - self._t0, engine.max_len, self.config.queue_size)
+        self.notifier.ready(f"serving {self.state.model_id} on {where}")
+
+    def _load_failed(self, e: BaseException) -> None:
+        self.state.phase = "failed"
+        self.state.failure = str(e)
+        self.exit_error = e
+        if not isinstance(e, EdgespecError):
+            log.error("loading the model failed", exc_info=e)
+        self.notifier.status(f"failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        self.server.should_exit = True
+
+    async def _heartbeat(self) -> None:
+        """WATCHDOG=1 from the serving loop itself: if the loop hangs, the pings stop and systemd
+        restarts us. A worker stuck inside one pass for longer than any request may run also stops
+        them, because cancellation cannot reach it there."""
+        interval = ping_interval(self.notifier.watchdog_usec)
+        stall = self.config.request_timeout + ANSWER_GRACE + self.config.stall_grace
+        warned = False
+        last_status = 0.0
+        while True:
+            if interval is not None:
+                if self.scheduler.healthy(stall):
+                    self.notifier.watchdog()
+                    warned = False
+                elif not warned:
+                    log.error("the worker has been stuck on one request for over %.0f s: no longer feeding the "
+                              "watchdog, systemd will restart the service", stall)
+                    warned = True
+            now = time.monotonic()
+            if self.state.phase == "ready" and self.notifier.enabled and now - last_status >= STATUS_EVERY:
+                self.notifier.status(self._status_line())
+                last_status = now
+            await asyncio.sleep(interval if interval is not None else STATUS_EVERY)
+
+    def _status_line(self) -> str:
+        m = self.state.metrics
+        n = sum(m.requests[k] for k in m.requests if k[0] in ("chat", "completions"))
+        parts = [f"serving {self.state.model_id}", f"{n} requests", f"queue {self.scheduler.depth}"]
+        if m.last_tokens_per_second is not None:
+            parts.append(f"last {m.last_tokens_per_second:.1f} tok/s")
+        if m.drafted:
+            parts.append(f"acceptance {m.accepted / m.drafted:.0%}")
+        return ", ".join(parts)
+
+    # -- stopping ---------------------------------------------------------------------------------
+    def _on_signal(self, sig: int) -> None:
+        """Runs as a signal handler: hand the work to the loop."""
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._drain, sig)
+        else:
+            self.server.should_exit = True
+
+    def _drain(self, sig: int) -> None:
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        if self.state.phase == "draining":  # a second signal: stop now
+            log.warning("%s again: cancelling the running request now", name)
+            running = self.scheduler.running
+            if running is not None:
+                running.cancel(SHUTDOWN)
+            self.server.force_exit = True
+            return
+        self.notifier.stopping()
+        self.state.phase = "draining"
+        running = self.scheduler.drain()
+        if running is not None:
+            log.info("%s: draining; the running request %s may finish within %.0f s", name, running.id,
+                     self.config.drain_timeout)
+            self.loop.call_later(self.config.drain_timeout, running.cancel, SHUTDOWN)
+        else:
+            log.info("%s: stopping", name)
+        self.server.should_exit = True
+
+    def _hang(self) -> None:
+        log.warning("test hook (SIGUSR2): blocking the event loop for good; the watchdog will fire")
+        while True:
+            time.sleep(3600)
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,123 @@
+"""The JSON objects OpenAI clients expect, plus edgespec's own `edgespec` field with the speculative
+statistics (drafted, accepted, acceptance rate, ...), and server-sent-event framing for streams.
+
+The `openai` package keeps unknown fields, so `resp.model_extra["edgespec"]` (or `resp.edgespec`)
+reaches the stats without any client change.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from typing import Any
+
+# engine finish reasons -> OpenAI's; a full cache is a length limit from the client's point of view
+FINISH = {"stop": "stop", "length": "length", "cache_full": "length"}
+
+DONE = b"data: [DONE]\n\n"
+
+
+def _clean(v: Any) -> Any:
+    """JSON has no NaN/Infinity: a rate of 0/0 becomes null instead of breaking the client's parser."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(_clean(obj), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def sse(obj: Any) -> bytes:
+    """One event. JSON never contains a raw newline, so `data:` on a single line is always enough."""
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+def stats_dict(stats: Any, *, finish_reason: str, queue_s: float | None) -> dict[str, Any]:
+    if dataclasses.is_dataclass(stats):
+        d = dataclasses.asdict(stats)
+    else:
+        d = {k: v for k, v in vars(stats).items() if not k.startswith("_")} if stats is not None else {}
+    d["finish_reason"] = finish_reason
+    d["queue_s"] = None if queue_s is None else round(queue_s, 4)
+    return d
+
+
+def usage(stats: Any) -> dict[str, int]:
+    p = int(getattr(stats, "prompt_tokens", 0) or 0)
+    c = int(getattr(stats, "new_tokens", 0) or 0)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def completion_body(kind: str, rid: str, model: str, text: str, result: Any, queue_s: float | None,
+                    created: int | None = None) -> dict[str, Any]:
+    created = int(time.time()) if created is None else created
+    finish = FINISH.get(result.finish_reason, "stop")
+    if kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    return {
+        "id": rid,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage(result.stats),
+        "edgespec": stats_dict(result.stats, finish_reason=result.finish_reason, queue_s=queue_s),
+    }
+
+
+class ChunkWriter:
+    """Builds the successive stream chunks of one response (same id, created and model in each)."""
+
+    def __init__(self, kind: str, rid: str, model: str):
+        self.kind = kind
+        self.rid = rid
+        self.model = model
+        self.created = int(time.time())
+
+    def _chunk(self, choice: dict | None, **extra: Any) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        d: dict[str, Any] = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
+                             "choices": [choice] if choice is not None else []}
+        d.update(extra)
+        return d
+
+    def first(self) -> bytes | None:
+        """Chat streams open with the assistant role, as OpenAI's do; completions have no such chunk."""
+        if self.kind != "chat":
+            return None
+        return sse(self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}))
+
+    def delta(self, text: str) -> bytes:
+        if self.kind == "chat":
+            choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
+        return sse(self._chunk(choice))
+
+    def final(self, result: Any, queue_s: float | None, include_usage: bool) -> bytes:
+        """The finishing chunk carries usage and the edgespec stats; with stream_options.include_usage
+        OpenAI's extra usage-only chunk (empty choices) follows."""
+        finish = FINISH.get(result.finish_reason, "stop")
+        if self.kind == "chat":
+            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": finish}
+        stats = stats_dict(result.stats, finish_reason=result.finish_reason, queue_s=queue_s)
+        out = sse(self._chunk(choice, usage=usage(result.stats), edgespec=stats))
+        if include_usage:
+            out += sse(self._chunk(None, usage=usage(result.stats)))
+        return out
+
+    def error(self, body: dict[str, Any]) -> bytes:
+        """An error after the 200 header went out: the `openai` client raises APIError on it."""
+        return sse(body)

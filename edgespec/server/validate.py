@@ -1,0 +1,309 @@
+"""Turns an untrusted OpenAI-style JSON body into a `GenRequest`, or a 400 that names the bad field.
+
+Everything a client can send is checked here, before the request reaches the queue, so that a bad
+request costs no engine time and can never leave the engine in a strange state. Unknown fields are
+ignored (OpenAI clients send `user`, `metadata`, ...), but a known feature we do not implement with a
+non-default value (n > 1, logprobs, tools, penalties, JSON mode ...) is refused rather than silently
+ignored: a client relying on it must find out.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .apierror import APIError, bad_request
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+DRAFT_MODES = ("auto", "model", "ngram", "none")
+MAX_STOP = 4
+MAX_DRAFT_K = 16
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the server allows; filled from the serve options and the loaded engine."""
+
+    model_names: tuple[str, ...] = ()  # empty: any model name is accepted
+    max_tokens_limit: int = 4096
+    default_max_tokens: int = 512
+    default_temperature: float = 0.0
+
+
+@dataclass
+class GenRequest:
+    kind: Literal["chat", "completion"]
+    model: str
+    max_tokens: int
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] | None = None
+    stream: bool = False
+    include_usage: bool = False
+    draft: str | None = None
+    draft_k: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for Engine.generate / Engine.stream (without `cancel`)."""
+        kw: dict[str, Any] = dict(
+            max_new_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            stop=self.stop,
+        )
+        if self.kind == "chat":
+            kw["messages"] = self.messages
+        else:
+            kw["prompt"] = self.prompt
+        if self.draft is not None:
+            kw["draft"] = self.draft
+        if self.draft_k is not None:
+            kw["k"] = self.draft_k
+        return kw
+
+    def prompt_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for Engine.count_tokens."""
+        return {"messages": self.messages} if self.kind == "chat" else {"prompt": self.prompt}
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
+
+
+def parse_json(raw: bytes) -> Any:
+    """Strict JSON: Python's json module would accept NaN and Infinity, which no OpenAI client sends."""
+    if not raw.strip():
+        raise bad_request("request body is empty; send a JSON object", code="invalid_json")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise bad_request(f"request body is not UTF-8 ({e.reason} at byte {e.start})", code="invalid_json") from None
+    try:
+        return json.loads(text, parse_constant=_no_constants)
+    except ValueError as e:
+        raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+# --- field checks: each raises a 400 naming the field -------------------------------------------------
+def _type_name(v: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(v), "number" if isinstance(v, (int, float)) else type(v).__name__
+    )
+
+
+def _int(body: dict, name: str, *, lo: int | None = None, hi: int | None = None, default: Any = None) -> Any:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)  # 16.0 is what some JavaScript clients send for 16
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad_request(f"'{name}' must be an integer, got {_type_name(v)} {json.dumps(v)[:40]}", param=name)
+    if lo is not None and v < lo:
+        raise bad_request(f"'{name}' must be >= {lo}, got {v}", param=name)
+    if hi is not None and v > hi:
+        raise bad_request(f"'{name}' must be <= {hi}, got {v}", param=name)
+    return v
+
+
+def _number(body: dict, name: str, *, lo: float, hi: float, lo_open: bool = False, default: Any = None) -> Any:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise bad_request(f"'{name}' must be a number, got {_type_name(v)} {json.dumps(v)[:40]}", param=name)
+    v = float(v)
+    if not math.isfinite(v) or v > hi or v < lo or (lo_open and v == lo):
+        left = "(" if lo_open else "["
+        raise bad_request(f"'{name}' must be in {left}{lo:g}, {hi:g}], got {v:g}", param=name)
+    return v
+
+
+def _bool(body: dict, name: str, default: bool = False) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad_request(f"'{name}' must be true or false, got {_type_name(v)}", param=name)
+    return v
+
+
+def _unsupported(body: dict, name: str, default_ok, what: str) -> None:
+    """Refuse a feature we do not implement unless the client sent its no-op value."""
+    if name in body and body[name] is not None and not default_ok(body[name]):
+        raise bad_request(f"'{name}' is not supported by this server ({what})", param=name, code="unsupported_parameter")
+
+
+def _model(body: dict, limits: Limits) -> str:
+    v = body.get("model")
+    if v is None:
+        return limits.model_names[0] if limits.model_names else ""
+    if not isinstance(v, str):
+        raise bad_request(f"'model' must be a string, got {_type_name(v)}", param="model")
+    if limits.model_names and v not in limits.model_names:
+        served = ", ".join(repr(n) for n in limits.model_names)
+        raise bad_request(
+            f"model {v!r} is not served here; this server serves {served} (see GET /v1/models)",
+            param="model",
+            code="model_not_found",
+        )
+    return v
+
+
+def _stop(body: dict) -> list[str] | None:
+    v = body.get("stop")
+    if v is None:
+        return None
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise bad_request("'stop' must be a string or an array of strings", param="stop")
+    if len(v) > MAX_STOP:
+        raise bad_request(f"'stop' may hold at most {MAX_STOP} strings, got {len(v)}", param="stop")
+    if any(s == "" for s in v):
+        raise bad_request("'stop' strings must not be empty", param="stop")
+    return v or None
+
+
+def _max_tokens(body: dict, limits: Limits) -> int:
+    # chat clients may send the newer name; both mean "new tokens to generate at most"
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    v = _int(body, name, default=None)
+    if v is None:
+        return min(limits.default_max_tokens, limits.max_tokens_limit)
+    if v <= 0:
+        raise bad_request(f"'{name}' must be at least 1, got {v}", param=name)
+    if v > limits.max_tokens_limit:
+        raise bad_request(
+            f"'{name}' is {v} but this server allows at most {limits.max_tokens_limit} new tokens per request",
+            param=name,
+        )
+    return v
+
+
+def _common(body: Any, kind: str, limits: Limits) -> GenRequest:
+    if not isinstance(body, dict):
+        raise bad_request(f"request body must be a JSON object, got {_type_name(body)}", code="invalid_json")
+    n = _int(body, "n", lo=1, default=1)
+    if n != 1:
+        raise bad_request("'n' must be 1: this server generates one choice per request", param="n", code="unsupported_parameter")
+    best_of = _int(body, "best_of", lo=1, default=1)
+    if best_of != 1:
+        raise bad_request("'best_of' must be 1 on this server", param="best_of", code="unsupported_parameter")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if _number(body, name, lo=-2.0, hi=2.0, default=0.0) != 0.0:
+            raise bad_request(f"'{name}' is not supported by this server (only 0)", param=name, code="unsupported_parameter")
+    _unsupported(body, "logit_bias", lambda v: v == {}, "only {}")
+    _unsupported(body, "tools", lambda v: v == [], "no tool calling")
+    _unsupported(body, "functions", lambda v: v == [], "no function calling")
+    _unsupported(body, "tool_choice", lambda v: v == "none", "no tool calling")
+    _unsupported(body, "response_format", lambda v: isinstance(v, dict) and v.get("type") == "text", "text only")
+    stream = _bool(body, "stream")
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise bad_request("'stream_options' must be an object", param="stream_options")
+    include_usage = bool(so and so.get("include_usage") is True)
+    draft = body.get("draft")
+    if draft is not None and draft not in DRAFT_MODES:
+        raise bad_request(f"'draft' must be one of {', '.join(DRAFT_MODES)}, got {json.dumps(draft)[:40]}", param="draft")
+    seed = body.get("seed")
+    if seed is not None:
+        seed = _int(body, "seed", lo=0, hi=2**63 - 1)
+    return GenRequest(
+        kind=kind,  # type: ignore[arg-type]
+        model=_model(body, limits),
+        max_tokens=_max_tokens(body, limits),
+        temperature=_number(body, "temperature", lo=0.0, hi=2.0, default=limits.default_temperature),
+        top_p=_number(body, "top_p", lo=0.0, hi=1.0, lo_open=True, default=1.0),
+        top_k=_int(body, "top_k", lo=0, default=0),
+        seed=seed,
+        stop=_stop(body),
+        stream=stream,
+        include_usage=include_usage and stream,
+        draft=draft,
+        draft_k=_int(body, "draft_k", lo=1, hi=MAX_DRAFT_K, default=None),
+    )
+
+
+def _content(msg: dict, i: int) -> str:
+    c = msg.get("content")
+    where = f"messages[{i}].content"
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):  # content parts: only text can be given to a text model
+        parts = []
+        for j, part in enumerate(c):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else _type_name(part)
+                raise bad_request(f"{where}[{j}] must be a text part ({{'type': 'text', 'text': ...}}), got {kind!r}", param=where)
+            parts.append(part["text"])
+        return "".join(parts)
+    if c is None:
+        raise bad_request(f"{where} is missing (a string is required)", param=where)
+    raise bad_request(f"{where} must be a string or an array of text parts, got {_type_name(c)}", param=where)
+
+
+def parse_chat(body: Any, limits: Limits) -> GenRequest:
+    req = _common(body, "chat", limits)
+    _unsupported(body, "logprobs", lambda v: v is False, "no log-probabilities")
+    _unsupported(body, "top_logprobs", lambda v: v == 0, "no log-probabilities")
+    msgs = body.get("messages")
+    if msgs is None:
+        raise bad_request("'messages' is required: an array of {role, content} objects", param="messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad_request("'messages' must be a non-empty array of {role, content} objects", param="messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise bad_request(f"messages[{i}] must be an object, got {_type_name(m)}", param=f"messages[{i}]")
+        role = m.get("role")
+        if role not in ROLES:
+            if role in ("tool", "function"):
+                raise bad_request(f"messages[{i}]: {role} messages are not supported (no tool calling)", param=f"messages[{i}].role")
+            raise bad_request(
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {json.dumps(role)[:40]}",
+                param=f"messages[{i}].role",
+            )
+        out.append({"role": ROLES[role], "content": _content(m, i)})
+    req.messages = out
+    return req
+
+
+def parse_completion(body: Any, limits: Limits) -> GenRequest:
+    req = _common(body, "completion", limits)
+    _unsupported(body, "logprobs", lambda v: v == 0, "no log-probabilities")
+    _unsupported(body, "echo", lambda v: v is False, "the prompt is not echoed")
+    _unsupported(body, "suffix", lambda v: v == "", "no insertion")
+    p = body.get("prompt")
+    if p is None:
+        raise bad_request("'prompt' is required: a string", param="prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+        p = p[0]
+    if isinstance(p, list):
+        raise bad_request(
+            "'prompt' must be one string (arrays of several prompts or of token ids are not supported)", param="prompt"
+        )
+    if not isinstance(p, str):
+        raise bad_request(f"'prompt' must be a string, got {_type_name(p)}", param="prompt")
+    if not p:
+        raise bad_request("'prompt' is empty", param="prompt")
+    req.prompt = p
+    return req
+
+
+def too_long(prompt_tokens: int, capacity: int, param: str = "messages") -> APIError:
+    """OpenAI's wording and code for a prompt the context cannot hold, with our numbers."""
+    return bad_request(
+        f"the prompt is {prompt_tokens} tokens but this server's cache holds {capacity} "
+        f"(prompt + at least 1 new token must fit); shorten the prompt",
+        param=param,
+        code="context_length_exceeded",
+    )
