@@ -103,7 +103,7 @@ def _missing(root: Path, profile, results) -> list[dict[str, str]]:
     """What a user should install, with how (only where the board could use it)."""
     out = []
     gpu = _nvidia_gpu(root, profile)
-    for short in ("tensorrt", "cuda"):
+    for short in ("cuda", "tensorrt"):  # cuda first: the TensorRT hint refers to it
         r = next((r for r in results if r["provider"] == short), None)
         if r is None or r["works"] or not gpu:
             continue

@@ -344,6 +344,4 @@ def discover(root: str | os.PathLike = "/", *, profile=None, path: str | None = 
     nv = shutil.which("nvpmodel", path=search)
     if nv:
         s.nvpmodel = nv
-    if not s.has_power:
-        s.notes.append("no power sensor found (INA3221 hwmon or vcgencmd pmic_read_adc): no watts, no J/token")
     return s
