@@ -553,7 +553,9 @@
         downDelay = POLL_DOWN_MIN_MS;
       }
     } else {
-      const note = finishNote(info && info.finishReason) || (turn.answer ? "" : "The assistant gave an empty answer.");
+      // edgespec's own finish reason is finer than OpenAI's ("cache_full" is sent as "length")
+      const reason = (info && info.stats && info.stats.finish_reason) || (info && info.finishReason);
+      const note = finishNote(reason) || (turn.answer ? "" : "The assistant gave an empty answer.");
       setTurnState(turn, "done", note);
       turn.stats = info;
       setStatus(formatStats(info) || "Done.");

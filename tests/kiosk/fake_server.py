@@ -31,11 +31,15 @@ class Behaviour:
     error: dict = field(default_factory=lambda: {"message": "boom", "type": "server_error"})
     retry_after: str | None = None
     drop_after: int | None = None  # close the connection after this many pieces, without [DONE]
+    error_after: int | None = None  # send an error chunk (`error`) after this many pieces
     max_prompt_chars: int | None = None  # above this: 400 context_length_exceeded
     ready: bool = True
     finish_reason: str = "stop"
+    # the `edgespec` object of the last chunk, with the field names of the real server
+    # (edgespec/server/shapes.py: GenerationStats as a dict plus the engine's finish_reason)
     stats: dict = field(default_factory=lambda: {
-        "drafted": 12, "accepted": 9, "acceptance_rate": 0.75, "tokens_per_second": 42.5, "ttft_s": 0.12})
+        "drafted": 12, "accepted": 9, "acceptance_rate": 0.75, "decode_tokens_per_second": 42.5,
+        "ttft_s": 0.12, "drafter": "model", "finish_reason": "stop"})
 
 
 @dataclass
@@ -165,6 +169,10 @@ class _Handler(BaseHTTPRequestHandler):
                 if b.drop_after is not None and i >= b.drop_after:
                     self.wfile.flush()
                     self.connection.shutdown(2)  # the server "crashes" mid-answer
+                    return
+                if b.error_after is not None and i >= b.error_after:
+                    self._event({"error": b.error})
+                    self.wfile.write(b"data: [DONE]\n\n")
                     return
                 time.sleep(b.delay_s)
                 self._event({**base, "choices": [{"index": 0, "delta": {"content": piece.replace("{n}", str(n))},
