@@ -1,0 +1,163 @@
+"""Device profiles (devices/*.json) and board detection on fake procfs/sysfs trees."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from edgespec import devices
+from edgespec.errors import InvalidRequest
+
+FAKES = Path(__file__).parent / "fakes"
+GIB = 1 << 30
+
+
+def copy_tree(name: str, tmp_path: Path) -> Path:
+    dst = tmp_path / name
+    shutil.copytree(FAKES / name, dst, symlinks=True)
+    return dst
+
+
+def set_memtotal(root: Path, kib: int) -> None:
+    p = root / "proc/meminfo"
+    lines = [f"MemTotal:       {kib} kB" if ln.startswith("MemTotal:") else ln for ln in p.read_text().splitlines()]
+    p.write_text("\n".join(lines) + "\n")
+
+
+def test_every_board_of_the_issue_has_a_profile():
+    ids = set(devices.profiles())
+    assert {"jetson-orin-nano-8gb", "jetson-orin-nx-16gb", "jetson-agx-orin-64gb", "rpi5-4gb", "rpi5-8gb",
+            "rpi5-16gb", "rpi4", "generic-x86_64", "generic-aarch64"} <= ids
+
+
+def test_profile_files_are_consistent():
+    seen_aliases: dict[str, str] = {}
+    for f in sorted(devices.profile_dir().glob("*.json")):
+        d = json.loads(f.read_text())
+        assert d["id"] == f.stem
+        p = devices.DeviceProfile.from_dict(d)
+        assert p.arch in ("aarch64", "x86_64")
+        assert p.providers and p.draft_providers and "cpu" in p.providers
+        assert p.default_max_len >= 256
+        for a in p.aliases:
+            assert a not in seen_aliases, f"alias {a} used by {seen_aliases.get(a)} and {p.id}"
+            seen_aliases[a] = p.id
+        if p.family != "generic":
+            assert p.bandwidth_gbs and p.cpu_cores and p.detect.get("model"), p.id
+        if p.memory_bytes is not None and p.memory_reserve_bytes is not None:
+            assert 0 < p.memory_budget_bytes < p.memory_bytes
+
+
+@pytest.mark.parametrize("pid, mem_gib, bw, cores, modes", [
+    ("jetson-orin-nano-8gb", 8, 68, 6, [7, 15, 25]),
+    ("jetson-orin-nx-16gb", 16, 102, 8, [10, 15, 25, 40]),
+    ("jetson-agx-orin-64gb", 64, 205, 12, [15, 30, 50, 60]),
+    ("rpi5-8gb", 8, 17, 4, []),
+])
+def test_profile_facts_match_the_design_notes(pid, mem_gib, bw, cores, modes):
+    p = devices.get(pid)
+    assert p.memory_bytes == mem_gib * GIB
+    assert p.bandwidth_gbs == bw
+    assert p.cpu_cores == cores
+    assert [m["watts"] for m in p.power_modes] == modes
+
+
+def test_get_by_alias_and_unknown_device_lists_the_known_ones():
+    assert devices.get("orin-nano").id == "jetson-orin-nano-8gb"
+    assert devices.get("PI5-16GB").id == "rpi5-16gb"
+    with pytest.raises(InvalidRequest) as e:
+        devices.get("jetson-tx1")
+    msg = str(e.value)
+    assert "jetson-tx1" in msg and "jetson-orin-nano-8gb" in msg and "rpi4" in msg
+
+
+@pytest.mark.parametrize("tree, pid, cores, l4t, jetpack", [
+    ("jetson-orin-nano", "jetson-orin-nano-8gb", 6, "36.4.3", "6"),
+    ("jetson-agx-orin", "jetson-agx-orin-64gb", 12, "35.4.1", "5"),
+    ("rpi5", "rpi5-8gb", 4, None, None),
+    ("rpi4", "rpi4", 4, None, None),
+])
+def test_detect_fake_boards(tree, pid, cores, l4t, jetpack):
+    p = devices.detect(FAKES / tree)
+    assert p.id == pid
+    assert p.cpu_cores == cores
+    assert p.arch == "aarch64"
+    assert p.detected["tegra_release"] == l4t
+    assert p.detected.get("jetpack") == jetpack
+    # memory is what the kernel reports, not the nominal size
+    meminfo = (FAKES / tree / "proc/meminfo").read_text().splitlines()[0]
+    assert p.memory_bytes == int(meminfo.split()[1]) * 1024
+
+
+def test_detect_reads_cpu_model_from_the_arm_part_number():
+    assert devices.detect(FAKES / "rpi5").cpu_model == "Cortex-A76"
+    assert devices.detect(FAKES / "rpi4").cpu_model == "Cortex-A72"
+
+
+@pytest.mark.parametrize("kib, pid", [(4045000, "rpi5-4gb"), (8245264, "rpi5-8gb"), (16337000, "rpi5-16gb")])
+def test_detect_pi5_memory_variants(tmp_path, kib, pid):
+    root = copy_tree("rpi5", tmp_path)
+    set_memtotal(root, kib)
+    p = devices.detect(root)
+    assert p.id == pid
+    assert not any("nearest" in n or "no profile" in n for n in p.notes)
+
+
+def test_detect_unlisted_variant_uses_nearest_profile_with_real_memory(tmp_path):
+    root = copy_tree("rpi5", tmp_path)
+    set_memtotal(root, 2020000)  # a Pi 5 2GB: no profile of its own
+    p = devices.detect(root)
+    assert p.id == "rpi5-4gb"
+    assert p.memory_bytes == 2020000 * 1024
+    assert any("no profile for this memory size" in n for n in p.notes)
+    assert p.memory_budget_bytes == 2020000 * 1024 - int(1.25 * GIB)
+
+
+def test_detect_unknown_jetson_falls_back_to_generic_with_a_note(tmp_path):
+    root = copy_tree("jetson-orin-nano", tmp_path)
+    (root / "proc/device-tree/model").write_bytes(b"NVIDIA Jetson Xavier NX Developer Kit\x00")
+    p = devices.detect(root)
+    assert p.id == "generic-aarch64"
+    assert any("L4T 36.4.3" in n for n in p.notes)
+
+
+def test_detect_orin_nano_4gb_uses_the_nearest_jetson_profile_with_its_real_memory(tmp_path):
+    root = copy_tree("jetson-orin-nano", tmp_path)
+    set_memtotal(root, 3800000)  # an Orin Nano 4GB: no profile, nearest Jetson of that family is the 8GB
+    p = devices.detect(root)
+    assert p.id == "jetson-orin-nano-8gb"
+    assert p.memory_bytes == 3800000 * 1024
+    assert any("no profile for this memory size" in n for n in p.notes)
+
+
+def test_detect_x86_and_empty_trees(tmp_path):
+    x86 = tmp_path / "x86"
+    (x86 / "proc").mkdir(parents=True)
+    (x86 / "proc/cpuinfo").write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Test CPU\nflags\t: fpu sse\n\n"
+                                      "processor\t: 1\nvendor_id\t: GenuineIntel\nmodel name\t: Test CPU\nflags\t: fpu sse\n")
+    (x86 / "proc/meminfo").write_text("MemTotal:       16000000 kB\nMemAvailable:   12000000 kB\n")
+    p = devices.detect(x86)
+    assert p.id == "generic-x86_64" and p.cpu_cores == 2 and p.cpu_model == "Test CPU"
+    assert p.memory_bytes == 16000000 * 1024
+    assert p.memory_budget_bytes is None  # generic: no default budget
+    empty = devices.detect(tmp_path / "nothing-here")  # no files at all: still a profile, never an exception
+    assert empty.id.startswith("generic-")
+
+
+def test_resolve():
+    assert devices.resolve(None, root=FAKES / "rpi4").id == "rpi4"
+    assert devices.resolve("auto", root=FAKES / "rpi5").id == "rpi5-8gb"
+    assert devices.resolve("agx-orin").id == "jetson-agx-orin-64gb"
+    p = devices.get("rpi4")
+    assert devices.resolve(p) is p
+    with pytest.raises(InvalidRequest):
+        devices.resolve(42)
+
+
+def test_live_detection_on_this_machine():
+    p = devices.detect()
+    assert p.id in devices.profiles()
+    assert p.cpu_cores and p.cpu_cores >= 1
+    assert p.memory_bytes and p.memory_bytes > 256 << 20
