@@ -152,6 +152,7 @@ class Governor:
         self.reasons: list[str] = []
         self.changes = 0  # rung changes so far (for /metrics)
         self._last_change = -math.inf
+        self._over_since: float | None = None  # start of the current stretch over a limit
         self._last_sample = -math.inf
         # sensor state
         self.power_now_w: float | None = None
@@ -298,13 +299,18 @@ class Governor:
             under = False
         if over:
             self.reasons = over
-            if now - self._last_change >= self.hold_s:
+            if self._over_since is None:
+                self._over_since = now
+            # one rung per hold_s, and only once the excess has lasted hold_s (one hot sample is noise)
+            if now - max(self._last_change, self._over_since) >= self.hold_s:
                 self._escalate(now)
-        elif under and self.level > NORMAL and now - self._last_change >= self.relax_s:
+            return
+        self._over_since = None
+        if self.level == NORMAL:
+            self.reasons = []
+        elif under and now - self._last_change >= self.relax_s:
             self.reasons = []
             self._relax(now)
-        elif not over and self.level == NORMAL:
-            self.reasons = []
 
     def _escalate(self, now: float) -> None:
         before = (self.level, self.pace_s)
