@@ -59,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Serve a bundle over an OpenAI-compatible HTTP API. Every option also reads an "
         "EDGESPEC_* environment variable (shown in brackets); options on the command line win.",
     )
-    p.add_argument("bundle", nargs="?", help="bundle folder [EDGESPEC_BUNDLE]")
+    p.add_argument("bundle", nargs="?", help="bundle folder, or the name of one under $EDGESPEC_HOME/bundles "
+                   "[EDGESPEC_BUNDLE]")
     net = p.add_argument_group("network and security")
     net.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only) [EDGESPEC_HOST]")
     net.add_argument("--port", type=int, help="TCP port (default 8000; 0 picks a free one) [EDGESPEC_PORT]")
@@ -93,13 +94,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="skip the warm-up generation before READY [EDGESPEC_WARMUP=0]")
 
     eng = p.add_argument_group("engine (passed to Engine.open)")
-    eng.add_argument("--draft", help="drafting: auto | model | ngram | none (default auto) [EDGESPEC_DRAFT]")
+    eng.add_argument("--draft", choices=("auto", "model", "ngram", "none"),
+                     help="default drafting of requests (a request may pass its own 'draft'): auto | model | ngram "
+                     "| none (default auto) [EDGESPEC_DRAFT]")
     eng.add_argument("--k", type=int, help="tokens drafted per round (default: chosen by measured cost) [EDGESPEC_K]")
     eng.add_argument("--max-len", type=int, help="KV cache length in tokens (default: from the memory plan) "
                      "[EDGESPEC_MAX_LEN]")
-    eng.add_argument("--memory-budget", help="memory the engine may use, e.g. 3G [EDGESPEC_MEMORY_BUDGET]")
-    eng.add_argument("--power-budget", help="power budget in watts, e.g. 10 [EDGESPEC_POWER_BUDGET]")
-    eng.add_argument("--max-temp", help="temperature limit in °C [EDGESPEC_MAX_TEMP]")
+    eng.add_argument("--memory-budget", metavar="SIZE", help="memory the engine may use, e.g. 3GiB: shrinks the "
+                     "cache or drops the draft [EDGESPEC_MEMORY_BUDGET]")
+    eng.add_argument("--power-budget", metavar="WATTS", help="e.g. 10W (needs a power sensor) [EDGESPEC_POWER_BUDGET]")
+    eng.add_argument("--max-temp", metavar="C", help="e.g. 80C [EDGESPEC_MAX_TEMP]")
     eng.add_argument("--device", help="device profile (see `edgespec doctor`) [EDGESPEC_DEVICE]")
     eng.add_argument("--providers", help="execution providers for the target, comma-separated "
                      "(e.g. tensorrt,cuda,cpu) [EDGESPEC_PROVIDERS]")
@@ -145,24 +149,11 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         "power_budget": _pick(args.power_budget, "EDGESPEC_POWER_BUDGET"),
         "max_temp": _pick(args.max_temp, "EDGESPEC_MAX_TEMP"),
         "device": _pick(args.device, "EDGESPEC_DEVICE"),
-        "providers": _pick(args.providers, "EDGESPEC_PROVIDERS", _list),
-        "draft_providers": _pick(args.draft_providers, "EDGESPEC_DRAFT_PROVIDERS", _list),
+        "providers": _pick(args.providers, "EDGESPEC_PROVIDERS"),
+        "draft_providers": _pick(args.draft_providers, "EDGESPEC_DRAFT_PROVIDERS"),
         "threads": _pick(args.threads, "EDGESPEC_THREADS", int),
         "verify": _pick(args.verify, "EDGESPEC_VERIFY", _bool),
     }
-    if isinstance(opts["providers"], str):
-        opts["providers"] = _list(opts["providers"])
-    if isinstance(opts["draft_providers"], str):
-        opts["draft_providers"] = _list(opts["draft_providers"])
-    for name in ("power_budget", "max_temp"):
-        if isinstance(opts[name], str):
-            text = opts[name].strip().rstrip("WwCc°").strip()
-            try:
-                opts[name] = float(text)
-            except ValueError:
-                from ..errors import InvalidRequest
-
-                raise InvalidRequest(f"--{name.replace('_', '-')} must be a number, got {opts[name]!r}", param=name) from None
     return {k: v for k, v in opts.items() if v is not None}
 
 
@@ -192,7 +183,9 @@ def run(args: argparse.Namespace) -> int:
         bundle = args.bundle or _env("EDGESPEC_BUNDLE")
         if not bundle:
             raise BundleNotFound("no bundle given: `edgespec serve BUNDLE` (or EDGESPEC_BUNDLE in the environment)")
-        path = Path(bundle).expanduser()
+        from .generate import resolve_bundle
+
+        path = resolve_bundle(bundle)
         if not path.exists():
             raise BundleNotFound(f"bundle {path} does not exist (create one with `edgespec export` or `edgespec pull`)")
         if path.name == "manifest.json":

@@ -395,7 +395,7 @@ def _queue_s(job: Job) -> float | None:
 def _fmt(v: Any) -> str:
     """logfmt: numbers compact, strings quoted only when they need it (journald shows the line as is)."""
     if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+        return f"{v:.0f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3f}"
     s = str(v)
     if not s or any(c in s for c in ' "=') or any(ord(c) < 32 for c in s):
         return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'

@@ -66,8 +66,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def warm_up(engine: Any) -> None:
-    """One tiny generation, so the first real request does not pay for lazy initialisation
-    (session arenas, kernels, the chat template) and READY=1 means "answers at full speed"."""
+    """Every step size once (Engine.warmup) and one tiny generation, so the first real request does
+    not pay for lazy initialisation (session arenas, kernels, the chat template) and READY=1 means
+    "answers at full speed"."""
+    if hasattr(engine, "warmup"):
+        engine.warmup()
     try:
         engine.generate(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=2)
     except InvalidRequest:  # a bundle without a chat template

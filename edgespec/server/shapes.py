@@ -39,7 +39,9 @@ def sse(obj: Any) -> bytes:
 
 
 def stats_dict(stats: Any, *, finish_reason: str, queue_s: float | None) -> dict[str, Any]:
-    if dataclasses.is_dataclass(stats):
+    if hasattr(stats, "to_dict"):
+        d = dict(stats.to_dict())
+    elif dataclasses.is_dataclass(stats):
         d = dataclasses.asdict(stats)
     else:
         d = {k: v for k, v in vars(stats).items() if not k.startswith("_")} if stats is not None else {}

@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# Installs edgespec as a systemd service that serves one bundle on http://127.0.0.1:8000.
+#
+#   sudo ./systemd/install.sh BUNDLE                 # venv in /opt/edgespec/venv, bundle copied, service started
+#   sudo ./systemd/install.sh --kiosk BUNDLE         # also the kiosk page (EDGESPEC_UI=1) and edgespec-kiosk.service
+#   sudo ./systemd/install.sh --api-key-file /etc/edgespec/api-key BUNDLE    # require a bearer token
+#   sudo ./systemd/install.sh --system-site-packages BUNDLE                  # Jetson: see JetPack's onnxruntime-gpu
+#
+# What it writes: /opt/edgespec/{venv,bundles/NAME}, /etc/edgespec/edgespec.env (kept if present: only the
+# options given here are changed in it), /etc/systemd/system/edgespec.service and drop-ins in
+# /etc/systemd/system/edgespec.service.d/ (api-key.conf, network.conf). Run it again to update.
+# Uninstall: systemctl disable --now edgespec; rm -r /etc/systemd/system/edgespec.service* /opt/edgespec
+set -euo pipefail
+
+SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PREFIX=/opt/edgespec
+PYTHON=python3
+VENV=
+PIP=1
+SYSTEM_SITE=
+API_KEY_FILE=
+HOST=
+PORT=
+KIOSK=0
+START=1
+ROOT=
+BUNDLE=
+
+usage() { sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; cat <<'EOF'
+Options:
+  --prefix DIR             where the venv and bundles go (default /opt/edgespec)
+  --python PY              interpreter that creates the venv (default python3; 3.10 or newer)
+  --system-site-packages   the venv also sees system packages (JetPack's onnxruntime-gpu on a Jetson)
+  --venv DIR               use this existing environment, where edgespec[server] is installed (no pip)
+  --no-pip                 use PREFIX/venv as it is (no pip install)
+  --api-key-file FILE      require 'Authorization: Bearer <key>'; FILE holds the key (given to the
+                           service with LoadCredential=, so FILE can stay root-only: chmod 600)
+  --host ADDR              listen address (default 127.0.0.1); any other address also lets LAN traffic in
+  --port N                 TCP port (default 8000)
+  --kiosk                  serve the kiosk page and install edgespec-kiosk.service
+  --no-start               install and enable, but do not (re)start now
+  --root DIR               write into the file tree DIR (an image being built); no systemctl, no pip
+EOF
+}
+
+die() { echo "install.sh: error: $*" >&2; exit 1; }
+say() { echo "[install] $*" >&2; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prefix) PREFIX=${2:?}; shift 2 ;;
+    --python) PYTHON=${2:?}; shift 2 ;;
+    --system-site-packages) SYSTEM_SITE=--system-site-packages; shift ;;
+    --venv) VENV=${2:?}; PIP=0; shift 2 ;;
+    --no-pip) PIP=0; shift ;;
+    --api-key-file) API_KEY_FILE=${2:?}; shift 2 ;;
+    --host) HOST=${2:?}; shift 2 ;;
+    --port) PORT=${2:?}; shift 2 ;;
+    --kiosk) KIOSK=1; shift ;;
+    --no-start) START=0; shift ;;
+    --root) ROOT=${2:?}; PIP=0; START=0; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    -*) die "unknown option $1 (see --help)" ;;
+    *) [ -z "$BUNDLE" ] || die "one bundle only (got '$BUNDLE' and '$1')"; BUNDLE=$1; shift ;;
+  esac
+done
+
+[ -n "$BUNDLE" ] || { usage >&2; die "no bundle given"; }
+[ -f "$BUNDLE/manifest.json" ] || die "$BUNDLE is not a bundle (no manifest.json); create one with 'edgespec export' or 'edgespec pull'"
+BUNDLE=$(cd "$BUNDLE" && pwd)
+NAME=$(basename "$BUNDLE")
+case "$NAME" in *[!A-Za-z0-9._-]*) die "bundle folder name '$NAME' must use only letters, digits, '.', '_' and '-'" ;; esac
+case "$PREFIX" in /*) ;; *) die "--prefix must be an absolute path" ;; esac
+[ -z "$VENV" ] && VENV=$PREFIX/venv
+case "$VENV" in /*) ;; *) die "--venv must be an absolute path" ;; esac
+if [ -n "$PORT" ]; then
+  case "$PORT" in ''|*[!0-9]*) die "--port must be a number" ;; esac
+  [ "$PORT" -ge 1 ] && [ "$PORT" -le 65535 ] || die "--port must be 1..65535"
+fi
+if [ -n "$API_KEY_FILE" ]; then
+  case "$API_KEY_FILE" in /*) ;; *) API_KEY_FILE=$(cd "$(dirname "$API_KEY_FILE")" && pwd)/$(basename "$API_KEY_FILE") ;; esac
+  [ -s "$ROOT$API_KEY_FILE" ] || die "API key file $API_KEY_FILE does not exist or is empty (e.g. 'openssl rand -hex 32 > $API_KEY_FILE; chmod 600 $API_KEY_FILE')"
+  case "$(stat -c %a "$ROOT$API_KEY_FILE")" in *00) ;; *) say "warning: $API_KEY_FILE is readable by others: chmod 600 $API_KEY_FILE" ;; esac
+fi
+if [ "$KIOSK" = 1 ] && [ ! -f "$SRC/systemd/edgespec-kiosk.service" ]; then
+  die "--kiosk: $SRC/systemd/edgespec-kiosk.service is missing from this checkout"
+fi
+if [ -z "$ROOT" ]; then
+  [ "$(id -u)" = 0 ] || die "run as root (sudo $0 ...)"
+  command -v systemctl >/dev/null || die "systemctl not found: this installer needs systemd"
+fi
+
+# --- 1. the Python environment -----------------------------------------------------------------
+if [ "$PIP" = 1 ]; then
+  command -v "$PYTHON" >/dev/null || die "$PYTHON not found (install python3 and python3-venv)"
+  if [ ! -x "$VENV/bin/python3" ]; then
+    say "creating $VENV"
+    "$PYTHON" -m venv $SYSTEM_SITE "$VENV" || die "could not create a venv (Debian/Ubuntu: apt install python3-venv)"
+  fi
+  say "installing edgespec[server] from $SRC into $VENV"
+  "$VENV/bin/python3" -m pip install -q --upgrade pip
+  "$VENV/bin/python3" -m pip install -q "$SRC[server]"
+fi
+if [ -z "$ROOT" ]; then
+  [ -x "$VENV/bin/python3" ] || die "$VENV/bin/python3 does not exist (drop --no-pip/--venv to create it)"
+  "$VENV/bin/python3" -c 'import edgespec.server.service, uvicorn, starlette' 2>/dev/null \
+    || die "edgespec[server] is not importable from $VENV (pip install '$SRC[server]' into it)"
+  # --- 2. the bundle, verified once here (every file's sha256) ------------------------------------
+  say "verifying $BUNDLE"
+  "$VENV/bin/python3" - "$BUNDLE" <<'EOF' || die "bundle $BUNDLE failed verification (see above); not installed"
+import sys
+from edgespec.bundle import Bundle
+from edgespec.errors import EdgespecError
+try:
+    b = Bundle.open(sys.argv[1], verify=True)
+except EdgespecError as e:
+    print(e, file=sys.stderr)
+    sys.exit(1)
+print(f"[install] bundle {b.name}: ok", file=sys.stderr)
+EOF
+fi
+
+DEST=$ROOT$PREFIX/bundles/$NAME
+if [ "$BUNDLE" != "$DEST" ]; then
+  say "copying the bundle to $PREFIX/bundles/$NAME"
+  mkdir -p "$ROOT$PREFIX/bundles"
+  rm -rf "$DEST.partial" "$DEST.old"
+  cp -r "$BUNDLE" "$DEST.partial"
+  chown -R 0:0 "$DEST.partial" 2>/dev/null || true
+  chmod -R u=rwX,go=rX "$DEST.partial"
+  # rename into place: the service never sees a half-copied bundle
+  [ -e "$DEST" ] && mv "$DEST" "$DEST.old"
+  mv "$DEST.partial" "$DEST"
+  rm -rf "$DEST.old"
+fi
+
+# --- 3. settings ---------------------------------------------------------------------------------
+ETC=$ROOT/etc/edgespec
+ENVFILE=$ETC/edgespec.env
+mkdir -p "$ETC"
+if [ ! -f "$ENVFILE" ]; then
+  install -m 0644 "$SRC/systemd/edgespec.env" "$ENVFILE"
+  say "wrote $ENVFILE"
+else
+  say "keeping $ENVFILE (only the options given now are changed)"
+fi
+setvar() {  # setvar NAME VALUE: replace the line, or append it
+  if grep -q "^$1=" "$ENVFILE"; then
+    sed -i "s|^$1=.*|$1=$2|" "$ENVFILE"
+  else
+    echo "$1=$2" >> "$ENVFILE"
+  fi
+}
+setvar EDGESPEC_BUNDLE "$PREFIX/bundles/$NAME"
+[ -n "$HOST" ] && setvar EDGESPEC_HOST "$HOST"
+[ -n "$PORT" ] && setvar EDGESPEC_PORT "$PORT"
+[ "$KIOSK" = 1 ] && setvar EDGESPEC_UI 1
+
+# --- 4. the unit and its drop-ins ------------------------------------------------------------------
+UNITDIR=$ROOT/etc/systemd/system
+mkdir -p "$UNITDIR/edgespec.service.d"
+sed "s|/opt/edgespec/venv/bin/python3|$VENV/bin/python3|" "$SRC/systemd/edgespec.service" > "$UNITDIR/edgespec.service.tmp"
+chmod 0644 "$UNITDIR/edgespec.service.tmp"
+mv "$UNITDIR/edgespec.service.tmp" "$UNITDIR/edgespec.service"
+if [ -n "$API_KEY_FILE" ]; then
+  printf '[Service]\n# the bearer token; the server reads it from $CREDENTIALS_DIRECTORY/api-key\nLoadCredential=api-key:%s\n' \
+    "$API_KEY_FILE" > "$UNITDIR/edgespec.service.d/api-key.conf"
+  say "API key required (from $API_KEY_FILE)"
+fi
+if [ -n "$HOST" ]; then
+  case "$HOST" in
+    127.*|localhost|::1) rm -f "$UNITDIR/edgespec.service.d/network.conf" ;;
+    *) printf '[Service]\n# listening on %s: let other machines in (the unit allows only localhost otherwise)\nIPAddressAllow=any\n' \
+         "$HOST" > "$UNITDIR/edgespec.service.d/network.conf"
+       [ -n "$API_KEY_FILE" ] || [ -f "$UNITDIR/edgespec.service.d/api-key.conf" ] \
+         || say "warning: listening on $HOST without an API key: anyone on the network can use the model" ;;
+  esac
+fi
+if [ "$KIOSK" = 1 ]; then
+  install -m 0644 "$SRC/systemd/edgespec-kiosk.service" "$UNITDIR/edgespec-kiosk.service"
+  say "installed edgespec-kiosk.service"
+fi
+
+[ -n "$ROOT" ] && { say "files written under $ROOT"; exit 0; }
+
+# --- 5. start ---------------------------------------------------------------------------------------
+systemctl daemon-reload
+systemctl enable edgespec.service >/dev/null
+[ "$KIOSK" = 1 ] && systemctl enable edgespec-kiosk.service >/dev/null
+if [ "$START" = 0 ]; then
+  say "installed and enabled; start it with: systemctl start edgespec"
+  exit 0
+fi
+say "starting edgespec (loads and warms up the model; READY when it answers)"
+if ! systemctl restart edgespec.service; then
+  systemctl --no-pager status edgespec.service >&2 || true
+  die "edgespec did not start; see: journalctl -u edgespec -n 50"
+fi
+[ "$KIOSK" = 1 ] && systemctl restart edgespec-kiosk.service
+host=$(sed -n 's/^EDGESPEC_HOST=//p' "$ENVFILE" | tail -n 1)
+port=$(sed -n 's/^EDGESPEC_PORT=//p' "$ENVFILE" | tail -n 1)
+say "running: curl -s http://${host:-127.0.0.1}:${port:-8000}/v1/models"
+systemctl --no-pager status edgespec.service | head -n 5 >&2 || true
