@@ -330,6 +330,7 @@ def run_bench(
     modes = list(modes)
     if not modes or modes[0].draft != "none":
         raise InvalidRequest("the first mode must be the target alone", param="modes")
+    check_fit(engine, prompts, max_new_tokens)
     greedy = temperature == 0.0
     load_start = _loadavg()
     rss = PeakRSS()
@@ -383,6 +384,20 @@ def run_bench(
     meta["loadavg_start"] = load_start
     meta["loadavg_end"] = _loadavg()
     return BenchRun(meta=meta, modes=modes, prompts=list(prompts), samples=samples)
+
+
+def check_fit(engine, prompts: Sequence[Prompt], max_new_tokens: int) -> None:
+    """Every prompt must fit the cache with room to generate; all offenders are named at once,
+    before anything is measured (rather than failing an hour into a run)."""
+    bad = []
+    for p in prompts:
+        n = engine.count_tokens(**p.request())
+        if n + 1 > engine.max_len:
+            bad.append(f"{p.id} ({n} tokens)")
+    if bad:
+        raise InvalidRequest(
+            f"{len(bad)} prompt(s) do not fit the cache of {engine.max_len} tokens: {', '.join(bad)}; "
+            "use --max-len (if the model allows) or shorter prompts", param="prompts")
 
 
 def _warm(engine, prompt: Prompt, modes: Sequence[Mode]) -> None:
