@@ -15,7 +15,7 @@ def register(sub) -> None:
         "to first token, acceptance, tokens per target pass, peak RSS and whether each output equals the "
         "target's. See docs/bench.md.",
     )
-    p.add_argument("bundle", help="bundle folder (e.g. ~/.cache/edgespec/bundles/qwen-coder)")
+    p.add_argument("bundle", help="bundle folder, or the name of one under $EDGESPEC_HOME/bundles (e.g. qwen-coder)")
     p.add_argument("--prompts", default="code",
                    help="code, chat, a .jsonl file, or several joined by commas (default: code)")
     p.add_argument("--modes", default=None,
@@ -58,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
     if args.limit:
         prompts = prompts[: args.limit]
     hw_list = projection.resolve_devices(args.project)
-    b = Bundle.open(args.bundle, verify=not args.no_verify)
+    from .generate import resolve_bundle  # a path, or the name of a bundle under $EDGESPEC_HOME/bundles
+
+    b = Bundle.open(resolve_bundle(args.bundle), verify=not args.no_verify)
     if args.modes is None:
         names = "target,model,ngram,auto" if b.draft is not None else "target,ngram,auto"
     else:
