@@ -364,6 +364,7 @@ class Engine:
         stats.target_passes = 1
         drafter.begin(ctx)
         first = choose(row, params, usable, rng)
+        ctx.append(first)
         t_first = time.perf_counter()
         stats.ttft_s = t_first - t0
 

@@ -1,0 +1,134 @@
+"""The heart of the suite: speculative output == target-alone output, token for token.
+
+On the tiny fp32 bundles (exact kernels), for many random prompts, every drafter, k from 1 to 8,
+both tiny architectures, a draft that agrees and one that disagrees, and prompts that end near
+the cache limit. Sampling: the distribution of sampled tokens on the real tiny ONNX models matches
+the target's exact distribution (the many-draw version is in test_sampling.py).
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from edgespec.engine import Engine
+from edgespec.sampling import SamplingParams, probs
+
+from test_sampling import chi2_gof
+
+MODES = ["model", "ngram", "auto"]
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_bundle, tiny_bundle_disagree, tiny_llama_bundle):
+    return {name: Engine.open(path, max_len=256) for name, path in
+            (("agree", tiny_bundle), ("disagree", tiny_bundle_disagree), ("llama", tiny_llama_bundle))}
+
+
+def random_prompt(eng: Engine, rng: np.random.Generator, n_tokens: int) -> str:
+    """Text from random token ids (of the usable vocabulary, no special tokens)."""
+    ids = rng.integers(3, eng.usable, size=n_tokens).tolist()
+    text = eng.tokenizer.decode(ids)
+    return text if text.strip() else "x" + text
+
+
+@pytest.mark.parametrize("name", ["agree", "disagree", "llama"])
+def test_greedy_every_drafter_every_k_equals_target_alone(engines, name):
+    eng = engines[name]
+    rng = np.random.default_rng({"agree": 0, "disagree": 1, "llama": 2}[name])
+    mismatches = []
+    drafted = 0
+    for i in range(6):
+        prompt = random_prompt(eng, rng, int(rng.integers(2, 40)))
+        ref = eng.generate(prompt, max_new_tokens=48, draft="none")
+        assert ref.stats.drafted == 0 and ref.stats.tokens_per_pass == pytest.approx(1.0)
+        for mode, k in itertools.chain(((m, None) for m in MODES), itertools.product(MODES, range(1, 9))):
+            r = eng.generate(prompt, max_new_tokens=48, draft=mode, k=k)
+            drafted += r.stats.drafted
+            if r.token_ids != ref.token_ids or r.text != ref.text or r.finish_reason != ref.finish_reason:
+                mismatches.append((i, mode, k, ref.token_ids, r.token_ids))
+    assert not mismatches, mismatches[:3]
+    assert drafted > 1000  # speculation really ran
+
+
+def test_greedy_model_draft_accepts_when_it_agrees(engines):
+    """The agreeing draft is accepted most of the time and saves target passes; the test above
+    would pass vacuously if every proposal were rejected."""
+    eng = engines["agree"]
+    r = eng.generate("def add(a, b):", max_new_tokens=64, draft="model", k=4)
+    assert r.stats.acceptance_rate > 0.5
+    assert r.stats.target_passes < r.stats.new_tokens
+
+
+def test_greedy_near_the_cache_limit(tiny_bundle, tiny_llama_bundle):
+    """Prompts that leave 1..12 free positions: the last rounds must shrink k to fit, the output
+    still equals the target's, and both stop with cache_full at the same token."""
+    for path in (tiny_bundle, tiny_llama_bundle):
+        eng = Engine.open(path, max_len=48)
+        rng = np.random.default_rng(7)
+        for free in (1, 2, 3, 5, 8, 12):
+            ids = rng.integers(3, eng.usable, size=48 - free).tolist()
+            prompt = eng.tokenizer.decode(ids)
+            n = eng.count_tokens(prompt)
+            if n >= 48:
+                continue
+            ref = eng.generate(prompt, max_new_tokens=100, draft="none")
+            assert ref.finish_reason in ("cache_full", "stop")
+            for mode, k in itertools.product(MODES, (1, 3, 8, None)):
+                r = eng.generate(prompt, max_new_tokens=100, draft=mode, k=k)
+                assert r.token_ids == ref.token_ids, (free, mode, k)
+                assert r.finish_reason == ref.finish_reason
+            assert eng.target.length <= eng.max_len
+
+
+def test_greedy_with_chat_and_stop_strings(engines):
+    eng = engines["agree"]
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "def greet(name):"}]
+    ref = eng.generate(messages=msgs, max_new_tokens=40, draft="none")
+    for mode in MODES:
+        assert eng.generate(messages=msgs, max_new_tokens=40, draft=mode).token_ids == ref.token_ids
+    if len(ref.text) > 6:
+        stop = ref.text[3:6]
+        cut = eng.generate(messages=msgs, max_new_tokens=40, draft="none", stop=[stop])
+        for mode in MODES:
+            r = eng.generate(messages=msgs, max_new_tokens=40, draft=mode, k=4, stop=[stop])
+            assert r.text == cut.text and r.finish_reason == "stop"
+
+
+def test_sampling_on_tiny_onnx_matches_exact_target_distribution(tiny_bundle_disagree):
+    """Draws from the real ONNX models with top_k=3 (27 possible 3-token continuations), compared
+    with the exact probabilities computed from the target runner alone."""
+    eng = Engine.open(tiny_bundle_disagree, max_len=64)
+    params = SamplingParams(temperature=1.5, top_k=3)
+    prompt = "def add(a, b):"
+    ids = eng.encode(prompt)
+    # exact joint of the next 3 tokens under target-alone sampling (a sequence ends at EOS, which
+    # the result's token_ids do not include)
+    runner = eng.target
+    exact: dict = {}
+
+    def walk(prefix: list[int], p: float) -> None:
+        runner.rewind(len(ids) - 1)
+        row = runner.step([*ids[-1:], *prefix], len(prefix) + 1)[-1]
+        dist = probs(row, params, eng.usable)
+        for t in np.flatnonzero(dist):
+            q = p * dist[t]
+            if int(t) in eng.eos_ids or len(prefix) == 2:
+                key = tuple(prefix) if int(t) in eng.eos_ids else (*prefix, int(t))
+                exact[key] = exact.get(key, 0.0) + q
+            else:
+                walk([*prefix, int(t)], q)
+
+    runner.reset()
+    runner.step(ids[:-1], 1)
+    walk([], 1.0)
+    eng._invalidate()
+    assert sum(exact.values()) == pytest.approx(1.0)
+    n = 1200
+    counts: dict = {}
+    for seed in range(n):
+        r = eng.generate(prompt, max_new_tokens=3, temperature=1.5, top_k=3, seed=seed, draft="model", k=2)
+        key = tuple(r.token_ids)
+        counts[key] = counts.get(key, 0) + 1
+    assert chi2_gof(counts, exact, n) > 1e-3

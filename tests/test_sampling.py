@@ -1,0 +1,330 @@
+"""Sampling parameters, the warped distribution, and the lossless property of speculative sampling
+on pure-numpy fake models (thousands of draws, fixed seeds, chi-square against exact probabilities).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from edgespec.drafters import ModelDrafter, NgramDrafter, Proposal
+from edgespec.errors import InvalidRequest
+from edgespec.runner import StepTimes
+from edgespec.sampling import SamplingParams, choose, probs, sample
+from edgespec.speculative import speculative_round
+
+
+# --- statistics helper (no scipy needed) ---------------------------------------------------------
+def chi2_sf(x: float, df: int) -> float:
+    """P(X >= x) for a chi-square variable with df degrees of freedom (regularized upper gamma)."""
+    a, z = df / 2.0, x / 2.0
+    if z <= 0:
+        return 1.0
+    if z < a + 1:  # series for the lower gamma
+        term = total = 1.0 / a
+        n = a
+        for _ in range(10000):
+            n += 1
+            term *= z / n
+            total += term
+            if term < total * 1e-15:
+                break
+        return max(0.0, 1.0 - total * math.exp(-z + a * math.log(z) - math.lgamma(a)))
+    # continued fraction for the upper gamma (Lentz)
+    b = z + 1 - a
+    c = 1 / 1e-300
+    d = 1 / b
+    h = d
+    for i in range(1, 10000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = 1e-300 if abs(d) < 1e-300 else d
+        c = b + an / c
+        c = 1e-300 if abs(c) < 1e-300 else c
+        d = 1 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1) < 1e-15:
+            break
+    return h * math.exp(-z + a * math.log(z) - math.lgamma(a))
+
+
+def chi2_gof(counts: dict, expected_p: dict, n: int, min_expected: float = 5.0) -> float:
+    """Goodness-of-fit p-value of observed counts against exact probabilities; cells expected to
+    hold fewer than `min_expected` draws are pooled into one."""
+    obs, exp = [], []
+    pool_o = pool_e = 0.0
+    for cell, p in expected_p.items():
+        e = p * n
+        if e < min_expected:
+            pool_o += counts.get(cell, 0)
+            pool_e += e
+        else:
+            obs.append(counts.get(cell, 0))
+            exp.append(e)
+    unknown = sum(c for cell, c in counts.items() if cell not in expected_p)
+    pool_o += unknown
+    if pool_e > 0 or pool_o > 0:
+        obs.append(pool_o)
+        exp.append(max(pool_e, 1e-9))
+    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
+    return chi2_sf(stat, len(obs) - 1)
+
+
+def test_chi2_sf_matches_known_values():
+    assert chi2_sf(3.841, 1) == pytest.approx(0.05, abs=1e-3)
+    assert chi2_sf(18.307, 10) == pytest.approx(0.05, abs=1e-3)
+    assert chi2_sf(124.342, 100) == pytest.approx(0.05, abs=1e-3)
+    assert chi2_sf(0.0, 3) == 1.0
+
+
+# --- parameters ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw,param", [
+    (dict(temperature=-0.1), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.01), "top_p"),
+    (dict(top_p=-1), "top_p"),
+    (dict(top_k=-1), "top_k"),
+    (dict(top_k=2.5), "top_k"),
+    (dict(seed="x"), "seed"),
+])
+def test_bad_sampling_params_are_refused_with_their_name(kw, param):
+    with pytest.raises(InvalidRequest) as e:
+        SamplingParams(**kw)
+    assert e.value.param == param
+    assert param in str(e.value)
+
+
+def test_greedy_flags():
+    assert SamplingParams().greedy
+    assert SamplingParams(temperature=0.8, top_k=1).greedy
+    assert not SamplingParams(temperature=0.8).greedy
+
+
+def _reference_probs(row, t, top_k, top_p, usable):
+    """Straightforward full-sort implementation to check the fast one against."""
+    x = np.asarray(row[:usable], dtype=np.float64) / t
+    order = np.lexsort((np.arange(usable), -x))
+    keep = order[:top_k] if top_k else order
+    e = np.exp(x[keep] - x[keep].max())
+    p = e / e.sum()
+    if top_p < 1:
+        c = np.cumsum(p)
+        cut = int(np.searchsorted(c, top_p - 1e-12)) + 1
+        keep, p = keep[:cut], p[:cut] / p[:cut].sum()
+    out = np.zeros(usable)
+    out[keep] = p
+    return out
+
+
+@pytest.mark.parametrize("t,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (1.0, 0, 0.9),
+                                           (0.5, 50, 0.8), (2.0, 0, 0.3), (1.0, 0, 0.999)])
+def test_probs_match_a_plain_reference(t, top_k, top_p):
+    rng = np.random.default_rng(0)
+    for V in (40, 3000):
+        row = rng.normal(size=V + 7).astype(np.float32) * 3
+        row[V:] = 100.0  # padding rows: huge logits that must be ignored
+        got = probs(row, SamplingParams(temperature=t, top_k=top_k, top_p=top_p), V)
+        ref = _reference_probs(row, t, top_k, top_p, V)
+        assert got.shape == (V,)
+        np.testing.assert_allclose(got, ref, atol=1e-12)
+        assert got.sum() == pytest.approx(1.0)
+
+
+def test_padding_rows_are_never_chosen():
+    rng = np.random.default_rng(1)
+    row = rng.normal(size=60).astype(np.float32)
+    row[50:] = 1e4
+    for params in (SamplingParams(), SamplingParams(temperature=1.0), SamplingParams(temperature=5.0, top_p=0.5)):
+        for _ in range(200):
+            assert choose(row, params, 50, rng) < 50
+
+
+def test_sample_follows_p():
+    rng = np.random.default_rng(2)
+    p = np.array([0.1, 0.0, 0.6, 0.3])
+    n = 20000
+    counts = np.bincount([sample(p, rng) for _ in range(n)], minlength=4)
+    assert counts[1] == 0
+    assert chi2_gof({i: counts[i] for i in range(4)}, {0: 0.1, 2: 0.6, 3: 0.3}, n) > 1e-3
+
+
+# --- speculative sampling on fake models ---------------------------------------------------------
+class FakeRunner:
+    """The ModelRunner interface over a pure function of the context: logits = table[ctx[-2:]].
+
+    Two padding rows past `usable` carry huge logits: choosing one would show at once."""
+
+    def __init__(self, table: np.ndarray, max_len: int = 64):
+        self.table = table  # [V, V, V+2]: logits after (second-last, last)
+        self.vocab_size = table.shape[-1]
+        self.max_len = max_len
+        self.tokens: list[int] = []
+        self.times = StepTimes()
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def free(self) -> int:
+        return self.max_len - self.length
+
+    def logits_after(self, ctx) -> np.ndarray:
+        a = ctx[-2] if len(ctx) >= 2 else 0
+        return self.table[a, ctx[-1]]
+
+    def step(self, tokens, n_logits=1):
+        assert self.length + len(tokens) <= self.max_len
+        self.tokens.extend(int(t) for t in tokens)
+        self.times.add(len(tokens), 0.01 * (1 + 0.2 * (len(tokens) - 1)))
+        n = len(self.tokens)
+        return np.stack([self.logits_after(self.tokens[: n - n_logits + 1 + i]) for i in range(n_logits)])
+
+    def rewind(self, length):
+        assert 0 <= length <= self.length
+        del self.tokens[length:]
+
+    def reset(self):
+        self.tokens.clear()
+
+
+V = 5
+
+
+def _tables(agree: bool, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    t = rng.normal(size=(V, V, V + 2)) * 1.5
+    t[..., V:] = 50.0
+    if agree:
+        d = t + rng.normal(size=t.shape) * 0.3
+    else:
+        d = rng.normal(size=t.shape) * 1.5
+        d[..., V:] = 50.0
+    return t, d
+
+
+def _exact_joint(table, prompt, params, n_tokens):
+    """Exact probability of every continuation of n_tokens under target-alone sampling."""
+    runner = FakeRunner(table)
+    out = {}
+    for seq in itertools.product(range(V), repeat=n_tokens):
+        ctx = list(prompt)
+        p = 1.0
+        for t in seq:
+            p *= probs(runner.logits_after(ctx), params, V)[t]
+            if p == 0:
+                break
+            ctx.append(t)
+        if p > 0:
+            out[seq] = p
+    return out
+
+
+def _spec_draws(t_table, d_table, params, drafter_kind, k, n_draws, n_tokens=3, seed=0):
+    """Runs the real speculative_round with fake runners n_draws times; counts the token sequences
+    after the first (which the prefill samples from the target directly)."""
+    prompt = [1, 3]
+    counts: dict = {}
+    rng = np.random.default_rng(seed)
+    target = FakeRunner(t_table)
+    draft_runner = FakeRunner(d_table)
+    for _ in range(n_draws):
+        target.reset()
+        row = target.step(prompt, 1)[0]
+        ctx = prompt + [choose(row, params, V, rng)]
+        if drafter_kind == "model":
+            drafter = ModelDrafter(draft_runner, V, adaptive=False)
+            drafter.begin(ctx)
+        elif drafter_kind == "ngram-fixed":
+            drafter = _FixedProposer([ctx[-1]] * k)  # deterministic proposals: q one-hot
+        else:
+            drafter = NgramDrafter(adaptive=False)
+        while len(ctx) < len(prompt) + n_tokens:
+            r = speculative_round(target, drafter, ctx, k, params, rng, V)
+            ctx.extend(r.tokens)
+            assert target.length == len(ctx) - 1
+        seq = tuple(ctx[len(prompt) : len(prompt) + n_tokens])
+        counts[seq] = counts.get(seq, 0) + 1
+    return counts
+
+
+class _FixedProposer:
+    name = "fixed"
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def begin(self, ctx):
+        pass
+
+    def propose(self, ctx, k, params, rng):
+        return Proposal(list(self.tokens[:k]), None, "ngram")
+
+    def feedback(self, proposal, accepted, valid_len):
+        pass
+
+
+SAMPLING = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=4, top_p=0.9)]
+
+
+@pytest.mark.parametrize("agree", [True, False], ids=["draft-agrees", "draft-disagrees"])
+@pytest.mark.parametrize("pi", [0, 1], ids=["t1", "t0.7-k4-p0.9"])
+def test_speculative_sampling_matches_target_distribution(agree, pi):
+    params = SAMPLING[pi]
+    t, d = _tables(agree)
+    n = 4000
+    counts = _spec_draws(t, d, params, "model", k=3, n_draws=n, seed=10 + pi)
+    exact = _exact_joint(t, [1, 3], params, 3)
+    assert all(all(x < V for x in seq) for seq in counts)
+    assert chi2_gof(counts, exact, n) > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["ngram-fixed", "ngram"])
+def test_deterministic_proposals_use_one_hot_q(kind):
+    params = SAMPLING[0]
+    t, _ = _tables(True)
+    n = 4000
+    counts = _spec_draws(t, t, params, kind, k=2, n_draws=n, seed=3)
+    assert chi2_gof(counts, _exact_joint(t, [1, 3], params, 3), n) > 1e-3
+
+
+def test_the_chi_square_check_can_fail():
+    """The same harness catches a broken acceptance rule (accepting every draft token): the tests
+    above are not vacuous."""
+    import edgespec.speculative as spec
+
+    params = SAMPLING[0]
+    t, d = _tables(False)
+    orig = spec.accept_sampled
+
+    def accept_all(rows, prop, draft, params, rng, usable):
+        return len(draft), sample(probs(rows[len(draft)], params, usable), rng)
+
+    spec.accept_sampled = accept_all
+    try:
+        counts = _spec_draws(t, d, params, "model", k=3, n_draws=2000, seed=5)
+    finally:
+        spec.accept_sampled = orig
+    assert chi2_gof(counts, _exact_joint(t, [1, 3], params, 3), 2000) < 1e-6
+
+
+def test_greedy_params_make_rejection_sampling_greedy():
+    """With greedy params probs() is one-hot, so every path agrees with argmax decoding."""
+    t, d = _tables(False)
+    params = SamplingParams()
+    rng = np.random.default_rng(0)
+    target = FakeRunner(t)
+    row = target.step([1, 3], 1)[0]
+    ctx = [1, 3, choose(row, params, V, rng)]
+    drafter = ModelDrafter(FakeRunner(d), V, adaptive=False)
+    while len(ctx) < 20:
+        ctx.extend(speculative_round(target, drafter, ctx, 4, params, rng, V).tokens)
+    ref = [1, 3]
+    for _ in range(len(ctx) - 2):
+        ref.append(int(np.argmax(FakeRunner(t).logits_after(ref)[:V])))
+    assert ctx[:20] == ref[:20]
