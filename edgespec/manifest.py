@@ -87,11 +87,19 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     created_by: str = ""
     created_at: str = ""
+    # runtime defaults chosen at export, e.g. {"max_len": 4096} (`edgespec export --max-context`)
+    defaults: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # exporter's notes: peak memory, timings, versions
+    # sha256 of the manifest's own content (every field but this one, canonical JSON): an edited
+    # manifest is caught like a damaged weight file. Integrity, not authenticity.
+    digest: str = ""
 
     # -- (de)serialisation --------------------------------------------------------------------
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
+
+    def compute_digest(self) -> str:
+        return content_digest(asdict(self))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Manifest":
@@ -101,6 +109,14 @@ class Manifest:
         tok = TokenizerFacts(**d["tokenizer"])
         rest = {k: v for k, v in d.items() if k not in ("models", "tokenizer")}
         return cls(models=models, tokenizer=tok, **rest)
+
+
+def content_digest(d: dict[str, Any]) -> str:
+    """sha256 of a parsed manifest without its 'digest' field, as canonical JSON (sorted keys, no
+    whitespace), so re-indenting the file does not change it but editing any value does."""
+    body = {k: v for k, v in d.items() if k != "digest"}
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
 
 
 def sha256_file(path: Path, block: int = 1 << 22) -> str:
@@ -132,6 +148,8 @@ def check_schema(d: Any) -> list[str]:
             problems.append(f"manifest.json: '{key}' is missing or not a {typ.__name__}")
     if problems:
         return problems
+    for key in sorted(d.keys() - Manifest.__dataclass_fields__.keys()):
+        problems.append(f"manifest.json: '{key}' is not a known field (written by a newer edgespec, or edited)")
     if "target" not in d["models"]:
         problems.append("manifest.json: models has no 'target'")
     required = _required_fields(ModelFacts)
@@ -204,6 +222,10 @@ def verify_bundle(root: str | os.PathLike, *, checksums: bool = True) -> tuple[M
     problems += check_schema(d)
     if problems:
         return None, problems
+    if not d.get("digest"):
+        problems.append("manifest.json: no digest: not written by `edgespec export`, or edited")
+    elif d["digest"] != content_digest(d):
+        problems.append("manifest.json: edited after export (its content does not match its digest)")
     manifest = Manifest.from_dict(d)
     for rel, entry in manifest.files.items():
         f = root / rel

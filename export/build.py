@@ -1,89 +1,152 @@
-"""Hugging Face folder -> ONNX graph of the runtime's contract, with onnxruntime-genai's builder.
+"""Torch model -> ONNX graph of the runtime's contract, with onnxruntime-genai's model builder.
 
 The builder emits GroupQueryAttention with a shared past/present buffer (written in place when the
-runtime binds both to one OrtValue) and quantizes MatMuls (and, on request, the embedding Gather
-and lm_head) to MatMulNBits/GatherBlockQuantized. We then add the logits-to-keep input.
+runtime binds both to one OrtValue). We drive it with three changes that keep the export lean:
+- it gets the model we already loaded (its own loader would read the checkpoint a second time);
+- its whole-graph quantization pass is replaced by `quantize.quantize_graph`, one weight at a time
+  (same onnxruntime kernels, byte-identical output, the float weights never held twice);
+- its genai_config/tokenizer side outputs are skipped (the bundle writer owns those).
+Then `graph_edit.add_logits_to_keep` adds the input that limits logits to the last n positions.
 """
 from __future__ import annotations
 
-import contextlib
 import io
 import json
+import re
+import shutil
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import Any
 
 from edgespec.manifest import ModelFacts
 
 from .graph_edit import LOGITS_TO_KEEP, add_logits_to_keep
+from .progress import NullProgress, Progress
+from .quantize import QuantSettings, quantizable_nodes, quantize_graph
 
-BUILDER_PRECISION = {"int4": "int4", "int8": "int8", "fp16": "fp16", "fp32": "fp32"}
+QUANT_BITS = {"int4": 4, "int8": 8}
 
 
-def builder_options(quant: str, block_size: int, accuracy_level: int, *, tied: bool) -> dict[str, Any]:
-    opts: dict[str, Any] = {}
-    if quant in ("int4", "int8"):
-        opts["int4_block_size"] = block_size
-        opts["int4_accuracy_level"] = accuracy_level
-        # quantize the embedding Gather too (and the lm_head MatMul): 1.92 GB -> 1.13 GB for the 1.5B
-        opts["op_types_to_quantize"] = "MatMul/Gather"
+def builder_options(quant: str, block_size: int, accuracy_level: int, *, tied: bool) -> dict[str, str]:
+    """The builder's --extra_options for one of our quant modes."""
+    opts: dict[str, str] = {}
+    if quant == "int4":
+        # embeddings (Gather) and lm_head quantized too: 1.92 GB -> 1.13 GB for the 1.5B
+        opts.update(block_size=str(block_size), accuracy_level=str(accuracy_level), op_types_to_quantize="MatMul/Gather")
+    elif quant == "int8":
+        # GatherBlockQuantized is 4-bit only, and a tied embedding would be wired to a 4-bit name
+        # while the lm_head becomes 8-bit: keep the embedding separate and in float.
+        opts.update(block_size=str(block_size), accuracy_level=str(accuracy_level), op_types_to_quantize="MatMul")
         if tied:
-            opts["shared_embeddings"] = "true"
+            opts["shared_embeddings"] = "false"
+    elif quant == "fp16":
+        # built for CUDA (the only EP the builder gives fp16 GroupQueryAttention), without the
+        # CUDA-only fused Q/K norm, so the same graph also runs on the CPU provider
+        opts["fuse_qk_norm_gqa"] = "false"
     return opts
 
 
+class _LayerCounter(io.TextIOBase):
+    """Stands in for stdout while the builder runs: its "Reading layer N" lines drive a progress bar,
+    everything else is kept (for a failure report) but not shown."""
+
+    PATTERN = re.compile(r"^Reading (embedding layer|layer \d+|final norm|LM head)", re.M)
+
+    def __init__(self, stage):
+        self.stage = stage
+        self.log = io.StringIO()
+
+    def write(self, s: str) -> int:
+        self.log.write(s)
+        n = len(self.PATTERN.findall(s))
+        if n:
+            self.stage.update(n)
+        return len(s)
+
+
+@contextmanager
+def _builder_hooks(builder, model_holder: list, captured: dict):
+    base = builder.Model
+    names = ("load_weights", "save_model", "make_genai_config", "save_processing")
+    saved = {n: base.__dict__[n] for n in names}
+
+    def load_weights(self, input_path):
+        return model_holder.pop()  # the builder keeps the only reference from here on
+
+    def save_model(self, out_dir):
+        captured["model"] = self
+
+    base.load_weights = load_weights
+    base.save_model = save_model
+    base.make_genai_config = lambda self, *a, **k: None
+    base.save_processing = lambda self, *a, **k: None
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(base, n, f)
+
+
 def build_graph(
-    hf_dir: Path,
+    model_holder: list,
+    config_dir: Path,
     out_dir: Path,
     *,
     quant: str = "int4",
     block_size: int = 32,
     accuracy_level: int = 4,
-    cache_dir: Path | None = None,
-    quiet: bool = True,
+    role: str = "model",
+    progress: Progress | None = None,
 ) -> ModelFacts:
-    """Writes out_dir/model.onnx (+ model.onnx.data) and returns the facts for the manifest
-    (with `path` relative to out_dir's parent, i.e. the bundle root)."""
+    """Writes out_dir/model.onnx (+ model.onnx.data) from the torch model in `model_holder` (a
+    one-element list, emptied here so the float weights can be freed as they are quantized) and the
+    config.json in `config_dir`. Returns the facts for the manifest (path relative to the bundle)."""
+    import onnx_ir as ir
     from onnxruntime_genai.models import builder
 
+    progress = progress or NullProgress()
     out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg = json.loads((config_dir / "config.json").read_text())
+    text_cfg = cfg.get("text_config", cfg)
     tied = bool(cfg.get("tie_word_embeddings", False))
-    raw = {k: str(v) for k, v in builder_options(quant, block_size, accuracy_level, tied=tied).items()}
-    cache = cache_dir or (out_dir / ".builder-cache")
-    sink = io.StringIO()
-    redirect = contextlib.redirect_stdout(sink) if quiet else contextlib.nullcontext()
-    with redirect:
-        extra = builder.parse_extra_options(
-            "", str(hf_dir), str(out_dir), BUILDER_PRECISION[quant], "cpu", str(cache),
-            [f"{k}={v}" for k, v in raw.items()],
+    precision = quant
+    ep = "cuda" if quant == "fp16" else "cpu"  # see builder_options
+    raw = builder_options(quant, block_size, accuracy_level, tied=tied)
+    cache = out_dir.parent / f".builder-cache-{out_dir.name}"
+    captured: dict[str, Any] = {}
+    with progress.stage(f"build {role}", total=text_cfg["num_hidden_layers"] + 3, unit="layer") as bar:
+        counter = _LayerCounter(bar)
+        with _builder_hooks(builder, model_holder, captured), redirect_stdout(counter):
+            extra = builder.parse_extra_options(
+                "", str(config_dir), str(out_dir), precision, ep, str(cache), [f"{k}={v}" for k, v in raw.items()]
+            )
+            builder.create_model("", str(config_dir), str(out_dir), precision, ep, str(cache), **extra)
+    shutil.rmtree(cache, ignore_errors=True)
+    onnx_builder = captured.pop("model")
+    model = onnx_builder.model
+    if quant in QUANT_BITS:
+        qa = onnx_builder.quant_attrs
+        settings = QuantSettings(
+            bits=qa["bits"], block_size=int(qa["qdq_block_size"]), accuracy_level=int(qa["accuracy_level"]),
+            symmetric=bool(qa["is_symmetric"]), op_types=tuple(qa["op_types_to_quantize"]),
+            exclude=tuple(qa["nodes_to_exclude"]),
         )
-        _create_model_without_processing(builder, str(hf_dir), out_dir, BUILDER_PRECISION[quant], str(cache), extra)
-    for leftover in ("genai_config.json",):
-        (out_dir / leftover).unlink(missing_ok=True)
-    if cache_dir is None:
-        import shutil
-
-        shutil.rmtree(cache, ignore_errors=True)
-    add_logits_to_keep(out_dir / "model.onnx")
+        total = len(quantizable_nodes(model.graph, settings))
+        with progress.stage(f"quantize {role} ({quant})", total=total, unit="weight") as bar:
+            quantize_graph(model, settings, on_tensor=lambda _name: bar.update(1))
+    model.graph.sort()
+    onnx_path = out_dir / "model.onnx"
+    n_tensors = len(model.graph.initializers)
+    with progress.stage(f"save {role}", total=n_tensors, unit="tensor") as bar:
+        ir.save(model, str(onnx_path), external_data="model.onnx.data", size_threshold_bytes=0,
+                callback=lambda _tensor, _meta: bar.update(1))
+    del model, onnx_builder
+    add_logits_to_keep(onnx_path)
     return facts_from_config(cfg, out_dir, quant=quant, block_size=block_size, accuracy_level=accuracy_level)
 
 
-def _create_model_without_processing(builder, hf_dir: str, out_dir: Path, precision: str, cache: str, extra: dict) -> None:
-    """The builder ends by copying tokenizer files with transformers' AutoTokenizer, which fails on
-    folders with only a tokenizer.json and can pull the hub; the bundle writer handles tokenizers
-    itself, so that step is skipped."""
-    base = builder.Model if hasattr(builder, "Model") else None
-    saved = getattr(base, "save_processing", None) if base is not None else None
-    if base is not None:
-        base.save_processing = lambda *a, **k: None
-    try:
-        builder.create_model("", hf_dir, str(out_dir), precision, "cpu", cache, **extra)
-    finally:
-        if base is not None and saved is not None:
-            base.save_processing = saved
-
-
 def facts_from_config(cfg: dict, out_dir: Path, *, quant: str, block_size: int, accuracy_level: int) -> ModelFacts:
+    """The manifest's model facts, from the HF config and the graph's own I/O types."""
     import onnx
 
     text_cfg = cfg.get("text_config", cfg)
@@ -92,23 +155,22 @@ def facts_from_config(cfg: dict, out_dir: Path, *, quant: str, block_size: int, 
     head_dim = text_cfg.get("head_dim") or hidden // heads
     model = onnx.load(str(out_dir / "model.onnx"), load_external_data=False)
     inputs = {i.name: i for i in model.graph.input}
-    elem = inputs["past_key_values.0.key"].type.tensor_type.elem_type
-    kv_dtype = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16"}[elem]
-    out_elem = {o.name: o for o in model.graph.output}["logits"].type.tensor_type.elem_type
-    logits_dtype = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16"}[out_elem]
-    arch = cfg.get("model_type", "unknown")
+    dtypes = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16"}
+    kv_dtype = dtypes[inputs["past_key_values.0.key"].type.tensor_type.elem_type]
+    logits_dtype = dtypes[{o.name: o for o in model.graph.output}["logits"].type.tensor_type.elem_type]
+    quantized = quant in QUANT_BITS
     return ModelFacts(
         path=f"{out_dir.name}/model.onnx",
-        arch=arch,
+        arch=cfg.get("model_type", "unknown"),
         layers=text_cfg["num_hidden_layers"],
-        kv_heads=text_cfg.get("num_key_value_heads", heads),
+        kv_heads=text_cfg.get("num_key_value_heads") or heads,
         head_dim=head_dim,
         hidden_size=hidden,
         vocab_size=text_cfg["vocab_size"],
         quant=quant,
-        max_context=text_cfg.get("max_position_embeddings", 2048),
-        block_size=block_size if quant in ("int4", "int8") else None,
-        accuracy_level=accuracy_level if quant in ("int4", "int8") else None,
+        max_context=text_cfg.get("max_position_embeddings") or 2048,
+        block_size=block_size if quantized else None,
+        accuracy_level=accuracy_level if quantized else None,
         kv_dtype=kv_dtype,
         logits_dtype=logits_dtype,
         logits_to_keep=LOGITS_TO_KEEP,

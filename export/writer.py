@@ -46,6 +46,8 @@ def finish(manifest: Manifest, tmp: Path, out: Path) -> Path:
     manifest.created_by = manifest.created_by or f"edgespec {__version__}"
     manifest.created_at = manifest.created_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     fill_file_table(manifest, tmp)
+    manifest.digest = ""
+    manifest.digest = manifest.compute_digest()
     for p in tmp.rglob("*"):
         if p.is_file():
             _fsync(p)

@@ -53,6 +53,36 @@ def tiny_llama_bundle(bundle_root) -> Path:
     return _bundle(bundle_root, "llama-agree")
 
 
+@pytest.fixture(scope="session")
+def real_gguf():
+    """Returns a function name -> path of a real GGUF model (see edgespec.registry for the names).
+
+    In CI (`CI` set) it fetches the model if needed with `edgespec.registry.ensure_model`; elsewhere it
+    uses the file if it is already under ~/.cache/edgespec/models ($EDGESPEC_HOME/models) and skips
+    the test, saying how to get it, if not. Nothing is downloaded at import or collection time."""
+
+    def get(name: str) -> Path:
+        try:
+            from edgespec import registry
+        except ImportError:  # registry.py not there yet: fall back to the cache path
+            registry = None
+        if IN_CI and registry is not None:
+            return Path(registry.ensure_model(name, progress=False))
+        if registry is not None:
+            found = registry.find_model(name)
+            if found is not None:
+                return Path(found)
+            where = registry.model_path(name)
+        else:
+            home = Path(os.environ.get("EDGESPEC_HOME", Path.home() / ".cache" / "edgespec"))
+            where = home / "models" / f"{name}.gguf"
+            if where.is_file():
+                return where
+        pytest.skip(f"real model {name} is not in the cache ({where}); fetch it with `edgespec pull {name}`")
+
+    return get
+
+
 @pytest.fixture
 def bundle_copy(tmp_path):
     """Returns a function that copies a bundle into tmp_path, for tests that damage it."""

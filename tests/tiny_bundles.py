@@ -30,7 +30,8 @@ def build(name: str, root: Path) -> Path:
     src = root / "src" / name
     target = make_tiny_model(src / "target", arch=arch, seed=0)
     draft = make_tiny_draft(target, src / "draft", noise=noise) if noise is not None else None
-    return export_bundle(target, out, draft=draft, quant=quant)
+    # in-process (no child per model): these models are tiny and the fixtures must be quick
+    return export_bundle(target, out, draft=draft, quant=quant, isolate=False)
 
 
 def build_all(root: Path) -> dict[str, Path]:
