@@ -62,7 +62,7 @@ class Notifier:
 
     # the messages the service sends, named for when it sends them
     def ready(self, status: str = "serving") -> bool:
-        return self.send(READY=1, STATUS=status, MAINPID=os.getpid())
+        return self.send(READY=1, STATUS=status)
 
     def status(self, text: str) -> bool:
         return self.send(STATUS=text)

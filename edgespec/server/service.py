@@ -37,13 +37,13 @@ STATUS_EVERY = 10.0  # seconds between STATUS= updates for `systemctl status`
 
 
 @dataclass
-class TestHooks:
+class Hooks:
     enabled: bool = False
     ready_delay: float = 0.0
     token_delay: float = 0.0
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> "TestHooks":
+    def from_env(cls, environ: dict[str, str] | None = None) -> "Hooks":
         env = os.environ if environ is None else environ
         if env.get("EDGESPEC_TEST_HOOKS") != "1":
             return cls()
@@ -95,12 +95,12 @@ class _Uvicorn:
 
 class Service:
     def __init__(self, config: ServerConfig, open_engine: Callable[[], Any], *, default_name: str,
-                 notifier: Notifier | None = None, hooks: TestHooks | None = None):
+                 notifier: Notifier | None = None, hooks: Hooks | None = None):
         config.check()
         self.config = config
         self.open_engine = open_engine
         self.notifier = notifier or Notifier()
-        self.hooks = hooks or TestHooks.from_env()
+        self.hooks = hooks or Hooks.from_env()
         api_key = read_api_key(config.api_key_file)
         self.scheduler = Scheduler(config.queue_size, token_delay=self.hooks.token_delay)
         self.state = ServerState(config, self.scheduler, default_name=default_name, api_key=api_key)

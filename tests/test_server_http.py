@@ -1,0 +1,749 @@
+"""The HTTP layer against a small fake engine, served for real (uvicorn on a free port, plain sockets
+as the client): shapes, every bad request, 413, auth, queue overflow, disconnects, timeouts, drain,
+metrics, the kiosk page. The real Engine and the `openai` client are in test_server_openai.py."""
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from edgespec.errors import BundleCorrupt, DraftUnavailable, InvalidRequest, PromptTooLong
+from edgespec.server.app import static_files
+from edgespec.server.config import ServerConfig
+from edgespec.server.sdnotify import Notifier
+from edgespec.server.service import Service, Hooks
+
+pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
+
+
+# --- a fake engine with the Engine interface -------------------------------------------------------
+@dataclass
+class FakeStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    acceptance_rate: float = 0.0
+    decode_tokens_per_second: float = 0.0
+    ttft_s: float = 0.0
+    drafter: str = "fake"
+    energy_j_per_token: float | None = None
+
+
+@dataclass
+class FakeResult:
+    text: str
+    token_ids: list
+    finish_reason: str
+    stats: FakeStats
+
+
+class FakeStream:
+    def __init__(self, gen):
+        self._gen = gen
+        self.result = None
+
+    def __iter__(self):
+        self.result = yield from self._gen
+
+
+@dataclass
+class FakeEngine:
+    """Writes ' w0 w1 ...' one word per target pass; `delay` seconds per pass; checks `cancel` before
+    each pass like the real Engine. Records what it was asked and how each run ended."""
+
+    delay: float = 0.0
+    max_len: int = 64
+    model_name: str = "fake-model"
+    energy: float | None = None
+    fail_with: Exception | None = None
+    runs: list = field(default_factory=list)  # (kwargs, finish_reason, tokens)
+    busy: threading.Event = field(default_factory=threading.Event)
+
+    def count_tokens(self, prompt=None, *, messages=None):
+        text = prompt if prompt is not None else " ".join(m["content"] for m in messages)
+        return len(text.split())
+
+    def stream(self, prompt=None, *, messages=None, max_new_tokens=16, cancel=None, draft=None, **kw):
+        if self.fail_with is not None:
+            raise self.fail_with
+        if draft == "model":
+            raise DraftUnavailable("draft='model' is not possible: the bundle has no draft model", param="draft")
+        n = self.count_tokens(prompt, messages=messages)
+        if n >= self.max_len:
+            raise PromptTooLong(n, max_new_tokens, self.max_len)
+        return FakeStream(self._gen(n, max_new_tokens, cancel, dict(prompt=prompt, messages=messages, draft=draft, **kw)))
+
+    def _gen(self, n, max_new, cancel, kw):
+        out, reason = [], "length"
+        self.busy.set()
+        try:
+            for i in range(max_new):
+                if cancel is not None and cancel():
+                    reason = "cancelled"
+                    break
+                if kw.get("seed") == 666 and i == 1:
+                    raise RuntimeError("kaboom")
+                time.sleep(self.delay)
+                out.append(f" w{i}")
+                yield f" w{i}"
+        finally:
+            self.busy.clear()
+        self.runs.append((kw, reason, len(out)))
+        stats = FakeStats(prompt_tokens=n, new_tokens=len(out), target_passes=len(out), drafted=2 * len(out),
+                          accepted=len(out), acceptance_rate=0.5, decode_tokens_per_second=123.0,
+                          energy_j_per_token=self.energy)
+        return FakeResult("".join(out), list(range(len(out))), reason, stats)
+
+    def generate(self, prompt=None, **kw):
+        s = self.stream(prompt, **kw)
+        for _ in s:
+            pass
+        return s.result
+
+    def close(self):
+        pass
+
+
+# --- a server in a thread --------------------------------------------------------------------------
+class Server:
+    def __init__(self, engine=None, *, opener=None, wait_ready=True, **cfg):
+        cfg.setdefault("port", 0)
+        cfg.setdefault("warmup", False)
+        self.engine = engine
+        self.service = Service(ServerConfig(**cfg), opener or (lambda: engine), default_name="fake",
+                               notifier=Notifier(environ={}), hooks=Hooks())
+        self.port = self.service.port
+        self.rc = None
+        self.error = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        if wait_ready:
+            self.wait_phase("ready")
+
+    def _run(self):
+        try:
+            self.rc = self.service.run()
+        except BaseException as e:  # noqa: BLE001
+            self.error = e
+
+    def wait_phase(self, phase, timeout=10):
+        end = time.monotonic() + timeout
+        while self.service.state.phase != phase:
+            assert time.monotonic() < end, f"server phase {self.service.state.phase}, expected {phase}"
+            time.sleep(0.01)
+
+    def stop(self, timeout=15):
+        if self.thread.is_alive():
+            self.service._on_signal(signal.SIGTERM)
+            self.thread.join(timeout)
+        assert not self.thread.is_alive(), "server did not stop"
+
+    # plain HTTP, so the test sees exactly what went over the wire
+    def request(self, method, path, body=None, headers=None, timeout=10):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+        conn.request(method, path, body=data, headers=headers or {})
+        resp = conn.getresponse()
+        raw = resp.read()
+        conn.close()
+        return resp.status, resp.headers, raw  # headers: case-insensitive
+
+    def post(self, path, body, headers=None, timeout=10):
+        status, headers, raw = self.request("POST", path, body, headers, timeout)
+        return status, headers, (json.loads(raw) if raw and not raw.startswith(b"data:") else raw)
+
+    def get(self, path, headers=None):
+        return self.request("GET", path, None, headers)
+
+
+@pytest.fixture
+def serve():
+    started = []
+
+    def start(engine=None, **kw):
+        s = Server(engine if engine is not None or "opener" in kw else FakeEngine(), **kw)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+CHAT = "/v1/chat/completions"
+COMP = "/v1/completions"
+
+
+def chat_body(**kw):
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
+    body.update(kw)
+    return body
+
+
+def sse_events(raw: bytes) -> list:
+    assert raw.endswith(b"data: [DONE]\n\n"), raw[-200:]
+    events = []
+    for block in raw.decode().split("\n\n"):
+        if not block:
+            continue
+        assert block.startswith("data: "), block
+        payload = block[len("data: "):]
+        events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def assert_openai_error(status, body, expected_status, param=None):
+    assert status == expected_status, body
+    assert set(body) == {"error"}
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+    return err
+
+
+# --- shapes ------------------------------------------------------------------------------------------
+def test_chat_completion_body_usage_and_stats(serve):
+    s = serve()
+    status, headers, body = s.post(CHAT, chat_body())
+    assert status == 200
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert headers["X-Request-Id"] == body["id"]
+    assert body["model"] == "fake"
+    (choice,) = body["choices"]
+    assert choice["message"] == {"role": "assistant", "content": " w0 w1 w2 w3"}
+    assert choice["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
+    st = body["edgespec"]
+    assert (st["drafted"], st["accepted"], st["acceptance_rate"]) == (8, 4, 0.5)
+    assert st["finish_reason"] == "length" and st["queue_s"] >= 0
+
+
+def test_streamed_chat_is_server_sent_events_ending_with_done(serve):
+    s = serve()
+    status, headers, raw = s.post(CHAT, chat_body(stream=True))
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = sse_events(raw)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == " w0 w1 w2 w3"
+    last = chunks[-1]
+    assert last["choices"][0]["finish_reason"] == "length" and last["choices"][0]["delta"] == {}
+    assert last["usage"]["completion_tokens"] == 4
+    assert last["edgespec"]["accepted"] == 4 and last["edgespec"]["acceptance_rate"] == 0.5
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_stream_include_usage_adds_openai_usage_chunk(serve):
+    s = serve()
+    _, _, raw = s.post(CHAT, chat_body(stream=True, stream_options={"include_usage": True}))
+    events = sse_events(raw)
+    usage_chunk = events[-2]
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["total_tokens"] == 6
+
+
+def test_completions_plain_and_streamed(serve):
+    s = serve()
+    status, _, body = s.post(COMP, {"prompt": "a b c", "max_tokens": 3})
+    assert status == 200 and body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["choices"][0]["text"] == " w0 w1 w2"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    _, _, raw = s.post(COMP, {"prompt": "a b c", "max_tokens": 3, "stream": True})
+    events = sse_events(raw)[:-1]
+    assert "".join(e["choices"][0]["text"] for e in events) == " w0 w1 w2"
+    assert events[-1]["choices"][0]["finish_reason"] == "length" and "edgespec" in events[-1]
+
+
+def test_engine_receives_the_validated_arguments(serve):
+    eng = FakeEngine()
+    s = serve(eng)
+    s.post(CHAT, chat_body(temperature=0.7, top_p=0.9, top_k=4, seed=5, stop=["x"], draft="ngram", draft_k=2))
+    kw, _, _ = eng.runs[-1]
+    assert kw["messages"] == [{"role": "user", "content": "hello there"}]
+    assert (kw["temperature"], kw["top_p"], kw["top_k"], kw["seed"], kw["stop"], kw["draft"], kw["k"]) == (
+        0.7, 0.9, 4, 5, ["x"], "ngram", 2)
+
+
+def test_models_health_ready(serve):
+    s = serve()
+    status, _, raw = s.get("/v1/models")
+    body = json.loads(raw)
+    assert status == 200 and body["object"] == "list" and [m["id"] for m in body["data"]] == ["fake"]
+    assert s.get("/v1/models/fake")[0] == 200
+    assert s.get("/v1/models/fake-model")[0] == 200  # the engine's own name is an alias
+    assert s.get("/v1/models/other")[0] == 404
+    assert s.get("/health")[0] == 200
+    status, _, raw = s.get("/ready")
+    assert status == 200 and json.loads(raw) == {"status": "ready", "model": "fake"}
+    # the engine's model_name is accepted in requests too
+    assert s.post(CHAT, chat_body(model="fake-model"))[0] == 200
+
+
+def test_model_name_option_sets_the_id(serve):
+    s = serve(model_names=["coder", "alias"])
+    assert [m["id"] for m in json.loads(s.get("/v1/models")[2])["data"]] == ["coder"]
+    assert s.post(CHAT, chat_body(model="alias"))[0] == 200
+    status, _, body = s.post(CHAT, chat_body(model="nope"))
+    assert "'coder'" in assert_openai_error(status, body, 400, "model")["message"]
+
+
+# --- bad requests ----------------------------------------------------------------------------------
+BAD = [
+    (CHAT, b"{not json", None),
+    (CHAT, b"", None),
+    (CHAT, b"[1, 2]", None),
+    (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', None),
+    (CHAT, {"model": "fake"}, "messages"),
+    (CHAT, chat_body(messages=[{"role": "user", "content": 7}]), "messages[0].content"),
+    (CHAT, chat_body(max_tokens=0), "max_tokens"),
+    (CHAT, chat_body(max_tokens=-1), "max_tokens"),
+    (CHAT, chat_body(max_tokens=10**9), "max_tokens"),
+    (CHAT, chat_body(max_tokens="5"), "max_tokens"),
+    (CHAT, chat_body(model="gpt-4o"), "model"),
+    (CHAT, chat_body(temperature=5), "temperature"),
+    (CHAT, chat_body(top_p=0), "top_p"),
+    (CHAT, chat_body(top_k=-2), "top_k"),
+    (CHAT, chat_body(seed=-1), "seed"),
+    (CHAT, chat_body(n=3), "n"),
+    (CHAT, chat_body(stream=True, max_tokens=0), "max_tokens"),  # a stream's error is still a status
+    (CHAT, chat_body(messages=[{"role": "user", "content": " ".join(["w"] * 200)}]), "messages"),  # too long
+    (CHAT, chat_body(stream=True, messages=[{"role": "user", "content": " ".join(["w"] * 200)}]), "messages"),
+    (CHAT, chat_body(draft="model"), "draft"),  # raised by the engine itself
+    (COMP, {"prompt": 12}, "prompt"),
+    (COMP, {"max_tokens": 3}, "prompt"),
+    (COMP, {"prompt": " ".join(["w"] * 64)}, "prompt"),
+]
+
+
+@pytest.fixture(scope="module")
+def shared():
+    """One server for the tests that leave no state behind (saves a start and a stop per case)."""
+    s = Server(FakeEngine())
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("path, body, param", BAD)
+def test_bad_request_is_400_and_the_next_request_is_served(shared, path, body, param):
+    s = shared
+    status, headers, err = s.post(path, body)
+    e = assert_openai_error(status, err, 400, param)
+    assert e["type"] == "invalid_request_error"
+    assert headers["content-type"] == "application/json"
+    status, _, ok = s.post(CHAT, chat_body())
+    assert status == 200 and ok["choices"][0]["message"]["content"] == " w0 w1 w2 w3"
+
+
+def test_prompt_too_long_uses_openai_code(serve):
+    s = serve()
+    status, _, body = s.post(CHAT, chat_body(messages=[{"role": "user", "content": "w " * 100}]))
+    err = assert_openai_error(status, body, 400, "messages")
+    assert err["code"] == "context_length_exceeded" and "100 tokens" in err["message"] and "64" in err["message"]
+
+
+def test_max_tokens_limit_is_capped_by_the_cache(serve):
+    s = serve(max_tokens_limit=4096)
+    status, _, body = s.post(CHAT, chat_body(max_tokens=64))
+    assert "at most 63" in assert_openai_error(status, body, 400, "max_tokens")["message"]
+    assert s.post(CHAT, chat_body(max_tokens=63))[0] == 200
+
+
+def test_oversized_body_is_413_then_served_normally(serve):
+    s = serve(max_body_bytes=4096)
+    big = chat_body(messages=[{"role": "user", "content": "x" * 10_000}])
+    status, _, body = s.post(CHAT, big)
+    assert "4096 bytes" in assert_openai_error(status, body, 413)["message"]
+    # without Content-Length (chunked): counted while reading
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+    conn.request("POST", CHAT, body=iter([b'{"messages": "', b"y" * 8000, b'"}']), encode_chunked=True,
+                 headers={"Transfer-Encoding": "chunked"})
+    resp = conn.getresponse()
+    assert resp.status == 413 and json.loads(resp.read())["error"]["type"] == "invalid_request_error"
+    conn.close()
+    assert s.post(CHAT, chat_body())[0] == 200
+
+
+def test_unknown_path_and_wrong_method_are_json_errors(serve):
+    s = serve()
+    status, _, raw = s.get("/v1/embeddings")
+    assert_openai_error(status, json.loads(raw), 404)
+    status, _, raw = s.get(CHAT)
+    assert_openai_error(status, json.loads(raw), 405)
+    status, _, raw = s.request("POST", "/health", b"{}")
+    assert_openai_error(status, json.loads(raw), 405)
+
+
+def test_engine_failure_is_500_and_the_server_lives_on(serve):
+    eng = FakeEngine()
+    s = serve(eng)
+    status, _, body = s.post(CHAT, chat_body(seed=666))  # the fake raises RuntimeError mid-generation
+    err = assert_openai_error(status, body, 500)
+    assert err["type"] == "server_error" and "RuntimeError" in err["message"]
+    status, _, raw = s.post(CHAT, chat_body(seed=666, stream=True))  # mid-stream: an error event
+    events = sse_events(raw)
+    assert events[-2]["error"]["type"] == "server_error"
+    assert s.post(CHAT, chat_body())[0] == 200
+
+
+# --- security --------------------------------------------------------------------------------------
+def test_bearer_token_from_a_file(serve, tmp_path):
+    key = tmp_path / "key"
+    key.write_text("s3cret-token-0123456789\n")
+    key.chmod(0o600)
+    s = serve(api_key_file=str(key))
+    for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": "Basic abc"}):
+        status, h, body = s.post(CHAT, chat_body(), headers)
+        assert assert_openai_error(status, body, 401)["code"] == "invalid_api_key"
+        assert h["www-authenticate"] == "Bearer"
+    assert s.get("/v1/models")[0] == 401 and s.get("/metrics")[0] == 401
+    assert s.get("/health")[0] == 200 and s.get("/ready")[0] == 200  # probes stay open
+    auth = {"Authorization": "Bearer s3cret-token-0123456789"}
+    assert s.post(CHAT, chat_body(), auth)[0] == 200
+    assert s.get("/metrics", auth)[0] == 200
+
+
+@pytest.mark.parametrize("content, message", [("", "empty"), ("short", "too short"), ("two words-0123456789", "spaces")])
+def test_bad_api_key_file_is_refused_at_start(tmp_path, content, message):
+    from edgespec.server.config import ConfigError
+
+    key = tmp_path / "key"
+    key.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        Server(FakeEngine(), api_key_file=str(key), wait_ready=False)
+    with pytest.raises(ConfigError, match="does not exist"):
+        Server(FakeEngine(), api_key_file=str(tmp_path / "missing"), wait_ready=False)
+
+
+def test_api_key_from_systemd_credentials(monkeypatch, tmp_path, serve):
+    (tmp_path / "api-key").write_text("credential-token-0123456789")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    s = serve()
+    assert s.post(CHAT, chat_body())[0] == 401
+    assert s.post(CHAT, chat_body(), {"Authorization": "Bearer credential-token-0123456789"})[0] == 200
+
+
+def test_binds_loopback_by_default():
+    cfg = ServerConfig()
+    assert cfg.host == "127.0.0.1"
+
+
+# --- queue, disconnects, timeouts -------------------------------------------------------------------
+def _background_post(s, body, results, key):
+    def go():
+        results[key] = s.post(CHAT, body, timeout=30)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def test_full_queue_answers_429_with_retry_after(serve):
+    eng = FakeEngine(delay=0.05)
+    s = serve(eng, queue_size=1)
+    results = {}
+    t1 = _background_post(s, chat_body(max_tokens=10), results, "running")
+    assert eng.busy.wait(5)
+    t2 = _background_post(s, chat_body(max_tokens=2), results, "queued")
+    end = time.monotonic() + 5
+    while s.service.scheduler.depth < 1:
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    status, headers, body = s.post(CHAT, chat_body())
+    err = assert_openai_error(status, body, 429)
+    assert err["type"] == "rate_limit_error" and err["code"] == "queue_full"
+    assert int(headers["retry-after"]) >= 1
+    t1.join(10), t2.join(10)
+    assert results["running"][0] == 200 and results["queued"][0] == 200
+    assert results["queued"][2]["choices"][0]["message"]["content"] == " w0 w1"
+    assert s.post(CHAT, chat_body())[0] == 200
+    metrics = s.get("/metrics")[2].decode()
+    assert 'edgespec_requests_total{endpoint="chat",status="429"} 1' in metrics
+
+
+def _open_stream(port, body):
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    data = json.dumps(body).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    return sock
+
+
+def _wait_runs(eng, n, timeout=10):
+    end = time.monotonic() + timeout
+    while len(eng.runs) < n:
+        assert time.monotonic() < end, eng.runs
+        time.sleep(0.01)
+    return eng.runs[n - 1]
+
+
+def test_client_disconnect_mid_stream_cancels_and_frees_the_engine(serve):
+    eng = FakeEngine(delay=0.05)
+    s = serve(eng)
+    sock = _open_stream(s.port, chat_body(stream=True, max_tokens=60))
+    got = b""
+    while got.count(b"data: ") < 3:  # the role chunk and two words
+        got += sock.recv(4096)
+    sock.close()
+    kw, reason, tokens = _wait_runs(eng, 1)
+    assert reason == "cancelled" and tokens < 30  # stopped at the next pass, not after 60 tokens
+    t0 = time.monotonic()
+    status, _, body = s.post(CHAT, chat_body(max_tokens=2))
+    assert status == 200 and body["edgespec"]["queue_s"] < 0.5 and time.monotonic() - t0 < 2
+    assert 'status="499"' in s.get("/metrics")[2].decode()  # logged as "client closed request"
+
+
+def test_client_disconnect_while_waiting_in_the_queue_never_runs(serve):
+    eng = FakeEngine(delay=0.05)
+    s = serve(eng, queue_size=4)
+    results = {}
+    t = _background_post(s, chat_body(max_tokens=10), results, "running")
+    assert eng.busy.wait(5)
+    sock = _open_stream(s.port, chat_body(max_tokens=5, messages=[{"role": "user", "content": "queued one"}]))
+    end = time.monotonic() + 5
+    while s.service.scheduler.depth < 1:
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    sock.close()
+    while s.service.scheduler.depth > 0:  # withdrawn as soon as the hang-up is seen
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    t.join(10)
+    assert results["running"][0] == 200
+    time.sleep(0.2)
+    assert [r[0]["messages"][0]["content"] for r in eng.runs] == ["hello there"]
+
+
+def test_client_disconnect_during_non_streamed_generation_cancels(serve):
+    eng = FakeEngine(delay=0.05)
+    s = serve(eng)
+    sock = _open_stream(s.port, chat_body(max_tokens=60))
+    assert eng.busy.wait(5)
+    time.sleep(0.1)
+    sock.close()
+    _, reason, tokens = _wait_runs(eng, 1)
+    assert reason == "cancelled" and tokens < 30
+
+
+def test_request_timeout_is_504_and_frees_the_engine(serve):
+    eng = FakeEngine(delay=0.05)
+    s = serve(eng, request_timeout=0.5)
+    t0 = time.monotonic()
+    status, _, body = s.post(CHAT, chat_body(max_tokens=60))
+    err = assert_openai_error(status, body, 504)
+    assert err["type"] == "timeout_error" and "0.5 s" in err["message"]
+    assert time.monotonic() - t0 < 2.0
+    assert eng.runs[-1][1] == "cancelled"
+    status, _, raw = s.post(CHAT, chat_body(max_tokens=60, stream=True))  # after the 200: an error event
+    events = sse_events(raw)
+    assert events[-2]["error"]["code"] == "timeout" and events[1]["choices"][0]["delta"]["content"] == " w0"
+    assert s.post(CHAT, chat_body(max_tokens=2))[0] == 200
+
+
+def test_queued_request_times_out_in_the_queue(serve):
+    eng = FakeEngine(delay=1.5)  # one long pass (a big prefill): the queued request's time runs out
+    s = serve(eng, request_timeout=0.6)
+    results = {}
+    t = _background_post(s, chat_body(max_tokens=1), results, "running")
+    assert eng.busy.wait(5)
+    status, _, body = s.post(CHAT, chat_body(max_tokens=2))
+    assert "in the queue" in assert_openai_error(status, body, 504)["message"]
+    t.join(10)
+    assert results["running"][0] == 200  # a pass in progress is never cut
+    assert len(eng.runs) == 1  # the timed-out request never reached the engine
+
+
+# --- lifecycle -----------------------------------------------------------------------------------------
+def test_loading_phase_health_ok_ready_503(serve):
+    release = threading.Event()
+    eng = FakeEngine()
+
+    def opener():
+        release.wait(10)
+        return eng
+
+    s = serve(opener=opener, wait_ready=False)
+    assert s.get("/health")[0] == 200
+    status, headers, raw = s.get("/ready")
+    assert status == 503 and json.loads(raw)["status"] == "loading" and headers["retry-after"] == "5"
+    status, headers, body = s.post(CHAT, chat_body())
+    assert assert_openai_error(status, body, 503)["code"] == "model_loading" and headers["retry-after"] == "5"
+    release.set()
+    s.wait_phase("ready")
+    assert s.get("/ready")[0] == 200 and s.post(CHAT, chat_body())[0] == 200
+
+
+def test_load_failure_stops_the_server_with_the_error():
+    def opener():
+        raise BundleCorrupt("/b", ["target/model.onnx: sha256 mismatch"])
+
+    s = Server(opener=opener, wait_ready=False)
+    s.thread.join(10)
+    assert isinstance(s.error, BundleCorrupt) and s.service.state.phase == "failed"
+
+
+def test_warmup_runs_before_ready():
+    eng = FakeEngine()
+    s = Server(eng, warmup=True)
+    try:
+        assert len(eng.runs) == 1 and eng.runs[0][0]["messages"] == [{"role": "user", "content": "Hi"}]
+    finally:
+        s.stop()
+
+
+def test_sigterm_drain_finishes_running_503s_queued_exits_0(serve):
+    eng = FakeEngine(delay=0.05)
+    s = serve(eng, queue_size=4, drain_timeout=10)
+    results = {}
+    t1 = _background_post(s, chat_body(max_tokens=20), results, "running")
+    assert eng.busy.wait(5)
+    t2 = _background_post(s, chat_body(max_tokens=2), results, "queued")
+    end = time.monotonic() + 5
+    while s.service.scheduler.depth < 1:
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    s.service._on_signal(signal.SIGTERM)
+    t1.join(10), t2.join(10)
+    s.thread.join(10)
+    assert not s.thread.is_alive() and s.rc == 0
+    assert results["running"][0] == 200 and results["running"][2]["usage"]["completion_tokens"] == 20
+    status, headers, body = results["queued"]
+    assert assert_openai_error(status, body, 503)["code"] == "shutting_down" and headers["retry-after"] == "5"
+
+
+def test_sigterm_drain_cancels_running_request_at_the_deadline(serve):
+    eng = FakeEngine(delay=0.05)
+    s = serve(eng, drain_timeout=0.3)
+    results = {}
+    t1 = _background_post(s, chat_body(max_tokens=60), results, "running")
+    assert eng.busy.wait(5)
+    t0 = time.monotonic()
+    s.service._on_signal(signal.SIGTERM)
+    t1.join(10)
+    s.thread.join(10)
+    assert time.monotonic() - t0 < 3 and s.rc == 0
+    status, _, body = results["running"]
+    assert "shut down" in assert_openai_error(status, body, 503)["message"]
+    assert eng.runs[-1][1] == "cancelled"
+
+
+# --- metrics ---------------------------------------------------------------------------------------------
+def test_metrics_are_prometheus_text(serve):
+    eng = FakeEngine(energy=0.25)
+    s = serve(eng)
+    s.post(CHAT, chat_body())
+    s.post(CHAT, chat_body(stream=True))
+    s.post(CHAT, chat_body(max_tokens=0))
+    status, headers, raw = s.get("/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
+    text = raw.decode()
+    lines = text.splitlines()
+    for line in lines:  # every sample line is "name{labels} value" with a float value
+        if not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            float(value)
+    assert 'edgespec_requests_total{endpoint="chat",status="200"} 2' in lines
+    assert 'edgespec_requests_total{endpoint="chat",status="400"} 1' in lines
+    assert "edgespec_completion_tokens_total 8" in lines
+    assert "edgespec_prompt_tokens_total 4" in lines
+    assert "edgespec_drafted_tokens_total 16" in lines and "edgespec_accepted_tokens_total 8" in lines
+    assert "edgespec_acceptance_rate 0.5" in lines
+    assert "edgespec_tokens_per_second 123.0" in lines
+    assert "edgespec_energy_joules_per_token 0.25" in lines
+    assert "edgespec_queue_depth 0" in lines and "edgespec_queue_capacity 8" in lines
+    assert "edgespec_ready 1" in lines
+    assert "edgespec_time_to_first_token_seconds_count 2" in lines
+    assert 'edgespec_time_to_first_token_seconds_bucket{le="+Inf"} 2' in lines
+    assert "# TYPE edgespec_time_to_first_token_seconds histogram" in lines
+
+
+def test_no_energy_metric_without_a_power_sensor(serve):
+    s = serve(FakeEngine(energy=None))
+    s.post(CHAT, chat_body())
+    assert "edgespec_energy_joules_per_token" not in s.get("/metrics")[2].decode()
+
+
+def test_one_log_line_per_request(serve, caplog):
+    s = serve()
+    caplog.set_level("INFO", logger="edgespec.server.requests")
+    _, _, body = s.post(CHAT, chat_body())
+    s.post(CHAT, chat_body(max_tokens=0))
+    end = time.monotonic() + 5
+    while True:  # the line is written just after the answer went out
+        lines = [r.getMessage() for r in caplog.records if r.name == "edgespec.server.requests"]
+        if len(lines) >= 2 or time.monotonic() > end:
+            break
+        time.sleep(0.01)
+    assert len(lines) == 2
+    ok, bad = lines
+    assert ok.startswith(f"req={body['id']} endpoint=chat status=200 stream=0 prompt_tokens=2 completion_tokens=4 tok_s=123")
+    assert "accepted=4" in ok and "accept=0.500" in ok and "\x1b" not in ok
+    assert "status=400" in bad and 'error="' in bad
+
+
+# --- the kiosk page ---------------------------------------------------------------------------------------
+def test_ui_off_by_default(serve):
+    s = serve()
+    status, _, raw = s.get("/")
+    assert status == 200 and json.loads(raw)["service"] == "edgespec"
+    assert s.get("/index.html")[0] == 404
+
+
+def test_ui_serves_package_files_only(serve):
+    files = static_files(__import__("edgespec.server.app", fromlist=["STATIC_DIR"]).STATIC_DIR)
+    if "/" not in files:
+        pytest.skip("the kiosk page (edgespec/static/index.html) is not in this checkout")
+    s = serve(ui=True)
+    status, headers, raw = s.get("/")
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    assert raw == files["/"].read_bytes()
+    for path in files:
+        assert s.get(path)[0] == 200
+    for evil in ("/../server/app.py", "/static/../server/app.py", "/%2e%2e/server/app.py", "/..%2fserver%2fapp.py",
+                 "/static/%2e%2e%2f%2e%2e%2fpyproject.toml", "//etc/passwd", "/etc/passwd", "/static//etc/passwd"):
+        status, _, raw = s.get(evil)
+        assert status == 404, evil
+
+
+def test_static_table_lists_regular_files_only(tmp_path):
+    (tmp_path / "index.html").write_text("<p>hi</p>")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.js").write_text("1")
+    (tmp_path / ".hidden").write_text("no")
+    (tmp_path / "link.txt").symlink_to("/etc/hostname")
+    files = static_files(tmp_path)
+    assert set(files) == {"/", "/index.html", "/static/index.html", "/a/x.js", "/static/a/x.js"}
+
+
+def test_ui_without_the_page_is_a_config_error(monkeypatch, tmp_path):
+    from edgespec.server import app
+    from edgespec.server.config import ConfigError
+
+    monkeypatch.setattr(app, "STATIC_DIR", tmp_path)
+    with pytest.raises(ConfigError, match="kiosk page"):
+        Server(FakeEngine(), ui=True, wait_ready=False)
+
+
+def test_bad_config_values_are_refused():
+    from edgespec.server.config import ConfigError
+
+    for kw in ({"request_timeout": 0}, {"queue_size": -1}, {"max_body_bytes": 10}, {"default_temperature": 3}):
+        with pytest.raises(ConfigError):
+            ServerConfig(**kw).check()
+
+
+def test_engine_invalid_request_maps_to_400(serve):
+    eng = FakeEngine(fail_with=InvalidRequest("stop strings must not be empty", param="stop"))
+    s = serve(eng)
+    status, _, body = s.post(CHAT, chat_body())
+    assert assert_openai_error(status, body, 400, "stop")["message"] == "stop strings must not be empty"

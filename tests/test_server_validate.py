@@ -1,0 +1,159 @@
+"""Request validation: every bad field gets a 400 that names it; good bodies map to engine arguments."""
+from __future__ import annotations
+
+import pytest
+
+from edgespec.server.apierror import APIError
+from edgespec.server.validate import Limits, parse_chat, parse_completion, parse_json
+
+LIMITS = Limits(model_names=("tiny", "alias"), max_tokens_limit=100, default_max_tokens=20, default_temperature=0.0)
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def chat(**kw):
+    body = {"model": "tiny", "messages": MSG}
+    body.update(kw)
+    return body
+
+
+def bad(fn, body, param=None, code=None, contains=None):
+    with pytest.raises(APIError) as ei:
+        fn(body, LIMITS)
+    e = ei.value
+    assert e.status == 400
+    assert e.body()["error"]["type"] == "invalid_request_error"
+    if param is not None:
+        assert e.param == param, e.message
+    if code is not None:
+        assert e.code == code
+    if contains is not None:
+        assert contains in e.message
+    return e
+
+
+def test_good_chat_maps_to_engine_arguments():
+    r = parse_chat(chat(max_tokens=7, temperature=0.5, top_p=0.9, top_k=5, seed=3, stop="\n\n",
+                        stream=True, stream_options={"include_usage": True}, draft="ngram", draft_k=3,
+                        user="someone", metadata={"x": 1}), LIMITS)
+    kw = r.engine_kwargs()
+    assert kw == dict(max_new_tokens=7, temperature=0.5, top_p=0.9, top_k=5, seed=3, stop=["\n\n"],
+                      messages=[{"role": "user", "content": "hi"}], draft="ngram", k=3)
+    assert r.stream and r.include_usage and r.model == "tiny"
+    assert r.prompt_kwargs() == {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_defaults_come_from_the_server_limits():
+    r = parse_chat({"messages": MSG}, LIMITS)
+    assert r.model == "tiny" and r.max_tokens == 20 and r.temperature == 0.0 and r.top_p == 1.0
+    assert "draft" not in r.engine_kwargs() and "k" not in r.engine_kwargs()
+    assert not r.include_usage
+
+
+def test_content_parts_developer_role_and_newer_token_field():
+    r = parse_chat(chat(messages=[{"role": "developer", "content": "be brief"},
+                                  {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+                        max_completion_tokens=9), LIMITS)
+    assert r.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"}]
+    assert r.max_tokens == 9
+
+
+def test_good_completion():
+    r = parse_completion({"model": "alias", "prompt": ["def f():"], "max_tokens": 5}, LIMITS)
+    assert r.engine_kwargs()["prompt"] == "def f():" and r.kind == "completion"
+
+
+@pytest.mark.parametrize("raw, contains", [
+    (b"", "empty"),
+    (b"   ", "empty"),
+    (b"{", "not valid JSON"),
+    (b'{"a": NaN}', "NaN"),
+    (b'{"a": Infinity}', "Infinity"),
+    (b"\xff\xfe", "not UTF-8"),
+])
+def test_malformed_json(raw, contains):
+    with pytest.raises(APIError) as ei:
+        parse_json(raw)
+    assert ei.value.status == 400 and contains in ei.value.message and ei.value.code == "invalid_json"
+
+
+@pytest.mark.parametrize("body, param, contains", [
+    ([], None, "JSON object"),
+    ("hi", None, "JSON object"),
+    ({"model": "tiny"}, "messages", "required"),
+    (chat(messages=[]), "messages", "non-empty"),
+    (chat(messages="hi"), "messages", "non-empty"),
+    (chat(messages=["hi"]), "messages[0]", "object"),
+    (chat(messages=[{"role": "wizard", "content": "x"}]), "messages[0].role", "one of"),
+    (chat(messages=[{"content": "x"}]), "messages[0].role", "one of"),
+    (chat(messages=[{"role": "tool", "content": "x"}]), "messages[0].role", "not supported"),
+    (chat(messages=[{"role": "user"}]), "messages[0].content", "missing"),
+    (chat(messages=[{"role": "user", "content": 5}]), "messages[0].content", "string"),
+    (chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]), "messages[0].content", "text part"),
+    (chat(model=5), "model", "string"),
+    (chat(model="gpt-4"), "model", "not served"),
+    (chat(max_tokens=0), "max_tokens", "at least 1"),
+    (chat(max_tokens=-3), "max_tokens", "at least 1"),
+    (chat(max_tokens=101), "max_tokens", "at most 100"),
+    (chat(max_tokens="10"), "max_tokens", "integer"),
+    (chat(max_tokens=1.5), "max_tokens", "integer"),
+    (chat(max_tokens=True), "max_tokens", "integer"),
+    (chat(max_completion_tokens=0), "max_completion_tokens", "at least 1"),
+    (chat(temperature=-0.1), "temperature", "[0, 2]"),
+    (chat(temperature=2.5), "temperature", "[0, 2]"),
+    (chat(temperature="hot"), "temperature", "number"),
+    (chat(top_p=0), "top_p", "(0, 1]"),
+    (chat(top_p=1.5), "top_p", "(0, 1]"),
+    (chat(top_k=-1), "top_k", ">= 0"),
+    (chat(top_k=2.5), "top_k", "integer"),
+    (chat(seed=-1), "seed", ">= 0"),
+    (chat(seed="x"), "seed", "integer"),
+    (chat(stop=5), "stop", "string"),
+    (chat(stop=["a", 1]), "stop", "string"),
+    (chat(stop=["a", "b", "c", "d", "e"]), "stop", "at most 4"),
+    (chat(stop=[""]), "stop", "empty"),
+    (chat(stream="yes"), "stream", "true or false"),
+    (chat(stream_options=3), "stream_options", "object"),
+    (chat(n=2), "n", "1"),
+    (chat(n=0), "n", ">= 1"),
+    (chat(presence_penalty=0.5), "presence_penalty", "not supported"),
+    (chat(frequency_penalty=3), "frequency_penalty", "[-2, 2]"),
+    (chat(logprobs=True), "logprobs", "not supported"),
+    (chat(tools=[{"type": "function"}]), "tools", "not supported"),
+    (chat(response_format={"type": "json_object"}), "response_format", "not supported"),
+    (chat(logit_bias={"5": 1}), "logit_bias", "not supported"),
+    (chat(draft="magic"), "draft", "one of"),
+    (chat(draft_k=0), "draft_k", ">= 1"),
+    (chat(draft_k=99), "draft_k", "<= 16"),
+])
+def test_bad_chat_fields(body, param, contains):
+    bad(parse_chat, body, param, contains=contains)
+
+
+@pytest.mark.parametrize("body, param, contains", [
+    ({"model": "tiny"}, "prompt", "required"),
+    ({"prompt": ""}, "prompt", "empty"),
+    ({"prompt": 5}, "prompt", "string"),
+    ({"prompt": ["a", "b"]}, "prompt", "one string"),
+    ({"prompt": [1, 2, 3]}, "prompt", "token ids"),
+    ({"prompt": "x", "echo": True}, "echo", "not supported"),
+    ({"prompt": "x", "best_of": 3}, "best_of", "1"),
+    ({"prompt": "x", "logprobs": 2}, "logprobs", "not supported"),
+    ({"prompt": "x", "suffix": "end"}, "suffix", "not supported"),
+])
+def test_bad_completion_fields(body, param, contains):
+    bad(parse_completion, body, param, contains=contains)
+
+
+def test_unknown_model_error_names_the_served_one():
+    e = bad(parse_chat, chat(model="llama"), "model", code="model_not_found")
+    assert "'tiny'" in e.message and "/v1/models" in e.message
+
+
+def test_no_op_values_of_unsupported_features_are_accepted():
+    r = parse_chat(chat(n=1, logprobs=False, tools=[], presence_penalty=0, frequency_penalty=0.0,
+                        response_format={"type": "text"}, logit_bias={}, tool_choice="none"), LIMITS)
+    assert r.max_tokens == 20
+
+
+def test_whole_number_floats_are_integers():
+    assert parse_chat(chat(max_tokens=16.0), LIMITS).max_tokens == 16
