@@ -1,0 +1,306 @@
+"""`edgespec serve` as a real process with a fake NOTIFY_SOCKET: READY only after load and warm-up,
+WATCHDOG pings from the serving loop, STOPPING and a graceful drain on SIGTERM mid-request, exit
+codes, journald-friendly logs. (The same under a real systemd: test_systemd_nspawn.py.)"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
+
+
+class Notify:
+    """A fake systemd: a datagram socket that records every message with its arrival time."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.1)
+        self.messages: list[tuple[float, str]] = []
+        self._stop = False
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self):
+        while not self._stop:
+            try:
+                data = self.sock.recv(4096).decode()
+                self.messages.append((time.monotonic(), data))
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+
+    def wait_for(self, text, timeout=30):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for t, m in list(self.messages):
+                if text in m.split("\n"):
+                    return t
+            time.sleep(0.01)
+        raise AssertionError(f"no {text} within {timeout} s; got {[m for _, m in self.messages]}")
+
+    def count(self, text):
+        return sum(text in m.split("\n") for _, m in list(self.messages))
+
+    def close(self):
+        self._stop = True
+        self._t.join(1)
+        self.sock.close()
+
+
+class Proc:
+    def __init__(self, bundle, tmp_path, *args, env=None, notify=True):
+        self.notify = Notify(tmp_path / "notify.sock") if notify else None
+        e = dict(os.environ)
+        for k in list(e):
+            if k.startswith("EDGESPEC_") or k in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM"):
+                del e[k]
+        e.update({"PYTHONUNBUFFERED": "1"})
+        if self.notify:
+            e["NOTIFY_SOCKET"] = self.notify.path
+        e.update(env or {})
+        self.p = subprocess.Popen([sys.executable, "-m", "edgespec", "serve", str(bundle), "--port", "0", *args],
+                                  env=e, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.port = None
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self):
+        for line in self.p.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_port(self, timeout=30):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for line in self.lines:
+                m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+                if m:
+                    self.port = int(m.group(1))
+                    return self.port
+            assert self.p.poll() is None, "\n".join(self.lines)
+            time.sleep(0.02)
+        raise AssertionError("no 'listening on' line:\n" + "\n".join(self.lines))
+
+    def url(self, path):
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def get(self, path):
+        try:
+            with urllib.request.urlopen(self.url(path), timeout=10) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def post(self, path, body, timeout=30):
+        req = urllib.request.Request(self.url(path), data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def wait(self, timeout=30):
+        try:
+            return self.p.wait(timeout)
+        finally:
+            self._t.join(2)
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(5)
+        if self.notify:
+            self.notify.close()
+
+
+@pytest.fixture
+def proc(tmp_path):
+    made = []
+
+    def start(bundle, *args, **kw):
+        p = Proc(bundle, tmp_path, *args, **kw)
+        made.append(p)
+        return p
+
+    yield start
+    for p in made:
+        p.kill()
+
+
+HOOKS = {"EDGESPEC_TEST_HOOKS": "1"}
+MSG = [{"role": "user", "content": "write a function"}]
+
+
+def test_ready_only_after_load_and_warmup_then_watchdog_pings(proc, tiny_bundle):
+    p = proc(tiny_bundle, env={**HOOKS, "EDGESPEC_TEST_READY_DELAY": "1.5", "WATCHDOG_USEC": "300000"})
+    p.wait_port()
+    # loading (held 1.5 s by the test hook): alive but not ready, and no READY=1 yet
+    assert p.get("/health")[0] == 200
+    status, body = p.get("/ready")
+    assert status == 503 and json.loads(body)["status"] == "loading"
+    assert p.notify.count("READY=1") == 0
+    t_ready = p.notify.wait_for("READY=1")
+    assert p.get("/ready")[0] == 200
+    statuses = [m for _, m in p.notify.messages if m.startswith("STATUS=")]
+    assert statuses[0] == "STATUS=loading the model" and "STATUS=warming up" in statuses
+    assert "serving" in [m for t, m in p.notify.messages if "READY=1" in m][0]
+    # pings every third of WATCHDOG_USEC (0.1 s) from the serving loop
+    time.sleep(1.0)
+    pings_after_ready = [t for t, m in p.notify.messages if m == "WATCHDOG=1" and t > t_ready]
+    assert len(pings_after_ready) >= 5
+    assert max(b - a for a, b in zip(pings_after_ready, pings_after_ready[1:])) < 0.3
+    status, body = p.post("/v1/chat/completions", {"messages": MSG, "max_tokens": 4})
+    assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 4
+    p.p.send_signal(signal.SIGTERM)
+    assert p.wait() == 0
+    p.notify.wait_for("STOPPING=1", timeout=1)
+
+
+def test_hung_serving_loop_stops_the_watchdog_pings(proc, tiny_bundle):
+    """The SIGUSR2 test hook blocks the event loop, as a real hang would: the pings must stop."""
+    p = proc(tiny_bundle, env={**HOOKS, "WATCHDOG_USEC": "300000"})
+    p.wait_port()
+    p.notify.wait_for("READY=1")
+    time.sleep(0.5)
+    before = p.notify.count("WATCHDOG=1")
+    assert before >= 2
+    p.p.send_signal(signal.SIGUSR2)
+    time.sleep(0.3)
+    hung = p.notify.count("WATCHDOG=1")
+    time.sleep(1.0)
+    assert p.notify.count("WATCHDOG=1") == hung  # nothing for 1 s: systemd would kill us now
+    assert p.p.poll() is None
+
+
+def _stream_in_background(p, body, out):
+    def go():
+        req = urllib.request.Request(p.url("/v1/chat/completions"), data=json.dumps(body).encode(), method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                out["status"] = r.status
+                out["raw"] = r.read().decode()
+        except urllib.error.HTTPError as e:
+            out["status"] = e.code
+            out["raw"] = e.read().decode()
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def test_sigterm_mid_request_drains_and_exits_0(proc, tiny_bundle):
+    p = proc(tiny_bundle, env={**HOOKS, "EDGESPEC_TEST_TOKEN_DELAY": "0.03"})
+    p.wait_port()
+    p.notify.wait_for("READY=1")
+    running, queued = {}, {}
+    t1 = _stream_in_background(p, {"messages": MSG, "max_tokens": 60, "stream": True}, running)
+    time.sleep(0.4)  # it is generating now
+    t2 = _stream_in_background(p, {"messages": MSG, "max_tokens": 5}, queued)
+    time.sleep(0.3)
+    t_term = time.monotonic()
+    p.p.send_signal(signal.SIGTERM)
+    assert p.wait(30) == 0
+    t1.join(5), t2.join(5)
+    assert p.notify.wait_for("STOPPING=1", timeout=1) >= t_term
+    # the running request finished completely
+    assert running["status"] == 200 and running["raw"].endswith("data: [DONE]\n\n")
+    events = [json.loads(b[6:]) for b in running["raw"].split("\n\n") if b.startswith("data: {")]
+    assert events[-1]["choices"][0]["finish_reason"] == "length" and events[-1]["usage"]["completion_tokens"] == 60
+    # the queued one was told to come back
+    assert queued["status"] == 503 and json.loads(queued["raw"])["error"]["code"] == "shutting_down"
+    log = "\n".join(p.lines)
+    assert "SIGTERM: draining" in log and "status=503" in log and "\x1b[" not in log
+
+
+def test_sigterm_cancels_the_running_request_at_the_drain_deadline(proc, tiny_bundle):
+    p = proc(tiny_bundle, "--drain-timeout", "0.5", env={**HOOKS, "EDGESPEC_TEST_TOKEN_DELAY": "0.05"})
+    p.wait_port()
+    p.notify.wait_for("READY=1")
+    running = {}
+    t1 = _stream_in_background(p, {"messages": MSG, "max_tokens": 200, "stream": True}, running)
+    time.sleep(0.4)
+    t0 = time.monotonic()
+    p.p.send_signal(signal.SIGTERM)
+    assert p.wait(30) == 0
+    assert time.monotonic() - t0 < 5
+    t1.join(5)
+    assert running["status"] == 200 and running["raw"].endswith("data: [DONE]\n\n")
+    error = [json.loads(b[6:]) for b in running["raw"].split("\n\n") if b.startswith("data: {")][-1]
+    assert error["error"]["code"] == "shutting_down"
+
+
+def test_corrupt_bundle_exits_78_with_one_clear_line(proc, tiny_bundle, bundle_copy):
+    b = bundle_copy(tiny_bundle)
+    onnx = next((b / "target").glob("*.onnx*"))
+    data = bytearray(onnx.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    onnx.write_bytes(bytes(data))
+    p = proc(b)
+    assert p.wait(60) == 78
+    errors = [line for line in p.lines if line.startswith("edgespec serve: error:")]
+    assert len(errors) == 1 and "failed verification" in errors[0]
+    assert any("sha256" in line for line in p.lines)
+    assert p.notify.count("READY=1") == 0
+
+
+def test_missing_bundle_and_bad_options_exit_78(proc, tmp_path, tiny_bundle):
+    p = proc(tmp_path / "nope", notify=False)
+    assert p.wait(30) == 78 and "does not exist" in "\n".join(p.lines)
+    p = proc(tiny_bundle, "--request-timeout", "0", notify=False)
+    assert p.wait(30) == 78 and "request timeout must be > 0" in "\n".join(p.lines)
+    p = proc(tiny_bundle, notify=False, env={"EDGESPEC_QUEUE_SIZE": "many"})
+    assert p.wait(30) == 78 and "EDGESPEC_QUEUE_SIZE" in "\n".join(p.lines)
+
+
+def test_port_in_use_is_a_clear_error(tiny_bundle):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    try:
+        port = s.getsockname()[1]
+        e = {k: v for k, v in os.environ.items() if not k.startswith("EDGESPEC_")}
+        r = subprocess.run([sys.executable, "-m", "edgespec", "serve", str(tiny_bundle), "--port", str(port)],
+                           env=e, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 78
+        assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "another server" in r.stderr
+    finally:
+        s.close()
+
+
+def test_environment_file_settings_and_journal_priorities(proc, tiny_bundle, tmp_path):
+    """The unit passes settings as EDGESPEC_* variables; under journald lines carry <priority>."""
+    key = tmp_path / "key"
+    key.write_text("journal-0123456789abcdef")
+    key.chmod(0o600)
+    p = proc(tiny_bundle, env={"EDGESPEC_MODEL_NAME": "coder,alias", "EDGESPEC_API_KEY_FILE": str(key),
+                               "EDGESPEC_DEFAULT_MAX_TOKENS": "3", "JOURNAL_STREAM": "8:1234"})
+    p.wait_port()
+    p.notify.wait_for("READY=1")
+    status, _ = p.post("/v1/chat/completions", {"messages": MSG})
+    assert status == 401
+    req = urllib.request.Request(p.url("/v1/chat/completions"), method="POST",
+                                 data=json.dumps({"model": "alias", "messages": MSG}).encode(),
+                                 headers={"Authorization": "Bearer journal-0123456789abcdef"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        body = json.loads(r.read())
+    assert body["model"] == "alias" and body["usage"]["completion_tokens"] == 3
+    p.p.send_signal(signal.SIGTERM)
+    assert p.wait() == 0
+    assert all(re.match(r"<[0-7]>", line) for line in p.lines if line), p.lines
+    assert any(line.startswith("<6>edgespec.server.requests: req=chatcmpl-") and "status=200" in line
+               for line in p.lines)
