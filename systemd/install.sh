@@ -2,7 +2,7 @@
 # Installs edgespec as a systemd service that serves one bundle on http://127.0.0.1:8000.
 #
 #   sudo ./systemd/install.sh BUNDLE                 # venv in /opt/edgespec/venv, bundle copied, service started
-#   sudo ./systemd/install.sh --kiosk BUNDLE         # also the kiosk page (EDGESPEC_UI=1) and edgespec-kiosk.service
+#   sudo ./systemd/install.sh --kiosk BUNDLE         # also the chat page full screen (edgespec-kiosk.service)
 #   sudo ./systemd/install.sh --api-key-file /etc/edgespec/api-key BUNDLE    # require a bearer token
 #   sudo ./systemd/install.sh --system-site-packages BUNDLE                  # Jetson: see JetPack's onnxruntime-gpu
 #
@@ -82,8 +82,10 @@ if [ -n "$API_KEY_FILE" ]; then
   [ -s "$ROOT$API_KEY_FILE" ] || die "API key file $API_KEY_FILE does not exist or is empty (e.g. 'openssl rand -hex 32 > $API_KEY_FILE; chmod 600 $API_KEY_FILE')"
   case "$(stat -c %a "$ROOT$API_KEY_FILE")" in *00) ;; *) say "warning: $API_KEY_FILE is readable by others: chmod 600 $API_KEY_FILE" ;; esac
 fi
-if [ "$KIOSK" = 1 ] && [ ! -f "$SRC/systemd/edgespec-kiosk.service" ]; then
-  die "--kiosk: $SRC/systemd/edgespec-kiosk.service is missing from this checkout"
+if [ "$KIOSK" = 1 ]; then
+  for f in edgespec-kiosk.service kiosk-browser.sh; do
+    [ -f "$SRC/systemd/$f" ] || die "--kiosk: $SRC/systemd/$f is missing from this checkout"
+  done
 fi
 if [ -z "$ROOT" ]; then
   [ "$(id -u)" = 0 ] || die "run as root (sudo $0 ...)"
@@ -177,8 +179,31 @@ if [ -n "$HOST" ]; then
   esac
 fi
 if [ "$KIOSK" = 1 ]; then
-  install -m 0644 "$SRC/systemd/edgespec-kiosk.service" "$UNITDIR/edgespec-kiosk.service"
-  say "installed edgespec-kiosk.service"
+  # the browser script the kiosk unit runs, and the unprivileged user it runs as
+  install -m 0755 "$SRC/systemd/kiosk-browser.sh" "$ROOT$PREFIX/kiosk-browser.sh"
+  sed "s|/opt/edgespec/kiosk-browser.sh|$PREFIX/kiosk-browser.sh|" "$SRC/systemd/edgespec-kiosk.service" \
+    > "$UNITDIR/edgespec-kiosk.service"
+  chmod 0644 "$UNITDIR/edgespec-kiosk.service"
+  if [ ! -f "$ETC/kiosk.env" ]; then
+    kport=$(sed -n 's/^EDGESPEC_PORT=//p' "$ENVFILE" | tail -n 1)
+    printf '# edgespec kiosk settings (see docs/kiosk.md)\nEDGESPEC_KIOSK_URL=http://127.0.0.1:%s/\n' "${kport:-8000}" \
+      > "$ETC/kiosk.env"
+  fi
+  if [ -z "$ROOT" ]; then
+    if ! id edgespec-kiosk >/dev/null 2>&1; then
+      useradd --system --no-create-home --home-dir /run/edgespec-kiosk --shell /usr/sbin/nologin edgespec-kiosk
+    fi
+    for g in video render input; do
+      getent group "$g" >/dev/null && usermod -a -G "$g" edgespec-kiosk
+    done
+    command -v cage >/dev/null || say "warning: cage is not installed (apt install cage)"
+    command -v chromium >/dev/null || command -v chromium-browser >/dev/null \
+      || say "warning: Chromium is not installed (apt install chromium)"
+  fi
+  if [ -n "$API_KEY_FILE" ] || [ -f "$UNITDIR/edgespec.service.d/api-key.conf" ]; then
+    say "warning: the kiosk page sends no API key; with one set its requests get 401"
+  fi
+  say "installed edgespec-kiosk.service (the chat page full screen on tty1)"
 fi
 
 [ -n "$ROOT" ] && { say "files written under $ROOT"; exit 0; }
