@@ -52,3 +52,24 @@ def test_rewind_past_length_is_refused(runner):
     runner.step([1, 2, 3], 1)
     with pytest.raises(ValueError):
         runner.rewind(4)
+
+
+def test_step_times_record_recent_cost_by_size(runner):
+    for _ in range(3):
+        runner.step([1], 1)
+    runner.step([1, 2, 3], 3)
+    t = runner.times
+    assert t.count[1] == 3 and t.count[3] == 1
+    assert t.recent(1) > 0 and t.mean(1) > 0 and t.recent(2) is None
+
+
+def test_step_times_first_run_does_not_dominate():
+    from edgespec.runner import StepTimes
+
+    t = StepTimes()
+    t.add(1, 5.0)  # the first run pays one-off allocation
+    t.add(1, 0.1)
+    assert t.recent(1) == 0.1
+    for _ in range(20):
+        t.add(1, 0.2)
+    assert abs(t.recent(1) - 0.2) < 0.01

@@ -1,0 +1,118 @@
+"""`edgespec generate` and `edgespec chat` as a user runs them (in-process, through cli.main)."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from edgespec import Engine
+from edgespec.cli import main
+
+
+def run_cli(capsys, *argv, stdin: str | None = None, monkeypatch=None):
+    if stdin is not None:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("draft", ["auto", "model", "ngram", "none"])
+def test_generate_streams_text_and_prints_stats(tiny_bundle, capsys, draft):
+    ref = Engine.open(tiny_bundle).generate("def add(a, b):", max_new_tokens=20, draft="none")
+    rc, out, err = run_cli(capsys, "generate", str(tiny_bundle), "-p", "def add(a, b):", "--max-new-tokens", "20",
+                           "--draft", draft)
+    assert rc == 0
+    assert out == ref.text + "\n"
+    assert "tok/s" in err and "TTFT" in err and f"drafter {draft}" in err and "finish" in err
+
+
+def test_generate_json(tiny_bundle, capsys):
+    rc, out, _ = run_cli(capsys, "generate", str(tiny_bundle), "-p", "hello", "--chat", "--json",
+                         "--max-new-tokens", "9", "--temperature", "0.7", "--top-p", "0.9", "--top-k", "50",
+                         "--seed", "1", "--draft", "model", "--k", "3")
+    assert rc == 0
+    d = json.loads(out)
+    assert set(d) >= {"text", "finish_reason", "token_ids", "stats", "model"}
+    s = d["stats"]
+    for key in ("prompt_tokens", "new_tokens", "target_passes", "drafted", "accepted", "acceptance_rate",
+                "tokens_per_pass", "ttft_s", "decode_tokens_per_second", "tokens_per_second", "k_mean"):
+        assert key in s
+    assert s["new_tokens"] == len(d["token_ids"]) <= 9 and s["drafter"] == "model"
+
+
+def test_generate_prompt_from_stdin_and_stop(tiny_bundle, capsys, monkeypatch):
+    ref = Engine.open(tiny_bundle).generate("def add(a, b):", max_new_tokens=30, draft="none")
+    stop = ref.text[8:11]
+    assert len(stop) == 3
+    rc, out, err = run_cli(capsys, "generate", str(tiny_bundle), "-p", "-", "--max-new-tokens", "30",
+                           f"--stop={stop}", stdin="def add(a, b):", monkeypatch=monkeypatch)
+    assert rc == 0 and out == ref.text[: ref.text.find(stop)] + "\n" and "finish stop" in err
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "0"], "top_p"),
+    (["--top-p", "1.5"], "top_p"),
+    (["--max-new-tokens", "0"], "max_new_tokens"),
+    (["--k", "0"], "k must be"),
+])
+def test_generate_bad_input_is_one_clear_line(tiny_bundle, capsys, args, needle):
+    rc, out, err = run_cli(capsys, "generate", str(tiny_bundle), "-p", "x", *args)
+    assert rc == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("edgespec generate: error:") and needle in lines[-1]
+
+
+def test_generate_empty_prompt(tiny_bundle, capsys):
+    rc, _, err = run_cli(capsys, "generate", str(tiny_bundle), "-p", "")
+    assert rc == 1 and "prompt is empty" in err
+
+
+def test_generate_draft_model_without_draft(tiny_bundle_nodraft, capsys):
+    rc, _, err = run_cli(capsys, "generate", str(tiny_bundle_nodraft), "-p", "x", "--draft", "model")
+    assert rc == 1 and "no draft model" in err
+
+
+def test_generate_unknown_drafter_is_refused_by_the_parser(tiny_bundle, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", str(tiny_bundle), "-p", "x", "--draft", "magic"])
+    assert e.value.code == 2
+    assert "invalid choice: 'magic'" in capsys.readouterr().err
+
+
+def test_generate_prompt_too_long(tiny_bundle, capsys):
+    rc, _, err = run_cli(capsys, "generate", str(tiny_bundle), "-p", "def add(a, b): return a + b\n" * 20,
+                         "--max-len", "32")
+    assert rc == 1 and "cache holds 32" in err
+
+
+def test_generate_missing_bundle(tmp_path, capsys):
+    rc, _, err = run_cli(capsys, "generate", str(tmp_path / "nope"), "-p", "x")
+    assert rc == 1 and "does not exist" in err
+
+
+def test_chat_keeps_the_conversation_cache(tiny_bundle, capsys, monkeypatch):
+    rc, out, err = run_cli(capsys, "chat", str(tiny_bundle), "--max-new-tokens", "12", "--system", "be brief",
+                           stdin="def add(a, b):\n\nclass Stack:\n/reset\nclass Stack:\n/exit\nnever sent\n",
+                           monkeypatch=monkeypatch)
+    assert rc == 0
+    stats = [line for line in err.splitlines() if line.startswith("[")]
+    assert len(stats) == 3
+    assert "reused" not in stats[0]
+    assert "reused" in stats[1]  # the second turn prefilled only the new text
+    assert "(new conversation)" in err
+    # after /reset the same first message gives the same reply as a fresh engine
+    eng = Engine.open(tiny_bundle)
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "class Stack:"}]
+    assert out.splitlines()[-1] == eng.generate(messages=msgs, max_new_tokens=12).text.splitlines()[-1]
+
+
+def test_chat_reports_an_overlong_conversation_and_goes_on(tiny_bundle, capsys, monkeypatch):
+    long = "def add(a, b): return a + b " * 10
+    rc, out, err = run_cli(capsys, "chat", str(tiny_bundle), "--max-len", "48", "--max-new-tokens", "4",
+                           stdin=f"{long}\nhi\n", monkeypatch=monkeypatch)
+    assert rc == 0
+    assert "error: prompt is" in err and "/reset" in err
+    assert len([line for line in err.splitlines() if line.startswith("[")]) == 1
