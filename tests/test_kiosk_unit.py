@@ -1,6 +1,7 @@
 """The kiosk's boot pieces: edgespec-kiosk.service (systemd-analyze verify, its contract with
-edgespec.service), kiosk-install.sh (what `install.sh --kiosk` calls), and kiosk-browser.sh (waits for
-the page, fresh profile, clear errors), the last also for real: Chromium inside cage, headless.
+edgespec.service) and kiosk-browser.sh (waits for the page, fresh profile, clear errors), the latter
+also for real: Chromium inside cage, headless. `install.sh --kiosk` is tested with the server's
+install tests (tests/test_systemd_unit.py).
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ REPO = Path(__file__).resolve().parent.parent
 SYSTEMD = REPO / "systemd"
 UNIT = SYSTEMD / "edgespec-kiosk.service"
 LAUNCHER = SYSTEMD / "kiosk-browser.sh"
-INSTALL = SYSTEMD / "kiosk-install.sh"
 NOBODY = 65534
 
 
@@ -43,10 +43,6 @@ def read_unit(path: Path) -> dict[str, dict[str, list[str]]]:
 
 def words(unit: dict, section: str, key: str) -> list[str]:
     return [w for v in unit[section].get(key, []) for w in v.split()]
-
-
-def install_into(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", str(INSTALL), "--root", str(root), *args], capture_output=True, text=True)
 
 
 # ------------------------------------------------------------------------------ the unit
@@ -72,11 +68,13 @@ def test_unit_contract_with_the_server_unit():
 
 
 def _systemd_root(tmp_path: Path) -> Path:
+    """A file tree as install.sh leaves it: the units in /etc, the launcher where ExecStart= says."""
     root = tmp_path / "root"
-    root.mkdir()
-    r = install_into(root)
-    assert r.returncode == 0, r.stderr
-    shutil.copy(SYSTEMD / "edgespec.service", root / "etc/systemd/system/edgespec.service")
+    (root / "etc/systemd/system").mkdir(parents=True)
+    (root / "opt/edgespec").mkdir(parents=True)
+    shutil.copy(LAUNCHER, root / "opt/edgespec/kiosk-browser.sh")
+    for unit in ("edgespec.service", "edgespec-kiosk.service"):
+        shutil.copy(SYSTEMD / unit, root / "etc/systemd/system" / unit)
     (root / "usr/lib/systemd").mkdir(parents=True)
     shutil.copytree("/usr/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
     return root
@@ -102,41 +100,6 @@ def test_verify_would_catch_a_broken_unit(tmp_path):
     unit.write_text(unit.read_text().replace("Restart=always", "Restart=allways"))
     r = subprocess.run(["systemd-analyze", "verify", f"--root={root}", str(unit)], capture_output=True, text=True)
     assert "allways" in r.stdout + r.stderr
-
-
-# ------------------------------------------------------------------------------ kiosk-install.sh
-def test_install_writes_launcher_unit_settings_and_user(tmp_path):
-    r = install_into(tmp_path, "--prefix", "/opt/es", "--port", "8080")
-    assert r.returncode == 0, r.stderr
-    launcher = tmp_path / "opt/es/kiosk-browser.sh"
-    assert launcher.read_bytes() == LAUNCHER.read_bytes() and os.access(launcher, os.X_OK)
-    unit = read_unit(tmp_path / "etc/systemd/system/edgespec-kiosk.service")
-    assert unit["Service"]["ExecStart"] == ["/opt/es/kiosk-browser.sh"]
-    env = (tmp_path / "etc/edgespec/kiosk.env").read_text()
-    assert "EDGESPEC_KIOSK_URL=http://127.0.0.1:8080/?" in env
-    users = (tmp_path / "etc/sysusers.d/edgespec-kiosk.conf").read_text()
-    assert "u edgespec-kiosk" in users and "m edgespec-kiosk video" in users
-
-
-def test_reinstall_keeps_the_users_settings(tmp_path):
-    assert install_into(tmp_path).returncode == 0
-    env = tmp_path / "etc/edgespec/kiosk.env"
-    env.write_text(env.read_text().replace("max_turns=20", "max_turns=5"))
-    assert install_into(tmp_path, "--port", "9000").returncode == 0
-    text = env.read_text()
-    assert "max_turns=5" in text and "127.0.0.1:9000/" in text
-
-
-@pytest.mark.parametrize("args,message", [
-    (["--port", "eighty"], "--port must be a number"),
-    (["--port", "70000"], "--port must be 1..65535"),
-    (["--prefix", "opt/edgespec"], "--prefix must be an absolute path"),
-    (["--frobnicate"], "unknown argument '--frobnicate'"),
-])
-def test_install_rejects_bad_arguments(tmp_path, args, message):
-    r = install_into(tmp_path, *args)
-    assert r.returncode == 1 and message in r.stderr, r.stderr
-    assert not (tmp_path / "etc").exists(), "nothing written on a bad argument"
 
 
 # ------------------------------------------------------------------------------ kiosk-browser.sh
