@@ -59,8 +59,13 @@ if [ -n "${WAYLAND_DISPLAY:-}" ] || [ -n "${DISPLAY:-}" ]; then GRAPHICAL=1; PLA
 if [ "$GRAPHICAL" = 0 ]; then
   # shellcheck disable=SC2086  # the compositor command is meant to split into words
   set -- $COMPOSITOR
-  command -v "$1" >/dev/null 2>&1 \
-    || config_error "no graphical session and no '$1' to start one (install it: apt install cage)"
+  if ! command -v "$1" >/dev/null 2>&1; then
+    config_error "no graphical session and no '$1' to start one (install it: apt install cage xwayland)"
+  fi
+  # Debian's cage (0.1.x) exits at start when it cannot launch XWayland, even for a Wayland-only client
+  if [ "${1##*/}" = cage ] && ! command -v Xwayland >/dev/null 2>&1; then
+    config_error "cage needs Xwayland to start (install it: apt install xwayland)"
+  fi
 fi
 
 PROFILE=${EDGESPEC_KIOSK_PROFILE:-}
