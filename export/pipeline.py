@@ -24,7 +24,7 @@ from .parity import DEFAULT_MIN_TOP1
 from .progress import MemoryMonitor, NullProgress, Progress, fmt_bytes
 from .sources import Source, resolve
 from .tokcheck import check_tokenizers
-from .tokenizer_files import TOKENIZER_FILES, TokenizerInfo, write_tokenizer
+from .tokenizer_files import TOKENIZER_FILES, TokenizerInfo, write_tokenizers
 
 WORK = ".work"  # scratch folder inside <out>.partial/, removed before the manifest is written
 BYTES_PER_PARAM = {"int4": 0.6, "int8": 1.1, "fp16": 2.0, "fp32": 4.0}  # bundle bytes per parameter, generous
@@ -146,13 +146,14 @@ def run_export(
 def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], quants: dict[str, str],
                  o: ExportOptions, progress: Progress, warn) -> tuple[Manifest, dict[str, dict]]:
     # tokenizers first: a mismatch is refused before minutes of loading
-    infos: dict[str, TokenizerInfo] = {}
-    tok_paths: dict[str, Path] = {}
-    for role, src in sources.items():
-        dst = tmp if role == "target" else work / f"{role}-tokenizer"
-        infos[role] = write_tokenizer(src, dst)
-        tok_paths[role] = dst / "tokenizer.json"
-        for n in infos[role].notes:
+    dests = {role: tmp if role == "target" else work / f"{role}-tokenizer" for role in sources}
+    tok_paths = {role: d / "tokenizer.json" for role, d in dests.items()}
+    gguf = any(src.kind == "gguf" for src in sources.values())  # converting one is heavy: isolate it
+    infos: dict[str, TokenizerInfo] = isolate.call(
+        write_tokenizers, {role: (src, dests[role]) for role, src in sources.items()}, progress=progress,
+        isolate=o.isolate and gguf, what="tokenizers")
+    for role, info in infos.items():
+        for n in info.notes:
             progress.note(f"{role} tokenizer: {n}")
     check = check_tokenizers(tok_paths, {role: src.vocab_rows for role, src in sources.items()})
     for w in check.warnings:

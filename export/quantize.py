@@ -57,6 +57,7 @@ def quantize_graph(model, settings: QuantSettings, on_tensor: Callable[[str], No
     Values that the builder already wired to a quantized weight's future name (the tied embedding's
     GatherBlockQuantized reads `lm_head.MatMul.weight_Q4` / `_scales`) are bound to the new
     initializers, so the tied embedding and the lm_head share one int4 tensor."""
+    import numpy as np
     import onnx
     import onnx_ir as ir
     from onnxruntime.quantization.matmul_nbits_quantizer import (
@@ -81,7 +82,8 @@ def quantize_graph(model, settings: QuantSettings, on_tensor: Callable[[str], No
         w = node.inputs[WEIGHT_INPUT[node.op_type]]
         mini = onnx.helper.make_graph([], "one_weight", [], [], initializer=[ir.serde.serialize_tensor(w.const_value)])
         node_proto = ir.serde.serialize_node(node)
-        new_protos = quantizer.quantize(node_proto, [mini])
+        with np.errstate(divide="ignore", invalid="ignore"):  # all-zero blocks (padding rows): 0/0, masked
+            new_protos = quantizer.quantize(node_proto, [mini])
         if len(new_protos) == 1 and new_protos[0] is node_proto:
             continue  # the quantizer declined (shape or dtype it does not handle)
         by_name = {v.name: v for v in node.inputs if v is not None}

@@ -108,8 +108,8 @@ def resolve(spec: str, role: str = "target", *, progress: Progress | None = None
     if HUB_ID.fullmatch(spec):
         return _hub(spec, role, progress or NullProgress())
     raise ExportError(
-        f"{role} source {spec!r} does not exist and is not a hub id (org/name): pass a Hugging Face folder, "
-        "a .gguf file or a hub id"
+        f"{role} source {spec!r} does not exist here and is not a hub id (org/name): pass a Hugging Face "
+        "folder, a .gguf file or a hub id"
     )
 
 
@@ -117,7 +117,7 @@ def _looks_like_path(spec: str) -> bool:
     return (
         spec.startswith(("/", "./", "../", "~", "."))
         or spec.lower().endswith(".gguf")
-        or spec.count("/") != 1
+        or spec.count("/") > 1
         or "\\" in spec
     )
 
@@ -385,6 +385,9 @@ def _load_gguf(src: Source, progress: Progress):
 
     config = AutoConfig.from_pretrained(src.path.parent, gguf_file=src.path.name)
     config.dtype = torch.float32
+    key_length = src.gguf.get(f"{src.gguf.get('general.architecture')}.attention.key_length")
+    if key_length and hasattr(config, "head_dim"):  # transformers leaves it at the class default (Qwen3: 128)
+        config.head_dim = int(key_length)
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     reader = GGUFReader(src.path)
@@ -398,7 +401,7 @@ def _load_gguf(src: Source, progress: Progress):
             res = processor.process(weights=weights, name=t.name, tensor_key_mapping=names, parsed_parameters=parsed)
             if res.name in names:
                 hf_name = names[res.name]
-                value = torch.from_numpy(np.ascontiguousarray(res.weights, dtype=np.float32))
+                value = torch.from_numpy(np.array(res.weights, dtype=np.float32))  # owned, writable
                 set_module_tensor_to_device(model, hf_name, "cpu", value=value)
                 loaded.add(hf_name)
             bar.update(1)

@@ -58,6 +58,20 @@ def write_tokenizer(src: Source, dst: Path) -> TokenizerInfo:
     return read_info(dst, notes=notes)
 
 
+def write_tokenizers(jobs: dict[str, tuple[Source, Path]], progress=None) -> dict[str, TokenizerInfo]:
+    """write_tokenizer for each role -> (source, folder): one call, so the pipeline can run it in one
+    child process (converting a GGUF tokenizer imports transformers and takes ~1 GB for a while)."""
+    from .progress import NullProgress
+
+    progress = progress or NullProgress()
+    out = {}
+    with progress.stage("tokenizers", total=len(jobs), unit="model") as bar:
+        for role, (src, dst) in jobs.items():
+            out[role] = write_tokenizer(src, dst)
+            bar.update(1)
+    return out
+
+
 def read_info(folder: Path, *, notes: list[str] | None = None) -> TokenizerInfo:
     from tokenizers import Tokenizer
 

@@ -1,0 +1,73 @@
+"""`edgespec export` as a user runs it: a separate process, one child per model, a summary, exit codes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="the exporter needs the export extra")
+
+from edgespec.manifest import verify_bundle  # noqa: E402
+from edgespec_export.tiny import make_tiny_draft, make_tiny_model  # noqa: E402
+
+
+def edgespec(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edgespec", *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("cli")
+    target = make_tiny_model(root / "target")
+    return target, make_tiny_draft(target, root / "draft", noise=0.05)
+
+
+@pytest.mark.slow
+def test_export_pair_in_child_processes(tmp_path, pair):
+    target, draft = pair
+    out = tmp_path / "bundle"
+    r = edgespec("export", "--target", str(target), "--draft", str(draft), "-o", str(out), "--quant", "int4",
+                 "--min-top1", "0.5", "--max-context", "256", "--name", "tiny-pair")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"bundle {out}") and "verified" in lines[0]
+    assert any(l.strip().startswith("target qwen2") and "parity top-1" in l for l in lines)
+    assert any(l.strip().startswith("draft") for l in lines)
+    assert "peak memory" in r.stdout
+    # bars went to stderr, named by step
+    for step in ("load target", "build target", "quantize target (int4)", "save draft", "parity draft (exported)"):
+        assert step in r.stderr
+    assert "Reading layer" not in r.stderr + r.stdout  # the builder's own chatter stays out
+    manifest, problems = verify_bundle(out)
+    assert problems == []
+    assert manifest.name == "tiny-pair" and manifest.defaults == {"max_len": 256}
+    ex = manifest.extra["exporter"]
+    assert ex["onnxruntime-genai"] == "0.15.2" and ex["peak_rss_bytes"]["process_tree"] > 0 and ex["seconds"] > 0
+    assert manifest.models["draft"].parity["tokens"] == manifest.models["target"].parity["tokens"] > 100
+
+
+@pytest.mark.slow
+def test_positional_target_and_json_summary(tmp_path, pair):
+    target, _ = pair
+    out = tmp_path / "b"
+    r = edgespec("export", str(target), "--out", str(out), "--quant", "fp32", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["path"] == str(out) and d["models"]["target"]["parity"]["passed"] is True
+    assert d["drafting"] == {"mode": "auto", "k": 4, "max_k": 8}
+    assert r.stderr == ""  # --json: no bars
+
+
+def test_user_errors_are_one_line_and_exit_1(tmp_path, pair):
+    target, _ = pair
+    r = edgespec("export", str(tmp_path / "missing"), "-o", str(tmp_path / "b"))
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [f"edgespec export: error: target source {tmp_path / 'missing'} does not exist"]
+    (tmp_path / "b").mkdir()
+    r = edgespec("export", str(target), "-o", str(tmp_path / "b"), "--quant", "fp32")
+    assert r.returncode == 1 and "already exists: pass --overwrite" in r.stderr
+    r = edgespec("export", "-o", str(tmp_path / "c"))
+    assert r.returncode == 1 and "no target" in r.stderr

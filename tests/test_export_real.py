@@ -1,0 +1,81 @@
+"""Real trained models through the real export path (slow; CI runs the SmolLM2 one).
+
+The Qwen2.5-Coder pair takes ~10 minutes and ~9 GB: it runs only with EDGESPEC_TEST_QWEN_EXPORT=1
+(it is what the README's numbers come from)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="the exporter needs the export extra")
+
+from edgespec.bundle import Bundle  # noqa: E402
+from edgespec.runner import load_runner  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.realmodel]
+
+
+def export_cli(*args: str) -> dict:
+    r = subprocess.run([sys.executable, "-m", "edgespec", "export", *args, "--json"], capture_output=True, text=True,
+                       timeout=3600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def greedy(bundle: Bundle, role: str, prompt_ids: list[int], n: int) -> list[int]:
+    facts = bundle.manifest.models[role]
+    r = load_runner(bundle.model_path(role), facts, len(prompt_ids) + n + 1)
+    usable = bundle.manifest.tokenizer.usable_vocab
+    out, logits = [], r.step(prompt_ids, 1)
+    for _ in range(n):
+        t = int(np.argmax(logits[0, :usable]))
+        out.append(t)
+        if t in bundle.manifest.tokenizer.eos_ids:
+            break
+        logits = r.step([t], 1)
+    return out
+
+
+def chat_ids(bundle: Bundle, text: str) -> list[int]:
+    import jinja2
+
+    tmpl = jinja2.Template(bundle.manifest.tokenizer.chat_template)
+    prompt = tmpl.render(messages=[{"role": "user", "content": text}], add_generation_prompt=True)
+    return bundle.load_tokenizer().encode(prompt, add_special_tokens=False).ids
+
+
+def test_smollm2_gguf_exports_and_answers(tmp_path, real_gguf):
+    gguf = real_gguf("smollm2-135m-instruct")
+    out = tmp_path / "smollm2"
+    d = export_cli(str(gguf), "-o", str(out), "--quant", "int8")
+    p = d["models"]["target"]["parity"]
+    assert p["passed"] and p["top1"] >= 0.95 and p["tokens"] == 512
+    b = Bundle.open(out)
+    t = b.manifest.tokenizer
+    assert t.usable_vocab == 49152 and t.add_bos is False
+    tok = b.load_tokenizer()
+    assert [tok.id_to_token(i) for i in t.eos_ids][0] == "<|im_end|>"
+    answer = tok.decode(greedy(b, "target", chat_ids(b, "What is the capital of France?"), 24))
+    assert "Paris" in answer
+
+
+@pytest.mark.skipif(not os.environ.get("EDGESPEC_TEST_QWEN_EXPORT"), reason="set EDGESPEC_TEST_QWEN_EXPORT=1 (10 min, 9 GB)")
+def test_qwen_pair_gguf_int4(tmp_path, real_gguf):
+    target = real_gguf("qwen2.5-coder-1.5b-instruct")
+    draft = real_gguf("qwen2.5-coder-0.5b-instruct")
+    out = tmp_path / "qwen-coder"
+    d = export_cli("--target", str(target), "--draft", str(draft), "-o", str(out))
+    assert d["models"]["target"]["parity"]["top1"] >= 0.93
+    assert d["models"]["draft"]["parity"]["top1"] >= 0.88
+    assert d["peak_rss_bytes"]["process_tree"] < 12e9
+    b = Bundle.open(out)
+    assert b.manifest.tokenizer.usable_vocab == 151665
+    ids = chat_ids(b, "Write a Python function that reverses a string.")
+    text = b.load_tokenizer().decode(greedy(b, "target", ids, 48))
+    assert "def " in text
