@@ -294,6 +294,21 @@ def test_bad_request_shows_the_servers_reason(open_page, server):
     assert "temperature must be between 0 and 2" in page.inner_text(".turn .note")
 
 
+@pytest.mark.parametrize("status,code,expected", [
+    (401, "invalid_api_key", "asks for an API key"),
+    (503, "model_loading", "starting up or restarting"),
+    (502, None, "error 502"),
+])
+def test_other_statuses_get_their_own_sentence(open_page, server, status, code, expected):
+    server.behaviour.status = status
+    server.behaviour.error = {"message": "x", "type": "error", "code": code}
+    page, _ = open_page()
+    ask(page, "hello")
+    wait_turn_state(page, "error")
+    assert expected in page.inner_text(".turn .note")
+    assert page.locator(".turn button.retry").is_visible()
+
+
 def test_too_long_for_the_cache_drops_oldest_turns_and_retries(open_page, server):
     server.behaviour.pieces = ["x" * 40]
     page, _ = open_page()
