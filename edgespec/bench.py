@@ -427,7 +427,8 @@ def run_meta(engine, **settings) -> dict[str, Any]:
     models = {}
     for role, f in b.manifest.models.items():
         models[role] = {"arch": f.arch, "layers": f.layers, "quant": f.quant, "accuracy_level": f.accuracy_level,
-                        "params": f.params, "bytes": b.model_bytes(role), "source": f.source}
+                        "params": f.params, "bytes": b.model_bytes(role), "kv_bytes_per_token": f.kv_bytes_per_token(),
+                        "source": f.source}
     meta = {
         "edgespec": __version__,
         "onnxruntime": ort_version,
@@ -445,6 +446,27 @@ def run_meta(engine, **settings) -> dict[str, Any]:
         **settings,
     }
     return meta
+
+
+def load_run(path: str | os.PathLike) -> BenchRun:
+    """A run saved with --json, for reporting, plotting or projecting again without re-measuring."""
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+        modes = []
+        for label in d["modes"]:
+            base, _, k = label.partition(" k=")
+            modes.append(Mode("none" if base == "target" else base, int(k) if k else None))
+        samples = []
+        for s in d["samples"]:
+            s = dict(s)
+            for key in ("target_steps", "draft_steps"):
+                s[key] = {int(n): v for n, v in s.get(key, {}).items()}
+            samples.append(Sample(**s))
+        return BenchRun(meta=d["meta"], modes=modes, prompts=[Prompt(**x) for x in d["prompts"]], samples=samples)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise InvalidRequest(f"{p}: not a bench JSON written by `edgespec bench --json` ({type(e).__name__}: {e})",
+                             param="bundle") from None
 
 
 def _cpu_name() -> str | None:

@@ -136,6 +136,19 @@ def model_costs(bundle) -> dict[str, ModelCost]:
     return out
 
 
+def model_costs_from_meta(meta: dict) -> dict[str, ModelCost]:
+    """The same, from a saved run's meta (so a run can be projected again without its bundle)."""
+    out = {}
+    for role, m in (meta.get("models") or {}).items():
+        if "kv_bytes_per_token" not in m:
+            raise InvalidRequest("this bench JSON predates the projection data (no kv_bytes_per_token): run the "
+                                 "bench again", param="project")
+        wb = int(m["bytes"])
+        params = int(m.get("params") or 0) or _params_from_bytes(wb, m.get("quant", "int4"))
+        out[role] = ModelCost(role, wb, params, int(m["layers"]), int(m["kv_bytes_per_token"]))
+    return out
+
+
 def _params_from_bytes(nbytes: int, quant: str) -> int:
     # int4 graphs keep some tensors (norms, biases, often embeddings / lm_head) at higher precision:
     # the default pair measures 0.73-0.82 bytes per parameter on disk

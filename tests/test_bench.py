@@ -277,6 +277,18 @@ def test_bench_command_end_to_end(tiny_bundle, tmp_path, capsys):
     assert all(p["kind"].startswith("projection") for p in d["projection"])
     if out_png:
         assert out_png.exists()
+    # the saved run reports, plots and projects again without measuring: same measured table
+    assert main(["bench", str(out_json), "--project", "agx-orin"]) == 0
+    again = capsys.readouterr().out
+    assert again.split("PROJECTION")[0] == text.split("PROJECTION")[0]
+    assert "jetson-agx-orin-64gb" in again and "rpi5-8gb" not in again
+
+
+def test_saved_run_that_is_not_a_bench_json(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"hello": 1}')
+    assert main(["bench", str(bad)]) == 1
+    assert "not a bench JSON written by `edgespec bench --json`" in capsys.readouterr().err
 
 
 def test_bench_command_bad_inputs_fail_before_loading(tiny_bundle_nodraft, tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def register(sub) -> None:
@@ -15,7 +16,8 @@ def register(sub) -> None:
         "to first token, acceptance, tokens per target pass, peak RSS and whether each output equals the "
         "target's. See docs/bench.md.",
     )
-    p.add_argument("bundle", help="bundle folder, or the name of one under $EDGESPEC_HOME/bundles (e.g. qwen-coder)")
+    p.add_argument("bundle", help="bundle folder, or the name of one under $EDGESPEC_HOME/bundles (e.g. qwen-coder); "
+                   "or a JSON file from an earlier --json: report, plot and project it again without measuring")
     p.add_argument("--prompts", default="code",
                    help="code, chat, a .jsonl file, or several joined by commas (default: code)")
     p.add_argument("--modes", default=None,
@@ -41,7 +43,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import bench, bench_report, projection
+    from .. import bench, projection
     from ..bundle import Bundle
     from ..errors import InvalidRequest
 
@@ -54,10 +56,13 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequest(f"--temperature must be >= 0, got {args.temperature}")
     if args.limit is not None and args.limit < 1:
         raise InvalidRequest(f"--limit must be at least 1, got {args.limit}")
+    hw_list = projection.resolve_devices(args.project)
+    if args.bundle.endswith(".json") and Path(args.bundle).is_file():
+        result = bench.load_run(args.bundle)
+        return _report(args, result, hw_list, projection.model_costs_from_meta(result.meta) if hw_list else {})
     prompts = bench.load_prompts(args.prompts)
     if args.limit:
         prompts = prompts[: args.limit]
-    hw_list = projection.resolve_devices(args.project)
     from .generate import resolve_bundle  # a path, or the name of a bundle under $EDGESPEC_HOME/bundles
 
     b = Bundle.open(resolve_bundle(args.bundle), verify=not args.no_verify)
@@ -96,10 +101,15 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.close()
 
+    return _report(args, result, hw_list, projection.model_costs(b) if hw_list else {})
+
+
+def _report(args: argparse.Namespace, result, hw_list, costs) -> int:
+    from .. import bench_report, projection
+
     projections = []
     if hw_list:
         work = projection.collect_work(result.samples)
-        costs = projection.model_costs(b)
         max_len = result.meta.get("max_len") or 2048
         projections = [projection.project(work, costs, hw, max_len=max_len) for hw in hw_list]
     print(bench_report.report_text(result, projections, hw_list, per_prompt=args.per_prompt))
