@@ -5,6 +5,8 @@
 set -euo pipefail
 need=()
 command -v chromium >/dev/null || need+=(chromium)
+command -v cage >/dev/null || need+=(cage)          # the kiosk launcher under a real compositor
+command -v Xwayland >/dev/null || need+=(xwayland)  # Debian's cage does not start without it
 command -v systemd-nspawn >/dev/null || need+=(systemd-container)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
