@@ -378,6 +378,17 @@ def test_server_restart_shows_reconnecting_and_recovers(open_page, server):
         restarted.stop()
 
 
+def test_page_opened_while_the_model_loads_waits_then_says_ready(open_page, server):
+    server.behaviour.ready = False
+    page, _ = open_page(wait_ready=False)
+    wait_js(page, "document.body.dataset.server === 'loading'")
+    assert "starting up" in page.inner_text("#banner")
+    assert page.is_disabled("#send")
+    server.behaviour.ready = True
+    wait_js(page, "document.body.dataset.server === 'ready'", timeout=15_000)
+    assert page.inner_text("#status") == "Ready."  # not "Reconnected": it was never connected
+
+
 def test_connection_lost_mid_answer_keeps_partial_text_and_recovers(open_page, server):
     server.behaviour.pieces = [f" p{i}" for i in range(50)]
     server.behaviour.drop_after = 5

@@ -90,6 +90,7 @@
   let downDelay = POLL_DOWN_MIN_MS;
   let lastActivity = Date.now();
   let trimmedNotice = null;
+  let wasReady = false; // "Reconnected" only after the server had been up once
 
   // ---------------------------------------------------------------- server state
   function setServerState(state) {
@@ -100,8 +101,8 @@
     if (state === "ready") {
       banner.hidden = true;
       banner.textContent = "";
-      if (previous === "down" || previous === "loading") setStatus("Reconnected. Ready.");
-      else if (!active && previous === "connecting") setStatus("Ready.");
+      if (previous !== "ready" && !active) setStatus(wasReady ? "Reconnected. Ready." : "Ready.");
+      wasReady = true;
     } else {
       banner.hidden = false;
       banner.className = "banner " + state;
