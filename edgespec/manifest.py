@@ -44,6 +44,7 @@ class ModelFacts:
     params: int = 0  # parameter count of the source model
     block_size: int | None = None  # int4/int8 block size
     accuracy_level: int | None = None  # MatMulNBits accuracy level (1 fp32, 2 fp16, 3 bf16, 4 int8)
+    head_bits: int | None = None  # bits of the lm_head and embedding when quantized (may exceed the body's)
     kv_dtype: str = "float32"  # dtype of past/present buffers
     logits_dtype: str = "float32"
     source: str = ""  # where the weights came from (path, hub id or gguf file name)

@@ -34,11 +34,8 @@ def builder_options(quant: str, block_size: int, accuracy_level: int, *, tied: b
         # embeddings (Gather) and lm_head quantized too: 1.92 GB -> 1.13 GB for the 1.5B
         opts.update(block_size=str(block_size), accuracy_level=str(accuracy_level), op_types_to_quantize="MatMul/Gather")
     elif quant == "int8":
-        # GatherBlockQuantized is 4-bit only, and a tied embedding would be wired to a 4-bit name
-        # while the lm_head becomes 8-bit: keep the embedding separate and in float.
-        opts.update(block_size=str(block_size), accuracy_level=str(accuracy_level), op_types_to_quantize="MatMul")
-        if tied:
-            opts["shared_embeddings"] = "false"
+        # the embedding too, at 8 bits (quantize.py: a tied one reads the lm_head's 8-bit tensor)
+        opts.update(block_size=str(block_size), accuracy_level=str(accuracy_level), op_types_to_quantize="MatMul/Gather")
     elif quant == "fp16":
         # built for CUDA (the only EP the builder gives fp16 GroupQueryAttention), without the
         # CUDA-only fused Q/K norm, so the same graph also runs on the CPU provider
@@ -95,6 +92,7 @@ def build_graph(
     quant: str = "int4",
     block_size: int = 32,
     accuracy_level: int = 4,
+    head_bits: int | None = None,
     role: str = "model",
     progress: Progress | None = None,
 ) -> ModelFacts:
@@ -129,7 +127,7 @@ def build_graph(
         settings = QuantSettings(
             bits=qa["bits"], block_size=int(qa["qdq_block_size"]), accuracy_level=int(qa["accuracy_level"]),
             symmetric=bool(qa["is_symmetric"]), op_types=tuple(qa["op_types_to_quantize"]),
-            exclude=tuple(qa["nodes_to_exclude"]),
+            exclude=tuple(qa["nodes_to_exclude"]), head_bits=head_bits,
         )
         total = len(quantizable_nodes(model.graph, settings))
         with progress.stage(f"quantize {role} ({quant})", total=total, unit="weight") as bar:
@@ -142,7 +140,10 @@ def build_graph(
                 callback=lambda _tensor, _meta: bar.update(1))
     del model, onnx_builder
     add_logits_to_keep(onnx_path)
-    return facts_from_config(cfg, out_dir, quant=quant, block_size=block_size, accuracy_level=accuracy_level)
+    facts = facts_from_config(cfg, out_dir, quant=quant, block_size=block_size, accuracy_level=accuracy_level)
+    if quant in QUANT_BITS:
+        facts.head_bits = head_bits or QUANT_BITS[quant]
+    return facts
 
 
 def facts_from_config(cfg: dict, out_dir: Path, *, quant: str, block_size: int, accuracy_level: int) -> ModelFacts:

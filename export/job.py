@@ -27,6 +27,7 @@ class ModelJob:
     accuracy_level: int
     parity_ids: list[int]
     usable_vocab: int
+    head_bits: int | None = None
 
 
 def run_model_job(job: ModelJob, progress: Progress | None = None) -> dict:
@@ -55,7 +56,7 @@ def run_model_job(job: ModelJob, progress: Progress | None = None) -> dict:
     del model
     facts = build_graph(
         holder, config_dir, job.out_dir, quant=job.quant, block_size=job.block_size,
-        accuracy_level=job.accuracy_level, role=job.role, progress=progress,
+        accuracy_level=job.accuracy_level, head_bits=job.head_bits, role=job.role, progress=progress,
     )
     gc.collect()
     timings["build_s"] = time.perf_counter() - t

@@ -36,6 +36,7 @@ class ExportOptions:
     draft_quant: str | None = None  # default: same as quant
     block_size: int = 32
     accuracy_level: int = 4
+    head_bits: int | None = None  # lm_head + embedding bits (8 keeps small int4 models close); default: quant's
     overwrite: bool = False
     name: str | None = None
     max_context: int = 4096  # the runtime's default cache length (capped by the models' own limit)
@@ -66,6 +67,8 @@ def validate_options(o: ExportOptions) -> None:
         raise ExportError(f"--block-size {o.block_size}: must be a power of two, 16 or more (32 is the default)")
     if o.accuracy_level not in (0, 1, 2, 3, 4):
         raise ExportError(f"--accuracy-level {o.accuracy_level}: must be 0-4 (1 fp32, 2 fp16, 3 bf16, 4 int8)")
+    if o.head_bits not in (None, 4, 8):
+        raise ExportError(f"--head-bits {o.head_bits}: must be 4 or 8")
     if o.max_context < 16:
         raise ExportError(f"--max-context {o.max_context}: too small")
     for label, v in (("--min-top1", o.min_top1), ("--draft-min-top1", o.draft_min_top1)):
@@ -174,7 +177,7 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
     for role, src in sources.items():
         job = ModelJob(role=role, source=src, out_dir=tmp / role, work_dir=work, quant=quants[role],
                        block_size=o.block_size, accuracy_level=o.accuracy_level, parity_ids=ids,
-                       usable_vocab=check.usable_vocab)
+                       usable_vocab=check.usable_vocab, head_bits=o.head_bits)
         res = isolate.call(run_model_job, job, progress=progress, isolate=o.isolate, what=f"{role} export")
         facts = ModelFacts(**res["facts"])
         threshold = _threshold(role, quants[role], o)
@@ -207,7 +210,7 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
         extra={
             "exporter": _versions(),
             "options": {"quant": o.quant, "draft_quant": quants.get("draft"), "block_size": o.block_size,
-                        "accuracy_level": o.accuracy_level, "force": o.force},
+                        "accuracy_level": o.accuracy_level, "head_bits": o.head_bits, "force": o.force},
             "sources": {role: {"kind": s.kind, "spec": s.spec, "params": s.params} for role, s in sources.items()},
             "timings_s": {role: r["timings"] for role, r in results.items()},
             "tokenizer_check": check.as_dict(),

@@ -7,9 +7,13 @@ onnxruntime's own kernels (the same `DefaultWeightOnlyQuantizer` the builder use
 identical), spliced back into the in-memory `onnx_ir` graph, and the float tensor is dropped. The
 float weights then exist once, and shrink as the pass goes.
 
+The lm_head and the embedding may use more bits than the body (`head_bits`): they are the most
+sensitive weights of a small model (llama.cpp keeps them at 6-8 bits in its 4-bit files), and
+GatherBlockQuantized reads 8-bit data too. A tied embedding then reads the lm_head's 8-bit tensor.
+
 Shapes: a MatMul weight B [K, N] becomes MatMulNBits B_q [N, ceil(K/block), block*bits/8] uint8 +
 scales [N, ceil(K/block)] (+ zero points when asymmetric). An embedding [V, H] quantized along H becomes
-GatherBlockQuantized data [V, H*bits/8] + scales [V, ceil(H/block)].
+GatherBlockQuantized data [V, H*bits/8] uint8 + scales [V, ceil(H/block)].
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 WEIGHT_INPUT = {"MatMul": 1, "Gather": 0}
+LM_HEAD = "/lm_head/MatMul"
 
 
 @dataclass
@@ -27,6 +32,11 @@ class QuantSettings:
     symmetric: bool = True
     op_types: tuple[str, ...] = ("MatMul", "Gather")
     exclude: tuple[str, ...] = ()  # node names left in float
+    head_bits: int | None = None  # bits of the lm_head and embedding (None: `bits`)
+
+    def bits_for(self, node) -> int:
+        head = node.name == LM_HEAD or node.op_type == "Gather"
+        return (self.head_bits or self.bits) if head else self.bits
 
 
 def quantizable_nodes(graph, settings: QuantSettings) -> list:
@@ -40,13 +50,13 @@ def quantizable_nodes(graph, settings: QuantSettings) -> list:
             continue
         if node.name in settings.exclude:
             continue
-        if node.op_type == "Gather" and settings.bits != 4:
-            continue  # GatherBlockQuantized is 4-bit only in onnxruntime's quantizer
         w = node.inputs[WEIGHT_INPUT[node.op_type]]
         if w is None or not w.is_initializer() or w.const_value is None or w.const_value.dtype not in floats:
             continue
         if len(w.const_value.shape) != 2 or len(w.uses()) != 1:
             continue
+        if node.op_type == "Gather" and (settings.symmetric is False and settings.bits_for(node) == 8):
+            continue  # our 8-bit embedding quantizer is symmetric only
         out.append(node)
     return out
 
@@ -56,47 +66,39 @@ def quantize_graph(model, settings: QuantSettings, on_tensor: Callable[[str], No
 
     Values that the builder already wired to a quantized weight's future name (the tied embedding's
     GatherBlockQuantized reads `lm_head.MatMul.weight_Q4` / `_scales`) are bound to the new
-    initializers, so the tied embedding and the lm_head share one int4 tensor."""
+    initializers, so the tied embedding and the lm_head share one tensor."""
     import numpy as np
     import onnx
     import onnx_ir as ir
-    from onnxruntime.quantization.matmul_nbits_quantizer import (
-        DefaultWeightOnlyQuantConfig,
-        DefaultWeightOnlyQuantizer,
-    )
-    from onnxruntime.quantization.quant_utils import QuantFormat
 
-    config = DefaultWeightOnlyQuantConfig(
-        block_size=settings.block_size,
-        is_symmetric=settings.symmetric,
-        accuracy_level=settings.accuracy_level,
-        quant_format=QuantFormat.QOperator,
-        op_types_to_quantize=tuple(settings.op_types),
-        bits=settings.bits,
-    )
-    quantizer = DefaultWeightOnlyQuantizer(config)
     graph = model.graph
     dangling = _dangling_inputs(graph)
+    quantizers: dict[int, object] = {}
     count = 0
     for node in quantizable_nodes(graph, settings):
+        bits = settings.bits_for(node)
         w = node.inputs[WEIGHT_INPUT[node.op_type]]
-        mini = onnx.helper.make_graph([], "one_weight", [], [], initializer=[ir.serde.serialize_tensor(w.const_value)])
-        node_proto = ir.serde.serialize_node(node)
-        with np.errstate(divide="ignore", invalid="ignore"):  # all-zero blocks (padding rows): 0/0, masked
-            new_protos = quantizer.quantize(node_proto, [mini])
-        if len(new_protos) == 1 and new_protos[0] is node_proto:
-            continue  # the quantizer declined (shape or dtype it does not handle)
+        if node.op_type == "Gather" and bits == 8:
+            new_protos, inits = _gather_8bit(node, w, settings.block_size)
+        else:
+            if bits not in quantizers:
+                quantizers[bits] = _ort_quantizer(settings, bits)
+            mini = onnx.helper.make_graph([], "one_weight", [], [], initializer=[ir.serde.serialize_tensor(w.const_value)])
+            node_proto = ir.serde.serialize_node(node)
+            with np.errstate(divide="ignore", invalid="ignore"):  # all-zero blocks (padding rows): 0/0, masked
+                new_protos = quantizers[bits].quantize(node_proto, [mini])
+            if len(new_protos) == 1 and new_protos[0] is node_proto:
+                continue  # the quantizer declined (shape or dtype it does not handle)
+            inits = [t for t in mini.initializer if t.name != w.name]
+            del mini
         by_name = {v.name: v for v in node.inputs if v is not None}
-        for t in mini.initializer:
-            if t.name == w.name:
-                continue
+        for t in inits:
             value = dangling.pop(t.name, None) or ir.Value(name=t.name)
-            value.const_value = ir.serde.deserialize_tensor(t)
+            value.const_value = ir.serde.deserialize_tensor(t) if isinstance(t, onnx.TensorProto) else t
             value.type = ir.TensorType(value.const_value.dtype)
             value.shape = value.const_value.shape
             graph.register_initializer(value)
-            by_name[t.name] = value
-        del mini
+            by_name[value.name] = value
         if len(new_protos) != 1:
             raise RuntimeError(f"quantizing {node.name} gave {len(new_protos)} nodes, expected 1")
         proto = new_protos[0]
@@ -118,9 +120,90 @@ def quantize_graph(model, settings: QuantSettings, on_tensor: Callable[[str], No
         count += 1
         if on_tensor is not None:
             on_tensor(node.name)
+    _rewire_tied_embedding(graph, dangling, settings)
     if count:
         _set_opsets(model)
     return count
+
+
+def _ort_quantizer(settings: QuantSettings, bits: int):
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        DefaultWeightOnlyQuantizer,
+    )
+    from onnxruntime.quantization.quant_utils import QuantFormat
+
+    return DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(
+        block_size=settings.block_size,
+        is_symmetric=settings.symmetric,
+        accuracy_level=settings.accuracy_level,
+        quant_format=QuantFormat.QOperator,
+        op_types_to_quantize=tuple(settings.op_types),
+        bits=bits,
+    ))
+
+
+def _gather_8bit(node, w, block_size: int):
+    """An embedding [V, H] -> GatherBlockQuantized, 8 bits, symmetric blocks of `block_size` along H:
+    uint8 data with the op's default zero point 128, scales [V, H/block] (onnxruntime's own
+    quantizer does Gather at 4 bits only)."""
+    import numpy as np
+    import onnx
+    import onnx_ir as ir
+
+    data = np.asarray(w.const_value.numpy(), dtype=np.float32)
+    v, h = data.shape
+    if h % block_size:
+        raise ValueError(f"embedding width {h} is not a multiple of the block size {block_size}")
+    blocks = data.reshape(v, h // block_size, block_size)
+    scale = np.abs(blocks).max(axis=2) / 127.0
+    safe = np.where(scale == 0, 1.0, scale)
+    q = (np.clip(np.rint(blocks / safe[..., None]), -127, 127) + 128).astype(np.uint8).reshape(v, h)
+    qt = ir.Tensor(q, name=w.name + "_Q8")
+    st = ir.Tensor(scale.astype(np.float32), name=w.name + "_scales")
+    gather_axis = 0
+    for a in node.attributes.values():
+        if a.name == "axis":
+            gather_axis = a.value
+    proto = onnx.helper.make_node(
+        "GatherBlockQuantized", [qt.name, node.inputs[1].name, st.name], [node.outputs[0].name],
+        name=node.name + "_Q8", domain="com.microsoft", bits=8, block_size=block_size,
+        gather_axis=gather_axis, quantize_axis=1,
+    )
+    return [proto], [qt, st]
+
+
+def _rewire_tied_embedding(graph, dangling: dict, settings: QuantSettings) -> None:
+    """The builder wires a tied embedding to the lm_head's *4-bit* tensor names (Reshape to
+    [V, H/2] -> GatherBlockQuantized bits=4). When the lm_head went to 8 bits, point them at its
+    8-bit tensor instead: Reshape to [V, H], bits=8. Same bytes, shared, no copy."""
+    import numpy as np
+    import onnx_ir as ir
+
+    q4 = dangling.get("lm_head.MatMul.weight_Q4")
+    if q4 is None:
+        return
+    q8 = graph.initializers.get("lm_head.MatMul.weight_Q8")
+    scales = graph.initializers.get("lm_head.MatMul.weight_scales")
+    if q8 is None or scales is None:
+        raise RuntimeError("the tied embedding reads the lm_head's quantized weight, which was not produced")
+    n, k_blocks, block = q8.const_value.shape
+    for reshape in list(q4.uses()):
+        node = reshape.node
+        if node.op_type != "Reshape":
+            raise RuntimeError(f"unexpected consumer {node.op_type} of the tied lm_head weight")
+        # a Constant node, not an initializer: shape inputs must be readable without external data
+        const = ir.Node("", "Constant", [], attributes=[ir.AttrTensor(
+            "value", ir.tensor(np.array([n, k_blocks * block], dtype=np.int64), name=node.name + "/shape_8bit"))],
+            name=node.name + "/Shape8bit", num_outputs=1)
+        const.outputs[0].name = node.name + "/shape_8bit"
+        graph.insert_before(node, const)
+        node.replace_input_with(0, q8)
+        node.replace_input_with(1, const.outputs[0])
+        for gbq in node.outputs[0].consumers():
+            if gbq.op_type == "GatherBlockQuantized":
+                gbq.attributes["bits"] = ir.AttrInt64("bits", 8)
+    dangling.pop("lm_head.MatMul.weight_Q4", None)
 
 
 def _dangling_inputs(graph) -> dict:

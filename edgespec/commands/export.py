@@ -30,6 +30,9 @@ def register(sub) -> None:
     p.add_argument("--block-size", type=int, default=32, help="int4/int8 quantization block size (default 32)")
     p.add_argument("--accuracy-level", type=int, default=4, choices=(0, 1, 2, 3, 4),
                    help="MatMulNBits compute type: 1 fp32, 2 fp16, 3 bf16, 4 int8 (default 4, fastest)")
+    p.add_argument("--head-bits", type=int, choices=(4, 8),
+                   help="bits of the lm_head and embedding for int4/int8 (default: the --quant bits; 8 keeps "
+                   "small int4 models closer to the source)")
     p.add_argument("--max-context", type=int, default=4096,
                    help="cache length the runtime uses by default (capped by the model's own limit; default 4096)")
     p.add_argument("--name", help="bundle name in the manifest (default: the folder name)")
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = ExportOptions(
         quant=args.quant, draft_quant=args.draft_quant, block_size=args.block_size,
-        accuracy_level=args.accuracy_level, overwrite=args.overwrite, name=args.name, max_context=args.max_context,
+        accuracy_level=args.accuracy_level, head_bits=args.head_bits, overwrite=args.overwrite, name=args.name, max_context=args.max_context,
         min_top1=args.min_top1, draft_min_top1=args.draft_min_top1, force=args.force,
         parity_tokens=args.parity_tokens, isolate=not args.in_process,
     )
@@ -106,6 +109,8 @@ def print_summary(s, out) -> None:
     print(f"bundle {s.path}  ({fmt_bytes(s.total_bytes)}, {len(m.files)} files, verified)", file=out)
     for role, f in m.models.items():
         q = f.quant + (f" block {f.block_size} acc {f.accuracy_level}" if f.block_size else "")
+        if f.head_bits and f.quant == "int4" and f.head_bits != 4:
+            q += f" head {f.head_bits}-bit"
         p = f.parity
         par = (f"top-1 {p['top1']:.1%}  mean KL {p['mean_kl']:.4f}  ({p['tokens']} tokens)" if p else "not checked")
         print(f"  {role:<6} {f.arch} {_params(f.params)} params, {f.layers} layers, {q}: "
