@@ -69,6 +69,8 @@ class FakeEngine:
 
     def count_tokens(self, prompt=None, *, messages=None):
         text = prompt if prompt is not None else " ".join(m["content"] for m in messages)
+        if text == "tokenizer bug":
+            raise KeyError("a bug in the tokenizer path")
         return len(text.split())
 
     def stream(self, prompt=None, *, messages=None, max_new_tokens=16, cancel=None, draft=None, **kw):
@@ -88,6 +90,9 @@ class FakeEngine:
             for i in range(max_new):
                 if cancel is not None and cancel():
                     reason = "cancelled"
+                    break
+                if n + i >= self.max_len:
+                    reason = "cache_full"
                     break
                 if kw.get("seed") == 666 and i == 1:
                     raise RuntimeError("kaboom")
@@ -352,11 +357,15 @@ def test_prompt_too_long_uses_openai_code(serve):
     assert err["code"] == "context_length_exceeded" and "100 tokens" in err["message"] and "64" in err["message"]
 
 
-def test_max_tokens_limit_is_capped_by_the_cache(serve):
+def test_max_tokens_beyond_the_cache_ends_with_length(serve):
+    """Not a 400: the limit is --max-tokens-limit; running out of cache is a normal end (the kiosk
+    page asks for 512 tokens whatever the board's cache)."""
     s = serve(max_tokens_limit=4096)
-    status, _, body = s.post(CHAT, chat_body(max_tokens=64))
-    assert "at most 63" in assert_openai_error(status, body, 400, "max_tokens")["message"]
-    assert s.post(CHAT, chat_body(max_tokens=63))[0] == 200
+    status, _, body = s.post(CHAT, chat_body(max_tokens=500))
+    assert status == 200 and body["choices"][0]["finish_reason"] == "length"
+    assert body["edgespec"]["finish_reason"] == "cache_full" and body["usage"]["completion_tokens"] == 62
+    status, _, body = s.post(CHAT, chat_body(max_tokens=4097))
+    assert "at most 4096" in assert_openai_error(status, body, 400, "max_tokens")["message"]
 
 
 def test_oversized_body_is_413_then_served_normally(serve):
@@ -394,6 +403,30 @@ def test_engine_failure_is_500_and_the_server_lives_on(serve):
     events = sse_events(raw)
     assert events[-2]["error"]["type"] == "server_error"
     assert s.post(CHAT, chat_body())[0] == 200
+
+
+def test_failure_before_the_queue_is_500_json(serve):
+    s = serve()
+    status, _, body = s.post(CHAT, chat_body(messages=[{"role": "user", "content": "tokenizer bug"}]))
+    assert "KeyError" in assert_openai_error(status, body, 500)["message"]
+    assert s.post(CHAT, chat_body())[0] == 200
+
+
+def test_stuck_or_dead_worker_is_unhealthy():
+    from edgespec.server.scheduler import Job, Scheduler
+    from edgespec.server.validate import GenRequest
+
+    sched = Scheduler(2)
+    assert sched.healthy(10)
+    job = Job("j", GenRequest(kind="chat", model="m", max_tokens=1), loop=None, deadline=0)
+    job.started = time.monotonic() - 100  # one pass has held the engine for 100 s
+    sched._running = job
+    assert not sched.healthy(50) and sched.healthy(200)
+    sched._running = None
+    sched._thread = threading.Thread(target=lambda: None)
+    sched._thread.start()
+    sched._thread.join()
+    assert not sched.healthy(50)  # the worker thread died: only a restart helps
 
 
 # --- security --------------------------------------------------------------------------------------

@@ -84,8 +84,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "(default 10) [EDGESPEC_DRAIN_TIMEOUT]")
     lim.add_argument("--max-body-bytes", type=int, help="larger request bodies get 413 (default 1048576) "
                      "[EDGESPEC_MAX_BODY_BYTES]")
-    lim.add_argument("--max-tokens-limit", type=int, help="largest max_tokens a request may ask for (default 4096, "
-                     "never more than the cache) [EDGESPEC_MAX_TOKENS_LIMIT]")
+    lim.add_argument("--max-tokens-limit", type=int, help="largest max_tokens a request may ask for (default 4096; a "
+                     "request that outgrows the cache ends with finish_reason length) [EDGESPEC_MAX_TOKENS_LIMIT]")
     lim.add_argument("--default-max-tokens", type=int, help="max_tokens when a request gives none (default 512) "
                      "[EDGESPEC_DEFAULT_MAX_TOKENS]")
     lim.add_argument("--default-temperature", type=float, help="temperature when a request gives none (default 0: "

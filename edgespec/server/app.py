@@ -68,9 +68,10 @@ class ServerState:
         name = getattr(engine, "model_name", None)
         if name:
             self.names = tuple(dict.fromkeys([*self.names, name]))
-        cap = max(1, int(engine.max_len) - 1)
-        self.limits = Limits(self.names, min(self.config.max_tokens_limit, cap),
-                             min(self.config.default_max_tokens, cap), self.config.default_temperature)
+        # max_tokens is not capped by the cache: a request that outgrows it ends with finish_reason
+        # "length" (the engine's "cache_full"), as a long chat on a small-memory board should
+        self.limits = Limits(self.names, self.config.max_tokens_limit, self.config.default_max_tokens,
+                             self.config.default_temperature)
 
 
 def static_files(root: Path) -> dict[str, Path]:
@@ -221,7 +222,11 @@ class GenerationEndpoint:
             job = Job(rid, req, asyncio.get_running_loop(), deadline=t0 + timeout, timeout=timeout,
                       prompt_tokens=n, created=t0)
             self.state.scheduler.submit(job)
-        except APIError as e:
+        except Exception as e:  # noqa: BLE001 - whatever goes wrong before the queue is this request's alone
+            if not isinstance(e, APIError):
+                log.exception("request %s failed before reaching the engine", rid)
+                e = APIError(500, f"internal error ({type(e).__name__}); see the server log for request {rid}",
+                             code="internal_error")
             out.status, out.error = e.status, e.message
             await error_response(e, rid)(scope, receive, send)
             self._finish(rid, t0, stream, job, out)

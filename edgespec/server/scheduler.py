@@ -155,6 +155,8 @@ class Scheduler:
     def healthy(self, stall_seconds: float) -> bool:
         """False when one job has held the engine for longer than any request may: the worker is stuck
         inside a pass (cancellation is checked between passes), and only a restart can free it."""
+        if self._thread is not None and not self._thread.is_alive() and not self._stopping:
+            return False
         job = self._running
         return job is None or job.started is None or time.monotonic() - job.started < stall_seconds
 
@@ -172,6 +174,10 @@ class Scheduler:
                 self._running = job
             try:
                 self._run(job)
+            except Exception:  # noqa: BLE001 - a bug here must not kill the only worker
+                log.exception("the worker failed on %s", job.id)
+                job.finished = job.finished or time.monotonic()
+                job.post("error", RuntimeError("worker failure"))
             finally:
                 with self._cv:
                     self._running = None

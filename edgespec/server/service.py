@@ -125,6 +125,8 @@ class Service:
         uv_config = uvicorn.Config(
             create_app(self.state), lifespan="off", log_config=None, access_log=False, use_colors=False,
             server_header=False, http="h11", loop="asyncio", timeout_keep_alive=5,
+            # a flood of connections gets uvicorn's own 503 instead of exhausting file descriptors
+            limit_concurrency=max(64, 4 * self.config.queue_size),
             timeout_graceful_shutdown=int(self.config.drain_timeout + 5),
         )
         self.server = _Uvicorn.make(uv_config, self._on_signal)
