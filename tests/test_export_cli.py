@@ -71,3 +71,16 @@ def test_user_errors_are_one_line_and_exit_1(tmp_path, pair):
     assert r.returncode == 1 and "already exists: pass --overwrite" in r.stderr
     r = edgespec("export", "-o", str(tmp_path / "c"))
     assert r.returncode == 1 and "no target" in r.stderr
+
+
+def test_missing_workstation_extra_is_one_clear_line(tmp_path, monkeypatch, capsys):
+    """On a device install (no torch), `edgespec export` says what to install instead of a traceback."""
+    import importlib.util
+
+    from edgespec.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    assert main(["export", str(tmp_path / "m.gguf"), "-o", str(tmp_path / "b")]) == 1
+    err = capsys.readouterr().err
+    assert "the exporter needs the workstation extra (torch missing)" in err and "edgespec[export]" in err

@@ -58,13 +58,17 @@ def run(args: argparse.Namespace) -> int:
         raise ExportError(f"two targets given ({args.source} and --target {args.target_opt}): pass one")
     if not target:
         raise ExportError("no target: pass a Hugging Face folder, a .gguf file or a hub id (--target SRC)")
-    try:
-        from edgespec_export.pipeline import ExportOptions, run_export
-        from edgespec_export.progress import TqdmProgress
-    except ImportError as e:
+    import importlib.util
+
+    missing = [m for m in ("torch", "transformers", "onnxruntime_genai", "onnx", "onnx_ir", "gguf", "accelerate", "tqdm")
+               if importlib.util.find_spec(m) is None]
+    if missing:
         raise ExportError(
-            f"the exporter needs the workstation extra ({e.name} is missing): pip install 'edgespec[export]'"
-        ) from e
+            f"the exporter needs the workstation extra ({', '.join(missing)} missing): "
+            "pip install torch==2.13.0 && pip install 'edgespec[export]'"
+        )
+    from edgespec_export.pipeline import ExportOptions, run_export
+    from edgespec_export.progress import TqdmProgress
     from pathlib import Path
 
     options = ExportOptions(
