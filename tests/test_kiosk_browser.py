@@ -123,6 +123,16 @@ def test_each_turn_sends_the_whole_conversation(open_page, server):
     assert body["max_tokens"] == 64 and body["temperature"] == 0.7
 
 
+def test_an_empty_question_is_not_sent(open_page, server):
+    page, _ = open_page()
+    page.fill("#input", "   \n  ")
+    page.press("#input", "Enter")
+    page.click("#send")
+    time.sleep(0.5)
+    assert server.requests == [] and page.locator(".turn").count() == 0
+    assert page.is_visible("#welcome")
+
+
 def test_model_output_is_shown_as_text_never_html(open_page, server):
     server.behaviour.pieces = ['<img src=x onerror="window.pwned=1">', " & <b>bold</b>"]
     page, _ = open_page()
