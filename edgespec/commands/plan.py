@@ -17,6 +17,9 @@ def register(sub) -> None:
     p.add_argument("--max-len", type=int, default=None, metavar="N", help="wanted cache length (default: the device's)")
     p.add_argument("--draft", choices=("auto", "model", "ngram", "none"), default="auto",
                    help="ngram/none plan without the draft model")
+    p.add_argument("--measure", action="store_true",
+                   help="then load the plan in a fresh process, fill the caches and compare measured RSS with the "
+                        "prediction (takes as long as a full-length prefill)")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     p.set_defaults(func=run)
 
@@ -34,10 +37,17 @@ def run(args) -> int:
     warning = memory.fits_now(plan) if not args.device or args.device == "auto" else None
     if args.draft == "model" and not plan.load_draft:
         plan.notes.append("--draft model asked for, but the plan has no draft model: the engine would refuse")
+    check = None
+    if args.measure:
+        rss = memory.measure_fresh(bundle.root, max_len=plan.max_len, load_draft=plan.load_draft)
+        check = memory.compare(plan, rss["peak"])
     if args.json:
         out = {"bundle": str(bundle.root), "device": profile.id, **plan.to_dict()}
         if warning:
             out["warning"] = warning
+        if check is not None:
+            out["measured_peak_bytes"] = check.measured_bytes
+            out["error"] = round(check.error, 4)
         print(json.dumps(out, indent=2))
     else:
         mem = f", {memory.format_size(profile.memory_bytes)} memory" if profile.memory_bytes else ""
@@ -45,4 +55,6 @@ def run(args) -> int:
         print(plan.describe())
         if warning:
             print(f"warning: {warning}")
+        if check is not None:
+            print(check.describe() + " after filling the caches to max_len")
     return 0

@@ -1,0 +1,174 @@
+"""Execution providers: order, options, fallback with a provider that fails or is missing, the
+draft on a different provider than the target, and the probe doctor uses."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from edgespec import devices, providers
+from edgespec.errors import InvalidRequest, ProviderError
+from edgespec.providers import CPU, CUDA, TRT
+
+
+@pytest.fixture
+def fake_gpu_build(monkeypatch):
+    """Pretend this onnxruntime was built with TensorRT and CUDA, whose sessions fail to create
+    (as they do on a board without the CUDA libraries), and record every session's provider list."""
+    real = ort.InferenceSession
+    created: list[list] = []
+    failing = {TRT: "TensorRT EP could not be created: libnvinfer.so.10: cannot open shared object file",
+               CUDA: "CUDA EP failed: libcudart.so.12: cannot open shared object file"}
+
+    def session(path_or_bytes, so=None, providers=None, **kw):
+        names = [p[0] if isinstance(p, tuple) else p for p in providers]
+        created.append(names)
+        if names[0] in failing:
+            raise RuntimeError(failing[names[0]] + "\nmore lines of onnxruntime detail")
+        return real(path_or_bytes, so, providers=[p for p in providers if (p[0] if isinstance(p, tuple) else p) == CPU])
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [TRT, CUDA, CPU])
+    monkeypatch.setattr(ort, "InferenceSession", session)
+    return created
+
+
+def model_file(tmp_path) -> Path:
+    p = tmp_path / "probe.onnx"
+    p.write_bytes(providers.probe_model_bytes())
+    return p
+
+
+def test_normalize():
+    assert providers.normalize(None) == [TRT, CUDA, CPU]
+    assert providers.normalize("cuda, cpu") == [CUDA, CPU]
+    assert providers.normalize(["TRT", "CPUExecutionProvider", "cpu"]) == [TRT, CPU]
+    with pytest.raises(InvalidRequest) as e:
+        providers.normalize("cdua")
+    assert "cdua" in str(e.value) and e.value.param == "providers"
+    with pytest.raises(InvalidRequest):
+        providers.normalize(" , ")
+
+
+def test_default_order_quietly_skips_what_this_build_lacks(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+        sess, device = providers.create_session(model_file(tmp_path))
+    assert device == "cpu" and sess.get_providers()[0] == CPU
+    assert caplog.records == []
+
+
+def test_failing_provider_falls_back_with_one_line_each(tmp_path, caplog, fake_gpu_build):
+    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+        sess, device = providers.create_session(model_file(tmp_path))
+    assert device == "cpu"
+    # TensorRT is tried with CUDA and CPU behind it (node-level fallback), then CUDA, then CPU
+    assert fake_gpu_build == [[TRT, CUDA, CPU], [CUDA, CPU], [CPU]]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "provider tensorrt failed" in lines[0] and "libnvinfer" in lines[0] and "\n" not in lines[0]
+    assert "provider cuda failed" in lines[1] and "libcudart" in lines[1]
+
+
+def test_explicit_missing_provider_is_logged_then_next_one_used(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+        sess, device = providers.create_session(model_file(tmp_path), providers="cuda,cpu")
+    assert device == "cpu"
+    assert len(caplog.records) == 1 and "cuda requested but this onnxruntime does not have it" in caplog.records[0].getMessage()
+
+
+def test_explicit_list_without_cpu_fails_with_every_reason(tmp_path, fake_gpu_build):
+    with pytest.raises(ProviderError) as e:
+        providers.create_session(model_file(tmp_path), providers="tensorrt,cuda")
+    msg = str(e.value)
+    assert "libnvinfer" in msg and "libcudart" in msg and "add cpu" in msg
+
+
+def test_onnxruntime_silent_fallback_is_detected(tmp_path, monkeypatch, caplog):
+    """onnxruntime's wrapper may swallow a provider error and hand back a CPU session."""
+    real = ort.InferenceSession
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, CPU])
+    monkeypatch.setattr(ort, "InferenceSession", lambda p, so=None, providers=None, **kw: real(p, so, providers=[CPU]))
+    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+        sess, device = providers.create_session(model_file(tmp_path), providers="cuda,cpu")
+    assert device == "cpu"
+    assert any("onnxruntime fell back to cpu" in r.getMessage() for r in caplog.records)
+
+
+def test_tensorrt_options_cache_in_state_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    opts = providers.default_provider_options(TRT)
+    assert opts["trt_engine_cache_enable"] is True and opts["trt_fp16_enable"] is True
+    assert opts["trt_engine_cache_path"] == str(tmp_path / "home" / "trt-cache")
+    assert opts["trt_max_workspace_size"] == 1 << 30
+    monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path / 'state'}:{tmp_path / 'other'}")  # systemd may list several
+    assert providers.trt_cache_dir() == tmp_path / "state" / "trt-cache"
+    agx = providers.default_provider_options(TRT, profile=devices.get("jetson-agx-orin-64gb"))
+    assert agx["trt_max_workspace_size"] == 2 << 30
+    assert providers.default_provider_options(CUDA)["arena_extend_strategy"] == "kSameAsRequested"
+
+
+def test_tensorrt_attempt_creates_its_cache_folder(tmp_path, monkeypatch, fake_gpu_build):
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
+    providers.create_session(model_file(tmp_path))
+    assert (tmp_path / "state" / "trt-cache").is_dir()
+
+
+def test_spinning_option_reaches_the_session(tmp_path):
+    so = providers.session_options(2, spinning=False)
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert so.intra_op_num_threads == 2
+
+
+def test_probe_model_is_valid_onnx_and_computes():
+    onnx = pytest.importorskip("onnx")
+    m = onnx.load_from_string(providers.probe_model_bytes())
+    onnx.checker.check_model(m, full_check=True)
+    results = {r.provider: r for r in providers.probe()}
+    assert results[CPU].works and results[CPU].error is None
+    assert not results[CUDA].in_build and not results[CUDA].works  # CPU-only onnxruntime here
+
+
+def test_probe_reports_a_provider_that_is_in_the_build_but_fails(fake_gpu_build):
+    results = {r.provider: r for r in providers.probe("cuda,cpu")}
+    assert results[CUDA].in_build and not results[CUDA].works and "libcudart" in results[CUDA].error
+    assert results[CPU].works
+
+
+def test_probe_catches_a_wrong_answer(monkeypatch):
+    real = ort.InferenceSession
+
+    class Wrong:
+        def __init__(self, *a, **k):
+            self.s = real(*a, **k)
+
+        def get_providers(self):
+            return self.s.get_providers()
+
+        def run(self, out, feeds):
+            return [np.zeros((1, 8), np.float32)]
+
+    monkeypatch.setattr(ort, "InferenceSession", Wrong)
+    (r,) = providers.probe("cpu")
+    assert not r.works and "wrong result" in r.error
+
+
+def test_draft_runs_on_its_own_providers_and_output_is_unchanged(tiny_bundle, fake_gpu_build, caplog):
+    """Target asks for CUDA (fails here, falls back to CPU with a log line); the draft is told to
+    use the CPU only. Speculative output must equal the target alone's."""
+    from edgespec.engine import Engine
+
+    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+        eng = Engine.open(tiny_bundle, draft="model", providers="cuda,cpu", draft_providers="cpu", verify=False)
+    try:
+        # target: [cuda, cpu] fails, then [cpu]; draft: [cpu] only, never cuda
+        assert fake_gpu_build == [[CUDA, CPU], [CPU], [CPU]]
+        assert sum("provider cuda failed" in r.getMessage() for r in caplog.records) == 1
+        spec = eng.generate("the quick brown fox", max_new_tokens=24, draft="model", k=3)
+        alone = eng.generate("the quick brown fox", max_new_tokens=24, draft="none")
+        assert spec.token_ids == alone.token_ids
+        assert spec.stats.drafted > 0
+    finally:
+        eng.close()
