@@ -180,7 +180,10 @@ class ModelDrafter(Drafter):
 
     def __init__(self, runner: ModelRunner, usable: int, costs: CostModel | None = None, *, adaptive: bool = True):
         self.runner = runner
-        self.usable = usable
+        self.usable = usable  # the target's vocabulary: q rows are this long
+        # A draft may score only a prefix of the vocabulary (a pruned lm_head, see docs/speed.md):
+        # it then proposes only those ids, and q is zero past them, which keeps sampling exact.
+        self.scored = min(usable, runner.vocab_size)
         self.costs = costs
         self.adaptive = adaptive and costs is not None
         self.tokens: list[int] = []  # exactly what the draft cache holds
@@ -223,13 +226,15 @@ class ModelDrafter(Drafter):
             best_rate = 1.0 / (d + self.costs.verify(1))  # submitting nothing after one draft step
         for j in range(k):
             if params.greedy:
-                x = row[: self.usable]
+                x = row[: self.scored]
                 t = int(np.argmax(x))
                 c = float(1.0 / np.exp(x - x[t]).sum())
             else:
-                q = probs(row, params, self.usable)
+                q = probs(row, params, self.scored)
                 t = sample(q, rng)
                 c = float(q[t])
+                if self.scored < self.usable:
+                    q = np.concatenate([q, np.zeros(self.usable - self.scored)])
                 qs.append(q)
             tokens.append(t)
             confs.append(c)
