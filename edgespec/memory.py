@@ -4,10 +4,10 @@ refusal with the numbers, instead of an out-of-memory kill halfway through loadi
 
 The prediction is the resident memory of the whole process once a request has filled the cache:
 
-    runtime          python + onnxruntime + numpy + tokenizers, and the loaded tokenizer
-    <role>_weights   the model's files on disk (onnxruntime keeps the int4 blocks as they are)
+    runtime          python + numpy + onnxruntime, and the loaded tokenizer
+    <role>_weights   the model's files x WEIGHT_FACTOR (repacked int4 weights + the mmapped embedding)
     <role>_kv        2 x layers x kv_heads x head_dim x max_len x dtype bytes (past and present share it)
-    working          activations of the largest step (a prefill chunk), attention scores, logits rows
+    working          activations of the largest step (a prefill chunk) and the logits rows kept
 
 Order of retreat when the budget is too small: shrink max_len (down to a floor), then drop the draft
 model (n-gram drafting needs no memory), then refuse with BudgetError. The constants below were fitted
@@ -24,11 +24,13 @@ from typing import Any
 
 from .errors import BudgetError, InvalidRequest
 
-# --- the model's constants (bytes) --------------------------------------------------------------
-RUNTIME_BASE = 72 << 20  # measured: python 3.11 + onnxruntime 1.32 + numpy + tokenizers imported
-TOKENIZER_FACTOR = 6  # a loaded `tokenizers.Tokenizer` holds ~6x its tokenizer.json (measured, Qwen)
-SESSION_OVERHEAD = 8 << 20  # per onnxruntime session: graph, kernels, arena bookkeeping
-ARENA_SLACK = 1.25  # onnxruntime's CPU arena grows in power-of-two chunks and keeps them
+# --- the model's constants, fitted to measured RSS (docs/edge.md, "Memory budget") ------------
+RUNTIME_BASE = 90 << 20  # python + numpy + edgespec + onnxruntime and its first session's code and pools
+TOKENIZER_FACTOR = 9  # a loaded `tokenizers.Tokenizer` holds ~9x its tokenizer.json (Qwen 8.2x, SmolLM2 9.8x)
+# resident bytes per byte of model files: onnxruntime repacks quantized MatMulNBits weights (plus block
+# sums) and the embedding table is served from the memory-mapped file, resident once tokens touch it
+WEIGHT_FACTOR = {"int4": 1.32, "int8": 1.32, "fp16": 1.05, "fp32": 1.05}
+SESSION_OVERHEAD = 2 << 20  # per onnxruntime session: graph, kernels, arena bookkeeping
 DEFAULT_MAX_LEN = 2048
 MIN_MAX_LEN = 256  # below this a chat turn does not fit; the plan refuses instead of shrinking further
 DEFAULT_PREFILL_CHUNK = 512  # the engine prefills long prompts in chunks of at most this many tokens
@@ -149,17 +151,20 @@ def _intermediate_size(facts) -> int:
 def working_bytes(facts, max_len: int, prefill_chunk: int, *, verify_rows: int = 16) -> int:
     """Peak activations of one session: the largest step is a prefill chunk of S tokens.
 
-    Shapes (fp32): hidden states [S, H] a handful of times, MLP [S, I] x 3, attention scores
-    [heads, S, L] (the CPU GroupQueryAttention materialises them), logits [rows, V] for the rows kept.
-    """
+    Shapes (fp32): hidden states [S, H] ~4 alive at once, MLP [S, I] x 2, logits [rows, V] for the
+    rows kept (onnxruntime's arena reuses buffers across layers, so this is one layer's worth;
+    measured on Qwen2.5 1.5B/0.5B and SmolLM2 at max_len 2048, chunk 512, within ~10 MiB)."""
     s = max(1, min(prefill_chunk, max_len))
     h = facts.hidden_size
-    heads = max(1, h // facts.head_dim)
     inter = _intermediate_size(facts)
-    act = s * (6 * h + 3 * inter) * 4
-    scores = heads * s * max_len * 4
+    act = s * (4 * h + 2 * inter) * 4
     logits = max(verify_rows, 1) * facts.vocab_size * 4
-    return SESSION_OVERHEAD + int(ARENA_SLACK * (act + scores)) + logits
+    return SESSION_OVERHEAD + act + logits
+
+
+def weights_bytes(b, role: str) -> int:
+    facts = b.manifest.models[role]
+    return int(WEIGHT_FACTOR.get(facts.quant, 1.32) * b.model_bytes(role))
 
 
 def runtime_bytes(b) -> int:
@@ -173,14 +178,14 @@ def predict(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int = DEFA
     b = _open(bundle)
     parts = {
         "runtime": runtime_bytes(b),
-        "target_weights": b.model_bytes("target"),
+        "target_weights": weights_bytes(b, "target"),
         "target_kv": b.target.kv_bytes_per_token() * max_len,
         "working": working_bytes(b.target, max_len, prefill_chunk),
         "draft_weights": 0,
         "draft_kv": 0,
     }
     if load_draft and b.draft is not None:
-        parts["draft_weights"] = b.model_bytes("draft")
+        parts["draft_weights"] = weights_bytes(b, "draft")
         parts["draft_kv"] = b.draft.kv_bytes_per_token() * max_len
         parts["working"] += working_bytes(b.draft, max_len, prefill_chunk)
     return parts

@@ -51,9 +51,10 @@ def test_prediction_arithmetic(tiny_bundle):
     bd = p.breakdown
     assert bd["target_kv"] == _facts_kv(b.target, 300)
     assert bd["draft_kv"] == _facts_kv(b.draft, 300)
+    factor = memory.WEIGHT_FACTOR[b.target.quant]
     target_files = sum(f.stat().st_size for f in (tiny_bundle / "target").iterdir())
-    assert bd["target_weights"] == target_files
-    assert bd["draft_weights"] == sum(f.stat().st_size for f in (tiny_bundle / "draft").iterdir())
+    assert bd["target_weights"] == int(factor * target_files)
+    assert bd["draft_weights"] == int(factor * sum(f.stat().st_size for f in (tiny_bundle / "draft").iterdir()))
     assert p.predicted_bytes == sum(bd.values())
     assert bd["runtime"] >= memory.RUNTIME_BASE and bd["working"] > 0
     # more cache, more memory; no draft, less memory
