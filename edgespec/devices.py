@@ -250,3 +250,17 @@ def detect(root: str | os.PathLike = "/") -> DeviceProfile:
     p.notes = p.notes + notes
     p.detected = {"how": how, **{k: v for k, v in facts.items() if k != "root"}}
     return p
+
+
+def engine_defaults(profile: DeviceProfile | None, *, providers=None, draft_providers=None,
+                    threads: int | None = None) -> dict[str, Any]:
+    """What Engine.open should use when the caller left an option unset: the profile's provider
+    orders and thread count. Explicit values always win; without a profile nothing changes."""
+    if profile is None:
+        return {"providers": providers, "draft_providers": draft_providers, "threads": threads}
+    return {
+        "providers": providers if providers is not None else list(profile.providers),
+        "draft_providers": draft_providers if draft_providers is not None else (
+            providers if providers is not None else list(profile.draft_providers)),
+        "threads": threads if threads is not None else profile.default_threads,
+    }

@@ -161,3 +161,15 @@ def test_live_detection_on_this_machine():
     assert p.id in devices.profiles()
     assert p.cpu_cores and p.cpu_cores >= 1
     assert p.memory_bytes and p.memory_bytes > 256 << 20
+
+
+def test_engine_defaults_fill_only_what_is_unset():
+    nano = devices.get("orin-nano")
+    d = devices.engine_defaults(nano)
+    assert d == {"providers": ["tensorrt", "cuda", "cpu"], "draft_providers": ["cuda", "cpu"], "threads": 6}
+    d = devices.engine_defaults(nano, providers="cpu", threads=2)
+    assert d == {"providers": "cpu", "draft_providers": "cpu", "threads": 2}  # the draft follows an explicit target choice
+    d = devices.engine_defaults(nano, draft_providers="cpu")
+    assert d["providers"] == ["tensorrt", "cuda", "cpu"] and d["draft_providers"] == "cpu"
+    assert devices.engine_defaults(None, threads=3) == {"providers": None, "draft_providers": None, "threads": 3}
+    assert devices.engine_defaults(devices.get("generic-x86_64"))["threads"] is None  # onnxruntime's default
