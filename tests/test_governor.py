@@ -376,3 +376,42 @@ def test_close_gives_cores_back():
     assert g.cores == 2
     g.close()
     assert lim.calls[-1] == ("restore",) and g.cores is None
+
+
+# --- with the real engine ----------------------------------------------------------------------
+def test_engine_under_a_governor_keeps_its_output_and_never_aborts(tiny_bundle):
+    """A board far over its budget: every round climbs a rung (hold_s=0), through small k, n-gram
+    only, fewer cores and pacing. The text must be exactly the target-alone text, every token must
+    be reported to the governor, and the request must finish normally."""
+    from edgespec.engine import Engine
+
+    eng = Engine.open(tiny_bundle, draft="model", verify=False)
+    try:
+        alone = eng.generate("one two three four", max_new_tokens=40, draft="none")
+        clock = Clock()
+        s = FakeSensors(clock, power=100.0)
+        lim = FakeLimiter()
+        gov = Governor(s, power_budget_w=1.0, clock=clock, cpu_limiter=lim, hold_s=0.0, sample_interval_s=0.0,
+                       min_pace_s=0.0005, max_pace_s=0.001)
+        real_limits = gov.limits
+        seen = []
+
+        def limits():
+            clock.advance(0.05)
+            lim_ = real_limits()
+            seen.append(lim_)
+            return lim_
+
+        gov.limits = limits
+        eng.governor = gov
+        r = eng.generate("one two three four", max_new_tokens=40, draft="model", k=4)
+        assert r.token_ids == alone.token_ids
+        assert r.finish_reason == alone.finish_reason
+        assert {x.level for x in seen} >= {SMALL_K, NGRAM, FEWER_CORES, PACED}
+        assert all(x.max_k in (None, 2) for x in seen)
+        assert gov.tokens == len(r.token_ids) - 1  # every token after the prefill's first came from a round
+        assert lim.calls[0] == ("limit", 2)
+        assert r.stats.energy_j_per_token is not None and r.stats.energy_j_per_token > 0
+    finally:
+        eng.governor = None
+        eng.close()
