@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import devices, memory, providers, sensors
+from . import devices, providers, sensors
 from .memory import format_size
 
 GPU_LIB_GLOBS = {

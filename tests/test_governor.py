@@ -247,7 +247,7 @@ def test_simulated_board_is_held_to_its_power_budget():
     idle_w = 3.0
     powers, tokens = [], []
     ungoverned = 14.0
-    for i in range(6000):  # 10 minutes of 0.1 s rounds
+    for _ in range(6000):  # 10 minutes of 0.1 s rounds
         lim = g.limits()
         busy = 0.1
         # power over this round: busy at the active power, paused at idle power
