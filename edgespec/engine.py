@@ -321,6 +321,12 @@ class Engine:
             self._model.adaptive = True
         return self._auto, cap
 
+    def reset_cache(self) -> None:
+        """Forgets what the caches hold, so the next request prefills its whole prompt (benchmarks
+        use this to time every mode from the same start). Waits for a running request."""
+        with self._lock:
+            self._invalidate()
+
     def _invalidate(self) -> None:
         """Forget what the caches hold (after an error mid-step, or a warm-up)."""
         self._cached = []
