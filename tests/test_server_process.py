@@ -304,3 +304,17 @@ def test_environment_file_settings_and_journal_priorities(proc, tiny_bundle, tmp
     assert all(re.match(r"<[0-7]>", line) for line in p.lines if line), p.lines
     assert any(line.startswith("<6>edgespec.server.requests: req=chatcmpl-") and "status=200" in line
                for line in p.lines)
+
+
+def test_cli_help_and_no_bundle(monkeypatch, capsys):
+    from edgespec.cli import main
+
+    for k in [k for k in os.environ if k.startswith("EDGESPEC_")]:
+        monkeypatch.delenv(k)
+    with pytest.raises(SystemExit) as ei:
+        main(["serve", "--help"])
+    assert ei.value.code == 0
+    out = capsys.readouterr().out
+    assert "--api-key-file" in out and "[EDGESPEC_HOST]" in out and "--memory-budget" in out
+    assert main(["serve"]) == 78
+    assert "no bundle given" in capsys.readouterr().err
