@@ -182,13 +182,25 @@ def _ms(ms: float) -> str:
     return f"{ms:.0f}" if ms >= 10 else f"{ms:.2g}"
 
 
+def _steps(steps: dict[int, tuple[int, float]], show: int = 6) -> str:
+    """'n x count @ mean ms' for the most frequent sizes (in size order), the rest summed up."""
+    if not steps:
+        return "-"
+    top = sorted(sorted(steps, key=lambda n: -steps[n][0])[:show])
+    parts = [f"{n}x{steps[n][0]}@{_ms(steps[n][1])}" for n in top]
+    rest = [n for n in steps if n not in top]
+    if rest:
+        parts.append(f"(+{sum(steps[n][0] for n in rest)} steps of {len(rest)} other sizes)")
+    return " ".join(parts)
+
+
 def format_breakdown(bd: Sequence[Breakdown]) -> str:
     cols = ["mode", "ms/token", "target", "draft", "draft prefill", "loop", "target steps: n x count @ mean ms",
             "draft steps"]
     lines = []
     for b in bd:
-        ts = " ".join(f"{n}x{c}@{_ms(ms)}" for n, (c, ms) in b.target_steps.items())
-        ds = " ".join(f"{n}x{c}@{_ms(ms)}" for n, (c, ms) in b.draft_steps.items()) or "-"
+        ts = _steps(b.target_steps)
+        ds = _steps(b.draft_steps)
         lines.append([b.mode, f"{b.decode_ms_per_token:.1f}", f"{b.target_ms_per_token:.1f}",
                       f"{b.draft_ms_per_token:.1f}", f"{b.draft_prefill_ms_per_token:.1f}",
                       f"{b.overhead_ms_per_token:.1f}", ts, ds])
@@ -247,7 +259,7 @@ def measured_steps_line(bd: Sequence[Breakdown]) -> str:
         return ""
     t1 = t[1][1] / t[1][0]
     parts = [f"target step 1 tok {t1:.1f} ms"]
-    for n in sorted(t):
+    for n in sorted(t)[:9]:
         if n > 1:
             parts.append(f"{n} tok {t[n][1] / t[n][0]:.1f} ms ({t[n][1] / t[n][0] / t1:.2f}x)")
     if 1 in d:
