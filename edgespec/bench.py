@@ -298,13 +298,12 @@ def _first_diff(a: Sequence[int], b: Sequence[int]) -> int | None:
 def fresh_cache(engine) -> None:
     """Makes the next request prefill its whole prompt. The engine reuses a shared prefix between
     requests, which would hand every mode after the first a free prefill of the same prompt."""
-    fn = getattr(engine, "reset_cache", None) or getattr(engine, "_invalidate")
-    lock = getattr(engine, "_lock", None)
-    if lock is None:
-        fn()
-    else:
-        with lock:
-            fn()
+    reset = getattr(engine, "reset_cache", None)
+    if reset is not None:
+        reset()  # takes the engine's lock itself
+        return
+    with engine._lock:  # engines from before reset_cache() existed
+        engine._invalidate()
 
 
 def run_bench(
