@@ -428,6 +428,13 @@ def run_meta(engine, **settings) -> dict[str, Any]:
         models[role] = {"arch": f.arch, "layers": f.layers, "quant": f.quant, "accuracy_level": f.accuracy_level,
                         "params": f.params, "bytes": b.model_bytes(role), "kv_bytes_per_token": f.kv_bytes_per_token(),
                         "source": f.source}
+    need = None
+    try:  # the memory planner's estimate, so the projection's "fits" agrees with `edgespec plan`
+        from .memory import predict
+
+        need = int(sum(predict(b, engine.max_len, getattr(engine, "draft_runner", None) is not None).values()))
+    except Exception:  # the planner is an estimate for a column; it must never fail a finished run
+        need = None
     meta = {
         "edgespec": __version__,
         "onnxruntime": ort_version,
@@ -442,6 +449,7 @@ def run_meta(engine, **settings) -> dict[str, Any]:
         "models": models,
         "max_len": engine.max_len,
         "draft_loaded": getattr(engine, "draft_runner", None) is not None,
+        "memory_need_bytes": need,
         **settings,
     }
     return meta

@@ -295,8 +295,9 @@ class Projection:
 
 
 def project(work: dict[str, ModeWork], costs: dict[str, ModelCost], hw: Hardware, *, max_len: int = 2048,
-            k_max: int = 8) -> Projection:
-    """Projects every mode in `work` (which must include "target") to `hw`."""
+            k_max: int = 8, need_bytes: int | None = None) -> Projection:
+    """Projects every mode in `work` (which must include "target") to `hw`. `need_bytes`: the memory
+    planner's estimate for the run's engine (else weights + KV at max_len, plus 15 %)."""
     if "target" not in work or work["target"].tokens == 0:
         raise ValueError("the projection needs the target-alone generations of the run")
     tgt = costs["target"]
@@ -347,8 +348,10 @@ def project(work: dict[str, ModeWork], costs: dict[str, ModelCost], hw: Hardware
         step_ms["draft"] = {1: round(t_draft(1) * 1e3, 2)}
     mean_prompt = work["target"].prompt_tokens / max(work["target"].generations, 1)
     ttft = sum(step_seconds(tgt, hw, n, n / 2) for n in prefill_chunks(int(mean_prompt), 512)) if mean_prompt else None
-    need = tgt.weight_bytes + (drf.weight_bytes if drf else 0) + (tgt.kv_bytes_per_token + (drf.kv_bytes_per_token if drf else 0)) * max_len
-    fits = None if hw.memory_budget_bytes is None else need * 1.15 <= hw.memory_budget_bytes
+    if need_bytes is None:
+        kv = (tgt.kv_bytes_per_token + (drf.kv_bytes_per_token if drf else 0)) * max_len
+        need_bytes = int(1.15 * (tgt.weight_bytes + (drf.weight_bytes if drf else 0) + kv))
+    fits = None if hw.memory_budget_bytes is None else need_bytes <= hw.memory_budget_bytes
     return Projection(hw.id, hw.name, hw.path, fits, step_ms, rows, ttft, asdict(hw))
 
 

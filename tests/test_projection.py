@@ -141,3 +141,11 @@ def test_unprojectable_and_unknown_devices():
 def test_cost_model_is_stated():
     lines = pj.cost_model_text([pj.hardware("orin-nano")])
     assert "max(bytes" in lines[0] and "jetson-orin-nano-8gb: B=68 GB/s" in lines[2]
+
+
+def test_fits_uses_the_memory_estimate_when_given():
+    work = {"target": _work("target", 10, {1: 10})}
+    small = pj.Hardware("s", "s", 10, 1, "cpu", 1, 1, 0, 1, memory_budget_bytes=2 << 30)
+    assert pj.project(work, {"target": TARGET}, small).fits is True  # 1 GB weights + 15 %
+    assert pj.project(work, {"target": TARGET}, small, need_bytes=3 << 30).fits is False
+    assert pj.project(work, {"target": TARGET}, GPU).fits is None  # no budget in the profile

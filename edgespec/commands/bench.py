@@ -111,7 +111,8 @@ def _report(args: argparse.Namespace, result, hw_list, costs) -> int:
     if hw_list:
         work = projection.collect_work(result.samples)
         max_len = result.meta.get("max_len") or 2048
-        projections = [projection.project(work, costs, hw, max_len=max_len) for hw in hw_list]
+        need = result.meta.get("memory_need_bytes")
+        projections = [projection.project(work, costs, hw, max_len=max_len, need_bytes=need) for hw in hw_list]
     print(bench_report.report_text(result, projections, hw_list, per_prompt=args.per_prompt))
     if args.json_out:
         bench_report.write_json(args.json_out, bench_report.report_json(result, projections))
