@@ -48,6 +48,9 @@ def test_models_lists_status(home, capsys):
     assert main(["models"]) == 0
     out = capsys.readouterr().out
     assert "fake-model" in out and "missing" in out and "qwen2.5-coder-1.5b-instruct" in out
+    (dest.parent / ".fake-model.gguf.download").write_bytes(b"x" * 150_000)
+    main(["models"])
+    assert "missing (partial hub download 0.1 of 0.3 MB: `edgespec pull` resumes it)" in capsys.readouterr().out
     dest.write_bytes(b"x" * 10)
     main(["models"])
     assert "present, size 10 bytes, expected 300000" in capsys.readouterr().out

@@ -22,6 +22,10 @@ def run(args: argparse.Namespace) -> int:
     for name in registry.MODELS:
         st = registry.check_model(name, hash_if_needed=args.verify, progress=args.verify and not args.json)
         status = "verified" if st.verified else ("missing" if not st.present else f"present, {st.problem}")
+        partial = st.path.parent / f".{st.path.name}.download"
+        if not st.verified and partial.is_file():
+            status += (f" (partial hub download {partial.stat().st_size / 1e6:.1f} of {st.model.size / 1e6:.1f} MB: "
+                       "`edgespec pull` resumes it)")
         rows.append({
             "name": name,
             "role": st.model.role,
