@@ -10,7 +10,11 @@ rung per `relax_s` (slower, so it does not oscillate around the limit):
     1 small-k      at most `small_k` drafted tokens per round (less wasted verify work)
     2 ngram-only   no draft model passes at all; prompt lookup costs almost nothing
     3 fewer-cores  the process may use half its cores (see AffinityLimiter: onnxruntime cannot change
-                   a session's thread count, but the kernel can keep its threads on fewer cores)
+                   a session's thread count, but the kernel can keep its threads on fewer cores).
+                   Only with sessions created without spinning (`limit_cores=True`): pool threads that
+                   busy-wait for a sibling descheduled on the same core make each token cost more CPU
+                   (measured: 1.65x the CPU time per token, 0.3x the speed), so otherwise this rung is
+                   skipped
     4 paced        sleep `pace_s` after each round; grows x1.6 per step while still over, shrinks
                    x1.6 per step once under, and the rung is left when it falls below `min_pace_s`
 
@@ -112,6 +116,7 @@ class Governor:
         max_temp_c: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         cpu_limiter: AffinityLimiter | None = None,
+        limit_cores: bool = True,
         react_to_throttle: bool = True,
         small_k: int = 2,
         window_s: float = 5.0,
@@ -133,6 +138,7 @@ class Governor:
         self.max_temp_c = max_temp_c
         self.clock = clock
         self.cpu_limiter = cpu_limiter if cpu_limiter is not None else AffinityLimiter()
+        self.limit_cores = limit_cores
         self.react_to_throttle = react_to_throttle
         self.small_k = small_k
         self.window_s = window_s
@@ -317,7 +323,7 @@ class Governor:
         if self.level < PACED:
             nxt = self.level + 1
             if nxt == FEWER_CORES:
-                if self.cpu_limiter is not None and self.cpu_limiter.available:
+                if self.limit_cores and self.cpu_limiter is not None and self.cpu_limiter.available:
                     half = max(1, len(self.cpu_limiter.original) // 2)
                     self.cores = self.cpu_limiter.limit(half)
                 else:
@@ -384,9 +390,14 @@ class Governor:
                 self.cores = None
 
 
-def from_options(*, device=None, power_budget=None, max_temp=None, root: str = "/", clock=time.monotonic) -> Governor:
+def from_options(*, device=None, power_budget=None, max_temp=None, root: str = "/", clock=time.monotonic,
+                 spinning: bool | None = None) -> Governor:
     """What Engine.open calls: finds the sensors (device profile rules), parses the budget options
-    ("10W", 10, "80C", 80) and returns a governor (one that only measures when both are None)."""
+    ("10W", 10, "80C", 80) and returns a governor (one that only measures when both are None).
+
+    `spinning`: how the engine created its onnxruntime sessions (providers.session_options). The
+    fewer-cores rung is used only when they do not spin (spinning=False); open sessions that way
+    whenever a power budget or temperature limit is set."""
     from . import devices, sensors
 
     profile = devices.resolve(device, root=root)
@@ -395,7 +406,7 @@ def from_options(*, device=None, power_budget=None, max_temp=None, root: str = "
     mt = parse_celsius(max_temp) if max_temp is not None else None
     if mt is None and getattr(profile, "max_temp_c", None):
         mt = float(profile.max_temp_c)
-    return Governor(found, power_budget_w=pb, max_temp_c=mt, clock=clock)
+    return Governor(found, power_budget_w=pb, max_temp_c=mt, clock=clock, limit_cores=spinning is False)
 
 
 def parse_watts(value) -> float:

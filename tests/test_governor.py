@@ -297,7 +297,7 @@ def test_from_options_on_fake_jetson(tmp_path, monkeypatch):
     shutil.copytree(FAKES / "jetson-orin-nano", root)
     monkeypatch.setenv("PATH", f"{root / 'usr/sbin'}{os.pathsep}{os.environ['PATH']}")
     clock = Clock()
-    g = gv.from_options(power_budget="4W", max_temp="80C", root=str(root), clock=clock)
+    g = gv.from_options(power_budget="4W", max_temp="80C", root=str(root), clock=clock, spinning=False)
     g.cpu_limiter = FakeLimiter()
     assert g.power_budget_w == 4.0 and g.max_temp_c == 80.0 and g.unenforced == []
     run_for(g, clock, 1)
@@ -361,6 +361,19 @@ def test_affinity_limit_really_caps_cpu_time_of_an_onnxruntime_pool(tmp_path):
     finally:
         lim.restore()
     assert limited <= 1.15, f"{limited:.2f} cores used while held to one core"
+
+
+def test_governor_skips_the_cores_rung_when_sessions_spin():
+    g, s, clock, lim = make(power=20.0, power_budget_w=10.0, hold_s=1.0, limit_cores=False)
+    levels = [x.level for x in run_for(g, clock, 10)]
+    assert FEWER_CORES not in levels and PACED in levels
+    assert lim.calls == []
+
+
+def test_from_options_uses_the_cores_rung_only_without_spinning():
+    assert gv.from_options(power_budget=5, spinning=False).limit_cores is True
+    assert gv.from_options(power_budget=5, spinning=True).limit_cores is False
+    assert gv.from_options(power_budget=5).limit_cores is False  # unknown: assume onnxruntime's default (spinning)
 
 
 def test_governor_skips_the_cores_rung_on_a_single_core():
