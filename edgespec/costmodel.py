@@ -14,13 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .runner import StepTimes
 
-# Priors, relative to one 1-token target step, from the dev machine (DESIGN.md): a verify of s
-# tokens costs about 1 + 0.19 (s - 1); a 0.5B draft step about a third of a 1.5B target step.
-PRIOR_VERIFY_SLOPE = 0.19
+# Priors, relative to one 1-token target step, measured on the 2-core dev machine (docs/speed.md):
+# a target step of s tokens (int4, accuracy level 4: the kernel works on pairs of rows, so 2 tokens
+# cost barely more than 1), and a 0.5B draft step against a 1.5B target step. Used only until the
+# device's own steps of that size have been timed.
+PRIOR_VERIFY_RATIO = {1: 1.0, 2: 1.09, 3: 1.38, 4: 1.63, 5: 1.91, 6: 2.06, 7: 2.31, 8: 2.56, 9: 2.78}
+PRIOR_VERIFY_SLOPE = 0.22  # per token past the table
 PRIOR_DRAFT_RATIO = 0.35
-_MAX_FIT = 17  # steps longer than this are prefills: not used to fit the verify slope
+_MAX_FIT = 17  # steps longer than this are prefills: not used to fill gaps in the verify curve
 
 
 def expected_tokens(k: int, a: float) -> float:
@@ -49,12 +54,26 @@ class CostModel:
     draft: StepTimes | None = None
 
     def verify(self, s: int) -> float:
-        """Seconds for a target step of s tokens (s = k + 1 for a verify of k proposals)."""
-        t = self.target.recent(s)
-        if t is not None and self.target.count.get(s, 0) >= 2:
-            return t
+        """Seconds for a target step of s tokens (s = k + 1 for a verify of k proposals): the
+        measured time when this size has run, else interpolated between measured sizes, else
+        extrapolated from the measured slope, else the dev machine's ratios times t(1)."""
+        pts = self._points()
+        if s in pts:
+            return pts[s]
+        sizes = sorted(pts)
+        lo = [x for x in sizes if x < s]
+        hi = [x for x in sizes if x > s]
+        if lo and hi:
+            a, b = lo[-1], hi[0]
+            return pts[a] + (pts[b] - pts[a]) * (s - a) / (b - a)
         t1 = self._t1()
-        return t1 * (1.0 + self._slope(t1) * (s - 1))
+        if len(sizes) >= 2 and lo:
+            last = sizes[-3:]
+            xs = np.array(last, dtype=float)
+            ys = np.array([pts[x] for x in last])
+            slope = max(0.0, float(np.polyfit(xs, ys, 1)[0])) if len(last) > 1 else 0.0
+            return pts[sizes[-1]] + slope * (s - sizes[-1])
+        return t1 * _prior_ratio(s)
 
     def draft_step(self) -> float:
         """Seconds for one 1-token draft step."""
@@ -84,21 +103,27 @@ class CostModel:
         return best_k, best
 
     # -- internals --------------------------------------------------------------------------------
+    def _points(self) -> dict[int, float]:
+        """Sizes timed at least twice (the first run of a shape pays one-off allocations)."""
+        return {s: t for s, t in self.target.recent_s.items()
+                if s < _MAX_FIT and self.target.count.get(s, 0) >= 2}
+
     def _t1(self) -> float:
+        pts = self._points()
+        if 1 in pts:
+            return pts[1]
         t = self.target.recent(1)
         if t is not None:
             return t
         # no 1-token step seen yet (right after a prefill): derive it from any small step we have
         for s in sorted(self.target.recent_s):
             if s < _MAX_FIT:
-                return self.target.recent_s[s] / (1.0 + PRIOR_VERIFY_SLOPE * (s - 1))
+                return self.target.recent_s[s] / _prior_ratio(s)
         return 1.0  # nothing measured: relative units, the decisions only compare ratios
 
-    def _slope(self, t1: float) -> float:
-        """Extra cost per extra token, as a fraction of t1, fitted through the measured sizes."""
-        pts = [(s, t) for s, t in self.target.recent_s.items() if 1 < s < _MAX_FIT and self.target.count.get(s, 0) >= 2]
-        if not pts or t1 <= 0:
-            return PRIOR_VERIFY_SLOPE
-        num = sum((s - 1) * (t / t1 - 1.0) for s, t in pts)
-        den = sum((s - 1) ** 2 for s, _ in pts)
-        return max(0.0, num / den)
+
+def _prior_ratio(s: int) -> float:
+    top = max(PRIOR_VERIFY_RATIO)
+    if s <= top:
+        return PRIOR_VERIFY_RATIO[max(1, s)]
+    return PRIOR_VERIFY_RATIO[top] + PRIOR_VERIFY_SLOPE * (s - top)
