@@ -34,11 +34,15 @@ from .progress import EventRenderer, Progress, max_rss_bytes
 
 
 def call(fn: Callable[..., Any], *args, progress: Progress, isolate: bool = True, what: str = "",
-         log_dir: Path | None = None, **kwargs) -> Any:
+         log_dir: Path | None = None, stats: dict | None = None, **kwargs) -> Any:
     """fn(*args, progress=..., **kwargs), in a child process when `isolate`. `fn` must be a
-    module-level function and its arguments and result picklable."""
+    module-level function and its arguments and result picklable. `stats`, if given, receives
+    {"peak_rss": bytes} of the process that ran it."""
     if not isolate:
-        return fn(*args, progress=progress, **kwargs)
+        result = fn(*args, progress=progress, **kwargs)
+        if stats is not None:
+            stats["peak_rss"] = max_rss_bytes()
+        return result
     with tempfile.TemporaryDirectory(prefix="edgespec-export-", dir=log_dir) as tmp:
         job, result, log = Path(tmp) / "job.pkl", Path(tmp) / "result.pkl", Path(tmp) / "child.log"
         job.write_bytes(pickle.dumps((fn, args, kwargs)))
@@ -65,7 +69,9 @@ def call(fn: Callable[..., Any], *args, progress: Progress, isolate: bool = True
                 proc.kill()
                 proc.wait()
         if result.exists():
-            status, payload, tb = pickle.loads(result.read_bytes())
+            status, payload, tb, peak = pickle.loads(result.read_bytes())
+            if stats is not None:
+                stats["peak_rss"] = peak
             if status == "ok":
                 return payload
             if isinstance(payload, BaseException):
@@ -168,13 +174,11 @@ def child_main(job_path: str, result_path: str, log_path: str) -> int:
     try:
         fn, args, kwargs = pickle.loads(Path(job_path).read_bytes())
         payload = fn(*args, progress=progress, **kwargs)
-        if isinstance(payload, dict):
-            payload.setdefault("child_peak_rss", max_rss_bytes())
-        out = ("ok", payload, "")
+        out = ("ok", payload, "", max_rss_bytes())
     except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
         tb = traceback.format_exc()
         print(tb, file=sys.stderr)
-        out = ("error", _picklable(e), tb)
+        out = ("error", _picklable(e), tb, max_rss_bytes())
     tmp = Path(result_path + ".tmp")
     tmp.write_bytes(pickle.dumps(out))
     os.replace(tmp, result_path)

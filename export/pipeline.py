@@ -121,7 +121,7 @@ def run_export(
             manifest.extra["exporter"]["seconds"] = round(time.perf_counter() - t_start, 1)
             manifest.extra["exporter"]["peak_rss_bytes"] = {
                 "process_tree": mem.peak_tree,
-                "largest_process": max([mem.peak_single] + [r.get("child_peak_rss", 0) for r in results.values()]),
+                "largest_process": max([mem.peak_single] + [r.get("peak_rss", 0) for r in results.values()]),
             }
             writer.finish(manifest, tmp, out)
         except OSError as e:
@@ -178,7 +178,9 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
         job = ModelJob(role=role, source=src, out_dir=tmp / role, work_dir=work, quant=quants[role],
                        block_size=o.block_size, accuracy_level=o.accuracy_level, parity_ids=ids,
                        usable_vocab=check.usable_vocab, head_bits=o.head_bits)
-        res = isolate.call(run_model_job, job, progress=progress, isolate=o.isolate, what=f"{role} export")
+        stats: dict = {}
+        res = isolate.call(run_model_job, job, progress=progress, isolate=o.isolate, what=f"{role} export", stats=stats)
+        res["peak_rss"] = stats.get("peak_rss", 0)
         facts = ModelFacts(**res["facts"])
         threshold = _threshold(role, quants[role], o)
         if res["parity"]:
@@ -213,6 +215,7 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
                         "accuracy_level": o.accuracy_level, "head_bits": o.head_bits, "force": o.force},
             "sources": {role: {"kind": s.kind, "spec": s.spec, "params": s.params} for role, s in sources.items()},
             "timings_s": {role: r["timings"] for role, r in results.items()},
+            "peak_rss_bytes_by_model": {role: r["peak_rss"] for role, r in results.items()},
             "tokenizer_check": check.as_dict(),
             "tokenizer_notes": {role: i.notes for role, i in infos.items() if i.notes},
             "warnings": [],

@@ -84,3 +84,21 @@ def test_missing_workstation_extra_is_one_clear_line(tmp_path, monkeypatch, caps
     assert main(["export", str(tmp_path / "m.gguf"), "-o", str(tmp_path / "b")]) == 1
     err = capsys.readouterr().err
     assert "the exporter needs the workstation extra (torch missing)" in err and "edgespec[export]" in err
+
+
+@pytest.mark.slow
+def test_gguf_pair_through_the_cli(tmp_path, pair):
+    """GGUF sources take the isolated tokenizer step too (converting a GGUF tokenizer is heavy)."""
+    from edgespec_export.tiny import make_tiny_gguf
+
+    target, draft = pair
+    tg = make_tiny_gguf(target, tmp_path / "target.gguf")
+    dg = make_tiny_gguf(draft, tmp_path / "draft.gguf")
+    out = tmp_path / "b"
+    r = edgespec("export", "--target", str(tg), "--draft", str(dg), "-o", str(out), "--quant", "fp32", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["usable_vocab"] == 400 and d["models"]["draft"]["source"] == "draft.gguf"
+    m, problems = verify_bundle(out)
+    assert problems == [] and "dropped 112 padding tokens" in " ".join(m.extra["tokenizer_notes"]["target"])
+    assert set(m.extra["peak_rss_bytes_by_model"]) == {"target", "draft"}
