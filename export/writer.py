@@ -25,12 +25,24 @@ def start(out: Path, *, overwrite: bool) -> Path:
 
     if out.exists() and not overwrite:
         raise ExportError(f"{out} already exists: pass --overwrite to replace it, or choose another -o")
+    if out.exists() and not _replaceable(out):
+        raise ExportError(
+            f"{out} exists and is not an edgespec bundle (no manifest.json): refusing to replace it even with "
+            "--overwrite; choose another -o"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = partial_dir(out)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
     return tmp
+
+
+def _replaceable(out: Path) -> bool:
+    """--overwrite replaces a bundle (or an empty folder), never some other folder the user pointed at."""
+    if not out.is_dir():
+        return False
+    return (out / MANIFEST_NAME).is_file() or not any(out.iterdir())
 
 
 def fill_file_table(manifest: Manifest, root: Path) -> None:

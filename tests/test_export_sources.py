@@ -222,6 +222,20 @@ def test_output_folder_that_exists_is_refused_without_overwrite(tmp_path, tiny_s
     assert (out / "keep.txt").read_text() == "mine"
 
 
+def test_overwrite_replaces_only_a_bundle(tmp_path, tiny_src):
+    """`-o ~/Documents --overwrite` must not delete someone's documents."""
+    out = tmp_path / "docs"
+    out.mkdir()
+    (out / "thesis.txt").write_text("precious")
+    with pytest.raises(ExportError, match="is not an edgespec bundle .*refusing to replace it"):
+        run_export(str(tiny_src), out, options=ExportOptions(quant="fp32", isolate=False, overwrite=True))
+    assert (out / "thesis.txt").read_text() == "precious"
+    bundle = tmp_path / "bundle"
+    run_export(str(tiny_src), bundle, options=ExportOptions(quant="fp32", isolate=False, parity_tokens=0))
+    s = run_export(str(tiny_src), bundle, options=ExportOptions(quant="int4", isolate=False, overwrite=True, min_top1=0.3))
+    assert s.manifest.models["target"].quant == "int4" and sorted(p.name for p in tmp_path.iterdir()) == ["bundle", "docs"]
+
+
 def test_output_inside_the_source_is_refused(tmp_path, tiny_src):
     src = tmp_path / "src"
     shutil.copytree(tiny_src, src)
