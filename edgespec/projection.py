@@ -261,6 +261,29 @@ def per_token_acceptance(accepted: int, rounds_with_drafts: int, k: float) -> fl
     return (lo + hi) / 2
 
 
+def acceptance_estimate(work: dict[str, ModeWork]) -> tuple[float, str, ModeWork] | None:
+    """The per-token acceptance a of the draft model, from the fixed-k model mode with the largest k
+    if the run has one (every round then proposes k, so a is measured as the i.i.d. model means it);
+    else from the adaptive model mode, whose drafter stops before tokens it is unsure of: that a
+    is optimistic, and says so."""
+    fixed = []
+    for name, w in work.items():
+        base, _, k = name.partition(" k=")
+        if base == "model" and k.isdigit() and w.rounds and w.drafted:
+            fixed.append((int(k), name, w))
+    if fixed:
+        k, name, w = max(fixed)
+        a = per_token_acceptance(w.accepted, w.rounds, w.drafted / w.rounds)
+        return (a, f"(from '{name}')", w) if a is not None else None
+    w = work.get("model")
+    if w is None or not w.rounds or not w.drafted:
+        return None
+    a = per_token_acceptance(w.accepted, w.rounds, w.drafted / w.rounds)
+    if a is None:
+        return None
+    return a, "(from adaptive 'model': optimistic; run with --k 4 to measure it at fixed k)", w
+
+
 def expected_tokens(k: int, a: float) -> float:
     return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
 
@@ -324,23 +347,21 @@ def project(work: dict[str, ModeWork], costs: dict[str, ModelCost], hw: Hardware
         if name == "target":
             base_rate = rate
     # the draft model with the k that is best on this board, under the acceptance measured here
-    mw = work.get("model")
-    if drf is not None and mw is not None and mw.rounds and mw.drafted:
-        rounds_drafting = mw.rounds  # rounds of the model mode (almost all draft)
-        a = per_token_acceptance(mw.accepted, rounds_drafting, mw.drafted / rounds_drafting)
-        if a is not None:
-            ov_tok = mw.overhead_s / hw.cpu_speed / max(mw.tokens, 1)
-            best = None
-            for k in range(1, k_max + 1):
-                e = expected_tokens(k, a)
-                t_round = k * t_draft(1) + t_target(k + 1)
-                r = e / (t_round + ov_tok * e)
-                if best is None or r > best[1]:
-                    best = (k, r, t_round, e)
-            k, r, t_round, e = best
-            rows.append(ProjectedMode(
-                f"model, k={k} for this board", r, 0.0, t_target(k + 1) / e, k * t_draft(1) / e, ov_tok,
-                note=f"per-token acceptance a={a:.2f} (from the model mode), E[tokens/round]={e:.2f}"))
+    est = acceptance_estimate(work)
+    if drf is not None and est is not None:
+        a, source, mw = est
+        ov_tok = mw.overhead_s / hw.cpu_speed / max(mw.tokens, 1)
+        best = None
+        for k in range(1, k_max + 1):
+            e = expected_tokens(k, a)
+            t_round = k * t_draft(1) + t_target(k + 1)
+            r = e / (t_round + ov_tok * e)
+            if best is None or r > best[1]:
+                best = (k, r, t_round, e)
+        k, r, t_round, e = best
+        rows.append(ProjectedMode(
+            f"model, k={k} for this board", r, 0.0, t_target(k + 1) / e, k * t_draft(1) / e, ov_tok,
+            note=f"per-token acceptance a={a:.2f} {source}, E[tokens/round]={e:.2f}"))
     for r in rows:
         r.speedup = r.tokens_per_s / base_rate if base_rate else float("nan")
     step_ms = {"target": {n: round(t_target(n) * 1e3, 2) for n in (1, 2, 3, 5, 9)}}

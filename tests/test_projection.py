@@ -72,6 +72,17 @@ def test_project_replays_the_step_counts():
     assert "a=" in best.note and best.speedup > 1.0
 
 
+def test_acceptance_comes_from_fixed_k_when_the_run_has_it():
+    adaptive = _work("model", 100, {2: 50}, {1: 50}, rounds=50, drafted=50, accepted=45)  # a = 0.9, optimistic
+    fixed = _work("model k=4", 100, {5: 40}, {1: 160}, rounds=40, drafted=160, accepted=60)
+    a, source, _ = pj.acceptance_estimate({"model": adaptive})
+    assert a == pytest.approx(0.9, abs=1e-3) and "optimistic" in source
+    a, source, w = pj.acceptance_estimate({"model": adaptive, "model k=4": fixed, "model k=2": adaptive})
+    assert w is fixed and source == "(from 'model k=4')"
+    assert sum(a ** i for i in range(1, 5)) == pytest.approx(60 / 40, abs=1e-3)
+    assert pj.acceptance_estimate({"ngram": adaptive}) is None
+
+
 def test_loop_overhead_scales_with_the_board_cpu():
     work = {"target": _work("target", 100, {1: 100}, decode_s=0.1)}  # steps measured as 0 s: all overhead
     fast = pj.project(work, {"target": TARGET}, GPU).modes[0]
