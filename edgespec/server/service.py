@@ -66,11 +66,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def warm_up(engine: Any) -> None:
-    """Every step size once (Engine.warmup) and one tiny generation, so the first real request does
-    not pay for lazy initialisation (session arenas, kernels, the chat template) and READY=1 means
-    "answers at full speed"."""
-    if hasattr(engine, "warmup"):
-        engine.warmup()
+    """One tiny generation through the whole request path (tokenizer, chat template, prefill,
+    decode), so READY=1 means "answers at full speed". Engine.open has already run every step size
+    once; this covers what it does not."""
     try:
         engine.generate(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=2)
     except InvalidRequest:  # a bundle without a chat template
