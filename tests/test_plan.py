@@ -58,3 +58,20 @@ def test_plan_measure_compares_with_a_fresh_process(tiny_bundle, capsys):
     assert rc == 0
     assert out["measured_peak_bytes"] > 30 << 20
     assert abs(out["error"]) < 0.5
+
+
+def test_plan_on_a_detected_fake_pi5_uses_its_real_memory(tiny_bundle, tmp_path, capsys):
+    import shutil
+    from pathlib import Path
+
+    root = tmp_path / "pi5"
+    shutil.copytree(Path(__file__).parent / "fakes" / "rpi5", root)
+    meminfo = root / "proc/meminfo"
+    # a Pi 5 4GB with almost nothing available right now
+    meminfo.write_text("MemTotal:        4045000 kB\nMemAvailable:      20000 kB\n")
+    rc = cli.main(["plan", str(tiny_bundle), "--root", str(root), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert out["device"] == "rpi5-4gb"
+    assert out["budget_bytes"] == 4045000 * 1024 - int(1.25 * (1 << 30))  # MemTotal less the profile's reserve
+    assert "MemAvailable" in out["warning"]  # the plan needs more than is free right now

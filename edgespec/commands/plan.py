@@ -21,6 +21,8 @@ def register(sub) -> None:
                    help="then load the plan in a fresh process, fill the caches and compare measured RSS with the "
                         "prediction (takes as long as a full-length prefill)")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    p.add_argument("--root", default="/", metavar="DIR",
+                   help="detect the board from /proc and /etc under DIR (a board's tree copied elsewhere)")
     p.set_defaults(func=run)
 
 
@@ -29,12 +31,12 @@ def run(args) -> int:
     from ..bundle import Bundle
     from .generate import resolve_bundle
 
-    profile = devices.resolve(args.device)
+    profile = devices.resolve(args.device, root=args.root)
     bundle = Bundle.open(resolve_bundle(args.bundle), verify=False)
     budget = memory.parse_size(args.memory_budget) if args.memory_budget is not None else None
     want_draft = args.draft in ("auto", "model")
     plan = memory.plan(bundle, max_len=args.max_len, want_draft=want_draft, budget_bytes=budget, profile=profile)
-    warning = memory.fits_now(plan) if not args.device or args.device == "auto" else None
+    warning = memory.fits_now(plan, args.root) if not args.device or args.device == "auto" else None
     if args.draft == "model" and not plan.load_draft:
         plan.notes.append("--draft model asked for, but the plan has no draft model: the engine would refuse")
     check = None
