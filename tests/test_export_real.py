@@ -53,9 +53,11 @@ def chat_ids(bundle: Bundle, text: str) -> list[int]:
 def test_smollm2_gguf_exports_and_answers(tmp_path, real_gguf):
     gguf = real_gguf("smollm2-135m-instruct")
     out = tmp_path / "smollm2"
-    d = export_cli(str(gguf), "-o", str(out), "--quant", "int8")
+    # SmolLM2's GGUF is Q4_1: re-quantizing it to int4 keeps only ~71 % top-1 (74 % with --head-bits 8);
+    # int8 keeps ~96 % (measured with onnxruntime 1.32 / transformers 4.57.6)
+    d = export_cli(str(gguf), "-o", str(out), "--quant", "int8", "--min-top1", "0.9")
     p = d["models"]["target"]["parity"]
-    assert p["passed"] and p["top1"] >= 0.95 and p["tokens"] == 512
+    assert p["passed"] and p["top1"] >= 0.9 and p["mean_kl"] < 0.05 and p["tokens"] == 512
     b = Bundle.open(out)
     t = b.manifest.tokenizer
     assert t.usable_vocab == 49152 and t.add_bos is False
