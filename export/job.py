@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .progress import NullProgress, Progress
+from .progress import NullProgress, Progress, max_rss_bytes
 from .sources import Source
 
 
@@ -40,6 +40,7 @@ def run_model_job(job: ModelJob, progress: Progress | None = None) -> dict:
     t = time.perf_counter()
     model = sources.load_model(job.source, progress)
     timings["load_s"] = time.perf_counter() - t
+    peaks = {"load": max_rss_bytes()}  # the process's peak RSS so far, after each step
     config_dir = job.work_dir / f"{job.role}-config"
     model.config.save_pretrained(config_dir)
 
@@ -50,6 +51,7 @@ def run_model_job(job: ModelJob, progress: Progress | None = None) -> dict:
             ref = parity.reference_logprobs(model, job.parity_ids, job.usable_vocab)
             bar.update(1)
     timings["parity_reference_s"] = time.perf_counter() - t
+    peaks["parity_reference"] = max_rss_bytes()
 
     t = time.perf_counter()
     holder = [model]
@@ -60,6 +62,7 @@ def run_model_job(job: ModelJob, progress: Progress | None = None) -> dict:
     )
     gc.collect()
     timings["build_s"] = time.perf_counter() - t
+    peaks["build"] = max_rss_bytes()
     facts.params = int(job.source.params)
     facts.source = job.source.label
 
@@ -72,10 +75,12 @@ def run_model_job(job: ModelJob, progress: Progress | None = None) -> dict:
         report.update(text=parity.TEXT_ID, reference="transformers float32", steps="prefill + 5/1/1/3-token steps")
         argmax = got.argmax(axis=1).tolist()
         timings["parity_s"] = time.perf_counter() - t
+        peaks["parity"] = max_rss_bytes()
     return {
         "facts": asdict(facts),
         "parity": report,
         "argmax": argmax,
         "timings": {k: round(v, 2) for k, v in timings.items()},
+        "peak_rss_after": peaks,
         "config": job.source.config,
     }

@@ -216,6 +216,7 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
             "sources": {role: {"kind": s.kind, "spec": s.spec, "params": s.params} for role, s in sources.items()},
             "timings_s": {role: r["timings"] for role, r in results.items()},
             "peak_rss_bytes_by_model": {role: r["peak_rss"] for role, r in results.items()},
+            "peak_rss_bytes_after_step": {role: r.get("peak_rss_after", {}) for role, r in results.items()},
             "tokenizer_check": check.as_dict(),
             "tokenizer_notes": {role: i.notes for role, i in infos.items() if i.notes},
             "warnings": [],

@@ -75,7 +75,11 @@ def quantize_graph(model, settings: QuantSettings, on_tensor: Callable[[str], No
     dangling = _dangling_inputs(graph)
     quantizers: dict[int, object] = {}
     count = 0
-    for node in quantizable_nodes(graph, settings):
+    # smallest first: the float weights go as they are quantized, so the big vocabulary-sized ones
+    # (embedding, lm_head: ~1 GB each in float for the 1.5B, plus their quantizer's temporaries)
+    # are done last, when little else is left in memory. Each weight is independent: same output.
+    todo = sorted(quantizable_nodes(graph, settings), key=lambda n: n.inputs[WEIGHT_INPUT[n.op_type]].const_value.size)
+    for node in todo:
         bits = settings.bits_for(node)
         w = node.inputs[WEIGHT_INPUT[node.op_type]]
         if node.op_type == "Gather" and bits == 8:

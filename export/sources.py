@@ -395,21 +395,49 @@ def _load_gguf(src: Source, progress: Progress):
     processor = TENSOR_PROCESSORS.get(src.gguf.get("general.architecture"), TensorProcessor)(config=config.to_dict())
     parsed: dict[str, Any] = {"config": config.to_dict(), "tensors": {}}
     loaded: set[str] = set()
+    release = _page_dropper(reader)
     with progress.stage(f"load {src.role} (gguf)", total=len(reader.tensors), unit="tensor") as bar:
         for t in reader.tensors:
             weights = dequantize(t.data, t.tensor_type)
             res = processor.process(weights=weights, name=t.name, tensor_key_mapping=names, parsed_parameters=parsed)
             if res.name in names:
                 hf_name = names[res.name]
-                value = torch.from_numpy(np.array(res.weights, dtype=np.float32))  # owned, writable
-                set_module_tensor_to_device(model, hf_name, "cpu", value=value)
+                w = res.weights
+                if w.dtype != np.float32 or not w.flags.writeable or not w.flags.c_contiguous or not w.flags.owndata:
+                    w = np.array(w, dtype=np.float32)  # F32 tensors are views of the file: own them
+                set_module_tensor_to_device(model, hf_name, "cpu", value=torch.from_numpy(w))
                 loaded.add(hf_name)
+            del weights, res
+            release(t)
             bar.update(1)
+    del reader
     model.tie_weights()
     missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if missing:
         raise ExportError(f"{src.role} source {src.spec}: the GGUF file has no tensor for {', '.join(missing[:5])}")
     return model
+
+
+def _page_dropper(reader):
+    """Returns f(tensor) that tells the kernel we are done with that tensor's pages of the memory-mapped
+    GGUF: read-only file pages would otherwise stay in our RSS (the whole file, 1.1 GB for the 1.5B)
+    until the end of the load."""
+    import mmap
+
+    raw = getattr(reader.data, "_mmap", None)
+    if raw is None or not hasattr(raw, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return lambda t: None
+    page = mmap.PAGESIZE
+
+    def release(t) -> None:
+        start = (int(t.data_offset) // page) * page
+        end = int(t.data_offset) + int(t.n_bytes)
+        try:
+            raw.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except (OSError, ValueError):
+            pass
+
+    return release
 
 
 def _quiet_transformers() -> None:
