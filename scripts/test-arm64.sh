@@ -45,6 +45,7 @@ fi
 # 2. a clean copy of the working tree (tracked + untracked, not ignored: no x86 .venv, no caches)
 STAGE=$(mktemp -d /tmp/edgespec-arm64-src.XXXXXX)
 trap 'rm -rf "$STAGE"' EXIT
+chmod 755 "$STAGE"  # tests that drop to `nobody` (the kiosk launcher) must reach the tree
 git ls-files -z -co --exclude-standard | xargs -0 -I{} cp --parents -P -- {} "$STAGE"/ 2>/dev/null || true
 mkdir -p "$STAGE/.arm64-bin"
 printf '#!/bin/sh\nexec python -m edgespec "$@"\n' > "$STAGE/.arm64-bin/edgespec"

@@ -209,6 +209,8 @@ def test_measure_rss_reads_proc():
     assert m["rss"] > 10 * MIB and m["peak"] >= m["rss"]
 
 
+@pytest.mark.skipif(bool(os.environ.get("EDGESPEC_ARM64")),
+                    reason="under qemu user-mode emulation RSS includes the emulator's translation cache")
 def test_predicted_vs_measured_rss_tiny_bundle(tiny_bundle):
     """A fresh process loads the plan and fills both caches. The tiny models are a few hundred KiB,
     so this checks the runtime/working part of the model, which dominates here."""
