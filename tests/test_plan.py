@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -52,12 +53,14 @@ def test_plan_missing_bundle(tmp_path, capsys):
     assert rc == 1 and "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(bool(os.environ.get("EDGESPEC_ARM64")),
+                    reason="under qemu user-mode emulation RSS includes the emulator's translation cache")
 def test_plan_measure_compares_with_a_fresh_process(tiny_bundle, capsys):
     rc = cli.main(["plan", str(tiny_bundle), "--max-len", "256", "--measure", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert out["measured_peak_bytes"] > 30 << 20
-    assert abs(out["error"]) < 0.5
+    assert abs(out["error"]) < 0.2
 
 
 def test_plan_on_a_detected_fake_pi5_uses_its_real_memory(tiny_bundle, tmp_path, capsys):
