@@ -100,8 +100,14 @@ if [ "$PIP" = 1 ]; then
     "$PYTHON" -m venv $SYSTEM_SITE "$VENV" || die "could not create a venv (Debian/Ubuntu: apt install python3-venv)"
   fi
   say "installing edgespec[server] from $SRC into $VENV"
+  # build from a copy: setuptools writes build files into the source tree, which may be read-only
+  # or belong to the user who cloned it (this script runs as root)
+  BUILD=$(mktemp -d)
+  trap 'rm -rf "$BUILD"' EXIT
+  tar -C "$SRC" --exclude=./.venv --exclude=./.git --exclude=./build --exclude=./dist --exclude=./bundles \
+    --exclude='*.egg-info' --exclude=__pycache__ --exclude=.pytest_cache -cf - . | tar -C "$BUILD" -xf -
   "$VENV/bin/python3" -m pip install -q --upgrade pip
-  "$VENV/bin/python3" -m pip install -q "$SRC[server]"
+  "$VENV/bin/python3" -m pip install -q "$BUILD[server]"
 fi
 if [ -z "$ROOT" ]; then
   [ -x "$VENV/bin/python3" ] || die "$VENV/bin/python3 does not exist (drop --no-pip/--venv to create it)"

@@ -115,18 +115,22 @@ def ensure_deps(log=print) -> Path:
 class Container:
     """One booted container; `run()` executes a command inside it (nsenter into its namespaces)."""
 
-    def __init__(self, rootfs: Path, deps: Path, bundle: Path | None = None, log_path: Path | None = None):
+    def __init__(self, rootfs: Path, deps: Path, bundle: Path | None = None, log_path: Path | None = None,
+                 extra_args: tuple[str, ...] = ()):
         self.rootfs, self.deps, self.bundle = rootfs, deps, bundle
+        self.extra_args = tuple(extra_args)  # e.g. more --bind-ro=, or a network for a manual pip check
         self.log_path = log_path or Path(f"/tmp/edgespec-nspawn-{os.getpid()}.log")
         self.proc: subprocess.Popen | None = None
         self.leader: int | None = None
 
     def boot(self, timeout: float = 90) -> "Container":
+        network = [] if "--network-veth" in self.extra_args or "--host-network" in self.extra_args else ["--private-network"]
         cmd = ["systemd-nspawn", "--quiet", "-D", str(self.rootfs), "--volatile=overlay", "-b", "--console=pipe",
-               "--register=no", "--keep-unit", "--private-network", f"--machine=edgespec-test-{os.getpid()}",
+               "--register=no", "--keep-unit", *network, f"--machine=edgespec-test-{os.getpid()}",
                f"--bind-ro={REPO}:/opt/edgespec-src", f"--bind-ro={self.deps}:/opt/edgespec-deps"]
         if self.bundle is not None:
             cmd.append(f"--bind-ro={self.bundle}:/srv/bundle-src")
+        cmd += [a for a in self.extra_args if a != "--host-network"]
         self._log = open(self.log_path, "w")
         env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID")}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
