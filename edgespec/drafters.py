@@ -20,6 +20,7 @@ speed.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -31,6 +32,8 @@ from .runner import ModelRunner
 from .sampling import SamplingParams, probs, sample
 
 DRAFT_MODES = ("auto", "model", "ngram", "none")
+MODEL_RATE_KEEP = 0.9  # per model round: the weight of the earlier rounds in its rate estimate
+NEW_REQUEST_KEEP = 0.25  # weight of past requests' evidence when a request starts
 PREFILL_CHUNK = 512  # tokens per prefill step: bounds activation memory on long prompts
 
 
@@ -71,6 +74,11 @@ class Beta:
     @property
     def mean(self) -> float:
         return self.a / (self.a + self.b)
+
+    def fade(self, keep: float) -> None:
+        """Keeps the estimate but weakens its evidence, so new evidence moves it faster."""
+        self.a *= keep
+        self.b *= keep
 
     def add(self, hits: float, misses: float) -> None:
         self.a = self.a * self.keep + hits
@@ -119,8 +127,10 @@ class NgramDrafter(Drafter):
     """Proposes what followed the longest earlier match of the context's suffix.
 
     With `adaptive`, it proposes only as many tokens as pay off given how often matches of this
-    length were accepted (an n-gram copy either is being copied or not: the first token is the
-    uncertain one, hence separate first/next acceptance)."""
+    length were right (an n-gram copy either is being copied or not: the first token is the
+    uncertain one, hence separate first/next acceptance). Lookups cost nothing, so every round's
+    lookup is scored against the text the target then verified, whether or not it was proposed:
+    the estimates stay current even while another drafter is in use."""
 
     name = "ngram"
 
@@ -129,14 +139,45 @@ class NgramDrafter(Drafter):
         self.adaptive = adaptive and costs is not None
         self.max_n = max_n
         # priors: a one-token match is a weak hint, three or more tokens a strong one
-        self.first = {n: Beta(m) for n, m in ((1, 0.25), (2, 0.4), (3, 0.5), (4, 0.55), (5, 0.6))}
+        self.first = {n: Beta(m) for n, m in ((1, 0.2), (2, 0.35), (3, 0.45), (4, 0.5), (5, 0.55))}
         self.next = Beta(0.75)
+        self._pending: tuple[int, list[int], int] | None = None  # (position, lookup, n) to score
 
     def first_beta(self, n: int) -> Beta:
         return self.first[min(n, max(self.first))]
 
+    def begin(self, ctx) -> None:
+        # a new text copies more or less than the last one: start from the old estimates, but
+        # let this request's own lookups take over quickly
+        self._pending = None
+        for b in (*self.first.values(), self.next):
+            b.fade(NEW_REQUEST_KEEP)
+
     def lookup(self, ctx: Sequence[int], k: int) -> tuple[list[int], int]:
-        return ngram_lookup(ctx, k, self.max_n)
+        """The lookup for this round; also scores the previous round's lookup against what the
+        target verified since (ctx[pos:])."""
+        self._score(ctx)
+        tokens, n = ngram_lookup(ctx, k, self.max_n)
+        self._pending = (len(ctx), tokens, n) if tokens else None
+        return tokens, n
+
+    def _score(self, ctx: Sequence[int]) -> None:
+        if self._pending is None:
+            return
+        pos, tokens, n = self._pending
+        self._pending = None
+        seen = ctx[pos : pos + len(tokens)]
+        if not seen:
+            return
+        if seen[0] != tokens[0]:
+            self.first_beta(n).add(0, 1)
+            return
+        self.first_beta(n).add(1, 0)
+        hits = 1
+        while hits < len(seen) and seen[hits] == tokens[hits]:
+            hits += 1
+        # tokens past what was verified are unknown: only a mismatch within it counts as a miss
+        self.next.add(hits - 1, hits < len(seen))
 
     def plan(self, tokens: list[int], n: int) -> tuple[int, float]:
         """How many of a lookup's tokens to propose, and the expected tokens per second."""
@@ -150,13 +191,6 @@ class NgramDrafter(Drafter):
         tokens, n = self.lookup(ctx, k)
         use, _ = self.plan(tokens, n)
         return Proposal(tokens[:use], None, "ngram", ngram=n) if use else EMPTY
-
-    def feedback(self, proposal, accepted, valid_len) -> None:
-        if proposal.source != "ngram" or not proposal.tokens:
-            return
-        self.first_beta(proposal.ngram).add(accepted > 0, accepted == 0)
-        if accepted > 0 and len(proposal.tokens) > 1:
-            self.next.add(accepted - 1, accepted < len(proposal.tokens))
 
 
 # --- the draft model -----------------------------------------------------------------------------
@@ -190,6 +224,7 @@ class ModelDrafter(Drafter):
         mids = np.concatenate([[0.1], (_CONF_EDGES[:-1] + _CONF_EDGES[1:]) / 2, [0.995]])
         self.by_conf = [Beta(float(m) * 0.9) for m in mids]
         self.mean = Beta(0.6, weight=8.0)
+        self.last_seconds = 0.0  # wall time of the last proposal (draft steps and picking)
 
     def begin(self, ctx) -> None:
         n = common_prefix(self.tokens, ctx)
@@ -209,10 +244,23 @@ class ModelDrafter(Drafter):
             n += len(chunk)
         return row
 
+    def prefill(self, ctx: Sequence[int]) -> None:
+        """Feeds the prompt now (the engine does it with the target's prefill, so it counts as
+        prompt processing, not as a cost of the first rounds)."""
+        if len(ctx) <= self.runner.max_len:
+            self._sync(ctx)
+
     def acceptance(self, conf: float) -> float:
         return self.by_conf[_conf_bin(conf)].mean
 
     def propose(self, ctx, k, params, rng) -> Proposal:
+        t0 = time.perf_counter()
+        try:
+            return self._propose(ctx, k, params, rng)
+        finally:
+            self.last_seconds = time.perf_counter() - t0
+
+    def _propose(self, ctx, k, params, rng) -> Proposal:
         if k <= 0 or len(ctx) + k - 1 > self.runner.max_len:
             return EMPTY
         row = self._sync(ctx)
@@ -225,16 +273,8 @@ class ModelDrafter(Drafter):
         if self.adaptive:
             best_rate = 1.0 / (d + self.costs.verify(1))  # submitting nothing after one draft step
         for j in range(k):
-            if params.greedy:
-                x = row[: self.scored]
-                t = int(np.argmax(x))
-                c = float(1.0 / np.exp(x - x[t]).sum())
-            else:
-                q = probs(row, params, self.scored)
-                t = sample(q, rng)
-                c = float(q[t])
-                if self.scored < self.usable:
-                    q = np.concatenate([q, np.zeros(self.usable - self.scored)])
+            t, c, q = self._pick(row, params, rng)
+            if q is not None:
                 qs.append(q)
             tokens.append(t)
             confs.append(c)
@@ -261,6 +301,20 @@ class ModelDrafter(Drafter):
             return EMPTY
         return Proposal(tokens, np.stack(qs) if qs else None, "model", confs)
 
+    def _pick(self, row: np.ndarray, params: SamplingParams, rng) -> tuple[int, float, np.ndarray | None]:
+        """The draft's token from its logits row, the draft's probability for it, and (sampling
+        only) the distribution q it was drawn from, [usable]."""
+        if params.greedy:
+            x = row[: self.scored]
+            t = int(np.argmax(x))
+            return t, float(1.0 / np.exp(x - x[t]).sum()), None
+        q = probs(row, params, self.scored)
+        t = sample(q, rng)
+        c = float(q[t])
+        if self.scored < self.usable:
+            q = np.concatenate([q, np.zeros(self.usable - self.scored)])
+        return t, c, q
+
     def _step(self, t: int) -> np.ndarray:
         row = self.runner.step([t], 1)[0]
         self.tokens.append(t)
@@ -282,52 +336,90 @@ class ModelDrafter(Drafter):
 # --- auto ----------------------------------------------------------------------------------------
 class AutoDrafter(Drafter):
     """Per round: an n-gram hit, the draft model, or nothing, whichever promises the most tokens per
-    second right now. Every option's estimate keeps learning from its verdicts; an option that has
-    not been chosen for a while is tried once so that a change in the text is noticed."""
+    second right now.
+
+    - nothing: 1 token per 1-token target step (measured);
+    - n-gram: the lookup's expected tokens (acceptance learned by matched length, from every
+      round's lookup, proposed or not) over the measured verify cost; free to propose;
+    - model: the tokens per second its recent rounds actually delivered (tokens they yielded over
+      the measured seconds of drafting plus the verify), which already includes how well its
+      confidence-based stopping works on this text.
+
+    The model is tried again once in a while when it has not been chosen, so a change in the text
+    (prose to code) is noticed; the n-gram estimates need no such probe."""
 
     name = "auto"
-    EXPLORE_EVERY = 24
+    EXPLORE_EVERY = 16  # rounds without the model before it is tried again
+    EARLY_TRIES = 2  # a request's first rounds that do not use the model before it is tried
 
     def __init__(self, costs: CostModel, ngram: NgramDrafter, model: ModelDrafter | None = None):
         self.costs = costs
         self.ngram = ngram
         self.model = model
-        self.idle = {"ngram": 0, "model": 0}
-        self.last = "none"
+        self.idle = 0  # rounds since the model was last used
+        # recent model rounds: tokens yielded and seconds spent, both exponentially weighted
+        self.m_tokens, self.m_seconds = 0.0, 0.0
+        self._m_round: tuple[int, float] | None = None  # (proposals, draft seconds) of this round
 
     def begin(self, ctx) -> None:
+        self.ngram.begin(ctx)
         if self.model is not None:
             self.model.begin(ctx)
+        if self.model is not None:
+            # start from the old estimate, pulled toward what the model's long-run acceptance
+            # predicts for a one-token proposal (one round's worth of evidence), and try it in the
+            # first rounds: a new text may suit the draft better or worse than the last one
+            a = self.model.mean.mean
+            self.m_tokens = self.m_tokens * NEW_REQUEST_KEEP + 1.0 + a
+            self.m_seconds = self.m_seconds * NEW_REQUEST_KEEP + self.costs.draft_step() + self.costs.verify(2)
+            self.idle = self.EXPLORE_EVERY - self.EARLY_TRIES
 
-    def model_rate(self, k: int) -> float:
-        if self.model is None or k <= 0:
+    def expected_yield(self, proposal: Proposal) -> float:
+        """Expected tokens from a model proposal: 1 + sum over j of P(first j all accepted)."""
+        e, p = 1.0, 1.0
+        for c in proposal.conf if proposal.source == "model" else ():
+            p *= self.model.acceptance(c)
+            e += p
+        return e
+
+    def model_rate(self) -> float:
+        """Expected tokens per second of a model round."""
+        if self.model is None:
             return 0.0
-        return self.costs.best_k(self.model.mean.mean, k)[1]
+        if self.m_seconds <= 0:  # nothing seen yet: i.i.d. acceptance at the prior mean
+            return self.costs.best_k(self.model.mean.mean, 4)[1]
+        return self.m_tokens / self.m_seconds
 
     def propose(self, ctx, k, params, rng) -> Proposal:
         if k <= 0:
             return EMPTY
-        base = self.costs.target_alone_rate()
+        options = [("none", self.costs.target_alone_rate())]
         tokens, n = self.ngram.lookup(ctx, k)
         ng_k, ng_rate = self.ngram.plan(tokens, n) if tokens else (0, 0.0)
-        m_rate = self.model_rate(k)
-        choice = max((("none", base), ("ngram", ng_rate if ng_k else 0.0), ("model", m_rate)), key=lambda c: c[1])[0]
-        if choice == "none":  # explore: has the text become draftable again?
-            if self.model is not None and self.idle["model"] >= self.EXPLORE_EVERY:
-                choice = "model"
-            elif tokens and self.idle["ngram"] >= self.EXPLORE_EVERY:
-                choice, ng_k = "ngram", 1
-        for name in self.idle:
-            self.idle[name] = 0 if name == choice else self.idle[name] + 1
-        self.last = choice
+        if ng_k:
+            options.append(("ngram", ng_rate))
+        if self.model is not None:
+            options.append(("model", self.model_rate()))
+        choice = max(options, key=lambda c: c[1])[0]
+        if choice != "model" and self.model is not None and self.idle >= self.EXPLORE_EVERY:
+            choice = "model"  # has the text become draftable again?
+        self.idle = 0 if choice == "model" else self.idle + 1
         if choice == "ngram":
             return Proposal(tokens[:ng_k], None, "ngram", ngram=n)
         if choice == "model":
-            return self.model.propose(ctx, k, params, rng)
+            prop = self.model.propose(ctx, k, params, rng)
+            self._m_round = (len(prop.tokens), self.model.last_seconds)
+            return prop
         return EMPTY
 
     def feedback(self, proposal, accepted, valid_len) -> None:
-        self.ngram.feedback(proposal, accepted, valid_len)
+        if self._m_round is not None:
+            n, seconds = self._m_round
+            self._m_round = None
+            # the round's *expected* yield from the draft's confidences (calibrated over all past
+            # verdicts) rather than its actual yield: far less noisy, so the choice between the
+            # model and nothing does not flip on one unlucky rejection
+            self.m_tokens = self.m_tokens * MODEL_RATE_KEEP + self.expected_yield(proposal)
+            self.m_seconds = self.m_seconds * MODEL_RATE_KEEP + seconds + self.costs.verify(n + 1)
         if self.model is not None:
             self.model.feedback(proposal, accepted, valid_len)
-

@@ -375,6 +375,8 @@ class Engine:
             row = target.step(ctx[i : i + self.prefill_chunk], 1)[0]
         stats.target_passes = 1
         drafter.begin(ctx)
+        if self._model is not None and drafter in (self._model, self._auto) and k_cap > 0:
+            self._model.prefill(ctx)  # prompt processing for the draft too: part of the TTFT
         first = choose(row, params, usable, rng)
         ctx.append(first)
         t_first = time.perf_counter()

@@ -173,6 +173,10 @@ class StubModel:
 
         self.mean = Beta(a, weight=1000)
         self.asked = 0
+        self.last_seconds = 0.05
+
+    def acceptance(self, conf):
+        return self.mean.mean
 
     def begin(self, ctx):
         pass
@@ -207,12 +211,29 @@ def test_auto_uses_the_model_when_it_pays_and_ngram_on_a_repeat():
     assert p.source == "ngram" and p.tokens == [14, 15, 16, 10]
 
 
-def test_ngram_drafter_learns_from_verdicts():
+def test_ngram_drafter_learns_from_what_the_target_verified():
+    """Every lookup is scored against the text that followed it, proposed or not."""
     cm = CostModel(times(s1=0.07, s2=0.088, s3=0.106, s4=0.124))
     ng = NgramDrafter(cm)
+    ctx = [1, 2, 3, 4, 5, 6, 9, 1, 2]  # suffix [1, 2] (n=2) predicts 3 4 5
+    before, nxt = ng.first_beta(2).mean, ng.next.mean
+    assert ng.lookup(ctx, 3) == ([3, 4, 5], 2)
+    ng.lookup(ctx + [7, 7], 3)  # the target wrote 7: the lookup was wrong
+    assert ng.first_beta(2).mean < before and ng.next.mean == nxt
     before = ng.first_beta(2).mean
-    ng.feedback(Proposal([4, 5, 6], None, "ngram", ngram=2), 0, 0)
-    assert ng.first_beta(2).mean < before
-    nxt = ng.next.mean
-    ng.feedback(Proposal([4, 5, 6], None, "ngram", ngram=2), 3, 0)
-    assert ng.next.mean > nxt
+    ng.lookup(ctx, 3)
+    ng.lookup(ctx + [3, 4, 5, 6], 3)  # right, and so were the next two
+    assert ng.first_beta(2).mean > before and ng.next.mean > nxt
+
+
+def test_auto_tracks_the_model_rate_from_confidence():
+    cm = CostModel(times(s1=0.07, s2=0.08, s3=0.1), times(s1=0.02))
+    model = StubModel(0.9)
+    auto = AutoDrafter(cm, NgramDrafter(cm), model)
+    auto.begin([1, 2, 3])
+    p = Proposal([5, 6], None, "model", [0.9, 0.9])
+    assert auto.expected_yield(p) == pytest.approx(1 + 0.9 + 0.81)
+    auto._m_round = (2, 0.04)
+    before = auto.model_rate()
+    auto.feedback(p, 2, 5)
+    assert auto.model_rate() > before  # (2.71 tokens in 0.14 s) beats the start estimate
