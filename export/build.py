@@ -21,7 +21,7 @@ from typing import Any
 from edgespec.manifest import ModelFacts
 
 from .graph_edit import LOGITS_TO_KEEP, add_logits_to_keep
-from .progress import NullProgress, Progress
+from .progress import NullProgress, Progress, trim_malloc
 from .quantize import QuantSettings, quantizable_nodes, quantize_graph
 
 QUANT_BITS = {"int4": 4, "int8": 8}
@@ -131,7 +131,11 @@ def build_graph(
         )
         total = len(quantizable_nodes(model.graph, settings))
         with progress.stage(f"quantize {role} ({quant})", total=total, unit="weight") as bar:
-            quantize_graph(model, settings, on_tensor=lambda _name: bar.update(1))
+            def done(_name: str) -> None:
+                bar.update(1)
+                trim_malloc()  # hand the freed float weight back now (see progress.tune_malloc)
+
+            quantize_graph(model, settings, on_tensor=done)
     model.graph.sort()
     onnx_path = out_dir / "model.onnx"
     n_tensors = len(model.graph.initializers)

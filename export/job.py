@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .progress import NullProgress, Progress, max_rss_bytes
+from .progress import NullProgress, Progress, max_rss_bytes, trim_malloc, tune_malloc
 from .sources import Source
 
 
@@ -35,7 +35,11 @@ def run_model_job(job: ModelJob, progress: Progress | None = None) -> dict:
     from . import parity, sources
     from .build import build_graph
 
+    import os
+
     progress = progress or NullProgress()
+    if not os.environ.get("EDGESPEC_NO_MALLOC_TUNING"):
+        tune_malloc()
     timings: dict[str, float] = {}
     t = time.perf_counter()
     model = sources.load_model(job.source, progress)
@@ -61,6 +65,7 @@ def run_model_job(job: ModelJob, progress: Progress | None = None) -> dict:
         accuracy_level=job.accuracy_level, head_bits=job.head_bits, role=job.role, progress=progress,
     )
     gc.collect()
+    trim_malloc()
     timings["build_s"] = time.perf_counter() - t
     peaks["build"] = max_rss_bytes()
     facts.params = int(job.source.params)

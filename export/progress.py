@@ -157,3 +157,29 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def tune_malloc() -> None:
+    """Make freed weights go back to the system. glibc serves allocations below its mmap threshold
+    from the heap, and raises that threshold up to 32 MB as large blocks are freed; the 10-30 MB
+    float weights freed one by one during quantization then stay in the heap, fragmented between the
+    small quantized tensors that replace them (measured: +3 GB RSS on the 1.5B). With a fixed 1 MB
+    threshold every weight-sized block is its own mapping, returned when freed."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (fixed: disables the dynamic raise)
+        libc.mallopt(-1, 64 << 20)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
+
+
+def trim_malloc() -> None:
+    """Return free heap pages to the system now (glibc's malloc_trim; no-op elsewhere)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
