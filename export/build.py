@@ -93,6 +93,7 @@ def build_graph(
     block_size: int = 32,
     accuracy_level: int = 4,
     head_bits: int | None = None,
+    embed_bits: int | None = None,
     role: str = "model",
     progress: Progress | None = None,
 ) -> ModelFacts:
@@ -127,7 +128,7 @@ def build_graph(
         settings = QuantSettings(
             bits=qa["bits"], block_size=int(qa["qdq_block_size"]), accuracy_level=int(qa["accuracy_level"]),
             symmetric=bool(qa["is_symmetric"]), op_types=tuple(qa["op_types_to_quantize"]),
-            exclude=tuple(qa["nodes_to_exclude"]), head_bits=head_bits,
+            exclude=tuple(qa["nodes_to_exclude"]), head_bits=head_bits, embed_bits=embed_bits,
         )
         total = len(quantizable_nodes(model.graph, settings))
         with progress.stage(f"quantize {role} ({quant})", total=total, unit="weight") as bar:

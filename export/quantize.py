@@ -32,11 +32,13 @@ class QuantSettings:
     symmetric: bool = True
     op_types: tuple[str, ...] = ("MatMul", "Gather")
     exclude: tuple[str, ...] = ()  # node names left in float
-    head_bits: int | None = None  # bits of the lm_head and embedding (None: `bits`)
+    head_bits: int | None = None  # bits of the lm_head (and of a tied embedding, which reads it); None: `bits`
+    embed_bits: int | None = None  # bits of an untied embedding; None: `head_bits`
 
     def bits_for(self, node) -> int:
-        head = node.name == LM_HEAD or node.op_type == "Gather"
-        return (self.head_bits or self.bits) if head else self.bits
+        if node.op_type == "Gather":
+            return self.embed_bits or self.head_bits or self.bits
+        return (self.head_bits or self.bits) if node.name == LM_HEAD else self.bits
 
 
 def quantizable_nodes(graph, settings: QuantSettings) -> list:
