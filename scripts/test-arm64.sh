@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device runtime's tests on aarch64: an arm64 Debian rootfs run under qemu user-mode emulation
-# (shared/tools/arm64-env.sh), with tiny bundles prebuilt here on x86_64 (the export path needs torch,
+# (scripts/arm64-env.sh, vendored from shared/tools), with tiny bundles prebuilt here on x86_64 (the export path needs torch,
 # which the arm64 environment does not have; tests that need it skip there).
 #
 #   scripts/test-arm64.sh                   the runtime tests (not slow), on an emulated Cortex-A72 (Pi 4)
@@ -19,7 +19,7 @@ t_start=$SECONDS
 log() { printf '[test-arm64] %s\n' "$*" >&2; }
 
 ENV_SH=${ARM64_ENV:-}
-for cand in "$ROOT/shared/tools/arm64-env.sh" "$ROOT/../shared/tools/arm64-env.sh"; do
+for cand in "$ROOT/scripts/arm64-env.sh" "$ROOT/../shared/tools/arm64-env.sh"; do
   [ -n "$ENV_SH" ] || { [ -x "$cand" ] && ENV_SH=$cand; } || true
 done
 [ -n "$ENV_SH" ] && [ -x "$ENV_SH" ] || { log "arm64-env.sh not found (set ARM64_ENV)"; exit 2; }

@@ -1,0 +1,15 @@
+# Shortcuts; the README's two commands are ./scripts/quickstart.sh and ./scripts/test.sh.
+.PHONY: quickstart test test-fast test-arm64
+
+quickstart:
+	./scripts/quickstart.sh
+
+test:
+	./scripts/test.sh
+
+test-fast:
+	./scripts/test.sh -m "not slow"
+
+# The device runtime's tests on an emulated aarch64 Debian (needs root; first run builds it, ~8 min).
+test-arm64:
+	sudo ./scripts/test-arm64.sh
