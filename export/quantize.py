@@ -95,7 +95,9 @@ def quantize_graph(model, settings: QuantSettings, on_tensor: Callable[[str], No
                 new_protos = quantizers[bits].quantize(node_proto, [mini])
             if len(new_protos) == 1 and new_protos[0] is node_proto:
                 continue  # the quantizer declined (shape or dtype it does not handle)
-            inits = [t for t in mini.initializer if t.name != w.name]
+            # detached copies: a tensor that still pointed into `mini` would keep the whole message,
+            # float weight included, alive (protobuf sub-messages share their parent's arena)
+            inits = [_detached(t) for t in mini.initializer if t.name != w.name]
             del mini
         by_name = {v.name: v for v in node.inputs if v is not None}
         for t in inits:
@@ -130,6 +132,14 @@ def quantize_graph(model, settings: QuantSettings, on_tensor: Callable[[str], No
     if count:
         _set_opsets(model)
     return count
+
+
+def _detached(t):
+    import onnx
+
+    copy = onnx.TensorProto()
+    copy.ParseFromString(t.SerializeToString())
+    return copy
 
 
 def _ort_quantizer(settings: QuantSettings, bits: int):
