@@ -194,12 +194,14 @@ class Engine:
         if draft == "model" and not load_draft:
             raise DraftUnavailable("the memory budget leaves no room for the draft model: use draft='ngram' "
                                    "or 'auto', or raise the budget", param="draft")
-        target = load_runner(b.model_path("target"), b.target, max_len, providers=providers, threads=threads)
+        # both models on one shared thread pool: they take turns, and must not fight over cores
+        target = load_runner(b.model_path("target"), b.target, max_len, providers=providers, threads=threads,
+                             shared_threads=load_draft)
         draft_runner = None
         if load_draft:
             draft_runner = load_runner(b.model_path("draft"), b.draft, max_len,
                                        providers=draft_providers if draft_providers is not None else providers,
-                                       threads=threads)
+                                       threads=threads, shared_threads=True)
         governor = _governor(device, power_budget, max_temp)
         eng = cls(b, target, draft_runner, b.load_tokenizer(), draft_mode=draft, k=k, governor=governor,
                   memory_plan=plan, prefill_chunk=chunk)

@@ -103,13 +103,47 @@ def default_provider_options(name: str, *, profile=None, cache_dir: Path | None 
     return {}
 
 
-def session_options(threads: int | None = None, *, spinning: bool | None = None):
+_shared_pool: dict[str, object] = {}  # the process-wide onnxruntime thread pool, once set up
+
+
+def use_shared_thread_pool(threads: int | None = None) -> bool:
+    """Sets up onnxruntime's process-wide thread pool (once per process); returns False where this
+    onnxruntime cannot. From then on every session of the process must use it (onnxruntime refuses
+    per-session pools then), which session_options() takes care of.
+
+    Why (runtime engineer): target and draft take turns on the same cores. With a pool per
+    session, the threads of the session that just ran spin on after its step and steal the cores
+    from the other's next step (2-core dev machine: draft steps 60 % slower); with spinning off,
+    every step pays for waking its threads (1-token target steps ~20 % slower). One shared pool
+    keeps its threads warm for whichever session runs next (docs/speed.md)."""
+    if "ok" in _shared_pool:
+        return bool(_shared_pool["ok"])
+    try:
+        from onnxruntime.capi import _pybind_state as C
+
+        C.set_global_thread_pool_sizes(int(threads or 0), 1)
+        _shared_pool.update(ok=True, threads=threads)
+    except Exception as e:  # an onnxruntime without it
+        log.info("shared onnxruntime thread pool unavailable (%s): one pool per session, no spinning", e)
+        _shared_pool.update(ok=False, threads=threads)
+    return bool(_shared_pool["ok"])
+
+
+def shared_pool_active() -> bool:
+    return bool(_shared_pool.get("ok"))
+
+
+def session_options(threads: int | None = None, *, spinning: bool | None = None, shared_threads: bool = False):
     """`spinning=False` stops idle pool threads from busy-waiting between ops: less power and CPU
-    time on a board, a little more latency per step; None keeps onnxruntime's default."""
+    time on a board, a little more latency per step; None keeps onnxruntime's default.
+    `shared_threads`: use the process-wide thread pool (runner.use_shared_thread_pool) instead of
+    one per session, so target and draft sessions taking turns do not fight over the cores."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    if threads:
+    if shared_threads or shared_pool_active():
+        so.use_per_session_threads = False
+    elif threads:
         so.intra_op_num_threads = int(threads)
         so.inter_op_num_threads = 1
     if spinning is not None:
@@ -131,7 +165,7 @@ def _chain(order: list[str], i: int, available: set[str], options: dict) -> list
 
 
 def create_session(path: str | os.PathLike, *, providers=None, threads: int | None = None, provider_options=None,
-                   profile=None, spinning: bool | None = None):
+                   profile=None, spinning: bool | None = None, shared_threads: bool = False):
     """Returns (session, device). Tries each requested provider that this onnxruntime has.
 
     `providers=None` uses TensorRT -> CUDA -> CPU (those this onnxruntime lacks are skipped quietly);
@@ -158,7 +192,9 @@ def create_session(path: str | os.PathLike, *, providers=None, threads: int | No
             Path(options[TRT]["trt_engine_cache_path"]).mkdir(parents=True, exist_ok=True)
         chain = _chain(order, i, available, options)
         try:
-            sess = ort.InferenceSession(str(Path(path)), session_options(threads, spinning=spinning), providers=chain)
+            sess = ort.InferenceSession(str(Path(path)), session_options(threads, spinning=spinning,
+                                                                         shared_threads=shared_threads),
+                                        providers=chain)
         except Exception as e:  # onnxruntime raises plain RuntimeError/Fail for all of these
             msg = _first_line(e)
             log.warning("provider %s failed for %s (%s); trying the next one", short_name(name), name_of, msg)

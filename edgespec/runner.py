@@ -9,6 +9,7 @@ read and are overwritten by the next step.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from .errors import EdgespecError
 from .manifest import ModelFacts
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+log = logging.getLogger("edgespec.runner")
 
 
 class CacheFull(EdgespecError):
@@ -152,9 +154,26 @@ class ModelRunner:
         self.length = 0
 
 
-def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, threads: int | None = None) -> ModelRunner:
-    """Creates the session (trying providers in order, see providers.py) and its runner."""
-    from .providers import create_session
+def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, threads: int | None = None,
+                spinning: bool | None = None, shared_threads: bool = False) -> ModelRunner:
+    """Creates the session (trying providers in order, see providers.py) and its runner.
 
-    session, device = create_session(path, providers=providers, threads=threads)
+    `shared_threads`: run on the process-wide thread pool (providers.use_shared_thread_pool),
+    falling back to a pool of its own without spinning when that cannot be had. `spinning=False` alone is
+    the fallback's setting: when two sessions take turns on the same cores, a pool thread
+    busy-waiting after one session's step steals a core from the other's next step."""
+    from .providers import create_session, shared_pool_active, use_shared_thread_pool
+
+    if shared_threads and use_shared_thread_pool(threads):
+        session, device = create_session(path, providers=providers, threads=threads, shared_threads=True)
+        return ModelRunner(session, facts, max_len, device=device)
+    if shared_pool_active():  # another engine in this process set it up: every session must use it
+        session, device = create_session(path, providers=providers, threads=threads, shared_threads=True)
+        return ModelRunner(session, facts, max_len, device=device)
+    kw = {}
+    if shared_threads:
+        kw["spinning"] = False
+    elif spinning is not None:
+        kw["spinning"] = spinning
+    session, device = create_session(path, providers=providers, threads=threads, **kw)
     return ModelRunner(session, facts, max_len, device=device)
