@@ -25,6 +25,11 @@ from .progress import NullProgress, Progress, trim_malloc
 from .quantize import QuantSettings, quantizable_nodes, quantize_graph
 
 QUANT_BITS = {"int4": 4, "int8": 8}
+# The lm_head is the most sensitive weight (llama.cpp keeps it at 6-8 bits in its 4-bit files): at 8 bits
+# the 1.5B's top-1 agreement goes from 91.9 % to 94.3 % for +0.12 GB, and its decode step measured no
+# slower (63-71 ms vs 67 ms, within noise). An untied embedding stays at the body's bits: one row
+# is read per token, so its size costs memory but no time. `--head-bits 4` gives the smallest bundle.
+DEFAULT_HEAD_BITS = {"int4": 8, "int8": 8}
 
 
 def builder_options(quant: str, block_size: int, accuracy_level: int, *, tied: bool) -> dict[str, str]:
@@ -99,7 +104,9 @@ def build_graph(
 ) -> ModelFacts:
     """Writes out_dir/model.onnx (+ model.onnx.data) from the torch model in `model_holder` (a
     one-element list, emptied here so the float weights can be freed as they are quantized) and the
-    config.json in `config_dir`. Returns the facts for the manifest (path relative to the bundle)."""
+    config.json in `config_dir`. Returns the facts for the manifest (path relative to the bundle).
+    `head_bits`: the lm_head's (and a tied embedding's) bits, default DEFAULT_HEAD_BITS; `embed_bits`:
+    an untied embedding's, default the body's."""
     import onnx_ir as ir
     from onnxruntime_genai.models import builder
 
@@ -125,6 +132,8 @@ def build_graph(
     model = onnx_builder.model
     if quant in QUANT_BITS:
         qa = onnx_builder.quant_attrs
+        head_bits = head_bits or DEFAULT_HEAD_BITS[quant]
+        embed_bits = embed_bits or QUANT_BITS[quant]
         settings = QuantSettings(
             bits=qa["bits"], block_size=int(qa["qdq_block_size"]), accuracy_level=int(qa["accuracy_level"]),
             symmetric=bool(qa["is_symmetric"]), op_types=tuple(qa["op_types_to_quantize"]),
@@ -147,7 +156,7 @@ def build_graph(
     add_logits_to_keep(onnx_path)
     facts = facts_from_config(cfg, out_dir, quant=quant, block_size=block_size, accuracy_level=accuracy_level)
     if quant in QUANT_BITS:
-        facts.head_bits = head_bits or QUANT_BITS[quant]
+        facts.head_bits = head_bits
     return facts
 
 

@@ -36,7 +36,7 @@ class ExportOptions:
     draft_quant: str | None = None  # default: same as quant
     block_size: int = 32
     accuracy_level: int = 4
-    head_bits: int | None = None  # lm_head + embedding bits (8 keeps small int4 models close); default: quant's
+    head_bits: int | None = None  # lm_head (+ tied embedding) bits; default 8 (build.DEFAULT_HEAD_BITS)
     overwrite: bool = False
     name: str | None = None
     max_context: int = 4096  # the runtime's default cache length (capped by the models' own limit)

@@ -70,10 +70,15 @@ def test_int4_quantizes_matmuls_embedding_and_lm_head(tmp_path, tied):
     assert "GatherBlockQuantized" in kinds  # the embedding too
     lm = next(n for n in nodes if "lm_head" in n.name and n.op_type == "MatMulNBits")
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in lm.attribute}
-    assert (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (4, 32, 4)
-    assert s4.bytes_by_role["target"] < 0.45 * s32.bytes_by_role["target"]
+    assert (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (8, 32, 4)  # the head at 8 bits
+    body = next(n for n in nodes if "layers.0/mlp/down_proj" in n.name)
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in body.attribute}["bits"] == 4
+    emb = next(n for n in nodes if n.op_type == "GatherBlockQuantized")
+    # tied: the embedding reads the 8-bit head; untied: it keeps the body's 4 bits
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in emb.attribute}.get("bits", 4) == (8 if tied else 4)
+    assert s4.bytes_by_role["target"] < 0.5 * s32.bytes_by_role["target"]
     facts = s4.manifest.models["target"]
-    assert (facts.quant, facts.block_size, facts.accuracy_level) == ("int4", 32, 4)
+    assert (facts.quant, facts.block_size, facts.accuracy_level, facts.head_bits) == ("int4", 32, 4, 8)
     assert facts.parity["top1"] > 0.3 and facts.parity["passed"]
     if not tied:  # (the tied tiny model's logits are dominated by the input token: int4 keeps them)
         assert facts.parity["top1"] < 1.0 and facts.parity["mean_kl"] > 0  # lossy, and the report says so
@@ -131,7 +136,7 @@ def test_per_weight_quantizer_is_byte_identical_to_the_builders(tmp_path, tied, 
             setattr(builder.Model, n, f)
     # ours
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    build_graph([model], src, tmp_path / "ours", quant=quant)
+    build_graph([model], src, tmp_path / "ours", quant=quant, head_bits=4 if quant == "int4" else None)
     a = onnx.load(str(ref / "model.onnx"))
     b = onnx.load(str(tmp_path / "ours" / "model.onnx"))
     # int8: onnxruntime's quantizer leaves the embedding in float (its Gather path is 4-bit only);
@@ -151,17 +156,17 @@ def test_per_weight_quantizer_is_byte_identical_to_the_builders(tmp_path, tied, 
 
 def test_head_bits_8_keeps_an_int4_model_closer(tmp_path):
     src = make_tiny_model(tmp_path / "src")
-    s4 = export(src, tmp_path / "b4", quant="int4", min_top1=0.3)
-    s48 = export(src, tmp_path / "b48", quant="int4", head_bits=8, min_top1=0.3)
+    s4 = export(src, tmp_path / "b4", quant="int4", head_bits=4, min_top1=0.3)
+    s48 = export(src, tmp_path / "b48", quant="int4", min_top1=0.3)  # the default
     p4, p48 = s4.manifest.models["target"].parity, s48.manifest.models["target"].parity
     assert p48["mean_kl"] < p4["mean_kl"] and p48["top1"] >= p4["top1"]
     assert s48.manifest.models["target"].head_bits == 8 and s4.manifest.models["target"].head_bits == 4
     nodes = {n.name: n for n in ops(s48.path)}
-    bits = {name: {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}.get("bits") for name, n in nodes.items()}
+    bits = {name: {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}.get("bits", 4) for name, n in nodes.items()}
     head = next(n for n in nodes.values() if n.op_type == "MatMulNBits" and "lm_head" in n.name)
     body = next(n for n in nodes.values() if n.op_type == "MatMulNBits" and "layers.0" in n.name)
     emb = next(n for n in nodes.values() if n.op_type == "GatherBlockQuantized")
-    assert (bits[head.name], bits[body.name], bits[emb.name]) == (8, 4, 8)
+    assert (bits[head.name], bits[body.name], bits[emb.name]) == (8, 4, 4)  # untied embedding: body bits
 
 
 def test_tied_embedding_reads_the_8bit_lm_head(tmp_path):
