@@ -124,7 +124,7 @@ def print_summary(s, out) -> None:
     d = m.drafting
     if "draft_agreement" in d:
         print(f"  drafting: k={d['k']} (draft agrees with the target on {d['draft_agreement']:.0%} of the parity text)", file=out)
-    print(f"  time {s.seconds:.0f} s, peak memory {fmt_bytes(s.peak_rss_tree)} (all processes), "
-          f"{fmt_bytes(s.peak_rss_single)} (largest process)", file=out)
+    print(f"  time {s.seconds:.0f} s, peak memory {fmt_bytes(s.peak_rss_single)} (largest process), "
+          f"{fmt_bytes(s.peak_rss_tree)} (all processes)", file=out)
     for w in s.warnings:
         print(f"  warning: {w}", file=out)
