@@ -197,8 +197,8 @@ def test_tied_embedding_reads_the_8bit_lm_head(tmp_path):
 def test_8bit_embedding_quantizer_against_onnxruntime(tmp_path):
     """Our GatherBlockQuantized 8-bit encoding, run by onnxruntime, gives the rows back within half a step."""
     import onnx_ir as ir
-    import onnxruntime as ort
 
+    from edgespec.providers import create_session
     from edgespec_export.quantize import _gather_8bit
 
     rng = np.random.default_rng(0)
@@ -214,7 +214,9 @@ def test_8bit_embedding_quantizer_against_onnxruntime(tmp_path):
         [onnx.helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, [4, 64])],
         initializer=[ir.serde.serialize_tensor(t) for t in inits])
     m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 21), onnx.helper.make_opsetid("com.microsoft", 1)])
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    onnx.save(m, str(tmp_path / "g.onnx"))
+    # through edgespec's own session factory: it owns the process-wide onnxruntime thread-pool setup
+    sess, _ = create_session(tmp_path / "g.onnx", providers=["cpu"])
     idx = np.array([0, 3, 17, 49])
     out = sess.run(None, {"ids": idx})[0]
     step = np.abs(emb[idx]).reshape(4, 2, 32).max(axis=2) / 127
