@@ -63,8 +63,10 @@ def test_smollm2_gguf_exports_and_answers(tmp_path, real_gguf):
     assert t.usable_vocab == 49152 and t.add_bos is False
     tok = b.load_tokenizer()
     assert [tok.id_to_token(i) for i in t.eos_ids][0] == "<|im_end|>"
-    answer = tok.decode(greedy(b, "target", chat_ids(b, "What is the capital of France?"), 24))
-    assert "Paris" in answer
+    # the same greedy answer as the float source on a prompt without a near-tie at its first token
+    # (on "What is the capital of France?" the source's top two differ by 0.09: any 8-bit rounding flips it)
+    answer = tok.decode(greedy(b, "target", chat_ids(b, "Write a Python function that adds two numbers."), 24))
+    assert answer.startswith("```python\ndef add_two_numbers(num1, num2):\n    return num1 + num2")
 
 
 @pytest.mark.skipif(not os.environ.get("EDGESPEC_TEST_QWEN_EXPORT"), reason="set EDGESPEC_TEST_QWEN_EXPORT=1 (10 min, 9 GB)")
