@@ -225,6 +225,7 @@ class ModelDrafter(Drafter):
         self.by_conf = [Beta(float(m) * 0.9) for m in mids]
         self.mean = Beta(0.6, weight=8.0)
         self.last_seconds = 0.0  # wall time of the last proposal (draft steps and picking)
+        self.last_steps = 0  # draft model steps the last proposal ran
 
     def begin(self, ctx) -> None:
         n = common_prefix(self.tokens, ctx)
@@ -240,6 +241,7 @@ class ModelDrafter(Drafter):
         while n < len(ctx):
             chunk = list(ctx[n : n + PREFILL_CHUNK])
             row = self.runner.step(chunk, 1)[0]
+            self.last_steps += 1
             self.tokens.extend(chunk)
             n += len(chunk)
         return row
@@ -255,6 +257,7 @@ class ModelDrafter(Drafter):
 
     def propose(self, ctx, k, params, rng) -> Proposal:
         t0 = time.perf_counter()
+        self.last_steps = 0
         try:
             return self._propose(ctx, k, params, rng)
         finally:
@@ -318,6 +321,7 @@ class ModelDrafter(Drafter):
     def _step(self, t: int) -> np.ndarray:
         row = self.runner.step([t], 1)[0]
         self.tokens.append(t)
+        self.last_steps += 1
         return row
 
     def feedback(self, proposal, accepted, valid_len) -> None:
@@ -408,7 +412,9 @@ class AutoDrafter(Drafter):
             return Proposal(tokens[:ng_k], None, "ngram", ngram=n)
         if choice == "model":
             prop = self.model.propose(ctx, k, params, rng)
-            self._m_round = (len(prop.tokens), self.model.last_seconds)
+            # its cost from the (median) step time, not its own wall time: one burst of another
+            # process must not turn the drafter off for the rest of the request
+            self._m_round = (len(prop.tokens), self.model.last_steps * self.costs.draft_step())
             return prop
         return EMPTY
 

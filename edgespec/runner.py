@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -34,20 +35,22 @@ class StepTimes:
 
     total_s: dict[int, float] = field(default_factory=dict)
     count: dict[int, int] = field(default_factory=dict)
-    # Exponentially weighted recent time by tokens per step: the cost model wants today's cost
-    # (after warm-up, under the current thermal state), not the all-time mean.
-    recent_s: dict[int, float] = field(default_factory=dict)
-    alpha: float = 0.25
+    # The last few times by tokens per step. The cost model wants today's cost (after warm-up,
+    # under the current thermal state) and must not be thrown by a burst of interference from
+    # other processes, hence a median of recent steps rather than an all-time or moving mean.
+    window: int = 9
+    _recent: dict[int, deque] = field(default_factory=dict, repr=False)
+    _medians: dict[int, float] | None = field(default=None, repr=False)
 
     def add(self, n_tokens: int, seconds: float) -> None:
         c = self.count.get(n_tokens, 0)
         self.total_s[n_tokens] = self.total_s.get(n_tokens, 0.0) + seconds
         self.count[n_tokens] = c + 1
-        prev = self.recent_s.get(n_tokens)
-        if prev is None or c < 2:  # the first run of a shape pays one-off allocation: replace it
-            self.recent_s[n_tokens] = seconds if prev is None else min(prev, seconds)
-        else:
-            self.recent_s[n_tokens] = prev + self.alpha * (seconds - prev)
+        q = self._recent.setdefault(n_tokens, deque(maxlen=self.window))
+        if c == 1 and q and seconds < q[-1]:
+            q.clear()  # the first run of a shape pays one-off allocations: drop it
+        q.append(seconds)
+        self._medians = None
 
     def mean(self, n_tokens: int) -> float | None:
         c = self.count.get(n_tokens)
@@ -55,6 +58,13 @@ class StepTimes:
 
     def recent(self, n_tokens: int) -> float | None:
         return self.recent_s.get(n_tokens)
+
+    @property
+    def recent_s(self) -> dict[int, float]:
+        """Median of the recent steps, by tokens per step (cached until the next step)."""
+        if self._medians is None:
+            self._medians = {n: sorted(q)[len(q) // 2] for n, q in self._recent.items() if q}
+        return self._medians
 
 
 class ModelRunner:

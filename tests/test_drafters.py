@@ -174,6 +174,7 @@ class StubModel:
         self.mean = Beta(a, weight=1000)
         self.asked = 0
         self.last_seconds = 0.05
+        self.last_steps = 2
 
     def acceptance(self, conf):
         return self.mean.mean
