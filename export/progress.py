@@ -160,11 +160,11 @@ def fmt_bytes(n: float) -> str:
 
 
 def tune_malloc() -> None:
-    """Make freed weights go back to the system. glibc serves allocations below its mmap threshold
-    from the heap, and raises that threshold up to 32 MB as large blocks are freed; the 10-30 MB
-    float weights freed one by one during quantization then stay in the heap, fragmented between the
-    small quantized tensors that replace them (measured: +3 GB RSS on the 1.5B). With a fixed 1 MB
-    threshold every weight-sized block is its own mapping, returned when freed."""
+    """Let freed weights leave the process. The float weights freed one by one during quantization
+    are 10-55 MB blocks; glibc raises its mmap threshold (up to 32 MB) as big blocks are freed, and
+    blocks below it live in the heap, where freed space between live blocks stays counted in RSS. A
+    fixed 1 MB threshold makes each weight-sized block its own mapping, returned when freed. (The big
+    +3 GB found while measuring the 1.5B was something else: see quantize._detached.)"""
     try:
         import ctypes
 
