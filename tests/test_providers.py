@@ -116,10 +116,18 @@ def test_tensorrt_attempt_creates_its_cache_folder(tmp_path, monkeypatch, fake_g
     assert (tmp_path / "state" / "trt-cache").is_dir()
 
 
-def test_spinning_option_reaches_the_session(tmp_path):
+def test_spinning_option_reaches_the_session(tmp_path, monkeypatch):
+    # an earlier test in this process may have set up the shared pool; per-session threads need it off
+    monkeypatch.setattr(providers, "_shared_pool", {})
     so = providers.session_options(2, spinning=False)
     assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
-    assert so.intra_op_num_threads == 2
+    assert so.intra_op_num_threads == 2 and so.use_per_session_threads
+
+
+def test_shared_pool_overrides_per_session_threads(monkeypatch):
+    monkeypatch.setattr(providers, "_shared_pool", {"ok": True, "threads": 2})
+    so = providers.session_options(2)
+    assert not so.use_per_session_threads and so.intra_op_num_threads == 0
 
 
 def test_probe_model_is_valid_onnx_and_computes():
