@@ -75,31 +75,60 @@ class CostModel:
             return pts[sizes[-1]] + slope * (s - sizes[-1])
         return t1 * _prior_ratio(s)
 
-    def draft_step(self) -> float:
-        """Seconds for one 1-token draft step."""
+    def draft_step(self, s: int = 1) -> float:
+        """Seconds for a draft step of s tokens (s > 1 when the draft catches up on the target's
+        tokens after a round, or after rounds that did not use it): measured, else interpolated
+        between measured sizes (the draft's prompt prefills give the long end), else the 1-token
+        draft step scaled like the target's curve."""
+        one = self._draft_one()
+        if s <= 1:
+            return one
+        if self.draft is not None:
+            pts = {x: t for x, t in self.draft.recent_s.items() if x > 1}
+            if s in pts:
+                return pts[s]
+            lo = max((x for x in pts if x < s), default=None)
+            hi = min((x for x in pts if x > s), default=None)
+            if hi is not None:
+                a, ta = (lo, pts[lo]) if lo is not None else (1, one)
+                return ta + (pts[hi] - ta) * (s - a) / (hi - a)
+            if lo is not None and lo >= 8:  # past the longest step seen: its cost per token
+                return pts[lo] * s / lo
+        return one * _prior_ratio(s)
+
+    def _draft_one(self) -> float:
         if self.draft is not None:
             t = self.draft.recent(1)
             if t is not None and self.draft.count.get(1, 0) >= 2:
                 return t
         return PRIOR_DRAFT_RATIO * self._t1()
 
+    def draft_steps(self, sizes) -> float:
+        """Seconds for draft steps of these sizes (a round's catch-up and proposals)."""
+        return sum(self.draft_step(s) for s in sizes)
+
     def target_alone_rate(self) -> float:
         return 1.0 / self.verify(1)
 
-    def best_k(self, a: float, k_max: int, *, draft_cost: float | None = None, chain: float | None = None
-               ) -> tuple[int, float]:
+    def best_k(self, a: float, k_max: int, *, draft_cost: float | None = None, chain: float | None = None,
+               min_gain: float = 0.0) -> tuple[int, float]:
         """The k in [0, k_max] with the highest expected tokens per second, and that rate.
 
         `draft_cost` is seconds per proposed token (None: the draft model's step; 0 for n-gram);
         `chain` switches to the n-gram model where a is the first token's acceptance and `chain`
-        the acceptance of each following one."""
+        the acceptance of each following one. `min_gain`: a k > 0 must promise at least this much
+        more than the target alone (0.1 = 10 %), else the answer is k = 0: estimates of acceptance
+        and cost are noisy, and a round that drafts for a promised 2 % risks more than it wins."""
         d = self.draft_step() if draft_cost is None else draft_cost
-        best_k, best = 0, self.target_alone_rate()
+        base = self.target_alone_rate()
+        best_k, best = 0, base
         for k in range(1, max(0, k_max) + 1):
             e = expected_tokens(k, a) if chain is None else expected_tokens_chain(a, chain, k)
             r = e / (k * d + self.verify(k + 1))
             if r > best:
                 best_k, best = k, r
+        if best_k and best < base * (1.0 + min_gain):
+            return 0, base
         return best_k, best
 
     # -- internals --------------------------------------------------------------------------------

@@ -33,6 +33,11 @@ from .sampling import SamplingParams, probs, sample
 
 DRAFT_MODES = ("auto", "model", "ngram", "none")
 MODEL_RATE_KEEP = 0.9  # per model round: the weight of the earlier rounds in its rate estimate
+# Drafting must promise this much more than a plain target step before a round drafts: the
+# estimates are noisy (step times under interference, acceptance from few rounds), a wrong "yes"
+# costs a longer verify (and draft steps), a wrong "no" costs nothing against the target alone.
+NGRAM_MIN_GAIN = 0.10
+MODEL_MIN_GAIN = 0.15
 NEW_REQUEST_KEEP = 0.25  # weight of past requests' evidence when a request starts
 PREFILL_CHUNK = 512  # tokens per prefill step: bounds activation memory on long prompts
 
@@ -138,6 +143,7 @@ class NgramDrafter(Drafter):
         self.costs = costs
         self.adaptive = adaptive and costs is not None
         self.max_n = max_n
+        self.min_gain = NGRAM_MIN_GAIN
         # priors: a one-token match is a weak hint, three or more tokens a strong one
         self.first = {n: Beta(m) for n, m in ((1, 0.2), (2, 0.35), (3, 0.45), (4, 0.5), (5, 0.55))}
         self.next = Beta(0.75)
@@ -185,7 +191,8 @@ class NgramDrafter(Drafter):
             return 0, self.costs.target_alone_rate() if self.costs else 0.0
         if not self.adaptive:
             return len(tokens), 0.0
-        return self.costs.best_k(self.first_beta(n).mean, len(tokens), draft_cost=0.0, chain=self.next.mean)
+        return self.costs.best_k(self.first_beta(n).mean, len(tokens), draft_cost=0.0, chain=self.next.mean,
+                                 min_gain=self.min_gain)
 
     def propose(self, ctx, k, params, rng) -> Proposal:
         tokens, n = self.lookup(ctx, k)
@@ -225,7 +232,11 @@ class ModelDrafter(Drafter):
         self.by_conf = [Beta(float(m) * 0.9) for m in mids]
         self.mean = Beta(0.6, weight=8.0)
         self.last_seconds = 0.0  # wall time of the last proposal (draft steps and picking)
-        self.last_steps = 0  # draft model steps the last proposal ran
+        self.last_sizes: list[int] = []  # tokens per draft step the last proposal ran (catch-up first)
+
+    @property
+    def last_steps(self) -> int:
+        return len(self.last_sizes)
 
     def begin(self, ctx) -> None:
         n = common_prefix(self.tokens, ctx)
@@ -241,7 +252,7 @@ class ModelDrafter(Drafter):
         while n < len(ctx):
             chunk = list(ctx[n : n + PREFILL_CHUNK])
             row = self.runner.step(chunk, 1)[0]
-            self.last_steps += 1
+            self.last_sizes.append(len(chunk))
             self.tokens.extend(chunk)
             n += len(chunk)
         return row
@@ -257,7 +268,7 @@ class ModelDrafter(Drafter):
 
     def propose(self, ctx, k, params, rng) -> Proposal:
         t0 = time.perf_counter()
-        self.last_steps = 0
+        self.last_sizes = []
         try:
             return self._propose(ctx, k, params, rng)
         finally:
@@ -321,7 +332,7 @@ class ModelDrafter(Drafter):
     def _step(self, t: int) -> np.ndarray:
         row = self.runner.step([t], 1)[0]
         self.tokens.append(t)
-        self.last_steps += 1
+        self.last_sizes.append(1)
         return row
 
     def feedback(self, proposal, accepted, valid_len) -> None:
@@ -345,38 +356,52 @@ class AutoDrafter(Drafter):
     - nothing: 1 token per 1-token target step (measured);
     - n-gram: the lookup's expected tokens (acceptance learned by matched length, from every
       round's lookup, proposed or not) over the measured verify cost; free to propose;
-    - model: the tokens per second its recent rounds actually delivered (tokens they yielded over
-      the measured seconds of drafting plus the verify), which already includes how well its
-      confidence-based stopping works on this text.
+    - model: the tokens per second its recent rounds delivered (their expected yield from the
+      draft's calibrated confidences over the measured cost of their draft steps and verify),
+      which already includes how well its confidence-based stopping works on this text.
 
-    The model is tried again once in a while when it has not been chosen, so a change in the text
-    (prose to code) is noticed; the n-gram estimates need no such probe."""
+    Never slower than the target alone, by design rather than by luck:
+    - drafting is chosen only when it promises a margin over a plain step (NGRAM_MIN_GAIN,
+      MODEL_MIN_GAIN): falling back to nothing costs nothing, drafting on a thin promise costs a
+      longer verify whenever the promise was noise;
+    - the model's rate is known only from rounds that used it, so while it is not chosen it is
+      probed, replacing a plain step: first after EARLY_TRIES rounds of a request, then after
+      EXPLORE_EVERY rounds, the gap doubling after each probe, at most MAX_PROBES per request.
+      A probe costs about one draft catch-up, its draft steps and a slightly longer verify, so
+      the probing of a request is bounded by a few target steps whatever the text.
+    The n-gram estimates need no probe: every round's lookup is scored, used or not."""
 
     name = "auto"
-    EXPLORE_EVERY = 16  # rounds without the model before it is tried again
-    EARLY_TRIES = 2  # a request's first rounds that do not use the model before it is tried
+    EXPLORE_EVERY = 16  # rounds without the model before the next probe (doubles after each)
+    EARLY_TRIES = 2  # a request's first rounds that do not use the model before it is probed
+    MAX_PROBES = 3  # probes of the model per request
+    CATCH_UP = 2  # tokens a draft catch-up step holds when the model is used round after round
 
     def __init__(self, costs: CostModel, ngram: NgramDrafter, model: ModelDrafter | None = None):
         self.costs = costs
         self.ngram = ngram
         self.model = model
         self.idle = 0  # rounds since the model was last used
+        self.gap = self.EXPLORE_EVERY  # rounds without the model before the next probe
+        self.probes = 0  # probes of the model in this request
         # recent model rounds: tokens yielded and seconds spent, both exponentially weighted
         self.m_tokens, self.m_seconds = 0.0, 0.0
         self._m_round: tuple[int, float] | None = None  # (proposals, draft seconds) of this round
 
     def begin(self, ctx) -> None:
         self.ngram.begin(ctx)
+        self.probes = 0
+        self.gap = self.EXPLORE_EVERY
+        self.idle = self.gap - self.EARLY_TRIES - 1
         if self.model is not None:
             self.model.begin(ctx)
-        if self.model is not None:
             # start from the old estimate, pulled toward what the model's long-run acceptance
-            # predicts for a one-token proposal (one round's worth of evidence), and try it in the
-            # first rounds: a new text may suit the draft better or worse than the last one
+            # predicts for a one-token proposal (one round's worth of evidence): a new text may
+            # suit the draft better or worse than the last one
             a = self.model.mean.mean
             self.m_tokens = self.m_tokens * NEW_REQUEST_KEEP + 1.0 + a
-            self.m_seconds = self.m_seconds * NEW_REQUEST_KEEP + self.costs.draft_step() + self.costs.verify(2)
-            self.idle = self.EXPLORE_EVERY - self.EARLY_TRIES
+            self.m_seconds = (self.m_seconds * NEW_REQUEST_KEEP + self.costs.draft_steps([self.CATCH_UP])
+                              + self.costs.verify(2))
 
     def expected_yield(self, proposal: Proposal) -> float:
         """Expected tokens from a model proposal: 1 + sum over j of P(first j all accepted)."""
@@ -394,27 +419,49 @@ class AutoDrafter(Drafter):
             return self.costs.best_k(self.model.mean.mean, 4)[1]
         return self.m_tokens / self.m_seconds
 
+    def choose(self, ng_k: int, ng_rate: float) -> str:
+        """The source of this round: "ngram" (a lookup planned ng_k > 0 tokens at ng_rate),
+        "model" or "none"; counts probes."""
+        r0 = self.costs.target_alone_rate()
+        options = [("none", r0)]
+        if ng_k and ng_rate >= r0 * (1.0 + self.ngram.min_gain):
+            options.append(("ngram", ng_rate))
+        if self.model is not None:
+            m = self.model_rate()
+            if m >= r0 * (1.0 + MODEL_MIN_GAIN):
+                options.append(("model", m))
+        choice = max(options, key=lambda c: c[1])[0]
+        if choice == "model":
+            self.idle, self.gap = 0, self.EXPLORE_EVERY
+        elif self.model is not None:
+            self.idle += 1
+            # probe instead of a plain step (an n-gram round in hand is not given up for a probe)
+            if choice == "none" and self.idle >= self.gap and self.probes < self.MAX_PROBES:
+                choice = "model"
+                self.probes += 1
+                self.idle = 0
+                if self.probes > 1:  # the early probe is a request's first look, not a failure
+                    self.gap *= 2
+        return choice
+
     def propose(self, ctx, k, params, rng) -> Proposal:
         if k <= 0:
             return EMPTY
-        options = [("none", self.costs.target_alone_rate())]
         tokens, n = self.ngram.lookup(ctx, k)
         ng_k, ng_rate = self.ngram.plan(tokens, n) if tokens else (0, 0.0)
-        if ng_k:
-            options.append(("ngram", ng_rate))
-        if self.model is not None:
-            options.append(("model", self.model_rate()))
-        choice = max(options, key=lambda c: c[1])[0]
-        if choice != "model" and self.model is not None and self.idle >= self.EXPLORE_EVERY:
-            choice = "model"  # has the text become draftable again?
-        self.idle = 0 if choice == "model" else self.idle + 1
+        choice = self.choose(ng_k, ng_rate)
         if choice == "ngram":
             return Proposal(tokens[:ng_k], None, "ngram", ngram=n)
         if choice == "model":
             prop = self.model.propose(ctx, k, params, rng)
-            # its cost from the (median) step time, not its own wall time: one burst of another
-            # process must not turn the drafter off for the rest of the request
-            self._m_round = (len(prop.tokens), self.model.last_steps * self.costs.draft_step())
+            # its cost from the (median) step times, not its own wall time: one burst of another
+            # process must not turn the drafter off for the rest of the request. The catch-up step
+            # is costed as it would be if the model were used every round (CATCH_UP tokens): the
+            # question the estimate answers is whether using it from now on pays.
+            sizes = list(self.model.last_sizes)
+            if sizes and sizes[0] > 1:
+                sizes[0] = min(sizes[0], self.CATCH_UP)
+            self._m_round = (len(prop.tokens), self.costs.draft_steps(sizes))
             return prop
         return EMPTY
 

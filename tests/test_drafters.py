@@ -174,7 +174,7 @@ class StubModel:
         self.mean = Beta(a, weight=1000)
         self.asked = 0
         self.last_seconds = 0.05
-        self.last_steps = 2
+        self.last_sizes = [1, 1]
 
     def acceptance(self, conf):
         return self.mean.mean
@@ -238,3 +238,150 @@ def test_auto_tracks_the_model_rate_from_confidence():
     before = auto.model_rate()
     auto.feedback(p, 2, 5)
     assert auto.model_rate() > before  # (2.71 tokens in 0.14 s) beats the start estimate
+
+
+# --- auto: never slower than the target alone ----------------------------------------------------
+def test_auto_probes_the_model_a_bounded_number_of_times_per_request():
+    cpu = CostModel(times(s1=0.07, s2=0.09, s3=0.11, s4=0.13, s5=0.15), times(s1=0.03, s2=0.035))
+    model = StubModel(0.3)
+    auto = AutoDrafter(cpu, NgramDrafter(cpu), model)
+    for _ in range(3):  # three requests of 400 rounds each
+        auto.begin([1, 2, 3])
+        asked = model.asked
+        picks = []
+        for _ in range(400):
+            p = auto.propose([1, 2, 3, 4, 5, 6], 4, GREEDY, None)
+            picks.append(p.source)
+            auto.feedback(p, 0, 6)
+        assert model.asked - asked == AutoDrafter.MAX_PROBES
+        probes = [i for i, s in enumerate(picks) if s == "model"]
+        # the first after EARLY_TRIES plain rounds, then the gap doubles
+        assert probes[0] == AutoDrafter.EARLY_TRIES
+        gaps = np.diff(probes)
+        assert list(gaps) == [AutoDrafter.EXPLORE_EVERY * 2 ** i for i in range(len(gaps))]
+
+
+def test_auto_needs_a_margin_before_it_drafts():
+    cm = CostModel(times(s1=0.10, s2=0.12, s3=0.14))
+    auto = AutoDrafter(cm, NgramDrafter(cm), None)
+    r0 = cm.target_alone_rate()
+    assert auto.choose(1, r0 * 1.05) == "none"  # a thin promise is not worth the risk
+    assert auto.choose(1, r0 * 1.5) == "ngram"
+    model = StubModel(0.9)
+    auto = AutoDrafter(cm, NgramDrafter(cm), model)
+    auto.m_tokens, auto.m_seconds = 1.05, 1.0 / r0  # the model's rounds deliver 5 % more
+    assert [auto.choose(0, 0.0) for _ in range(10)].count("model") <= 1  # a probe at most
+    auto.m_tokens = 1.5
+    assert auto.choose(0, 0.0) == "model"
+
+
+def test_ngram_plan_asks_for_the_margin_too():
+    cm = CostModel(times(s1=0.10, s2=0.12, s3=0.14, s4=0.16))
+    ng = NgramDrafter(cm)
+    for b in (ng.first_beta(3), ng.next):
+        b.a, b.b = 0.0, 0.0
+    ng.first_beta(3).add(250, 750)  # one proposal: 1.25 tokens for 1.2 x the step, 4 % more
+    ng.next.add(500, 500)
+    k, rate = ng.plan([7, 8, 9], 3)
+    assert k == 0 and rate == pytest.approx(cm.target_alone_rate())
+    ng.min_gain = 0.0
+    k, rate = ng.plan([7, 8, 9], 3)
+    assert k == 1 and rate == pytest.approx(1.25 / 0.12)
+
+
+class SimModel:
+    """A draft model for the simulator: proposes the true next tokens, each right with
+    probability `a` (then a wrong one), learns its acceptance from the verdicts like the real one,
+    and reports the sizes of the draft steps a proposal ran (catch-up first)."""
+
+    def __init__(self, truth, a, rng):
+        from edgespec.drafters import Beta
+
+        self.truth, self.a, self.rng = truth, a, rng
+        self.mean = Beta(0.6, weight=8.0)
+        self.seen = 0  # context tokens the fake draft cache holds
+        self.last_sizes = []
+
+    def acceptance(self, conf):
+        return self.mean.mean
+
+    def begin(self, ctx):
+        self.seen = min(self.seen, len(ctx))
+
+    def propose(self, ctx, k, params, rng):
+        self.last_sizes = [max(1, len(ctx) - self.seen)]
+        toks = []
+        for j in range(min(k, 3)):
+            pos = len(ctx) - self.prompt_len + j
+            right = self.rng.random() < self.a and pos < len(self.truth)
+            toks.append(self.truth[pos] if right else -5)
+            if j:
+                self.last_sizes.append(1)
+        self.seen = len(ctx) + len(toks) - 1
+        return Proposal(toks, None, "model", [0.9] * len(toks))
+
+    def feedback(self, prop, accepted, valid_len):
+        self.seen = min(self.seen, valid_len)
+        if prop.source == "model" and prop.tokens:
+            for i in range(min(accepted + 1, len(prop.tokens))):
+                self.mean.add(i < accepted, i >= accepted)
+
+
+def simulate(costs: CostModel, truth, prompt, a_model, *, seed=0, rounds_max=10_000):
+    """Runs AutoDrafter against a known continuation `truth`, paying the cost model's seconds for
+    every step; returns (tokens per second, the same for the target alone, rounds by source)."""
+    rng = np.random.default_rng(seed)
+    model = None if a_model is None else SimModel(truth, a_model, rng)
+    if model is not None:
+        model.prompt_len = len(prompt)
+    auto = AutoDrafter(costs, NgramDrafter(costs), model)
+    ctx, pos, seconds, by = list(prompt), 0, 0.0, {}
+    auto.begin(ctx)
+    while pos < len(truth) - 1 and rounds_max:
+        rounds_max -= 1
+        p = auto.propose(ctx + [truth[pos]], 8, GREEDY, rng)  # ctx[-1] is the newest token
+        ctx.append(truth[pos])
+        pos += 1
+        draft = p.tokens
+        n = common_prefix(draft, truth[pos : pos + len(draft)])
+        seconds += costs.verify(len(draft) + 1)
+        if p.source == "model":
+            seconds += costs.draft_steps(model.last_sizes)
+        new = truth[pos : pos + n]
+        ctx.extend(new)
+        pos += n
+        auto.feedback(p, n, len(ctx))
+        by[p.source] = by.get(p.source, 0) + 1
+    return pos / seconds, costs.target_alone_rate(), by
+
+
+CPU = dict(s1=0.107, s2=0.151, s3=0.184, s4=0.193, s5=0.24, s6=0.27, s7=0.30, s8=0.33, s9=0.36)
+GPU = dict(s1=0.02, s2=0.0201, s3=0.0202, s4=0.0203, s5=0.0204, s6=0.0205, s7=0.0206, s8=0.0207, s9=0.0208)
+
+
+@pytest.mark.parametrize("a_model", [None, 0.3, 0.6, 0.8])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_auto_is_never_much_slower_than_the_target_on_text_that_does_not_repeat(a_model, seed):
+    """The worst case for auto: nothing repeats, the draft model is mediocre and costs 45 % of a
+    target step, a 2-token verify 41 % more (the dev machine). It must notice and stay at >= 0.95x."""
+    rng = np.random.default_rng(100 + seed)
+    truth = rng.integers(1000, 1_000_000, 300).tolist()
+    prompt = rng.integers(1000, 1_000_000, 60).tolist()
+    costs = CostModel(times(**CPU), times(s1=0.048, s2=0.06, s3=0.07, s97=0.42))
+    rate, base, by = simulate(costs, truth, prompt, a_model, seed=seed)
+    assert rate >= 0.95 * base, by
+
+
+def test_auto_finds_the_gain_where_there_is_one():
+    rng = np.random.default_rng(7)
+    prompt = rng.integers(1000, 1_000_000, 120).tolist()
+    # an edit of the prompt: long copied spans with a few changes
+    truth = prompt[:40] + [5, 6] + prompt[42:100] + [7] + prompt[101:120]
+    cpu = CostModel(times(**CPU), times(s1=0.048, s2=0.06, s3=0.07, s97=0.42))
+    rate, base, by = simulate(cpu, truth, prompt, 0.3)
+    assert rate >= 1.5 * base and by["ngram"] > by.get("model", 0), by
+    # a GPU-like device where a verify costs one step and the draft is good: the model pays
+    truth = rng.integers(1000, 1_000_000, 300).tolist()
+    gpu = CostModel(times(**GPU), times(s1=0.003, s2=0.0031, s3=0.0032))
+    rate, base, by = simulate(gpu, truth, prompt, 0.85)
+    assert rate >= 1.5 * base and by["model"] > 100, by

@@ -1,0 +1,41 @@
+"""The cost model: step costs from measured times, and the margin a drafting choice must clear."""
+from __future__ import annotations
+
+import pytest
+
+from edgespec.costmodel import CostModel
+from edgespec.runner import StepTimes
+
+
+def times(**by_size) -> StepTimes:
+    t = StepTimes()
+    for s, sec in by_size.items():
+        for _ in range(3):
+            t.add(int(s[1:]), sec)
+    return t
+
+
+def test_draft_steps_by_size_interpolate_up_to_the_prompt_prefill():
+    cm = CostModel(times(s1=0.10), times(s1=0.04, s2=0.05, s97=0.42))
+    assert cm.draft_step() == pytest.approx(0.04)
+    assert cm.draft_step(2) == pytest.approx(0.05)
+    assert cm.draft_step(49) == pytest.approx(0.05 + (0.42 - 0.05) * 47 / 95)
+    assert cm.draft_step(194) == pytest.approx(0.84)  # past the longest: its cost per token
+    assert cm.draft_steps([2, 1, 1]) == pytest.approx(0.13)
+
+
+def test_draft_step_priors_before_any_draft_step_ran():
+    cm = CostModel(times(s1=0.10))
+    assert cm.draft_step() == pytest.approx(0.035)  # PRIOR_DRAFT_RATIO of a target step
+    assert cm.draft_step(2) == pytest.approx(0.035 * 1.09)
+    only_one = CostModel(times(s1=0.10), times(s1=0.04))
+    assert only_one.draft_step(3) == pytest.approx(0.04 * 1.38)
+
+
+def test_min_gain_turns_a_thin_promise_into_k0():
+    cm = CostModel(times(s1=0.10, s2=0.11, s3=0.12))
+    k, rate = cm.best_k(0.2, 2, draft_cost=0.0)  # 1.2 tokens for 1.1 steps: +9 %
+    assert k == 1 and rate == pytest.approx(1.2 / 0.11)
+    k, rate = cm.best_k(0.2, 2, draft_cost=0.0, min_gain=0.1)
+    assert k == 0 and rate == pytest.approx(10.0)
+    assert cm.best_k(0.9, 2, draft_cost=0.0, min_gain=0.1)[0] == 2  # a clear gain stays
