@@ -385,3 +385,23 @@ def test_auto_finds_the_gain_where_there_is_one():
     gpu = CostModel(times(**GPU), times(s1=0.003, s2=0.0031, s3=0.0032))
     rate, base, by = simulate(gpu, truth, prompt, 0.85)
     assert rate >= 1.5 * base and by["model"] > 100, by
+
+
+def test_ngram_match_that_continues_a_copied_span_has_its_own_estimate():
+    cm = CostModel(times(s1=0.10, s2=0.11, s3=0.12, s4=0.13))
+    ng = NgramDrafter(cm)
+    src = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
+    ctx = src + [0, 11, 12]  # starts copying src
+    assert ng.lookup(ctx, 2) == ([13, 14], 2) and not ng.last_cont
+    first_before, cont_before = ng.first_beta(2).mean, ng.cont.mean
+    ctx += [13, 14, 15]  # the copy went on: the next match is the same span, same distance back
+    toks, n = ng.lookup(ctx, 2)
+    assert toks == [16, 17] and ng.last_cont
+    assert ng.first_beta(2).mean > first_before and ng.cont.mean == cont_before  # scored as a fresh match
+    ctx += [16, 99]  # an edit: the continuation's first token was right, the second not
+    ng.lookup(ctx, 2)
+    assert ng.cont.mean > cont_before
+    ng.use_cont = False
+    ng.lookup(src + [0, 11, 12], 2)
+    ng.lookup(src + [0, 11, 12, 13, 14, 15], 2)
+    assert not ng.last_cont
