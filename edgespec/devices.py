@@ -249,18 +249,55 @@ def detect(root: str | os.PathLike = "/") -> DeviceProfile:
         p.cpu_model = facts["cpu_model"]
     p.notes = p.notes + notes
     p.detected = {"how": how, **{k: v for k, v in facts.items() if k != "root"}}
+    p.detected["memory_source"] = "measured" if facts.get("mem_total") else ("profile" if p.memory_bytes else "unknown")
     return p
 
 
 def engine_defaults(profile: DeviceProfile | None, *, providers=None, draft_providers=None,
                     threads: int | None = None) -> dict[str, Any]:
     """What Engine.open should use when the caller left an option unset: the profile's provider
-    orders and thread count. Explicit values always win; without a profile nothing changes."""
+    orders and thread count. Explicit values always win; without a profile nothing changes.
+
+    A provider order taken from the profile is a `providers.ProfileOrder`: tried like the default
+    order, so a provider this onnxruntime lacks is skipped without a warning (the user did not ask
+    for it). An explicit target order is the draft's too unless the draft has its own."""
     if profile is None:
         return {"providers": providers, "draft_providers": draft_providers, "threads": threads}
+    from .providers import ProfileOrder
+
     return {
-        "providers": providers if providers is not None else list(profile.providers),
+        "providers": providers if providers is not None else ProfileOrder(profile.providers),
         "draft_providers": draft_providers if draft_providers is not None else (
-            providers if providers is not None else list(profile.draft_providers)),
+            providers if providers is not None else ProfileOrder(profile.draft_providers)),
         "threads": threads if threads is not None else profile.default_threads,
     }
+
+
+def with_measured_memory(profile: DeviceProfile, root: str | os.PathLike = "/") -> DeviceProfile:
+    """The profile with the memory the kernel reports (<root>/proc/meminfo MemTotal) when the
+    profile has no size of its own (a Pi 4 ships with 1, 2, 4 or 8 GB) or when `root` is that very
+    board (an "8 GB" Orin Nano has 7.3 GiB for Linux); the default budget follows from it.
+
+    `profile.detected["memory_source"]` says where the number came from: "measured" (with
+    "memory_measured_on": the board read), "profile", or "unknown" when neither has one."""
+    p = copy.deepcopy(profile)
+    if p.detected.get("how"):  # detect() made it: memory_bytes is already the kernel's number
+        return p
+    from .memory import meminfo
+
+    total = meminfo(root).get("MemTotal")
+    here = None
+    if total:
+        try:
+            here = detect(root)
+        except Exception:  # a detection problem must not stop a plan for a named board
+            here = None
+    on_board = here is not None and here.id == p.id
+    if total and (p.memory_bytes is None or on_board):
+        p.memory_bytes = int(total)
+        p.detected["memory_source"] = "measured"
+        p.detected["memory_measured_on"] = "this board" if on_board else (
+            here.name if here is not None else "this machine")
+    else:
+        p.detected["memory_source"] = "profile" if p.memory_bytes else "unknown"
+    return p

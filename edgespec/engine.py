@@ -175,11 +175,15 @@ class Engine:
         a 2-core CPU), so the first request neither pays one-off allocations nor guesses costs."""
         _check_draft_mode(draft)
         _check_k(k)
+        # every edge option is checked before the bundle is read: a typo costs no model load
+        edge = _edge_options(device, providers, draft_providers, threads, memory_budget, power_budget, max_temp)
+        providers, draft_providers, threads = edge["providers"], edge["draft_providers"], edge["threads"]
         b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, verify=verify)
         if draft == "model" and b.draft is None:
             raise DraftUnavailable(f"bundle {b.name} has no draft model: use draft='ngram' or 'auto'", param="draft")
         want_draft = draft in ("auto", "model") and b.draft is not None
-        plan = _memory_plan(b, max_len=max_len, want_draft=want_draft, device=device, memory_budget=memory_budget)
+        plan = _memory_plan(b, max_len=max_len, want_draft=want_draft, profile=edge["profile"],
+                            budget=edge["memory_budget"])
         if plan is not None:
             max_len, load_draft, chunk = plan.max_len, plan.load_draft, getattr(plan, "prefill_chunk", PREFILL_CHUNK)
             for note in plan.notes:  # what a budget changed matters; the rest is detail
@@ -196,13 +200,13 @@ class Engine:
                                    "or 'auto', or raise the budget", param="draft")
         # both models on one shared thread pool: they take turns, and must not fight over cores
         target = load_runner(b.model_path("target"), b.target, max_len, providers=providers, threads=threads,
-                             shared_threads=load_draft)
+                             shared_threads=load_draft, profile=edge["profile"])
         draft_runner = None
         if load_draft:
             draft_runner = load_runner(b.model_path("draft"), b.draft, max_len,
                                        providers=draft_providers if draft_providers is not None else providers,
-                                       threads=threads, shared_threads=True)
-        governor = _governor(device, power_budget, max_temp)
+                                       threads=threads, shared_threads=True, profile=edge["profile"])
+        governor = _governor(edge, spinning=_sessions_spin(load_draft))
         eng = cls(b, target, draft_runner, b.load_tokenizer(), draft_mode=draft, k=k, governor=governor,
                   memory_plan=plan, prefill_chunk=chunk)
         if warmup and draft != "none":
@@ -511,38 +515,72 @@ def _cancel_fn(cancel) -> Callable[[], bool]:
     raise InvalidRequest("cancel must be a threading.Event or a callable returning bool", param="cancel")
 
 
-def _memory_plan(b: Bundle, *, max_len, want_draft: bool, device, memory_budget):
-    """The memory module's plan, or None when that module is not available (then: no budget)."""
-    try:
-        from . import memory
-    except ImportError:
-        if memory_budget is not None:
-            log.warning("memory budget %s ignored: edgespec.memory is not available", memory_budget)
-        return None
+def _edge_options(device, providers, draft_providers, threads, memory_budget, power_budget, max_temp) -> dict:
+    """Checks the device and edge options (each bad value is an InvalidRequest naming its option)
+    and fills what the caller left unset from the device profile (devices.engine_defaults).
+
+    device: None -> no profile (onnxruntime's defaults, no default memory budget); "auto" -> the
+    board this runs on, detected; a name or alias -> that profile; a DeviceProfile -> itself. A
+    profile's memory is what this machine's kernel reports when the profile has none (a Pi 4) or
+    when it is the board itself. Explicit options always win over the profile."""
+    from . import devices, providers as prov
+
     profile = None
     if device is not None:
+        profile = devices.with_measured_memory(devices.resolve(device))
+    if providers is not None:
+        prov.normalize(providers)
+    if draft_providers is not None:
         try:
-            from . import devices
-        except ImportError:
-            log.warning("device profile %r ignored: edgespec.devices is not available", device)
-        else:
-            profile = devices.resolve(device)
-    budget = memory.parse_size(memory_budget) if memory_budget is not None else None
+            prov.normalize(draft_providers)
+        except InvalidRequest as e:
+            raise InvalidRequest(f"draft providers: {e}", param="draft_providers") from None
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024):
+        raise InvalidRequest(f"threads must be an integer from 1 to 1024 (or None: onnxruntime's default), "
+                             f"got {threads!r}", param="threads")
+    out = devices.engine_defaults(profile, providers=providers, draft_providers=draft_providers, threads=threads)
+    out["profile"] = profile
+    out["memory_budget"] = None
+    if memory_budget is not None:
+        from .memory import parse_size
+
+        out["memory_budget"] = parse_size(memory_budget)
+    out["power_budget_w"] = out["max_temp_c"] = None
+    if power_budget is not None or max_temp is not None:
+        from .governor import parse_celsius, parse_watts
+
+        out["power_budget_w"] = parse_watts(power_budget) if power_budget is not None else None
+        out["max_temp_c"] = parse_celsius(max_temp) if max_temp is not None else None
+    return out
+
+
+def _memory_plan(b: Bundle, *, max_len, want_draft: bool, profile, budget: int | None):
+    """The memory module's plan: `budget` (bytes) or else the profile's default budget decides the
+    cache length and whether the draft is loaded; with neither, nothing is shrunk."""
+    from . import memory
+
     return memory.plan(b, max_len=max_len, want_draft=want_draft, budget_bytes=budget, profile=profile)
 
 
-def _governor(device, power_budget, max_temp):
-    """A governor when a power or temperature limit is asked for (or a device named, to measure
-    energy); None otherwise, or when the governor module is not available."""
-    if power_budget is None and max_temp is None and device is None:
+def _sessions_spin(load_draft: bool) -> bool:
+    """Whether the sessions just created busy-wait between ops (what the governor's fewer-cores rung
+    depends on). The shared pool (providers.use_shared_thread_pool) always spins: the Python API of
+    onnxruntime cannot turn spinning off for its global pool (docs/edge.md, "Spinning"); without the
+    shared pool, two models fall back to per-session pools without spinning (runner.load_runner),
+    and a model alone gets a per-session pool with onnxruntime's default, spinning."""
+    from .providers import shared_pool_active
+
+    if shared_pool_active():
+        return True
+    return not load_draft
+
+
+def _governor(edge: dict, *, spinning: bool):
+    """A governor when a power or temperature limit is asked for or a device is named (then it
+    measures energy and applies the profile's temperature limit); None otherwise."""
+    if edge["power_budget_w"] is None and edge["max_temp_c"] is None and edge["profile"] is None:
         return None
-    try:
-        from . import governor
-    except ImportError:
-        log.warning("power/thermal limits ignored: edgespec.governor is not available")
-        return None
-    try:
-        return governor.from_options(device=device, power_budget=power_budget, max_temp=max_temp)
-    except ImportError as e:
-        log.warning("power/thermal limits ignored: %s", e)
-        return None
+    from . import governor
+
+    return governor.from_options(device=edge["profile"], power_budget=edge["power_budget_w"],
+                                 max_temp=edge["max_temp_c"], spinning=spinning)

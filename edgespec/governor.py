@@ -14,7 +14,9 @@ rung per `relax_s` (slower, so it does not oscillate around the limit):
                    Only with sessions created without spinning (`limit_cores=True`): pool threads that
                    busy-wait for a sibling descheduled on the same core make each token cost more CPU
                    (measured: 1.65x the CPU time per token, 0.3x the speed), so otherwise this rung is
-                   skipped
+                   skipped. The thread pool target and draft share always spins (onnxruntime's
+                   Python API cannot stop its global pool spinning), so an engine with a draft model
+                   goes from n-gram-only straight to pacing; `state()["cores_rung"]` says which
     4 paced        sleep `pace_s` after each round; grows x1.6 per step while still over, shrinks
                    x1.6 per step once under, and the rung is left when it falls below `min_pace_s`
 
@@ -183,6 +185,18 @@ class Governor:
             self.unenforced.append(f"temperature limit {max_temp_c:g} C: no thermal zone on this board")
         for line in self.unenforced:
             log.warning("%s; it is not enforced", line)
+        if (power_budget_w is not None or max_temp_c is not None) and self.cores_rung != "available":
+            log.info("governor: the fewer-cores rung is skipped (%s); over a limit it goes from n-gram-only "
+                     "straight to pacing", self.cores_rung.removeprefix("skipped: "))
+
+    @property
+    def cores_rung(self) -> str:
+        """Whether the fewer-cores rung can be used, and if not why (for state() and the log)."""
+        if not self.limit_cores:
+            return "skipped: the sessions' thread pool spins (onnxruntime's shared pool cannot stop spinning)"
+        if self.cpu_limiter is None or not self.cpu_limiter.available:
+            return "skipped: fewer than 2 cores, or no CPU affinity on this OS"
+        return "available"
 
     # -- the two calls of the speculative loop ---------------------------------------------------
     def limits(self) -> Limits:
@@ -379,6 +393,7 @@ class Governor:
                 "cores": self.cores,
                 "changes": self.changes,
                 "unenforced": list(self.unenforced),
+                "cores_rung": self.cores_rung,
                 "sensor_errors": list(self.sensor_errors),
             }
 
@@ -396,8 +411,10 @@ def from_options(*, device=None, power_budget=None, max_temp=None, root: str = "
     ("10W", 10, "80C", 80) and returns a governor (one that only measures when both are None).
 
     `spinning`: how the engine created its onnxruntime sessions (providers.session_options). The
-    fewer-cores rung is used only when they do not spin (spinning=False); open sessions that way
-    whenever a power budget or temperature limit is set."""
+    fewer-cores rung is used only when they do not spin (spinning=False). Engine.open passes what
+    its sessions really do: the shared thread pool of a target + draft engine always spins (its
+    spinning cannot be turned off from Python), so there the rung is skipped and state() says so.
+    `device`: a name, "auto"/None (detect the board under `root`) or a DeviceProfile."""
     from . import devices, sensors
 
     profile = devices.resolve(device, root=root)

@@ -215,8 +215,8 @@ def plan(
     if max_len is None:
         want_len = int(getattr(profile, "default_max_len", None) or DEFAULT_MAX_LEN)
     else:
-        if int(max_len) < 2:
-            raise InvalidRequest(f"max_len must be at least 2, got {max_len}", param="max_len")
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
+            raise InvalidRequest(f"max_len must be an integer >= 2, got {max_len!r}", param="max_len")
         want_len = int(max_len)
     if want_len > context:
         notes.append(f"max_len {want_len} capped at the model's context length {context}")

@@ -33,6 +33,14 @@ SHORT_NAMES = {"tensorrt": TRT, "trt": TRT, "cuda": CUDA, "cpu": CPU}
 DEFAULT_TRT_WORKSPACE = 1 << 30  # bytes; a device profile may set its own (trt.workspace_gib)
 
 
+class ProfileOrder(list):
+    """A provider order that came from a device profile, not from the user (devices.engine_defaults).
+
+    It is tried like the default order: a provider this onnxruntime lacks is skipped quietly (a
+    Jetson profile lists TensorRT first, and PyPI's CPU-only wheel must not log a warning per
+    session for it), while an order the user typed gets a warning for every provider it lacks."""
+
+
 def normalize(names) -> list[str]:
     """Accepts "cuda,cpu", ["cuda", "CPUExecutionProvider"], ... and returns full provider names.
     A name that is neither a short name nor a full onnxruntime provider name is a user error."""
@@ -104,6 +112,7 @@ def default_provider_options(name: str, *, profile=None, cache_dir: Path | None 
 
 
 _shared_pool: dict[str, object] = {}  # the process-wide onnxruntime thread pool, once set up
+_warned: set[str] = set()  # warnings given once per process
 
 
 def use_shared_thread_pool(threads: int | None = None) -> bool:
@@ -137,17 +146,30 @@ def session_options(threads: int | None = None, *, spinning: bool | None = None,
     """`spinning=False` stops idle pool threads from busy-waiting between ops: less power and CPU
     time on a board, a little more latency per step; None keeps onnxruntime's default.
     `shared_threads`: use the process-wide thread pool (runner.use_shared_thread_pool) instead of
-    one per session, so target and draft sessions taking turns do not fight over the cores."""
+    one per session, so target and draft sessions taking turns do not fight over the cores.
+
+    The shared pool always spins: onnxruntime reads `session.intra_op.allow_spinning` (and
+    `session.force_spinning_stop`) only for per-session pools, and its Python API has no switch for
+    the global pool's spinning (only the C API's OrtThreadingOptions has one; measured with
+    onnxruntime 1.32: a session on the global pool with allow_spinning=0 still burns ~5 ms of CPU
+    per 1.6 ms run, like one without it, against 1.8 ms per-session). So spinning=False with
+    the shared pool is refused with a warning rather than pretended (see docs/edge.md)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    if shared_threads or shared_pool_active():
+    shared = shared_threads or shared_pool_active()
+    if shared:
         so.use_per_session_threads = False
     elif threads:
         so.intra_op_num_threads = int(threads)
         so.inter_op_num_threads = 1
     if spinning is not None:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        if not shared:
+            so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        elif spinning is False and "spinning" not in _warned:
+            _warned.add("spinning")
+            log.warning("spinning=False has no effect on onnxruntime's shared thread pool (its Python API "
+                        "cannot turn the global pool's spinning off); the sessions spin")
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
@@ -170,10 +192,11 @@ def create_session(path: str | os.PathLike, *, providers=None, threads: int | No
 
     `providers=None` uses TensorRT -> CUDA -> CPU (those this onnxruntime lacks are skipped quietly);
     an explicit list is tried as given, and a provider in it that this onnxruntime lacks gets a log
-    line. Raises ProviderError listing every provider's reason when none works."""
+    line (a ProfileOrder, a device profile's default, is quiet like the default order). `profile`
+    sets the TensorRT options (workspace limit, fp16) for the board. Raises ProviderError listing every provider's reason when none works."""
     import onnxruntime as ort
 
-    explicit = providers is not None
+    explicit = providers is not None and not isinstance(providers, ProfileOrder)
     order = normalize(providers)
     available = set(ort.get_available_providers())
     options = {n: default_provider_options(n, profile=profile) for n in order}

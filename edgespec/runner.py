@@ -165,7 +165,7 @@ class ModelRunner:
 
 
 def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, threads: int | None = None,
-                spinning: bool | None = None, shared_threads: bool = False) -> ModelRunner:
+                spinning: bool | None = None, shared_threads: bool = False, profile=None) -> ModelRunner:
     """Creates the session (trying providers in order, see providers.py) and its runner.
 
     `shared_threads`: run on the process-wide thread pool (providers.use_shared_thread_pool),
@@ -175,15 +175,15 @@ def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, 
     from .providers import create_session, shared_pool_active, use_shared_thread_pool
 
     if shared_threads and use_shared_thread_pool(threads):
-        session, device = create_session(path, providers=providers, threads=threads, shared_threads=True)
+        session, device = create_session(path, providers=providers, threads=threads, profile=profile, shared_threads=True)
         return ModelRunner(session, facts, max_len, device=device)
     if shared_pool_active():  # another engine in this process set it up: every session must use it
-        session, device = create_session(path, providers=providers, threads=threads, shared_threads=True)
+        session, device = create_session(path, providers=providers, threads=threads, profile=profile, shared_threads=True)
         return ModelRunner(session, facts, max_len, device=device)
     kw = {}
     if shared_threads:
         kw["spinning"] = False
     elif spinning is not None:
         kw["spinning"] = spinning
-    session, device = create_session(path, providers=providers, threads=threads, **kw)
+    session, device = create_session(path, providers=providers, threads=threads, profile=profile, **kw)
     return ModelRunner(session, facts, max_len, device=device)
