@@ -42,13 +42,18 @@ def _libs(root: Path) -> dict[str, list[str]]:
 def collect(root: str | os.PathLike = "/", *, device=None, path: str | None = None, probe: bool = True) -> dict[str, Any]:
     """The whole report as plain data (what `doctor --json` prints)."""
     root = Path(root)
-    profile = devices.detect(root) if device in (None, "auto") else devices.resolve(device)
+    if device in (None, "auto"):
+        profile = devices.detect(root)
+    else:  # a named board: its memory is the kernel's when it has no size of its own or this is that board
+        profile = devices.with_measured_memory(devices.resolve(device), root)
     board = devices.read_board(root)
     report: dict[str, Any] = {"board": profile.to_dict()}
-    report["board"]["detected"] = profile.detected or {"how": f"--device {device}", **board}
+    if not profile.detected.get("how"):
+        report["board"]["detected"] = {"how": f"--device {device}", **board, **profile.detected}
     mem_total = board.get("mem_total")
     report["memory"] = {
         "total_bytes": mem_total, "available_bytes": board.get("mem_available"),
+        "profile_bytes": profile.memory_bytes, "source": profile.detected.get("memory_source"),
         "default_budget_bytes": profile.memory_budget_bytes, "shared_with_gpu": profile.memory_shared_with_gpu,
     }
     report["cpu"] = {"arch": board.get("arch"), "cores": board.get("cpu_count"), "model": board.get("cpu_model")}
@@ -172,8 +177,14 @@ def render(report: dict[str, Any]) -> str:
     mem = f"{format_size(m['total_bytes'])} total" if m.get("total_bytes") else "unknown"
     if m.get("available_bytes"):
         mem += f", {format_size(m['available_bytes'])} available"
+    if m.get("profile_bytes") and m.get("source") == "profile":
+        mem += f"; the {b['id']} profile has {format_size(m['profile_bytes'])}"
     if m.get("default_budget_bytes"):
         mem += f"; default budget {format_size(m['default_budget_bytes'])}"
+        if m.get("source") == "measured":
+            on = det.get("memory_measured_on")
+            mem += (" (from the measured memory)" if on in (None, "this board") else
+                    f" (from this machine's memory: the {b['id']} profile has no size of its own)")
     if m.get("shared_with_gpu"):
         mem += " (shared with the GPU)"
     row("memory", mem)

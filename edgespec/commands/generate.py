@@ -22,9 +22,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="proposals per round (1-16); default: chosen every round from measured costs")
     p.add_argument("--max-len", type=int, default=None, metavar="N",
                    help="cache length in tokens, prompt + output (default: min(model context, 2048))")
-    p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
-    p.add_argument("--providers", default=None, help="execution providers in order, e.g. cuda,cpu")
-    p.add_argument("--device", default=None, help="device profile (e.g. orin-nano-8gb, pi5-8gb)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="onnxruntime intra-op threads (default: the device profile's, else all cores)")
+    p.add_argument("--providers", default=None,
+                   help="execution providers for the target, in order, e.g. tensorrt,cuda,cpu (default: the device "
+                        "profile's, else tensorrt,cuda,cpu where this onnxruntime has them)")
+    p.add_argument("--draft-providers", default=None,
+                   help="execution providers for the draft model, e.g. cpu (default: the device profile's, else "
+                        "those of the target)")
+    p.add_argument("--device", default="auto",
+                   help="device profile (e.g. orin-nano, rpi5-8gb; generic-x86_64 or generic-aarch64 for no board "
+                        "defaults); its provider orders, threads and memory budget fill what is not given "
+                        "(default: auto, the board this runs on, as `edgespec doctor` shows it)")
     p.add_argument("--memory-budget", default=None, metavar="SIZE", help="e.g. 3GiB: shrinks the cache or drops the draft")
     p.add_argument("--power-budget", default=None, metavar="WATTS", help="e.g. 10W (needs a power sensor)")
     p.add_argument("--max-temp", default=None, metavar="C", help="e.g. 80C")
@@ -77,7 +86,7 @@ def open_engine(args: argparse.Namespace):
 
     return Engine.open(
         resolve_bundle(args.bundle), draft=args.draft, k=args.k, max_len=args.max_len, providers=args.providers,
-        threads=args.threads, device=args.device, memory_budget=args.memory_budget,
+        draft_providers=args.draft_providers, threads=args.threads, device=args.device, memory_budget=args.memory_budget,
         power_budget=args.power_budget, max_temp=args.max_temp, verify=not args.no_verify,
     )
 

@@ -31,12 +31,14 @@ def run(args) -> int:
     from ..bundle import Bundle
     from .generate import resolve_bundle
 
-    profile = devices.resolve(args.device, root=args.root)
+    # a named board without a memory size (a Pi 4: 1-8 GB), or the board this runs on: the kernel's number
+    profile = devices.with_measured_memory(devices.resolve(args.device, root=args.root), args.root)
     bundle = Bundle.open(resolve_bundle(args.bundle), verify=False)
     budget = memory.parse_size(args.memory_budget) if args.memory_budget is not None else None
     want_draft = args.draft in ("auto", "model")
     plan = memory.plan(bundle, max_len=args.max_len, want_draft=want_draft, budget_bytes=budget, profile=profile)
-    warning = memory.fits_now(plan, args.root) if not args.device or args.device == "auto" else None
+    here = not args.device or args.device == "auto" or profile.detected.get("memory_measured_on") == "this board"
+    warning = memory.fits_now(plan, args.root) if here else None
     if args.draft == "model" and not plan.load_draft:
         plan.notes.append("--draft model asked for, but the plan has no draft model: the engine would refuse")
     check = None
@@ -44,7 +46,8 @@ def run(args) -> int:
         rss = memory.measure_fresh(bundle.root, max_len=plan.max_len, load_draft=plan.load_draft)
         check = memory.compare(plan, rss["peak"])
     if args.json:
-        out = {"bundle": str(bundle.root), "device": profile.id, **plan.to_dict()}
+        out = {"bundle": str(bundle.root), "device": profile.id, "memory_bytes": profile.memory_bytes,
+               "memory_source": _memory_source(profile), **plan.to_dict()}
         if warning:
             out["warning"] = warning
         if check is not None:
@@ -54,9 +57,27 @@ def run(args) -> int:
     else:
         mem = f", {memory.format_size(profile.memory_bytes)} memory" if profile.memory_bytes else ""
         print(f"bundle {bundle.name} ({bundle.root}) on {profile.name} ({profile.id}{mem})")
+        print(f"memory: {_memory_source(profile)}")
         print(plan.describe())
         if warning:
             print(f"warning: {warning}")
         if check is not None:
             print(check.describe() + " after filling the caches to max_len")
     return 0
+
+
+def _memory_source(profile) -> str:
+    """Where the board's memory size came from, in words (the default budget follows from it)."""
+    from ..memory import format_size
+
+    det = profile.detected
+    src = det.get("memory_source")
+    if src == "measured":
+        on = det.get("memory_measured_on")
+        if on is None or on == "this board":
+            return f"{format_size(profile.memory_bytes)} measured on this board (/proc/meminfo MemTotal)"
+        return (f"{format_size(profile.memory_bytes)} measured on {on} (/proc/meminfo MemTotal): the {profile.id} "
+                f"profile has no memory size; give --memory-budget for the board you plan for")
+    if src == "profile":
+        return f"{format_size(profile.memory_bytes)} from the {profile.id} profile (not measured: not this board)"
+    return "unknown: the profile has no size and /proc/meminfo could not be read; give --memory-budget"

@@ -104,7 +104,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "cache or drops the draft [EDGESPEC_MEMORY_BUDGET]")
     eng.add_argument("--power-budget", metavar="WATTS", help="e.g. 10W (needs a power sensor) [EDGESPEC_POWER_BUDGET]")
     eng.add_argument("--max-temp", metavar="C", help="e.g. 80C [EDGESPEC_MAX_TEMP]")
-    eng.add_argument("--device", help="device profile (see `edgespec doctor`) [EDGESPEC_DEVICE]")
+    eng.add_argument("--device", help="device profile whose provider orders, threads and memory budget fill what "
+                     "is not given (default: auto, this board as `edgespec doctor` detects it) [EDGESPEC_DEVICE]")
     eng.add_argument("--providers", help="execution providers for the target, comma-separated "
                      "(e.g. tensorrt,cuda,cpu) [EDGESPEC_PROVIDERS]")
     eng.add_argument("--draft-providers", help="execution providers for the draft [EDGESPEC_DRAFT_PROVIDERS]")
@@ -192,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
             path = path.parent
         config = server_config(args)
         options = engine_options(args)
+        options.setdefault("device", "auto")  # like generate and chat: this board's defaults
 
         def open_engine():
             from ..engine import Engine
