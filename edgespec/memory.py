@@ -134,18 +134,30 @@ def _open(bundle):
 
 def _intermediate_size(facts) -> int:
     """The MLP width is not in the manifest; recover it from the parameter count
-    (params ~ embeddings + layers x (attention + 3 x hidden x intermediate)), else assume 4 x hidden."""
+    (params = embeddings + final norm + layers x (attention + biases + 2 norms + 3 x hidden x
+    intermediate)), else assume 4 x hidden.
+
+    The count may hold the embedding once (tied lm_head) or twice (untied; a GGUF often stores
+    output.weight even for a tied model), and the manifest does not say which: both readings are
+    tried and the one nearer a multiple of 64 wins (MLP widths are: Qwen2.5 8960 and 4864, SmolLM2
+    1536; with the small terms counted the right reading comes out exact). Bundles written before
+    the export filled `params` have 0 there: 4 x hidden then."""
     h, layers = facts.hidden_size, facts.layers
     kv = facts.kv_heads * facts.head_dim
-    if facts.params:
-        emb = facts.vocab_size * h
-        attn = h * h * 2 + 2 * h * kv
-        for embeddings in (emb, 2 * emb):  # tied or untied lm_head
-            per_layer = (facts.params - embeddings) / layers - attn
-            inter = per_layer / (3 * h)
-            if h <= inter <= 8 * h:
-                return int(inter)
-    return 4 * h
+    if not facts.params or layers <= 0 or h <= 0:
+        return 4 * h
+    emb = facts.vocab_size * h
+    attn = h * h * 2 + 2 * h * kv  # q and o [h, h]; k and v [h, kv]
+    small = 2 * h + (h + 2 * kv if facts.arch == "qwen2" else 0)  # two norms; Qwen2's q/k/v biases
+    candidates = []
+    for embeddings in (emb, 2 * emb):  # tied or untied lm_head
+        per_layer = (facts.params - embeddings - h) / layers - attn - small
+        inter = per_layer / (3 * h)
+        if h / 2 <= inter <= 8 * h:
+            candidates.append(inter)
+    if not candidates:
+        return 4 * h
+    return int(round(min(candidates, key=lambda x: abs(x - 64 * round(x / 64)))))
 
 
 def working_bytes(facts, max_len: int, prefill_chunk: int, *, verify_rows: int = 16) -> int:
