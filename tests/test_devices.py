@@ -173,3 +173,57 @@ def test_engine_defaults_fill_only_what_is_unset():
     assert d["providers"] == ["tensorrt", "cuda", "cpu"] and d["draft_providers"] == "cpu"
     assert devices.engine_defaults(None, threads=3) == {"providers": None, "draft_providers": None, "threads": 3}
     assert devices.engine_defaults(devices.get("generic-x86_64"))["threads"] is None  # onnxruntime's default
+
+
+def test_engine_defaults_from_a_profile_are_quiet_orders_explicit_ones_are_not():
+    from edgespec.providers import ProfileOrder
+
+    d = devices.engine_defaults(devices.get("orin-nano"))
+    assert isinstance(d["providers"], ProfileOrder) and isinstance(d["draft_providers"], ProfileOrder)
+    d = devices.engine_defaults(devices.get("orin-nano"), providers=["cuda", "cpu"])
+    assert not isinstance(d["providers"], ProfileOrder) and not isinstance(d["draft_providers"], ProfileOrder)
+
+
+def test_measured_memory_for_a_profile_without_a_size_on_the_board_itself(tmp_path):
+    """A Pi 4 2GB: the rpi4 profile has no memory size; on the board the kernel's number counts and
+    the default budget is that less the profile's 1 GiB reserve."""
+    root = copy_tree("rpi4", tmp_path)
+    set_memtotal(root, 1_893_000)
+    p = devices.with_measured_memory(devices.get("rpi4"), root)
+    assert p.memory_bytes == 1_893_000 * 1024
+    assert p.memory_budget_bytes == 1_893_000 * 1024 - GIB
+    assert p.detected["memory_source"] == "measured" and p.detected["memory_measured_on"] == "this board"
+    assert devices.get("rpi4").memory_bytes is None  # the stored profile is untouched
+
+
+def test_measured_memory_on_another_board_says_which(tmp_path):
+    root = copy_tree("jetson-orin-nano", tmp_path)
+    set_memtotal(root, 7_800_000)
+    p = devices.with_measured_memory(devices.get("rpi4"), root)
+    assert p.memory_bytes == 7_800_000 * 1024
+    assert p.detected["memory_measured_on"] == devices.detect(root).name != "this board"
+
+
+def test_profile_with_a_size_keeps_it_off_the_board_and_takes_the_kernels_on_it(tmp_path):
+    jetson = copy_tree("jetson-orin-nano", tmp_path)
+    p = devices.with_measured_memory(devices.get("rpi5-8gb"), jetson)
+    assert p.memory_bytes == 8 * GIB and p.detected["memory_source"] == "profile"
+    pi5 = copy_tree("rpi5", tmp_path)
+    set_memtotal(pi5, 8_000_000)  # what an "8 GB" Pi 5 reports
+    assert devices.detect(pi5).id == "rpi5-8gb"
+    p = devices.with_measured_memory(devices.get("rpi5-8gb"), pi5)
+    assert p.memory_bytes == 8_000_000 * 1024 and p.detected["memory_measured_on"] == "this board"
+
+
+def test_measured_memory_without_meminfo_is_unknown_not_invented(tmp_path):
+    (tmp_path / "proc").mkdir()
+    p = devices.with_measured_memory(devices.get("rpi4"), tmp_path)
+    assert p.memory_bytes is None and p.memory_budget_bytes is None
+    assert p.detected["memory_source"] == "unknown"
+
+
+def test_detected_profile_records_its_memory_as_measured(tmp_path):
+    root = copy_tree("rpi4", tmp_path)
+    p = devices.detect(root)
+    assert p.detected["memory_source"] == "measured"
+    assert devices.with_measured_memory(p, "/").memory_bytes == p.memory_bytes  # not read again elsewhere
