@@ -180,3 +180,130 @@ def test_draft_runs_on_its_own_providers_and_output_is_unchanged(tiny_bundle, fa
         assert spec.stats.drafted > 0
     finally:
         eng.close()
+
+
+def test_profile_order_skips_missing_providers_quietly_like_the_default(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+        sess, device = providers.create_session(model_file(tmp_path),
+                                                providers=providers.ProfileOrder(["tensorrt", "cuda", "cpu"]))
+    assert device == "cpu" and caplog.records == []
+    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+        providers.create_session(model_file(tmp_path), providers=["tensorrt", "cuda", "cpu"])  # typed by a user
+    assert len(caplog.records) == 2
+
+
+def test_spinning_off_is_refused_loudly_on_the_shared_pool(monkeypatch, caplog):
+    """onnxruntime ignores allow_spinning for its global pool: asking for it must not look like it worked."""
+    monkeypatch.setattr(providers, "_shared_pool", {"ok": True, "threads": 2})
+    monkeypatch.setattr(providers, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+        so = providers.session_options(2, spinning=False, shared_threads=True)
+        providers.session_options(2, spinning=False, shared_threads=True)
+    with pytest.raises(RuntimeError):  # not set: onnxruntime has no such entry
+        so.get_session_config_entry("session.intra_op.allow_spinning")
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and "no effect" in msgs[0] and "shared thread pool" in msgs[0]
+
+
+@pytest.fixture
+def recorded_loads(monkeypatch):
+    """What Engine.open hands load_runner, per model (the real load_runner still runs)."""
+    import edgespec.engine as engine_mod
+
+    real = engine_mod.load_runner
+    calls: list[dict] = []
+
+    def spy(path, facts, max_len, **kw):
+        calls.append({"model": Path(path).parent.name, **kw})
+        return real(path, facts, max_len, **kw)
+
+    monkeypatch.setattr(engine_mod, "load_runner", spy)
+    return calls
+
+
+def test_named_device_fills_unset_options(tiny_bundle, recorded_loads, fake_gpu_build):
+    """Orin Nano profile: target TensorRT -> CUDA -> CPU, draft CUDA -> CPU, 6 threads, and the
+    TensorRT workspace of that board. Here TensorRT and CUDA fail, so both models end on the CPU."""
+    from edgespec.engine import Engine
+
+    eng = Engine.open(tiny_bundle, draft="model", device="orin-nano", verify=False, warmup=False)
+    try:
+        target, draft = recorded_loads
+        assert target["model"] == "target" and draft["model"] == "draft"
+        assert providers.normalize(target["providers"]) == [TRT, CUDA, CPU]
+        assert providers.normalize(draft["providers"]) == [CUDA, CPU]
+        assert target["threads"] == draft["threads"] == 6
+        assert target["profile"].id == draft["profile"].id == "jetson-orin-nano-8gb"
+        assert fake_gpu_build == [[TRT, CUDA, CPU], [CUDA, CPU], [CPU], [CUDA, CPU], [CPU]]
+        assert eng.governor is not None  # a named board: energy is measured where it has a sensor
+    finally:
+        eng.close()
+
+
+def test_explicit_options_win_over_the_device_profile(tiny_bundle, recorded_loads, fake_gpu_build):
+    from edgespec.engine import Engine
+
+    eng = Engine.open(tiny_bundle, draft="model", device="orin-nano", providers="cpu", threads=2, verify=False,
+                      warmup=False)
+    eng.close()
+    assert [providers.normalize(c["providers"]) for c in recorded_loads] == [[CPU], [CPU]]  # the draft follows
+    assert [c["threads"] for c in recorded_loads] == [2, 2]
+    assert fake_gpu_build == [[CPU], [CPU]]
+
+
+def test_profile_sets_the_tensorrt_workspace(tmp_path, monkeypatch, fake_gpu_build):
+    seen = {}
+    real = ort.InferenceSession
+
+    def session(path_or_bytes, so=None, providers=None, **kw):
+        for p in providers:
+            if isinstance(p, tuple):
+                seen[p[0]] = p[1]
+        return real(path_or_bytes, so, providers=[CPU])
+
+    monkeypatch.setattr(ort, "InferenceSession", session)
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    providers.create_session(model_file(tmp_path), profile=devices.get("orin-nano"))
+    assert seen[TRT]["trt_max_workspace_size"] == 1 << 30  # the Orin Nano's 1 GiB, not the 2 GiB of the others
+    providers.create_session(model_file(tmp_path), profile=devices.get("orin-nx"))
+    assert seen[TRT]["trt_max_workspace_size"] == 2 << 30
+
+
+def test_device_auto_on_this_machine_changes_nothing_it_should_not(tiny_bundle, recorded_loads, caplog):
+    """Here (no GPU, generic profile): quiet, same text as without a device."""
+    from edgespec.engine import Engine
+
+    ref = Engine.open(tiny_bundle, verify=False, warmup=False)
+    want = ref.generate("the quick brown fox", max_new_tokens=16, draft="none").token_ids
+    ref.close()
+    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+        eng = Engine.open(tiny_bundle, device="auto", verify=False, warmup=False)
+    try:
+        assert caplog.records == []
+        assert recorded_loads[-1]["profile"].id.startswith("generic-") or recorded_loads[-1]["profile"].detected
+        assert eng.generate("the quick brown fox", max_new_tokens=16).token_ids == want
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("kw,param,words", [
+    ({"device": "orin-nanoo"}, "device", "known devices"),
+    ({"device": 7}, "device", "name or 'auto'"),
+    ({"providers": "gpu"}, "providers", "unknown execution provider"),
+    ({"draft_providers": "gpu,cpu"}, "draft_providers", "draft providers"),
+    ({"threads": 0}, "threads", "from 1 to 1024"),
+    ({"threads": 2.5}, "threads", "integer"),
+    ({"threads": True}, "threads", "integer"),
+    ({"memory_budget": "lots"}, "memory_budget", "not a memory size"),
+    ({"memory_budget": "0G"}, "memory_budget", "positive"),
+    ({"power_budget": "hot"}, "power_budget", "power budget"),
+    ({"power_budget": -5}, "power_budget", "positive"),
+    ({"max_temp": "500C"}, "max_temp", "0-150"),
+])
+def test_bad_edge_options_fail_before_the_bundle_is_read(tmp_path, kw, param, words):
+    """The bundle path does not even exist: the option error must come first, and name the option."""
+    from edgespec.engine import Engine
+
+    with pytest.raises(InvalidRequest) as e:
+        Engine.open(tmp_path / "no-such-bundle", **kw)
+    assert e.value.param == param and words in str(e.value)
