@@ -428,3 +428,45 @@ def test_engine_under_a_governor_keeps_its_output_and_never_aborts(tiny_bundle):
     finally:
         eng.governor = None
         eng.close()
+
+
+def test_state_says_whether_the_cores_rung_is_used_and_why_not(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="edgespec.governor"):
+        g, *_ = make(power_budget_w=10.0, limit_cores=False)
+    assert g.state()["cores_rung"].startswith("skipped: the sessions' thread pool spins")
+    assert any("fewer-cores rung is skipped" in r.getMessage() for r in caplog.records)
+    g, *_ = make(power_budget_w=10.0, cpu_limiter=FakeLimiter(cores=1))
+    assert g.state()["cores_rung"].startswith("skipped: fewer than 2 cores")
+    g, *_ = make(power_budget_w=10.0)
+    assert g.state()["cores_rung"] == "available"
+
+
+def test_engine_tells_the_governor_its_shared_pool_spins(tiny_bundle):
+    """Target + draft share onnxruntime's global pool, whose spinning cannot be turned off from
+    Python: the governor must not plan on the fewer-cores rung."""
+    from edgespec import providers
+    from edgespec.engine import Engine
+
+    eng = Engine.open(tiny_bundle, draft="model", power_budget="5W", verify=False, warmup=False)
+    try:
+        assert providers.shared_pool_active()
+        assert eng.governor.limit_cores is False and eng.governor.power_budget_w == 5.0
+        assert "spins" in eng.governor.state()["cores_rung"]
+    finally:
+        eng.close()
+
+
+def test_what_the_engine_reports_about_spinning_without_the_shared_pool(monkeypatch):
+    """Where the shared pool cannot be had, two models get per-session pools without spinning
+    (runner.load_runner): the fewer-cores rung pays there. A model alone keeps onnxruntime's
+    default, spinning. (A process that already has the global pool cannot make per-session pools
+    at all, so this is checked on the decision itself.)"""
+    from edgespec import engine, providers
+
+    monkeypatch.setattr(providers, "_shared_pool", {"ok": False})
+    assert engine._sessions_spin(load_draft=True) is False
+    assert engine._sessions_spin(load_draft=False) is True
+    monkeypatch.setattr(providers, "_shared_pool", {"ok": True})
+    assert engine._sessions_spin(load_draft=True) is True and engine._sessions_spin(load_draft=False) is True
