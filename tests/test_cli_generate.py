@@ -116,3 +116,88 @@ def test_chat_reports_an_overlong_conversation_and_goes_on(tiny_bundle, capsys, 
     assert rc == 0
     assert "error: prompt is" in err and "/reset" in err
     assert len([line for line in err.splitlines() if line.startswith("[")]) == 1
+
+
+# --- the edge options (device, providers, budgets), the same on generate, chat and serve ---------
+@pytest.mark.parametrize("args,needle", [
+    (["--device", "orin-nanoo"], "known devices"),
+    (["--providers", "gpu"], "unknown execution provider 'gpu'"),
+    (["--draft-providers", "gpu"], "draft providers: unknown execution provider 'gpu'"),
+    (["--threads", "0"], "threads must be an integer from 1"),
+    (["--memory-budget", "lots"], "not a memory size: 'lots'"),
+    (["--memory-budget", "1KiB"], "memory budget 1 KiB is too small"),
+    (["--power-budget", "hot"], "not a power budget like 10W: 'hot'"),
+    (["--power-budget", "0W"], "power budget must be positive"),
+    (["--max-temp", "500C"], "outside 0-150 C"),
+])
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_edge_options_bad_values_are_one_clear_line(tiny_bundle, capsys, monkeypatch, command, args, needle):
+    extra = ["-p", "x"] if command == "generate" else []
+    rc, out, err = run_cli(capsys, command, str(tiny_bundle), *extra, *args, stdin="hi\n", monkeypatch=monkeypatch)
+    assert rc == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith(f"edgespec {command}: error:") and needle in lines[-1], lines[-1]
+
+
+def test_generate_edge_options_reach_the_engine(tiny_bundle, capsys, monkeypatch):
+    """Every edge option is passed on as given; --device defaults to auto (this board's defaults)."""
+    seen = {}
+    real = Engine.open.__func__
+
+    def spy(cls, bundle, **kw):
+        seen.update(kw)
+        return real(cls, bundle, **kw)
+
+    monkeypatch.setattr(Engine, "open", classmethod(spy))
+    rc, out, err = run_cli(capsys, "generate", str(tiny_bundle), "-p", "def add(a, b):", "--max-new-tokens", "8",
+                           "--draft", "model", "--providers", "cpu", "--draft-providers", "cpu", "--threads", "2",
+                           "--memory-budget", "2GiB", "--power-budget", "10W", "--max-temp", "80C")
+    assert rc == 0, err
+    assert {k: seen[k] for k in ("providers", "draft_providers", "threads", "memory_budget", "power_budget",
+                                 "max_temp", "device")} == {
+        "providers": "cpu", "draft_providers": "cpu", "threads": 2, "memory_budget": "2GiB",
+        "power_budget": "10W", "max_temp": "80C", "device": "auto"}
+    rc, _, err = run_cli(capsys, "generate", str(tiny_bundle), "-p", "x", "--max-new-tokens", "2",
+                         "--device", "generic-x86_64")
+    assert rc == 0 and seen["device"] == "generic-x86_64"
+
+
+def test_generate_with_draft_on_the_cpu_is_lossless(tiny_bundle, capsys):
+    ref = Engine.open(tiny_bundle).generate("def add(a, b):", max_new_tokens=20, draft="none")
+    rc, out, err = run_cli(capsys, "generate", str(tiny_bundle), "-p", "def add(a, b):", "--max-new-tokens", "20",
+                           "--draft", "model", "--draft-providers", "cpu", "--providers", "cpu")
+    assert rc == 0 and out == ref.text + "\n"
+
+
+def test_serve_takes_the_same_edge_options_and_defaults_to_this_board(tiny_bundle, monkeypatch):
+    """serve passes what was given (options or EDGESPEC_* variables) and --device auto otherwise."""
+    import edgespec.server.service as service_mod
+
+    opened = {}
+
+    class FakeService:
+        def __init__(self, config, open_engine, default_name):
+            self.open_engine = open_engine
+
+        def run(self):
+            opened["engine"] = self.open_engine()
+            opened["engine"].close()
+            return 0
+
+    seen = {}
+    real = Engine.open.__func__
+
+    def spy(cls, bundle, **kw):
+        seen.clear()
+        seen.update(kw)
+        return real(cls, bundle, **kw)
+
+    monkeypatch.setattr(service_mod, "Service", FakeService)
+    monkeypatch.setattr(Engine, "open", classmethod(spy))
+    for name in ("EDGESPEC_DEVICE", "EDGESPEC_PROVIDERS", "EDGESPEC_DRAFT_PROVIDERS", "EDGESPEC_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["serve", str(tiny_bundle), "--draft-providers", "cpu", "--threads", "2", "--no-warmup"]) == 0
+    assert seen["device"] == "auto" and seen["draft_providers"] == "cpu" and seen["threads"] == 2
+    monkeypatch.setenv("EDGESPEC_DEVICE", "generic-x86_64")
+    assert main(["serve", str(tiny_bundle), "--no-warmup"]) == 0
+    assert seen["device"] == "generic-x86_64"
