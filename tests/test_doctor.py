@@ -129,3 +129,22 @@ def test_exit_1_when_not_even_cpu_works(monkeypatch, capsys):
     rc = cli.main(["doctor"])
     out = capsys.readouterr().out
     assert rc == 1 and "FAILED: broken install" in out and "force-reinstall onnxruntime" in out
+
+
+def test_named_pi4_on_the_board_gets_its_budget_from_the_measured_memory(board, capsys):
+    """The rpi4 profile has no memory size (1-8 GB boards): on the board, MemTotal decides."""
+    root = board("rpi4")
+    r = doctor.collect(root, device="rpi4", probe=False)
+    mem_total = r["memory"]["total_bytes"]
+    assert r["memory"]["source"] == "measured" and r["memory"]["profile_bytes"] == mem_total
+    assert r["memory"]["default_budget_bytes"] == mem_total - (1 << 30)
+    assert r["board"]["detected"]["how"] == "--device rpi4"
+    assert "--memory-budget" in doctor.render(r)
+    text = doctor.render(r)
+    assert "default budget" in text and "from the measured memory" in text
+
+
+def test_named_pi4_elsewhere_says_the_number_is_this_machines(board):
+    root = board("jetson-orin-nano")
+    text = doctor.render(doctor.collect(root, device="rpi4", probe=False))
+    assert "from this machine's memory: the rpi4 profile has no size of its own" in text

@@ -78,3 +78,62 @@ def test_plan_on_a_detected_fake_pi5_uses_its_real_memory(tiny_bundle, tmp_path,
     assert out["device"] == "rpi5-4gb"
     assert out["budget_bytes"] == 4045000 * 1024 - int(1.25 * (1 << 30))  # MemTotal less the profile's reserve
     assert "MemAvailable" in out["warning"]  # the plan needs more than is free right now
+
+
+def _fake_root(tmp_path, name: str, memtotal_kib: int | None = None):
+    import shutil
+    from pathlib import Path
+
+    root = tmp_path / name
+    shutil.copytree(Path(__file__).parent / "fakes" / name, root)
+    if memtotal_kib is not None:
+        (root / "proc/meminfo").write_text(f"MemTotal:        {memtotal_kib} kB\nMemAvailable:    {memtotal_kib // 2} kB\n")
+    return root
+
+
+def test_plan_for_a_pi4_on_the_board_uses_its_measured_memory(tiny_bundle, tmp_path, capsys):
+    """rpi4 has no memory size in its profile (1/2/4/8 GB boards): on a 2 GB board MemTotal decides
+    the default budget (less the profile's 1 GiB reserve), and plan says where the number came from."""
+    root = _fake_root(tmp_path, "rpi4", 1_893_000)
+    rc = cli.main(["plan", str(tiny_bundle), "--device", "rpi4", "--root", str(root), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert out["memory_bytes"] == 1_893_000 * 1024
+    assert out["budget_bytes"] == 1_893_000 * 1024 - (1 << 30)
+    assert "measured on this board" in out["memory_source"]
+    rc = cli.main(["plan", str(tiny_bundle), "--device", "rpi4", "--root", str(root)])
+    text = capsys.readouterr().out
+    assert "memory: 1.81 GiB measured on this board (/proc/meminfo MemTotal)" in text
+    assert "of budget 825 MiB" in text and "memory budget 825 MiB is the rpi4 default" in text
+
+
+def test_plan_for_a_pi4_elsewhere_says_whose_memory_it_used(tiny_bundle, tmp_path, capsys):
+    root = _fake_root(tmp_path, "jetson-orin-nano")
+    rc = cli.main(["plan", str(tiny_bundle), "--device", "rpi4", "--root", str(root)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "measured on NVIDIA Jetson Orin Nano" in text and "rpi4 profile has no memory size" in text
+    assert "--memory-budget" in text
+
+
+def test_plan_for_a_board_with_a_size_elsewhere_uses_the_profile(tiny_bundle, tmp_path, capsys):
+    root = _fake_root(tmp_path, "jetson-orin-nano")
+    rc = cli.main(["plan", str(tiny_bundle), "--device", "rpi5-8gb", "--root", str(root), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["memory_bytes"] == 8 << 30 and "from the rpi5-8gb profile" in out["memory_source"]
+    assert out["budget_bytes"] == (8 << 30) - int(1.5 * (1 << 30))
+
+
+def test_engine_plans_like_plan_for_a_named_board_without_a_size(tiny_bundle, capsys):
+    """What `plan --device rpi4` prints is what Engine.open(device="rpi4") does on the same machine."""
+    from edgespec.engine import Engine
+
+    rc = cli.main(["plan", str(tiny_bundle), "--device", "rpi4", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["budget_bytes"] == memory.meminfo("/")["MemTotal"] - (1 << 30)
+    eng = Engine.open(tiny_bundle, device="rpi4", verify=False, warmup=False)
+    try:
+        assert eng.memory_plan.budget_bytes == out["budget_bytes"]
+        assert eng.max_len == out["max_len"]
+    finally:
+        eng.close()
