@@ -463,7 +463,8 @@ def create_app(state: ServerState) -> Starlette:
             "edgespec_queue_capacity": ("requests that may wait before 429", sched.max_queue),
             "edgespec_busy": ("1 while a request is generating", int(sched.running is not None)),
         }
-        text = state.metrics.render(gauges, {"version": __version__, "model": state.model_id})
+        text = state.metrics.render(gauges, {"version": __version__, "model": state.model_id},
+                                    governor=getattr(state.engine, "governor", None))
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def index(request: Request) -> Response:

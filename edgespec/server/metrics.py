@@ -100,8 +100,9 @@ class Metrics:
             if queue_wait is not None:
                 self.queue_wait.observe(queue_wait)
 
-    def render(self, gauges: dict[str, tuple[str, float | int]], info: dict[str, str]) -> str:
-        """`gauges`: name -> (help, value) read at scrape time (queue depth, ready ...)."""
+    def render(self, gauges: dict[str, tuple[str, float | int]], info: dict[str, str], governor: Any = None) -> str:
+        """`gauges`: name -> (help, value) read at scrape time (queue depth, ready ...); `governor`:
+        the engine's power/thermal governor (anything with `state()`), or None without one."""
         out: list[str] = []
 
         def metric(name: str, kind: str, help_: str, lines: list[str]) -> None:
@@ -137,6 +138,7 @@ class Metrics:
                     metric(name, "gauge", help_, [f"{name} {_num(value)}"])
             for name, (help_, value) in gauges.items():
                 metric(name, "gauge", help_, [f"{name} {_num(value)}"])
+            out.extend(governor_lines(governor))
             metric("edgespec_time_to_first_token_seconds", "histogram",
                    "request arrival to first generated text, queue wait included", self.ttft.lines("edgespec_time_to_first_token_seconds"))
             metric("edgespec_queue_wait_seconds", "histogram", "time a request waited for the engine",
@@ -144,3 +146,48 @@ class Metrics:
             metric("edgespec_request_duration_seconds", "histogram", "request arrival to the last byte of the answer",
                    self.duration.lines("edgespec_request_duration_seconds"))
         return "\n".join(out) + "\n"
+
+
+# (state key, metric name, kind, help); a value the board cannot measure (None) is left out, as
+# Prometheus expects of an absent sensor, rather than written as 0
+_GOVERNOR_METRICS = (
+    ("level", "edgespec_governor_level", "gauge",
+     "power/thermal rung: 0 normal, 1 small-k, 2 ngram-only, 3 fewer-cores, 4 paced"),
+    ("power_w", "edgespec_power_watts", "gauge", "board power, rolling 5 s average (whole board)"),
+    ("power_now_w", "edgespec_power_now_watts", "gauge", "board power at the last sensor read"),
+    ("power_budget_w", "edgespec_power_budget_watts", "gauge", "the power budget the governor keeps to"),
+    ("temp_c", "edgespec_temperature_celsius", "gauge", "hottest thermal zone the device profile counts"),
+    ("max_temp_c", "edgespec_max_temperature_celsius", "gauge", "the temperature limit the governor keeps to"),
+    ("throttled", "edgespec_throttled", "gauge", "1 while the firmware reports throttling or under-voltage"),
+    ("energy_j_per_token", "edgespec_governor_energy_joules_per_token", "gauge",
+     "board energy per generated token over the last 10 s of sensor samples"),
+    ("energy_j", "edgespec_energy_joules_total", "counter", "board energy integrated while generating"),
+    ("tokens", "edgespec_governor_tokens_total", "counter", "tokens the governor has counted"),
+    ("pace_s", "edgespec_governor_pace_seconds", "gauge", "sleep after each round on the paced rung"),
+    ("cores", "edgespec_governor_cores", "gauge", "cores the process is held to on the fewer-cores rung"),
+    ("changes", "edgespec_governor_changes_total", "counter", "rung changes since start"),
+)
+
+
+def governor_lines(governor: Any) -> list[str]:
+    """The governor's state as Prometheus lines ([] without a governor, or when reading it fails:
+    a scrape must never fail because of a sensor)."""
+    if governor is None or not hasattr(governor, "state"):
+        return []
+    try:
+        st = governor.state()
+    except Exception:  # noqa: BLE001 - a sensor problem shows as missing metrics, not a 500
+        return []
+    out: list[str] = []
+    for key, name, kind, help_ in _GOVERNOR_METRICS:
+        v = st.get(key)
+        if v is None or (isinstance(v, float) and not math.isfinite(v)):
+            continue
+        out += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {_num(v)}"]
+    name = "edgespec_governor_info"
+    labels = {"level_name": st.get("level_name", ""), "cores_rung": st.get("cores_rung", ""),
+              "reasons": "; ".join(st.get("reasons") or []), "unenforced": "; ".join(st.get("unenforced") or [])}
+    text = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+    out += [f"# HELP {name} the governor's rung by name, why it is there, and limits it cannot enforce",
+            f"# TYPE {name} gauge", f"{name}{{{text}}} 1"]
+    return out
