@@ -246,3 +246,70 @@ def test_predicted_vs_measured_rss_real_bundles(draft):
         if abs(check.error) > 0.15:
             failures.append(f"{b.name}: {check.describe()}")
     assert not failures, failures
+
+
+def _torch_param_count(f, intermediate: int, *, tied: bool, qkv_bias: bool) -> int:
+    """Parameters of a Llama/Qwen2-shaped decoder, counted tensor by tensor (what torch reports)."""
+    h, kv, v = f.hidden_size, f.kv_heads * f.head_dim, f.vocab_size
+    layer = h * h + 2 * h * kv + h * h  # q, k, v, o
+    layer += (h + 2 * kv) if qkv_bias else 0
+    layer += 3 * h * intermediate + 2 * h  # gate, up, down; two norms
+    return v * h * (1 if tied else 2) + f.layers * layer + h  # + the final norm
+
+
+def test_export_fills_params_with_the_source_models_count(tiny_bundle):
+    """The tiny export fixture: Qwen2-shaped, untied lm_head, q/k/v biases, MLP width 2 x hidden."""
+    b = Bundle.open(tiny_bundle, verify=False)
+    for role in ("target", "draft"):
+        f = b.manifest.models[role]
+        assert f.params == _torch_param_count(f, 2 * f.hidden_size, tied=False, qkv_bias=True) > 0
+        assert memory._intermediate_size(f) == 2 * f.hidden_size  # the MLP width comes back exactly
+
+
+@pytest.mark.parametrize("params,tied,qkv_bias,arch,h,layers,kv_heads,head_dim,vocab,inter", [
+    (1_777_088_000, False, True, "qwen2", 1536, 28, 2, 128, 151936, 8960),  # Qwen2.5-Coder-1.5B GGUF (output.weight stored)
+    (630_167_424, False, True, "qwen2", 896, 24, 2, 64, 151936, 4864),  # Qwen2.5-Coder-0.5B GGUF
+    (134_515_008, True, False, "llama", 576, 30, 3, 64, 49152, 1536),  # SmolLM2-135M (tied)
+])
+def test_mlp_width_of_real_models_from_their_parameter_counts(params, tied, qkv_bias, arch, h, layers, kv_heads,
+                                                              head_dim, vocab, inter):
+    from edgespec.manifest import ModelFacts
+
+    f = ModelFacts(path="m.onnx", arch=arch, layers=layers, kv_heads=kv_heads, head_dim=head_dim, hidden_size=h,
+                   vocab_size=vocab, quant="int4", max_context=32768, params=params)
+    assert _torch_param_count(f, inter, tied=tied, qkv_bias=qkv_bias) == params  # the counts in the bundles
+    assert memory._intermediate_size(f) == inter
+
+
+def test_old_bundle_without_params_still_plans_and_opens(tiny_bundle, tmp_path):
+    """Bundles written before the export filled `params` have 0: the plan assumes 4 x hidden for the
+    MLP (more working memory than the real 2 x, so never an under-prediction) and the engine runs."""
+    import json
+    import shutil
+
+    from edgespec.engine import Engine
+
+    old = tmp_path / "old"
+    shutil.copytree(tiny_bundle, old)
+    m = json.loads((old / "manifest.json").read_text())
+    for role in m["models"]:
+        m["models"][role]["params"] = 0
+    from edgespec.manifest import content_digest
+
+    m["digest"] = content_digest(m)  # as an older export would have sealed it
+    (old / "manifest.json").write_text(json.dumps(m))
+    b_old, b_new = Bundle.open(old), Bundle.open(tiny_bundle, verify=False)
+    assert b_old.target.params == 0
+    assert memory._intermediate_size(b_old.target) == 4 * b_old.target.hidden_size
+    p_old = memory.plan(b_old, max_len=256, want_draft=True, budget_bytes=None)
+    p_new = memory.plan(b_new, max_len=256, want_draft=True, budget_bytes=None)
+    assert p_old.breakdown["working"] > p_new.breakdown["working"]
+    assert {k: v for k, v in p_old.breakdown.items() if k != "working"} == \
+           {k: v for k, v in p_new.breakdown.items() if k != "working"}
+    eng = Engine.open(old, max_len=128, warmup=False)
+    try:
+        ref = Engine.open(tiny_bundle, max_len=128, warmup=False, verify=False)
+        assert eng.generate("one two", max_new_tokens=8).token_ids == ref.generate("one two", max_new_tokens=8).token_ids
+        ref.close()
+    finally:
+        eng.close()
