@@ -172,7 +172,10 @@ class Engine:
         draft: the default drafting mode of requests ("auto" | "model" | "ngram" | "none"). With
         "ngram" or "none" the draft model is not loaded at all (less memory, faster start).
         warmup: time the step sizes adaptive drafting chooses between once at open (about 1 s on
-        a 2-core CPU), so the first request neither pays one-off allocations nor guesses costs."""
+        a 2-core CPU), so the first request neither pays one-off allocations nor guesses costs.
+        device: None (no board defaults), "auto" (this board, detected) or a profile name: its
+        provider orders, threads, default memory budget and max_len fill what is left unset
+        (docs/edge.md, "What --device sets"); explicit options always win."""
         _check_draft_mode(draft)
         _check_k(k)
         # every edge option is checked before the bundle is read: a typo costs no model load
