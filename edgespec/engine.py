@@ -190,7 +190,7 @@ class Engine:
         if plan is not None:
             max_len, load_draft, chunk = plan.max_len, plan.load_draft, getattr(plan, "prefill_chunk", PREFILL_CHUNK)
             for note in plan.notes:  # what a budget changed matters; the rest is detail
-                log.log(logging.INFO if memory_budget is not None else logging.DEBUG, "memory plan: %s", note)
+                log.log(logging.INFO if plan.budget_bytes is not None else logging.DEBUG, "memory plan: %s", note)
         else:
             load_draft, chunk = want_draft, PREFILL_CHUNK
             if max_len is None:
