@@ -400,9 +400,9 @@ class AutoDrafter(Drafter):
     The n-gram estimates need no probe: every round's lookup is scored, used or not."""
 
     name = "auto"
-    EXPLORE_EVERY = 16  # rounds without the model before the next probe (doubles after each)
+    EXPLORE_EVERY = 8  # rounds without the model before the next probe (doubles after each)
     EARLY_TRIES = 2  # a request's first rounds that do not use the model before it is probed
-    MAX_PROBES = 3  # probes of the model per request
+    MAX_PROBES = 4  # probes of the model per request
     CATCH_UP = 2  # tokens a draft catch-up step holds when the model is used round after round
 
     def __init__(self, costs: CostModel, ngram: NgramDrafter, model: ModelDrafter | None = None):
