@@ -104,6 +104,8 @@ class Metrics:
         """`gauges`: name -> (help, value) read at scrape time (queue depth, ready ...); `governor`:
         the engine's power/thermal governor (anything with `state()`), or None without one."""
         out: list[str] = []
+        # read before taking our lock: the governor's own lock may be held by a sensor read
+        gov_lines = governor_lines(governor)
 
         def metric(name: str, kind: str, help_: str, lines: list[str]) -> None:
             out.append(f"# HELP {name} {help_}")
@@ -138,7 +140,7 @@ class Metrics:
                     metric(name, "gauge", help_, [f"{name} {_num(value)}"])
             for name, (help_, value) in gauges.items():
                 metric(name, "gauge", help_, [f"{name} {_num(value)}"])
-            out.extend(governor_lines(governor))
+            out.extend(gov_lines)
             metric("edgespec_time_to_first_token_seconds", "histogram",
                    "request arrival to first generated text, queue wait included", self.ttft.lines("edgespec_time_to_first_token_seconds"))
             metric("edgespec_queue_wait_seconds", "histogram", "time a request waited for the engine",
