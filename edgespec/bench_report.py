@@ -106,7 +106,7 @@ class Breakdown:
     decode_ms_per_token: float
     target_ms_per_token: float
     draft_ms_per_token: float
-    draft_prefill_ms_per_token: float  # the draft model catching up on the prompt (lazily, in decode)
+    draft_catchup_ms_per_token: float  # long draft steps in decode: catching up after n-gram rounds
     overhead_ms_per_token: float  # the loop: sampling, n-gram lookup, Python
     target_steps: dict[int, tuple[int, float]] = field(default_factory=dict)  # n -> (count, mean ms)
     draft_steps: dict[int, tuple[int, float]] = field(default_factory=dict)
@@ -123,11 +123,11 @@ def breakdown(run: BenchRun) -> list[Breakdown]:
             continue
         t_s = sum(s for _, s in w.target_steps.values())
         d_dec = sum(s for n, (_, s) in w.draft_steps.items() if n < PREFILL_MIN_TOKENS)
-        d_pre = sum(s for n, (_, s) in w.draft_steps.items() if n >= PREFILL_MIN_TOKENS)
+        d_catch = sum(s for n, (_, s) in w.draft_steps.items() if n >= PREFILL_MIN_TOKENS)
         per = 1e3 / w.tokens
         out.append(Breakdown(
             mode=m.label, tokens=w.tokens, decode_ms_per_token=w.decode_s * per,
-            target_ms_per_token=t_s * per, draft_ms_per_token=d_dec * per, draft_prefill_ms_per_token=d_pre * per,
+            target_ms_per_token=t_s * per, draft_ms_per_token=d_dec * per, draft_catchup_ms_per_token=d_catch * per,
             overhead_ms_per_token=w.overhead_s * per,
             target_steps={n: (c, s / c * 1e3) for n, (c, s) in sorted(w.target_steps.items()) if c},
             draft_steps={n: (c, s / c * 1e3) for n, (c, s) in sorted(w.draft_steps.items()) if c and n < PREFILL_MIN_TOKENS},
@@ -195,14 +195,14 @@ def _steps(steps: dict[int, tuple[int, float]], show: int = 6) -> str:
 
 
 def format_breakdown(bd: Sequence[Breakdown]) -> str:
-    cols = ["mode", "ms/token", "target", "draft", "draft prefill", "loop", "target steps: n x count @ mean ms",
+    cols = ["mode", "ms/token", "target", "draft", "draft catch-up", "loop", "target steps: n x count @ mean ms",
             "draft steps"]
     lines = []
     for b in bd:
         ts = _steps(b.target_steps)
         ds = _steps(b.draft_steps)
         lines.append([b.mode, f"{b.decode_ms_per_token:.1f}", f"{b.target_ms_per_token:.1f}",
-                      f"{b.draft_ms_per_token:.1f}", f"{b.draft_prefill_ms_per_token:.1f}",
+                      f"{b.draft_ms_per_token:.1f}", f"{b.draft_catchup_ms_per_token:.1f}",
                       f"{b.overhead_ms_per_token:.1f}", ts, ds])
     return _grid(cols, lines, right_from=1)
 

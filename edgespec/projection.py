@@ -204,12 +204,14 @@ def _add_steps(acc: dict[int, list], steps: dict) -> None:
 
 
 def collect_work(samples: Iterable) -> dict[str, ModeWork]:
-    """Sums decode-phase steps per mode. The target's prefill is the prompt's chunks (run before the
-    first token, so outside the decode time); it is taken out of the target's histogram here."""
+    """Sums decode-phase steps per mode. The prompt's prefill chunks run before the first token, so
+    outside the decode time: the target's always, the draft's when the engine fed it the prompt along
+    with the target (model and auto modes); they are taken out of both histograms here."""
     from .drafters import PREFILL_CHUNK
 
     out: dict[str, ModeWork] = {}
     for s in samples:
+        chunks = prefill_chunks(s.prompt_tokens, PREFILL_CHUNK)
         w = out.setdefault(s.mode, ModeWork(s.mode))
         w.tokens += max(s.new_tokens - 1, 0)
         w.decode_s += s.decode_s
@@ -219,14 +221,20 @@ def collect_work(samples: Iterable) -> dict[str, ModeWork]:
         w.generations += 1
         w.prompt_tokens += s.prompt_tokens
         w.context_sum += s.prompt_tokens + s.new_tokens / 2
-        steps = {int(n): list(v) for n, v in s.target_steps.items()}
-        for n in prefill_chunks(s.prompt_tokens, PREFILL_CHUNK):
-            if n in steps and steps[n][0] > 0:
-                c, sec = steps[n]
-                steps[n] = [c - 1, sec - sec / c]
-        _add_steps(w.target_steps, {n: v for n, v in steps.items() if v[0] > 0})
-        _add_steps(w.draft_steps, s.draft_steps)
+        _add_steps(w.target_steps, _without(s.target_steps, chunks))
+        _add_steps(w.draft_steps, _without(s.draft_steps, chunks))
     return out
+
+
+def _without(steps: dict, chunks: list[int]) -> dict[int, list]:
+    """A step histogram {tokens: [count, seconds]} less one step of each size in `chunks` (at the
+    size's mean time); sizes it lacks are left alone."""
+    out = {int(n): list(v) for n, v in steps.items()}
+    for n in chunks:
+        if n in out and out[n][0] > 0:
+            c, sec = out[n]
+            out[n] = [c - 1, sec - sec / c]
+    return {n: v for n, v in out.items() if v[0] > 0}
 
 
 def prefill_chunks(prompt_tokens: int, chunk: int) -> list[int]:
