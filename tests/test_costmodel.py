@@ -4,15 +4,7 @@ from __future__ import annotations
 import pytest
 
 from edgespec.costmodel import CostModel
-from edgespec.runner import StepTimes
-
-
-def times(**by_size) -> StepTimes:
-    t = StepTimes()
-    for s, sec in by_size.items():
-        for _ in range(3):
-            t.add(int(s[1:]), sec)
-    return t
+from test_drafters import times  # StepTimes from {"s<tokens>": seconds}, shared with the drafter tests
 
 
 def test_draft_steps_by_size_interpolate_up_to_the_prompt_prefill():
