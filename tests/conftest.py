@@ -11,6 +11,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny_bundles  # noqa: E402
 
+# fixtures shared by several modules (tests never import from each other)
+pytest_plugins = ["helpers.registry"]
+
 IN_CI = bool(os.environ.get("CI"))
 
 
@@ -55,30 +58,21 @@ def tiny_llama_bundle(bundle_root) -> Path:
 
 @pytest.fixture(scope="session")
 def real_gguf():
-    """Returns a function name -> path of a real GGUF model (see edgespec.registry for the names).
+    """Returns a function name -> path of a real GGUF model (see edgespec.models.catalog for the names).
 
-    In CI (`CI` set) it fetches the model if needed with `edgespec.registry.ensure_model`; elsewhere it
+    In CI (`CI` set) it fetches the model if needed with `edgespec.models.store.ensure_model`; elsewhere it
     uses the file if it is already under ~/.cache/edgespec/models ($EDGESPEC_HOME/models) and skips
     the test, saying how to get it, if not. Nothing is downloaded at import or collection time."""
+    from edgespec.models import files, store
 
     def get(name: str) -> Path:
-        try:
-            from edgespec import registry
-        except ImportError:  # registry.py not there yet: fall back to the cache path
-            registry = None
-        if IN_CI and registry is not None:
-            return Path(registry.ensure_model(name, progress=False))
-        if registry is not None:
-            found = registry.find_model(name)
-            if found is not None:
-                return Path(found)
-            where = registry.model_path(name)
-        else:
-            home = Path(os.environ.get("EDGESPEC_HOME", Path.home() / ".cache" / "edgespec"))
-            where = home / "models" / f"{name}.gguf"
-            if where.is_file():
-                return where
-        pytest.skip(f"real model {name} is not in the cache ({where}); fetch it with `edgespec pull {name}`")
+        if IN_CI:
+            return Path(store.ensure_model(name, progress=False))
+        found = store.find_model(name)
+        if found is not None:
+            return Path(found)
+        pytest.skip(f"real model {name} is not in the cache ({files.model_path(name)}); "
+                    f"fetch it with `edgespec pull {name}`")
 
     return get
 

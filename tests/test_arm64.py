@@ -20,8 +20,8 @@ def test_really_running_on_aarch64():
     import numpy as np
     import onnxruntime as ort
 
-    from edgespec import devices
-    from edgespec.providers import probe
+    from edgespec.edge import devices
+    from edgespec.edge.providers import probe
 
     assert platform.machine() == "aarch64"
     assert devices.detect().arch == "aarch64"

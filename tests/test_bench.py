@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from edgespec import bench, bench_report
-from edgespec.cli import main
+from edgespec.bench import prompts as prompt_sets
+from edgespec.bench import run as bench
+
+from edgespec.bench import report as bench_report
+from edgespec.cli.main import main
 from edgespec.errors import DraftUnavailable, InvalidRequest
 
 
@@ -17,7 +20,7 @@ from edgespec.errors import DraftUnavailable, InvalidRequest
 @pytest.mark.parametrize("name, categories", [("code", {"write", "complete", "refactor", "explain"}),
                                               ("chat", {"summarise", "answer", "rewrite", "translate"})])
 def test_shipped_prompt_sets(name, categories):
-    ps = bench.load_prompts(name)
+    ps = prompt_sets.load_prompts(name)
     assert len(ps) >= 12
     assert {p.category for p in ps} == categories
     assert len({p.id for p in ps}) == len(ps)
@@ -27,7 +30,7 @@ def test_shipped_prompt_sets(name, categories):
 
 
 def test_sets_combine_with_commas():
-    ps = bench.load_prompts("code,chat")
+    ps = prompt_sets.load_prompts("code,chat")
     assert {p.set for p in ps} == {"code", "chat"}
 
 
@@ -45,7 +48,7 @@ def test_user_prompt_file(tmp_path):
         '{"category": "y", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}',
         '{"id": "c", "prompt": "def f(", "raw": true, "max_new_tokens": 5}',
     ]))
-    a, b, c = bench.load_prompts(path)
+    a, b, c = prompt_sets.load_prompts(path)
     assert a.request() == {"messages": [{"role": "user", "content": "hello"}]}
     assert b.id == "p-4" and b.request()["messages"][0]["role"] == "system"
     assert c.request() == {"prompt": "def f("} and c.max_new_tokens == 5 and c.category == "default"
@@ -65,24 +68,24 @@ def test_user_prompt_file(tmp_path):
 ])
 def test_bad_prompt_lines_are_named(tmp_path, line, message):
     with pytest.raises(InvalidRequest) as ei:
-        bench.load_prompts(_write(tmp_path, line))
+        prompt_sets.load_prompts(_write(tmp_path, line))
     assert message in str(ei.value)
 
 
 def test_every_problem_is_listed_with_its_line(tmp_path):
     path = _write(tmp_path, '{"prompt": "ok"}\n{bad\n{"prompt": ""}\n')
     with pytest.raises(InvalidRequest, match=r"2 problem\(s\)") as ei:
-        bench.load_prompts(path)
+        prompt_sets.load_prompts(path)
     assert "p.jsonl:2:" in str(ei.value) and "p.jsonl:3:" in str(ei.value)
 
 
 def test_empty_file_missing_file_duplicate_ids(tmp_path):
     with pytest.raises(InvalidRequest, match="no prompts"):
-        bench.load_prompts(_write(tmp_path, "\n# nothing\n"))
+        prompt_sets.load_prompts(_write(tmp_path, "\n# nothing\n"))
     with pytest.raises(InvalidRequest, match="not a built-in set"):
-        bench.load_prompts(str(tmp_path / "nope.jsonl"))
+        prompt_sets.load_prompts(str(tmp_path / "nope.jsonl"))
     with pytest.raises(InvalidRequest, match="appears twice"):
-        bench.load_prompts(_write(tmp_path, '{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n'))
+        prompt_sets.load_prompts(_write(tmp_path, '{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n'))
 
 
 # --- modes ---------------------------------------------------------------------------------------
@@ -110,7 +113,7 @@ def test_bad_modes(modes, ks, err, msg):
 def tiny_run(tiny_bundle):
     from edgespec.engine import Engine
 
-    prompts = bench.load_prompts("code")[2:5]  # write, complete, complete
+    prompts = prompt_sets.load_prompts("code")[2:5]  # write, complete, complete
     modes = bench.parse_modes("target,model,ngram,auto", "2", has_draft=True)
     eng = Engine.open(tiny_bundle, draft="auto", max_len=512)
     try:
@@ -236,7 +239,7 @@ def test_report_text_and_json(tiny_run, tmp_path):
 
 def test_plot_png(tiny_run, tmp_path):
     pytest.importorskip("matplotlib")
-    from edgespec.bench_plot import plot
+    from edgespec.bench.plot import plot
 
     run, _ = tiny_run
     out = plot(bench_report.summarize(run), tmp_path / "b.png", title="t")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.bundle import Bundle
+from edgespec.models.bundle import Bundle
 from edgespec.errors import BundleCorrupt, TokenizerMismatch
-from edgespec.manifest import Manifest, content_digest, verify_bundle
+from edgespec.models.manifest import Manifest, content_digest, verify_bundle
 
 
 def rewrite_manifest(bundle: Path, edit) -> None:

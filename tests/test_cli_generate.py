@@ -7,7 +7,7 @@ import json
 import pytest
 
 from edgespec import Engine
-from edgespec.cli import main
+from edgespec.cli.main import main
 
 
 def run_cli(capsys, *argv, stdin: str | None = None, monkeypatch=None):

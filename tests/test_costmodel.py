@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.costmodel import CostModel
-from test_drafters import times  # StepTimes from {"s<tokens>": seconds}, shared with the drafter tests
+from edgespec.core.costmodel import CostModel
+from helpers.costs import times
 
 
 def test_draft_steps_by_size_interpolate_up_to_the_prompt_prefill():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec import devices
+from edgespec.edge import devices
 from edgespec.errors import InvalidRequest
 
 FAKES = Path(__file__).parent / "fakes"
@@ -176,7 +176,7 @@ def test_engine_defaults_fill_only_what_is_unset():
 
 
 def test_engine_defaults_from_a_profile_are_quiet_orders_explicit_ones_are_not():
-    from edgespec.providers import ProfileOrder
+    from edgespec.edge.providers import ProfileOrder
 
     d = devices.engine_defaults(devices.get("orin-nano"))
     assert isinstance(d["providers"], ProfileOrder) and isinstance(d["draft_providers"], ProfileOrder)

@@ -9,8 +9,10 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 
-from edgespec import cli, doctor
-from edgespec.providers import CPU, CUDA, TRT
+from edgespec.cli import main as cli
+
+from edgespec.edge import doctor
+from edgespec.edge.providers import CPU, CUDA, TRT
 
 FAKES = Path(__file__).parent / "fakes"
 

@@ -5,11 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.bundle import Bundle
-from edgespec.costmodel import CostModel, expected_tokens, expected_tokens_chain
-from edgespec.drafters import AutoDrafter, ModelDrafter, NgramDrafter, Proposal, common_prefix, ngram_lookup
-from edgespec.runner import StepTimes, load_runner
-from edgespec.sampling import SamplingParams
+from edgespec.models.bundle import Bundle
+from edgespec.core.costmodel import CostModel, expected_tokens, expected_tokens_chain
+from edgespec.drafters import (AutoDrafter, Beta, CostedDrafter, DrafterBase, ModelDrafter, NgramDrafter, Proposal,
+                               Quote, common_prefix, ngram_lookup)
+from edgespec.drafters.model import conf_bin
+from edgespec.engine.build import load_runner
+from edgespec.core.runner import StepTimes
+from edgespec.core.sampling import SamplingParams
+
+from helpers.costs import times
 
 GREEDY = SamplingParams()
 
@@ -44,14 +49,6 @@ def test_common_prefix():
 
 
 # --- cost model ----------------------------------------------------------------------------------
-def times(**by_size) -> StepTimes:
-    t = StepTimes()
-    for s, sec in by_size.items():
-        for _ in range(3):
-            t.add(int(s[1:]), sec)
-    return t
-
-
 def test_expected_tokens():
     assert expected_tokens(0, 0.7) == 1.0
     assert expected_tokens(3, 1.0) == 4.0
@@ -157,43 +154,58 @@ def test_model_drafter_learns_by_confidence(draft_runner):
     before = [b.mean for b in d.by_conf]
     d.feedback(p, 1, 0)  # first accepted, second rejected, third never judged
     after = [b.mean for b in d.by_conf]
-    from edgespec.drafters import _conf_bin
-
-    assert after[_conf_bin(0.99)] > before[_conf_bin(0.99)]
-    assert after[_conf_bin(0.5)] < before[_conf_bin(0.5)]
-    assert after[_conf_bin(0.1)] == before[_conf_bin(0.1)]
+    assert after[conf_bin(0.99)] > before[conf_bin(0.99)]
+    assert after[conf_bin(0.5)] < before[conf_bin(0.5)]
+    assert after[conf_bin(0.1)] == before[conf_bin(0.1)]
 
 
 # --- auto ----------------------------------------------------------------------------------------
-class StubModel:
-    """Stands in for ModelDrafter in AutoDrafter tests (records being asked)."""
+class StubModel(CostedDrafter):
+    """Stands in for ModelDrafter in AutoDrafter tests: the real rate bookkeeping (CostedDrafter), a
+    fixed acceptance, and a record of being asked."""
 
-    def __init__(self, a):
-        from edgespec.drafters import Beta
+    name = "model"
 
+    def __init__(self, a, costs=None):
+        super().__init__(costs)
         self.mean = Beta(a, weight=1000)
         self.asked = 0
-        self.last_seconds = 0.05
-        self.last_sizes = [1, 1]
 
     def acceptance(self, conf):
         return self.mean.mean
 
-    def begin(self, ctx):
-        pass
+    def prior_acceptance(self):
+        return self.mean.mean
 
-    def propose(self, ctx, k, params, rng):
+    def draft(self, ctx, k, params, rng):
         self.asked += 1
+        self.last_sizes = [1, 1]
         return Proposal([1] * k, None, "model", [0.9] * k)
 
-    def feedback(self, *a):
-        pass
+
+def auto_with(costs, ngram, model):
+    """An AutoDrafter over an n-gram drafter and (optionally) a costed drafter sharing its costs."""
+    if model is not None:
+        model.costs = costs
+    return AutoDrafter(costs, [d for d in (ngram, model) if d is not None])
+
+
+class FixedQuote(DrafterBase):
+    """A free drafter whose quote is set by the test."""
+
+    name = "ngram"
+
+    def __init__(self, rate, min_gain=0.10):
+        self.rate, self.min_gain = rate, min_gain
+
+    def quote(self, ctx, k):
+        return Quote(self.rate, self.min_gain, Proposal([7], None, "ngram", ngram=1))
 
 
 def test_auto_picks_nothing_when_drafting_cannot_pay():
     cpu = CostModel(times(s1=0.07, s2=0.09, s3=0.11, s4=0.13, s5=0.15), times(s1=0.05))
     model = StubModel(0.3)
-    auto = AutoDrafter(cpu, NgramDrafter(cpu), model)
+    auto = auto_with(cpu, NgramDrafter(cpu), model)
     picks = [auto.propose([1, 2, 3, 4, 5, 6], 4, GREEDY, None).source for _ in range(50)]
     assert picks.count("none") >= 45  # only the occasional exploration round drafts
     assert 1 <= model.asked <= 3
@@ -202,12 +214,12 @@ def test_auto_picks_nothing_when_drafting_cannot_pay():
 def test_auto_uses_the_model_when_it_pays_and_ngram_on_a_repeat():
     gpu = CostModel(times(s1=0.02, s2=0.0201, s3=0.0202, s4=0.0203, s5=0.0204), times(s1=0.003))
     model = StubModel(0.8)
-    auto = AutoDrafter(gpu, NgramDrafter(gpu), model)
+    auto = auto_with(gpu, NgramDrafter(gpu), model)
     assert auto.propose([1, 2, 3, 4, 5, 6], 4, GREEDY, None).source == "model"
     ng = NgramDrafter(gpu)
     ng.first_beta(4).add(100, 0)
     ng.next.add(100, 0)
-    auto = AutoDrafter(gpu, ng, StubModel(0.3))
+    auto = auto_with(gpu, ng, StubModel(0.3))
     p = auto.propose([10, 11, 12, 13, 14, 15, 16, 10, 11, 12, 13], 4, GREEDY, None)
     assert p.source == "ngram" and p.tokens == [14, 15, 16, 10]
 
@@ -230,21 +242,21 @@ def test_ngram_drafter_learns_from_what_the_target_verified():
 def test_auto_tracks_the_model_rate_from_confidence():
     cm = CostModel(times(s1=0.07, s2=0.08, s3=0.1), times(s1=0.02))
     model = StubModel(0.9)
-    auto = AutoDrafter(cm, NgramDrafter(cm), model)
+    auto = auto_with(cm, NgramDrafter(cm), model)
     auto.begin([1, 2, 3])
     p = Proposal([5, 6], None, "model", [0.9, 0.9])
-    assert auto.expected_yield(p) == pytest.approx(1 + 0.9 + 0.81)
-    auto._m_round = (2, 0.04)
-    before = auto.model_rate()
+    assert model.expected_yield(p) == pytest.approx(1 + 0.9 + 0.81)
+    before = model.rate()
+    model.propose([1, 2, 3], 2, GREEDY, None)  # two 1-token draft steps: 0.04 s
     auto.feedback(p, 2, 5)
-    assert auto.model_rate() > before  # (2.71 tokens in 0.14 s) beats the start estimate
+    assert model.rate() > before  # (2.71 tokens in 0.14 s) beats the start estimate
 
 
 # --- auto: never slower than the target alone ----------------------------------------------------
 def test_auto_probes_the_model_a_bounded_number_of_times_per_request():
     cpu = CostModel(times(s1=0.07, s2=0.09, s3=0.11, s4=0.13, s5=0.15), times(s1=0.03, s2=0.035))
     model = StubModel(0.3)
-    auto = AutoDrafter(cpu, NgramDrafter(cpu), model)
+    auto = auto_with(cpu, NgramDrafter(cpu), model)
     for _ in range(3):  # three requests of 400 rounds each
         auto.begin([1, 2, 3])
         asked = model.asked
@@ -263,16 +275,18 @@ def test_auto_probes_the_model_a_bounded_number_of_times_per_request():
 
 def test_auto_needs_a_margin_before_it_drafts():
     cm = CostModel(times(s1=0.10, s2=0.12, s3=0.14))
-    auto = AutoDrafter(cm, NgramDrafter(cm), None)
     r0 = cm.target_alone_rate()
-    assert auto.choose(1, r0 * 1.05) == "none"  # a thin promise is not worth the risk
-    assert auto.choose(1, r0 * 1.5) == "ngram"
+    ctx = [1, 2, 3, 4]
+    auto = AutoDrafter(cm, [FixedQuote(r0 * 1.05)])
+    assert auto.propose(ctx, 4, GREEDY, None).source == "none"  # a thin promise is not worth the risk
+    auto = AutoDrafter(cm, [FixedQuote(r0 * 1.5)])
+    assert auto.propose(ctx, 4, GREEDY, None).source == "ngram"
     model = StubModel(0.9)
-    auto = AutoDrafter(cm, NgramDrafter(cm), model)
-    auto.m_tokens, auto.m_seconds = 1.05, 1.0 / r0  # the model's rounds deliver 5 % more
-    assert [auto.choose(0, 0.0) for _ in range(10)].count("model") <= 1  # a probe at most
-    auto.m_tokens = 1.5
-    assert auto.choose(0, 0.0) == "model"
+    auto = auto_with(cm, FixedQuote(0.0), model)
+    model.m_tokens, model.m_seconds = 1.05, 1.0 / r0  # the model's rounds deliver 5 % more
+    assert [auto.propose(ctx, 4, GREEDY, None).source for _ in range(10)].count("model") <= 1  # a probe at most
+    model.m_tokens = 1.5
+    assert auto.propose(ctx, 4, GREEDY, None).source == "model"
 
 
 def test_ngram_plan_asks_for_the_margin_too():
@@ -289,26 +303,31 @@ def test_ngram_plan_asks_for_the_margin_too():
     assert k == 1 and rate == pytest.approx(1.25 / 0.12)
 
 
-class SimModel:
+class SimModel(CostedDrafter):
     """A draft model for the simulator: proposes the true next tokens, each right with
     probability `a` (then a wrong one), learns its acceptance from the verdicts like the real one,
-    and reports the sizes of the draft steps a proposal ran (catch-up first)."""
+    and reports the sizes of the draft steps a proposal ran (catch-up first). Its rate for `auto` is
+    kept by the real bookkeeping (CostedDrafter)."""
 
-    def __init__(self, truth, a, rng):
-        from edgespec.drafters import Beta
+    name = "model"
 
+    def __init__(self, truth, a, rng, costs):
+        super().__init__(costs)
         self.truth, self.a, self.rng = truth, a, rng
         self.mean = Beta(0.6, weight=8.0)
         self.seen = 0  # context tokens the fake draft cache holds
-        self.last_sizes = []
 
     def acceptance(self, conf):
         return self.mean.mean
 
+    def prior_acceptance(self):
+        return self.mean.mean
+
     def begin(self, ctx):
         self.seen = min(self.seen, len(ctx))
+        super().begin(ctx)
 
-    def propose(self, ctx, k, params, rng):
+    def draft(self, ctx, k, params, rng):
         self.last_sizes = [max(1, len(ctx) - self.seen)]
         toks = []
         for j in range(min(k, 3)):
@@ -320,7 +339,7 @@ class SimModel:
         self.seen = len(ctx) + len(toks) - 1
         return Proposal(toks, None, "model", [0.9] * len(toks))
 
-    def feedback(self, prop, accepted, valid_len):
+    def learn(self, prop, accepted, valid_len):
         self.seen = min(self.seen, valid_len)
         if prop.source == "model" and prop.tokens:
             for i in range(min(accepted + 1, len(prop.tokens))):
@@ -331,10 +350,10 @@ def simulate(costs: CostModel, truth, prompt, a_model, *, seed=0, rounds_max=10_
     """Runs AutoDrafter against a known continuation `truth`, paying the cost model's seconds for
     every step; returns (tokens per second, the same for the target alone, rounds by source)."""
     rng = np.random.default_rng(seed)
-    model = None if a_model is None else SimModel(truth, a_model, rng)
+    model = None if a_model is None else SimModel(truth, a_model, rng, costs)
     if model is not None:
         model.prompt_len = len(prompt)
-    auto = AutoDrafter(costs, NgramDrafter(costs), model)
+    auto = auto_with(costs, NgramDrafter(costs), model)
     ctx, pos, seconds, by = list(prompt), 0, 0.0, {}
     auto.begin(ctx)
     while pos < len(truth) - 1 and rounds_max:

@@ -22,20 +22,20 @@ def fresh(tiny_bundle):
 
 
 def fresh_generate(e: Engine, **kw):
-    e._invalidate()
+    e.reset_cache()
     return e.generate(**kw)
 
 
 # --- bad input: each has its own specific error and loses nothing --------------------------------
 def test_prompt_longer_than_the_cache_is_refused_and_nothing_is_written(eng):
     before = eng.generate("def add(a, b):", max_new_tokens=8, draft="none")
-    length, cached = eng.target.length, list(eng._cached[: eng.target.length])
+    length, cached = eng.target.length, eng.cached()
     long_prompt = "def add(a, b): return a + b\n" * 40
     assert eng.count_tokens(long_prompt) > eng.max_len
     with pytest.raises(PromptTooLong) as e:
         eng.generate(long_prompt, max_new_tokens=4)
     assert e.value.param == "prompt" and str(eng.max_len) in str(e.value)
-    assert eng.target.length == length and eng._cached[:length] == cached  # untouched
+    assert eng.target.length == length and eng.cached() == cached  # untouched
     # the boundary: max_len - 1 prompt tokens still get one new token; max_len do not fit
     fit = next(" a" * n for n in range(100, 200) if eng.count_tokens(" a" * n) == eng.max_len - 1)
     r = eng.generate(fit, max_new_tokens=5)
@@ -205,7 +205,7 @@ def test_cancel_before_and_during(eng):
 @pytest.mark.parametrize("mode", ["none", "model", "ngram", "auto"])
 def test_multi_turn_reuse_equals_a_fresh_run(eng, fresh, mode):
     msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"}]
-    eng._invalidate()
+    eng.reset_cache()
     r1 = eng.generate(messages=msgs, max_new_tokens=24, draft=mode)
     msgs2 = msgs + [{"role": "assistant", "content": r1.text}, {"role": "user", "content": "class Stack:"}]
     r2 = eng.generate(messages=msgs2, max_new_tokens=24, draft=mode)
@@ -244,9 +244,38 @@ def test_an_error_mid_generation_resets_the_cache(eng, fresh, monkeypatch):
     with pytest.raises(RuntimeError):
         eng.generate("def add(a, b):", max_new_tokens=10)
     monkeypatch.undo()
-    assert eng.target.length == 0 and eng._cached == []
+    assert eng.target.length == 0 and eng.cached() == []
     r = eng.generate("class Stack:", max_new_tokens=12)
     assert r.token_ids == fresh_generate(fresh, prompt="class Stack:", max_new_tokens=12).token_ids
+
+
+@pytest.mark.parametrize("draft", ["none", "auto"])
+def test_closing_a_stream_keeps_the_cache_for_the_next_turn(eng, fresh, draft):
+    """A kiosk visitor presses Stop: the stream is closed after a few deltas. The caches are
+    consistent between rounds, so the next turn (the conversation so far + a new question) reuses
+    the whole previous prompt, and its output is still what a fresh engine writes."""
+    eng.reset_cache()
+    turn1 = [{"role": "user", "content": "Write a function that adds two numbers."}]
+    s = eng.stream(messages=turn1, max_new_tokens=40, draft=draft)
+    partial = "".join(next(s) for _ in range(3))
+    s.close()
+    assert s.result is None  # ended early: no result
+    prompt1 = eng.encode(messages=turn1)
+    assert eng.cached()[: len(prompt1)] == prompt1  # the previous turn is still in the cache
+    turn2 = turn1 + [{"role": "assistant", "content": partial}, {"role": "user", "content": "Now subtract."}]
+    r = eng.generate(messages=turn2, max_new_tokens=12, draft=draft)
+    assert r.stats.cached_tokens >= len(prompt1)
+    assert r.token_ids == fresh_generate(fresh, messages=turn2, max_new_tokens=12, draft=draft).token_ids
+
+
+def test_an_exception_inside_a_stream_still_invalidates(eng):
+    """Only a clean close keeps the cache: any other exception thrown into the generation drops it."""
+    eng.generate("def add(a, b):", max_new_tokens=4)
+    s = eng.stream("def sub(a, b):", max_new_tokens=40, draft="none")
+    next(s)
+    with pytest.raises(KeyboardInterrupt):
+        s._gen.throw(KeyboardInterrupt())
+    assert eng.cached() == []
 
 
 # --- streaming -----------------------------------------------------------------------------------
@@ -312,7 +341,7 @@ def test_chat_template_is_the_bundles(eng):
 def test_no_chat_template(tiny_bundle, bundle_copy):
     import json
 
-    from edgespec.manifest import MANIFEST_NAME
+    from edgespec.models.manifest import MANIFEST_NAME
 
     e = Engine.open(tiny_bundle, max_len=64)
     e.bundle.manifest.tokenizer.chat_template = None  # as a bundle exported without one
@@ -328,7 +357,7 @@ def test_no_chat_template(tiny_bundle, bundle_copy):
 # --- governor hooks ------------------------------------------------------------------------------
 class FakeGovernor:
     def __init__(self, max_k=None, drafting="any", pace_s=0.0):
-        from edgespec.governor import Limits
+        from edgespec.edge.governor import Limits
 
         self.lim = Limits(max_k=max_k, drafting=drafting, pace_s=pace_s)
         self.tokens = 0
@@ -372,7 +401,7 @@ def test_no_governor_means_no_energy_figure(eng):
 
 
 def test_memory_budget_that_drops_the_draft(tiny_bundle):
-    memory = pytest.importorskip("edgespec.memory")
+    memory = pytest.importorskip("edgespec.edge.memory")
     b_full = memory.plan(tiny_bundle, max_len=128, want_draft=True, budget_bytes=None)
     b_target = memory.plan(tiny_bundle, max_len=128, want_draft=False, budget_bytes=None)
     budget = (b_full.predicted_bytes + b_target.predicted_bytes) // 2

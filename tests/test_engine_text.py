@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.bundle import Bundle
-from edgespec.chat import render, validate_messages
-from edgespec.detokenize import IncrementalDecoder, TextStream
+from edgespec.models.bundle import Bundle
+from edgespec.core.chat import render, validate_messages
+from edgespec.core.detokenize import IncrementalDecoder, TextStream
 from edgespec.errors import InvalidRequest
 
 TEXT = "Grüße aus München, naïve café, 東京, Привет мир, emoji 🙂 and ✓ marks. def add(a, b):"

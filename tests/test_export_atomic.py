@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("torch", reason="the exporter needs the export extra")
 
 from edgespec.errors import ExportError  # noqa: E402
-from edgespec.manifest import verify_bundle  # noqa: E402
+from edgespec.models.manifest import verify_bundle  # noqa: E402
 from edgespec_export import isolate, pipeline  # noqa: E402
 from edgespec_export.pipeline import ExportOptions, run_export  # noqa: E402
 from edgespec_export.tiny import make_tiny_model  # noqa: E402

@@ -12,8 +12,8 @@ pytest.importorskip("torch", reason="the exporter needs the export extra")
 
 import onnx  # noqa: E402
 
-from edgespec.bundle import Bundle  # noqa: E402
-from edgespec.runner import load_runner  # noqa: E402
+from edgespec.models.bundle import Bundle  # noqa: E402
+from edgespec.engine.build import load_runner  # noqa: E402
 from edgespec_export.pipeline import ExportOptions, run_export  # noqa: E402
 from edgespec_export.tiny import TINY_ARCHS, make_tiny_model  # noqa: E402
 
@@ -198,7 +198,7 @@ def test_8bit_embedding_quantizer_against_onnxruntime(tmp_path):
     """Our GatherBlockQuantized 8-bit encoding, run by onnxruntime, gives the rows back within half a step."""
     import onnx_ir as ir
 
-    from edgespec.providers import create_session
+    from edgespec.edge.providers import create_session
     from edgespec_export.quantize import _gather_8bit
 
     rng = np.random.default_rng(0)

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the exporter needs the export extra")
 
-from edgespec.manifest import verify_bundle  # noqa: E402
+from edgespec.models.manifest import verify_bundle  # noqa: E402
 from edgespec_export.tiny import make_tiny_draft, make_tiny_model  # noqa: E402
 
 
@@ -77,7 +77,7 @@ def test_missing_workstation_extra_is_one_clear_line(tmp_path, monkeypatch, caps
     """On a device install (no torch), `edgespec export` says what to install instead of a traceback."""
     import importlib.util
 
-    from edgespec.cli import main
+    from edgespec.cli.main import main
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))

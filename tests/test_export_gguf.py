@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="the exporter needs the export extra
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from edgespec.bundle import Bundle  # noqa: E402
+from edgespec.models.bundle import Bundle  # noqa: E402
 from edgespec_export.pipeline import ExportOptions, run_export  # noqa: E402
 from edgespec_export.sources import load_model, resolve  # noqa: E402
 from edgespec_export.tiny import make_tiny_gguf, make_tiny_model  # noqa: E402

@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("torch", reason="the exporter needs the export extra")
 
-from edgespec.bundle import Bundle  # noqa: E402
-from edgespec.runner import load_runner  # noqa: E402
+from edgespec.models.bundle import Bundle  # noqa: E402
+from edgespec.engine.build import load_runner  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.realmodel]
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec import governor as gv
-from edgespec import sensors
+from edgespec.edge import governor as gv
+from edgespec.edge import sensors
 from edgespec.errors import InvalidRequest
-from edgespec.governor import FEWER_CORES, NGRAM, NORMAL, PACED, SMALL_K, AffinityLimiter, Governor, Limits
+from edgespec.edge.governor import FEWER_CORES, NGRAM, NORMAL, PACED, SMALL_K, AffinityLimiter, Governor, Limits
 
 FAKES = Path(__file__).parent / "fakes"
 
@@ -176,7 +176,7 @@ def test_no_power_sensor_means_budget_not_enforced_but_requests_run(caplog):
     clock = Clock()
     s = FakeSensors(clock, power=None)
     s.has_power = False
-    with caplog.at_level("WARNING", logger="edgespec.governor"):
+    with caplog.at_level("WARNING", logger="edgespec.edge.governor"):
         g = Governor(s, power_budget_w=5.0, clock=clock, cpu_limiter=FakeLimiter())
     assert any("no power sensor" in r.message for r in caplog.records)
     seen = run_for(g, clock, 20)
@@ -339,7 +339,7 @@ def test_affinity_limit_really_caps_cpu_time_of_an_onnxruntime_pool(tmp_path):
     with one core allowed the process cannot burn more than one core-second per second."""
     import onnxruntime as ort
 
-    from edgespec.providers import probe_model_bytes, session_options
+    from edgespec.edge.providers import probe_model_bytes, session_options
 
     n = 512
     model = probe_model_bytes(n)
@@ -433,7 +433,7 @@ def test_engine_under_a_governor_keeps_its_output_and_never_aborts(tiny_bundle):
 def test_state_says_whether_the_cores_rung_is_used_and_why_not(caplog):
     import logging
 
-    with caplog.at_level(logging.INFO, logger="edgespec.governor"):
+    with caplog.at_level(logging.INFO, logger="edgespec.edge.governor"):
         g, *_ = make(power_budget_w=10.0, limit_cores=False)
     assert g.state()["cores_rung"].startswith("skipped: the sessions' thread pool spins")
     assert any("fewer-cores rung is skipped" in r.getMessage() for r in caplog.records)
@@ -446,7 +446,7 @@ def test_state_says_whether_the_cores_rung_is_used_and_why_not(caplog):
 def test_engine_tells_the_governor_its_shared_pool_spins(tiny_bundle):
     """Target + draft share onnxruntime's global pool, whose spinning cannot be turned off from
     Python: the governor must not plan on the fewer-cores rung."""
-    from edgespec import providers
+    from edgespec.edge import providers
     from edgespec.engine import Engine
 
     eng = Engine.open(tiny_bundle, draft="model", power_budget="5W", verify=False, warmup=False)
@@ -460,13 +460,14 @@ def test_engine_tells_the_governor_its_shared_pool_spins(tiny_bundle):
 
 def test_what_the_engine_reports_about_spinning_without_the_shared_pool(monkeypatch):
     """Where the shared pool cannot be had, two models get per-session pools without spinning
-    (runner.load_runner): the fewer-cores rung pays there. A model alone keeps onnxruntime's
+    (engine/build.load_runner): the fewer-cores rung pays there. A model alone keeps onnxruntime's
     default, spinning. (A process that already has the global pool cannot make per-session pools
     at all, so this is checked on the decision itself.)"""
-    from edgespec import engine, providers
+    from edgespec.edge import providers
+    from edgespec.engine import build
 
     monkeypatch.setattr(providers, "_shared_pool", {"ok": False})
-    assert engine._sessions_spin(load_draft=True) is False
-    assert engine._sessions_spin(load_draft=False) is True
+    assert build.sessions_spin(load_draft=True) is False
+    assert build.sessions_spin(load_draft=False) is True
     monkeypatch.setattr(providers, "_shared_pool", {"ok": True})
-    assert engine._sessions_spin(load_draft=True) is True and engine._sessions_spin(load_draft=False) is True
+    assert build.sessions_spin(load_draft=True) is True and build.sessions_spin(load_draft=False) is True

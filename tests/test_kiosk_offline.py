@@ -53,7 +53,7 @@ def offline():
 @pytest.fixture(scope="module")
 def model(request):
     """(bundle path, is it a real model)."""
-    from edgespec.bundle import Bundle
+    from edgespec.models.bundle import Bundle
 
     chosen = os.environ.get("EDGESPEC_KIOSK_BUNDLE")
     if chosen:

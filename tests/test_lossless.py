@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from edgespec.engine import Engine
-from edgespec.sampling import SamplingParams, probs
+from edgespec.core.sampling import SamplingParams, probs
 
-from test_sampling import chi2_gof
+from helpers.stats import chi2_gof
 
 MODES = ["model", "ngram", "auto"]
 
@@ -133,7 +133,7 @@ def test_sampling_on_tiny_onnx_matches_exact_target_distribution(tiny_bundle_dis
     runner.reset()
     runner.step(ids[:-1], 1)
     walk([], 1.0)
-    eng._invalidate()
+    eng.reset_cache()
     assert sum(exact.values()) == pytest.approx(1.0)
     n = 1200
     counts: dict = {}

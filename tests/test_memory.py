@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from edgespec import devices, memory
-from edgespec.bundle import Bundle
+from edgespec.edge import devices
+
+from edgespec import units
+from edgespec.edge import memory
+from edgespec.engine import measure
+from edgespec.models.bundle import Bundle
 from edgespec.errors import BudgetError, InvalidRequest
 
 MIB = 1 << 20
@@ -23,21 +27,21 @@ REAL_BUNDLES = Path(os.environ.get("EDGESPEC_HOME", Path.home() / ".cache/edgesp
     ("1073741824", 1 << 30), ("64k", 64 << 10), (".5G", 1 << 29), (4096, 4096),
 ])
 def test_parse_size(text, n):
-    assert memory.parse_size(text) == n
+    assert units.parse_size(text) == n
 
 
 @pytest.mark.parametrize("bad", ["", "five GiB", "5 GiBs", "5XB", "-1G", "0", "0MiB", "1e3", "G", True, "5 G B"])
 def test_parse_size_rejects_with_a_clear_error(bad):
     with pytest.raises(InvalidRequest) as e:
-        memory.parse_size(bad)
+        units.parse_size(bad)
     assert e.value.param == "memory_budget"
     assert "memory size" in str(e.value)
 
 
 def test_format_size():
-    assert memory.format_size(512) == "512 B"
-    assert memory.format_size(1536 << 20) == "1.5 GiB"
-    assert memory.format_size(117 << 20) == "117 MiB"
+    assert units.format_size(512) == "512 B"
+    assert units.format_size(1536 << 20) == "1.5 GiB"
+    assert units.format_size(117 << 20) == "117 MiB"
 
 
 def _facts_kv(facts, max_len):
@@ -111,9 +115,9 @@ def test_step3_refuses_with_the_numbers(tiny_bundle):
     with pytest.raises(BudgetError) as e:
         memory.plan(tiny_bundle, max_len=512, want_draft=True, budget_bytes=budget)
     msg = str(e.value)
-    assert memory.format_size(budget) in msg
-    assert memory.format_size(floor_no.predicted_bytes) in msg  # what the smallest plan needs
-    assert memory.format_size(full.predicted_bytes) in msg  # and the full one
+    assert units.format_size(budget) in msg
+    assert units.format_size(floor_no.predicted_bytes) in msg  # what the smallest plan needs
+    assert units.format_size(full.predicted_bytes) in msg  # and the full one
     assert "target weights" in msg and "runtime" in msg and "--memory-budget" in msg
     assert e.value.needed_bytes == floor_no.predicted_bytes and e.value.budget_bytes == budget
 
@@ -184,7 +188,7 @@ def test_engine_follows_the_plan(tiny_bundle):
 
 
 def test_engine_refuses_before_loading_anything(tiny_bundle, monkeypatch):
-    from edgespec import providers
+    from edgespec.edge import providers
     from edgespec.engine import Engine
 
     def no_sessions(*a, **k):
@@ -205,7 +209,7 @@ def test_fits_now_warns_when_memavailable_is_short(tiny_bundle, tmp_path):
 
 
 def test_measure_rss_reads_proc():
-    m = memory.measure_rss()
+    m = units.measure_rss()
     assert m["rss"] > 10 * MIB and m["peak"] >= m["rss"]
 
 
@@ -215,7 +219,7 @@ def test_predicted_vs_measured_rss_tiny_bundle(tiny_bundle):
     """A fresh process loads the plan and fills both caches. The tiny models are a few hundred KiB,
     so this checks the runtime/working part of the model, which dominates here."""
     p = memory.plan(tiny_bundle, max_len=512, want_draft=True, budget_bytes=None)
-    rss = memory.measure_fresh(tiny_bundle, max_len=p.max_len, load_draft=p.load_draft)
+    rss = measure.measure_fresh(tiny_bundle, max_len=p.max_len, load_draft=p.load_draft)
     check = memory.compare(p, rss["peak"])
     assert abs(check.error) <= 0.20, check.describe()
 
@@ -240,7 +244,7 @@ def test_predicted_vs_measured_rss_real_bundles(draft):
         if draft and bundle.draft is None:
             continue
         p = memory.plan(bundle, max_len=2048, want_draft=draft, budget_bytes=None)
-        rss = memory.measure_fresh(b, max_len=p.max_len, load_draft=p.load_draft)
+        rss = measure.measure_fresh(b, max_len=p.max_len, load_draft=p.load_draft)
         check = memory.compare(p, rss["peak"])
         print(f"{b.name} draft={draft}: {check.describe()}")
         if abs(check.error) > 0.15:
@@ -273,7 +277,7 @@ def test_export_fills_params_with_the_source_models_count(tiny_bundle):
 ])
 def test_mlp_width_of_real_models_from_their_parameter_counts(params, tied, qkv_bias, arch, h, layers, kv_heads,
                                                               head_dim, vocab, inter):
-    from edgespec.manifest import ModelFacts
+    from edgespec.models.manifest import ModelFacts
 
     f = ModelFacts(path="m.onnx", arch=arch, layers=layers, kv_heads=kv_heads, head_dim=head_dim, hidden_size=h,
                    vocab_size=vocab, quant="int4", max_context=32768, params=params)
@@ -294,7 +298,7 @@ def test_old_bundle_without_params_still_plans_and_opens(tiny_bundle, tmp_path):
     m = json.loads((old / "manifest.json").read_text())
     for role in m["models"]:
         m["models"][role]["params"] = 0
-    from edgespec.manifest import content_digest
+    from edgespec.models.manifest import content_digest
 
     m["digest"] = content_digest(m)  # as an older export would have sealed it
     (old / "manifest.json").write_text(json.dumps(m))

@@ -1,8 +1,8 @@
 """/metrics exposes the power/thermal governor: board power, temperature, J/token, the rung and why."""
 from __future__ import annotations
 
-from edgespec import sensors
-from edgespec.governor import Governor, SMALL_K
+from edgespec.edge import sensors
+from edgespec.edge.governor import Governor, SMALL_K
 from edgespec.server.metrics import Metrics, governor_lines
 
 

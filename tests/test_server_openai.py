@@ -189,9 +189,9 @@ def test_api_key_with_the_openai_client(tiny_bundle, tmp_path):
 @pytest.mark.slow
 @pytest.mark.realmodel
 def test_smollm2_streams_real_text():
-    from edgespec import registry
+    from edgespec.models import files
 
-    bundle = registry.bundles_dir() / "smollm2"
+    bundle = files.bundles_dir() / "smollm2"
     if not (bundle / "manifest.json").exists():
         pytest.skip(f"no SmolLM2 bundle at {bundle} (edgespec pull / quickstart makes it)")
     r = Running(bundle)

@@ -307,7 +307,7 @@ def test_environment_file_settings_and_journal_priorities(proc, tiny_bundle, tmp
 
 
 def test_cli_help_and_no_bundle(monkeypatch, capsys):
-    from edgespec.cli import main
+    from edgespec.cli.main import main
 
     for k in [k for k in os.environ if k.startswith("EDGESPEC_")]:
         monkeypatch.delenv(k)

@@ -105,7 +105,7 @@ def test_no_secret_in_the_unit_or_on_the_command_line():
 
 
 def test_env_file_holds_only_settings_serve_reads(monkeypatch):
-    from edgespec.commands import serve
+    from edgespec.cli.commands import serve
 
     src = Path(serve.__file__).read_text()
     names = re.findall(r"^(EDGESPEC_[A-Z_]+)=", ENVFILE.read_text(), re.M)

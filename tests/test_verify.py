@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.bundle import Bundle
-from edgespec.cli import main
+from edgespec.models.bundle import Bundle
+from edgespec.cli.main import main
 from edgespec.errors import BundleCorrupt, BundleNotFound
 
 

@@ -13,12 +13,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..limits import DRAFT_MODES, K_LIMIT
 from .apierror import APIError, bad_request
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-DRAFT_MODES = ("auto", "model", "ngram", "none")
 MAX_STOP = 4
-MAX_DRAFT_K = 16
 
 
 @dataclass(frozen=True)
@@ -229,7 +228,7 @@ def _common(body: Any, kind: str, limits: Limits) -> GenRequest:
         stream=stream,
         include_usage=include_usage and stream,
         draft=draft,
-        draft_k=_int(body, "draft_k", lo=1, hi=MAX_DRAFT_K, default=None),
+        draft_k=_int(body, "draft_k", lo=1, hi=K_LIMIT, default=None),
     )
 
 

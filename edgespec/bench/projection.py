@@ -1,0 +1,401 @@
+"""Projection of a bench run to another board: "would speculation pay on a Jetson or a Pi?"
+
+What transfers from this machine and what does not:
+- acceptance, and so how many steps of each size a mode needs per generated token, depends on the
+  models and the text, not on the device: it is *measured* here (the runners' step counts by number
+  of tokens, for every generation of the run);
+- the cost of a step depends on the device: it is *modelled* there, as a roofline plus a fixed cost:
+
+      t(model, n tokens) = launch + max(bytes_read / (B * eff_b), 2 * params * n / (C * eff_c))
+
+  bytes_read = the model's weights + its KV cache at the run's mean context; B = the board's memory
+  bandwidth (its device profile); C = the board's peak compute for the weight matmuls on the path
+  edgespec uses there (GPU fp16 tensor cores on a Jetson, int8 dot products on the Pi's CPU cores),
+  both below; eff_* = the fraction of peak such kernels reach; launch = per-layer fixed cost
+  (kernel launches on a GPU, thread synchronisation on a CPU).
+
+The projected time of a mode is the measured step counts times the modelled step costs, plus the
+loop's own measured overhead (Python, sampling, n-gram lookup) scaled by the board's CPU speed
+relative to this one. Adaptive modes chose their k from *this* machine's costs; on a board where a
+long verify costs about one step they would draft more, so their projection is conservative. The
+"model, k for the board" row answers that: the best fixed k under the measured acceptance and the
+board's costs.
+
+Everything here is a model, labelled as such wherever it is printed, and never mixed with
+measured figures.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Sequence
+
+from ..errors import InvalidRequest
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A board as the cost model sees it (the part of a device profile that sets step costs)."""
+
+    id: str
+    name: str
+    bandwidth_gbs: float  # peak memory bandwidth
+    compute_tops: float  # peak ops/s (x1e12) of the weight-matmul path used there
+    path: str  # what runs the matmuls, in words
+    eff_bandwidth: float  # fraction of peak bandwidth a decode step reaches
+    eff_compute: float  # fraction of peak compute a multi-token step reaches
+    launch_ms_per_layer: float  # fixed cost per layer per step
+    cpu_speed: float  # host-side loop speed relative to the dev machine's CPU (1.0 = same)
+    memory_budget_bytes: int | None = None
+    basis: str = ""  # where the compute figure comes from
+
+
+# Compute figures are peak numbers derived from the chips' published configurations (SM count and
+# GPU clock for Orin: 1024 dense fp16 FMA per SM per clock; A76/A72 NEON throughput x cores x clock).
+# Efficiencies and fixed costs are assumptions of this model, stated in docs/bench.md.
+_COMPUTE: dict[str, dict[str, Any]] = {
+    "jetson-orin-nano-8gb": dict(compute_tops=10.2, path="GPU (CUDA/TensorRT), fp16 tensor cores", eff_bandwidth=0.7,
+                                 eff_compute=0.4, launch_ms_per_layer=0.12, cpu_speed=0.35,
+                                 basis="8 SMs x 1024 fp16 FMA/clk x 0.625 GHz (the 'Super' modes clock higher)"),
+    "jetson-orin-nx-16gb": dict(compute_tops=15.0, path="GPU (CUDA/TensorRT), fp16 tensor cores", eff_bandwidth=0.7,
+                                eff_compute=0.4, launch_ms_per_layer=0.10, cpu_speed=0.45,
+                                basis="8 SMs x 1024 fp16 FMA/clk x 0.918 GHz"),
+    "jetson-agx-orin-64gb": dict(compute_tops=42.6, path="GPU (CUDA/TensorRT), fp16 tensor cores", eff_bandwidth=0.7,
+                                 eff_compute=0.4, launch_ms_per_layer=0.08, cpu_speed=0.5,
+                                 basis="16 SMs x 1024 fp16 FMA/clk x 1.3 GHz"),
+    "Cortex-A76": dict(compute_tops=0.61, path="CPU, 4x Cortex-A76, int8 dot products (MatMulNBits)", eff_bandwidth=0.6,
+                       eff_compute=0.3, launch_ms_per_layer=0.03, cpu_speed=0.45,
+                       basis="4 cores x 2.4 GHz x 64 int8 ops/clk (2x 128-bit SDOT)"),
+    "Cortex-A72": dict(compute_tops=0.23, path="CPU, 4x Cortex-A72, NEON int8 (no dot product)", eff_bandwidth=0.5,
+                       eff_compute=0.3, launch_ms_per_layer=0.05, cpu_speed=0.2,
+                       basis="4 cores x 1.8 GHz x 32 int8 ops/clk"),
+}
+
+
+def hardware(device: str) -> Hardware:
+    """The cost-model view of a device profile (by id or alias, see `edgespec doctor`)."""
+    from ..edge import devices
+
+    p = devices.get(device)
+    spec = _COMPUTE.get(p.id) or _COMPUTE.get(p.cpu_model or "")
+    if spec is None or not p.bandwidth_gbs:
+        raise InvalidRequest(
+            f"no projection for {p.id}: the cost model needs its memory bandwidth and compute "
+            f"(known: {', '.join(projectable())})", param="project")
+    return Hardware(id=p.id, name=p.name, bandwidth_gbs=float(p.bandwidth_gbs), memory_budget_bytes=p.memory_budget_bytes,
+                    **spec)
+
+
+def projectable(*, distinct: bool = False) -> list[str]:
+    """Ids of the device profiles the model has figures for. `distinct`: one per kind of hardware
+    (board variants that differ only in memory size give the same speeds), the smallest-memory one,
+    whose memory is the question."""
+    from ..edge import devices
+
+    out: dict[tuple, tuple[int, str]] = {}
+    for pid, p in sorted(devices.profiles().items()):
+        key = pid if pid in _COMPUTE else (p.cpu_model or "")
+        if not p.bandwidth_gbs or key not in _COMPUTE:
+            continue
+        k = (key, p.bandwidth_gbs) if distinct else (pid,)
+        mem = p.memory_bytes or 0
+        if k not in out or mem < out[k][0]:
+            out[k] = (mem, pid)
+    return sorted(pid for _, pid in out.values())
+
+
+def resolve_devices(spec: str | None) -> list[Hardware]:
+    """--project value: "boards" (one of each kind), "all" (every profile), "none", or names."""
+    if spec is None or spec.strip().lower() in ("", "none"):
+        return []
+    if spec.strip().lower() == "boards":
+        return [hardware(d) for d in projectable(distinct=True)]
+    if spec.strip().lower() == "all":
+        return [hardware(d) for d in projectable()]
+    return [hardware(d.strip()) for d in spec.split(",") if d.strip()]
+
+
+# --- the models as the cost model sees them ------------------------------------------------------
+@dataclass(frozen=True)
+class ModelCost:
+    role: str
+    weight_bytes: int  # bytes read per step (graph weights on disk; int4 blocks + scales)
+    params: int  # parameters doing 2 flops per token in a matmul
+    layers: int
+    kv_bytes_per_token: int
+
+
+def model_costs(bundle) -> dict[str, ModelCost]:
+    out = {}
+    for role, f in bundle.manifest.models.items():
+        wb = bundle.model_bytes(role)
+        params = f.params or _params_from_bytes(wb, f.quant)
+        out[role] = ModelCost(role, wb, params, f.layers, f.kv_bytes_per_token())
+    return out
+
+
+def model_costs_from_meta(meta: dict) -> dict[str, ModelCost]:
+    """The same, from a saved run's meta (so a run can be projected again without its bundle)."""
+    out = {}
+    for role, m in (meta.get("models") or {}).items():
+        if "kv_bytes_per_token" not in m:
+            raise InvalidRequest("this bench JSON predates the projection data (no kv_bytes_per_token): run the "
+                                 "bench again", param="project")
+        wb = int(m["bytes"])
+        params = int(m.get("params") or 0) or _params_from_bytes(wb, m.get("quant", "int4"))
+        out[role] = ModelCost(role, wb, params, int(m["layers"]), int(m["kv_bytes_per_token"]))
+    return out
+
+
+def _params_from_bytes(nbytes: int, quant: str) -> int:
+    # int4 graphs keep some tensors (norms, biases, often embeddings / lm_head) at higher precision:
+    # the default pair measures 0.73-0.82 bytes per parameter on disk
+    per = {"int4": 0.75, "int8": 1.2, "fp16": 2.0, "fp32": 4.0}.get(quant, 1.0)
+    return int(nbytes / per)
+
+
+def step_seconds(m: ModelCost, hw: Hardware, n: int, context: float) -> float:
+    """Modelled wall time of one step of `n` tokens at `context` tokens of cache, on `hw`."""
+    bytes_read = m.weight_bytes + m.kv_bytes_per_token * context
+    t_mem = bytes_read / (hw.bandwidth_gbs * GB * hw.eff_bandwidth)
+    t_cmp = 2.0 * m.params * n / (hw.compute_tops * 1e12 * hw.eff_compute)
+    return hw.launch_ms_per_layer * 1e-3 * m.layers + max(t_mem, t_cmp)
+
+
+# --- what a mode did, from the measurements -------------------------------------------------------
+@dataclass
+class ModeWork:
+    """Everything the projection needs about one mode's generations, summed over samples."""
+
+    mode: str
+    tokens: int = 0  # decode tokens (each generation's tokens after its first)
+    decode_s: float = 0.0  # measured decode time on this machine
+    target_steps: dict[int, list] = field(default_factory=dict)  # decode steps: n -> [count, seconds]
+    draft_steps: dict[int, list] = field(default_factory=dict)
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    context_sum: float = 0.0  # sum of mean context per generation (for the KV term)
+    generations: int = 0
+    prompt_tokens: int = 0
+
+    @property
+    def step_s(self) -> float:
+        return sum(s for _, s in self.target_steps.values()) + sum(s for _, s in self.draft_steps.values())
+
+    @property
+    def overhead_s(self) -> float:
+        """Decode time not spent in any model step: the loop itself."""
+        return max(self.decode_s - self.step_s, 0.0)
+
+    @property
+    def mean_context(self) -> float:
+        return self.context_sum / self.generations if self.generations else 0.0
+
+
+def _add_steps(acc: dict[int, list], steps: dict) -> None:
+    for n, (c, s) in steps.items():
+        n = int(n)
+        cur = acc.setdefault(n, [0, 0.0])
+        cur[0] += c
+        cur[1] += s
+
+
+def collect_work(samples: Iterable) -> dict[str, ModeWork]:
+    """Sums decode-phase steps per mode. The prompt's prefill chunks run before the first token, so
+    outside the decode time: the target's always, the draft's when the engine fed it the prompt along
+    with the target (model and auto modes); they are taken out of both histograms here."""
+    from ..limits import PREFILL_CHUNK
+
+    out: dict[str, ModeWork] = {}
+    for s in samples:
+        chunks = prefill_chunks(s.prompt_tokens, PREFILL_CHUNK)
+        w = out.setdefault(s.mode, ModeWork(s.mode))
+        w.tokens += max(s.new_tokens - 1, 0)
+        w.decode_s += s.decode_s
+        w.rounds += max(s.target_passes - 1, 0)
+        w.drafted += s.drafted
+        w.accepted += s.accepted
+        w.generations += 1
+        w.prompt_tokens += s.prompt_tokens
+        w.context_sum += s.prompt_tokens + s.new_tokens / 2
+        _add_steps(w.target_steps, _without(s.target_steps, chunks))
+        _add_steps(w.draft_steps, _without(s.draft_steps, chunks))
+    return out
+
+
+def _without(steps: dict, chunks: list[int]) -> dict[int, list]:
+    """A step histogram {tokens: [count, seconds]} less one step of each size in `chunks` (at the
+    size's mean time); sizes it lacks are left alone."""
+    out = {int(n): list(v) for n, v in steps.items()}
+    for n in chunks:
+        if n in out and out[n][0] > 0:
+            c, sec = out[n]
+            out[n] = [c - 1, sec - sec / c]
+    return {n: v for n, v in out.items() if v[0] > 0}
+
+
+def prefill_chunks(prompt_tokens: int, chunk: int) -> list[int]:
+    full, rest = divmod(prompt_tokens, chunk)
+    return [chunk] * full + ([rest] if rest else [])
+
+
+# --- per-token acceptance -----------------------------------------------------------------------
+def per_token_acceptance(accepted: int, rounds_with_drafts: int, k: float) -> float | None:
+    """The a of the i.i.d. model (each proposal accepted with probability a once all before it
+    were) that explains `accepted` tokens over `rounds_with_drafts` rounds of about k proposals:
+    solves a + a^2 + ... + a^k = accepted / rounds by bisection."""
+    if rounds_with_drafts <= 0 or k <= 0:
+        return None
+    target = accepted / rounds_with_drafts
+    kk = max(1, round(k))
+    if target <= 0:
+        return 0.0
+    if target >= kk:
+        return 1.0
+
+    def f(a: float) -> float:
+        return sum(a ** i for i in range(1, kk + 1))
+
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if f(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def acceptance_estimate(work: dict[str, ModeWork]) -> tuple[float, str, ModeWork] | None:
+    """The per-token acceptance a of the draft model, from the fixed-k model mode with the largest k
+    if the run has one (every round then proposes k, so a is measured as the i.i.d. model means it);
+    else from the adaptive model mode, whose drafter stops before tokens it is unsure of: that a
+    is optimistic, and says so."""
+    fixed = []
+    for name, w in work.items():
+        base, _, k = name.partition(" k=")
+        if base == "model" and k.isdigit() and w.rounds and w.drafted:
+            fixed.append((int(k), name, w))
+    if fixed:
+        k, name, w = max(fixed)
+        a = per_token_acceptance(w.accepted, w.rounds, w.drafted / w.rounds)
+        return (a, f"(from '{name}')", w) if a is not None else None
+    w = work.get("model")
+    if w is None or not w.rounds or not w.drafted:
+        return None
+    a = per_token_acceptance(w.accepted, w.rounds, w.drafted / w.rounds)
+    if a is None:
+        return None
+    return a, "(from adaptive 'model': optimistic; run with --k 4 to measure it at fixed k)", w
+
+
+def expected_tokens(k: int, a: float) -> float:
+    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+# --- the projection -------------------------------------------------------------------------------
+@dataclass
+class ProjectedMode:
+    mode: str
+    tokens_per_s: float
+    speedup: float  # vs the projected target alone on the same board
+    target_s_per_token: float
+    draft_s_per_token: float
+    overhead_s_per_token: float
+    note: str = ""
+
+
+@dataclass
+class Projection:
+    device: str
+    name: str
+    path: str
+    fits: bool | None  # the bundle (weights + KV at max_len) within the profile's memory budget
+    step_ms: dict[str, dict[int, float]]  # role -> n -> modelled ms (what the board pays per step)
+    modes: list[ProjectedMode]
+    ttft_s: float | None  # modelled prefill of the run's mean prompt
+    hardware: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["kind"] = "projection (a cost model, not a measurement)"
+        return d
+
+
+def project(work: dict[str, ModeWork], costs: dict[str, ModelCost], hw: Hardware, *, max_len: int = 2048,
+            k_max: int = 8, need_bytes: int | None = None) -> Projection:
+    """Projects every mode in `work` (which must include "target") to `hw`. `need_bytes`: the memory
+    planner's estimate for the run's engine (else weights + KV at max_len, plus 15 %)."""
+    if "target" not in work or work["target"].tokens == 0:
+        raise ValueError("the projection needs the target-alone generations of the run")
+    tgt = costs["target"]
+    drf = costs.get("draft")
+    ctx = work["target"].mean_context
+
+    def t_target(n: int) -> float:
+        return step_seconds(tgt, hw, n, ctx)
+
+    def t_draft(n: int) -> float:
+        return step_seconds(drf, hw, n, ctx) if drf is not None else 0.0
+
+    rows: list[ProjectedMode] = []
+    base_rate = None
+    for name, w in work.items():
+        if w.tokens == 0:
+            continue
+        ts = sum(c * t_target(n) for n, (c, _) in w.target_steps.items())
+        ds = sum(c * t_draft(n) for n, (c, _) in w.draft_steps.items())
+        ov = w.overhead_s / hw.cpu_speed
+        rate = w.tokens / (ts + ds + ov)
+        rows.append(ProjectedMode(name, rate, 0.0, ts / w.tokens, ds / w.tokens, ov / w.tokens,
+                                  note="k as chosen on this machine" if "k=" not in name and name != "target" else ""))
+        if name == "target":
+            base_rate = rate
+    # the draft model with the k that is best on this board, under the acceptance measured here
+    est = acceptance_estimate(work)
+    if drf is not None and est is not None:
+        a, source, mw = est
+        ov_tok = mw.overhead_s / hw.cpu_speed / max(mw.tokens, 1)
+        best = None
+        for k in range(1, k_max + 1):
+            e = expected_tokens(k, a)
+            t_round = k * t_draft(1) + t_target(k + 1)
+            r = e / (t_round + ov_tok * e)
+            if best is None or r > best[1]:
+                best = (k, r, t_round, e)
+        k, r, t_round, e = best
+        rows.append(ProjectedMode(
+            f"model, k={k} for this board", r, 0.0, t_target(k + 1) / e, k * t_draft(1) / e, ov_tok,
+            note=f"per-token acceptance a={a:.2f} {source}, E[tokens/round]={e:.2f}"))
+    for r in rows:
+        r.speedup = r.tokens_per_s / base_rate if base_rate else float("nan")
+    step_ms = {"target": {n: round(t_target(n) * 1e3, 2) for n in (1, 2, 3, 5, 9)}}
+    if drf is not None:
+        step_ms["draft"] = {1: round(t_draft(1) * 1e3, 2)}
+    mean_prompt = work["target"].prompt_tokens / max(work["target"].generations, 1)
+    ttft = sum(step_seconds(tgt, hw, n, n / 2) for n in prefill_chunks(int(mean_prompt), 512)) if mean_prompt else None
+    if need_bytes is None:
+        kv = (tgt.kv_bytes_per_token + (drf.kv_bytes_per_token if drf else 0)) * max_len
+        need_bytes = int(1.15 * (tgt.weight_bytes + (drf.weight_bytes if drf else 0) + kv))
+    fits = None if hw.memory_budget_bytes is None else need_bytes <= hw.memory_budget_bytes
+    return Projection(hw.id, hw.name, hw.path, fits, step_ms, rows, ttft, asdict(hw))
+
+
+def cost_model_text(hw_list: Sequence[Hardware]) -> list[str]:
+    """The assumptions, in words, for the report."""
+    lines = [
+        "cost model: t(step of n tokens) = launch/layer x layers + max(bytes / (B x eff_b), 2 x params x n / (C x eff_c));",
+        "  steps per token by size are the ones measured in this run; loop overhead = measured / cpu_speed.",
+    ]
+    for hw in hw_list:
+        lines.append(f"  {hw.id}: B={hw.bandwidth_gbs:g} GB/s x {hw.eff_bandwidth:g}, C={hw.compute_tops:g} TOPS x "
+                     f"{hw.eff_compute:g} ({hw.path}; {hw.basis}), launch {hw.launch_ms_per_layer:g} ms/layer, "
+                     f"cpu_speed {hw.cpu_speed:g}")
+    return lines
+
+
+def finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)

@@ -1,0 +1,115 @@
+"""Prompt sets for `edgespec bench`: the shipped sets (prompts/*.jsonl) and the user's own files, each
+line checked, every problem reported with its line number before anything runs."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidRequest
+
+PROMPT_SETS = ("code", "chat")
+PROMPT_KEYS = {"id", "category", "prompt", "messages", "max_new_tokens", "raw"}
+
+
+@dataclass
+class Prompt:
+    id: str
+    category: str
+    prompt: str | None = None
+    messages: list[dict] | None = None
+    max_new_tokens: int | None = None
+    raw: bool = False
+    set: str = ""  # which set or file it came from
+
+    def request(self) -> dict[str, Any]:
+        """Keyword arguments for Engine.generate: the chat template unless the prompt is raw."""
+        if self.messages is not None:
+            return {"messages": self.messages}
+        if self.raw:
+            return {"prompt": self.prompt}
+        return {"messages": [{"role": "user", "content": self.prompt}]}
+
+
+def load_prompts(spec: str) -> list[Prompt]:
+    """`spec`: "code", "chat", a path to a .jsonl file, or several of these joined by commas.
+    Every problem in a file is reported with its line number; nothing runs on a bad file."""
+    out: list[Prompt] = []
+    for part in [p.strip() for p in spec.split(",") if p.strip()]:
+        if part in PROMPT_SETS:
+            text = resources.files("edgespec.bench").joinpath("prompts", f"{part}.jsonl").read_text(encoding="utf-8")
+            out += parse_prompts(text, part)
+        else:
+            path = Path(part).expanduser()
+            if not path.is_file():
+                raise InvalidRequest(
+                    f"--prompts {part!r}: not a built-in set ({', '.join(PROMPT_SETS)}) and no such file", param="prompts")
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise InvalidRequest(f"{path}: cannot read: {e}", param="prompts") from None
+            out += parse_prompts(text, str(path))
+    if not out:
+        raise InvalidRequest(f"--prompts {spec!r}: no prompts", param="prompts")
+    seen: dict[str, str] = {}
+    for p in out:
+        if p.id in seen:
+            raise InvalidRequest(f"prompt id {p.id!r} appears twice ({seen[p.id]} and {p.set})", param="prompts")
+        seen[p.id] = p.set
+    return out
+
+
+def parse_prompts(text: str, source: str) -> list[Prompt]:
+    prompts: list[Prompt] = []
+    problems: list[str] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{source}:{n}"
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            problems.append(f"{where}: not valid JSON ({e.msg} at column {e.colno})")
+            continue
+        if not isinstance(d, dict):
+            problems.append(f"{where}: each line must be a JSON object")
+            continue
+        unknown = sorted(set(d) - PROMPT_KEYS)
+        if unknown:
+            problems.append(f"{where}: unknown key(s) {unknown}; allowed: {sorted(PROMPT_KEYS)}")
+        has_p, has_m = "prompt" in d, "messages" in d
+        if has_p == has_m:
+            problems.append(f"{where}: needs exactly one of 'prompt' (a string) or 'messages' (a list)")
+            continue
+        if has_p and (not isinstance(d["prompt"], str) or not d["prompt"].strip()):
+            problems.append(f"{where}: 'prompt' must be a non-empty string")
+        if has_m:
+            m = d["messages"]
+            ok = isinstance(m, list) and m and all(
+                isinstance(x, dict) and isinstance(x.get("role"), str) and isinstance(x.get("content"), str) for x in m)
+            if not ok:
+                problems.append(f"{where}: 'messages' must be a non-empty list of {{\"role\": str, \"content\": str}}")
+        cat = d.get("category", "default")
+        if not isinstance(cat, str) or not cat.strip():
+            problems.append(f"{where}: 'category' must be a non-empty string")
+        mnt = d.get("max_new_tokens")
+        if mnt is not None and (isinstance(mnt, bool) or not isinstance(mnt, int) or mnt < 1):
+            problems.append(f"{where}: 'max_new_tokens' must be a positive integer, got {mnt!r}")
+        if "raw" in d and not isinstance(d["raw"], bool):
+            problems.append(f"{where}: 'raw' must be true or false")
+        if "raw" in d and has_m:
+            problems.append(f"{where}: 'raw' applies to 'prompt' only")
+        pid = d.get("id", f"{Path(source).stem}-{n}")
+        if not isinstance(pid, str) or not pid:
+            problems.append(f"{where}: 'id' must be a non-empty string")
+        if problems and problems[-1].startswith(where):
+            continue
+        prompts.append(Prompt(id=pid, category=cat, prompt=d.get("prompt"), messages=d.get("messages"),
+                              max_new_tokens=mnt, raw=bool(d.get("raw", False)), set=source))
+    if problems:
+        raise InvalidRequest(f"{len(problems)} problem(s) in the prompts:\n  " + "\n  ".join(problems), param="prompts")
+    if not prompts:
+        raise InvalidRequest(f"{source}: no prompts in the file", param="prompts")
+    return prompts

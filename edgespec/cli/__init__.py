@@ -1,0 +1,1 @@
+"""The command line: `edgespec` (main) and one module per subcommand (commands/)."""

@@ -1,0 +1,126 @@
+"""`edgespec bench BUNDLE`: every drafting mode on the same prompts in one process, interleaved,
+with speed-ups as ratios within the run, where the time goes, and a labelled projection to boards."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure speculative modes against the target alone, side by side",
+        description="Runs the target alone and each speculative mode on the same prompts in one process, "
+        "interleaved (A B A B ...), and reports tokens/s, speed-up over the target alone within the run, time "
+        "to first token, acceptance, tokens per target pass, peak RSS and whether each output equals the "
+        "target's. See docs/bench.md.",
+    )
+    p.add_argument("bundle", help="bundle folder, or the name of one under $EDGESPEC_HOME/bundles (e.g. qwen-coder); "
+                   "or a JSON file from an earlier --json: report, plot and project it again without measuring")
+    p.add_argument("--prompts", default="code",
+                   help="code, chat, a .jsonl file, or several joined by commas (default: code)")
+    p.add_argument("--modes", default=None,
+                   help="comma-separated from target,model,ngram,auto (default: all the bundle supports)")
+    p.add_argument("--k", default=None, metavar="K,K,...",
+                   help="also run model and ngram with these fixed k (adaptive k is always run)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); outputs are compared only then")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--json", dest="json_out", metavar="OUT.json", help="write everything as JSON")
+    p.add_argument("--plot", metavar="OUT.png", help="write a PNG (needs the plot extra: matplotlib)")
+    p.add_argument("--project", default="boards", metavar="DEVICE[,DEVICE]|boards|all|none",
+                   help="project the run to these boards with a cost model, printed apart from the measurements "
+                   "(default: boards = one of each kind: Jetson Orin Nano/NX/AGX, Raspberry Pi 5/4)")
+    p.add_argument("--per-prompt", action="store_true", help="also print the table per prompt")
+    p.add_argument("--max-len", type=int, default=None, help="cache length (default: the engine's)")
+    p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    p.add_argument("--no-verify", action="store_true", help="skip the bundle's sha256 check")
+    p.add_argument("--quiet", action="store_true", help="no progress line per generation")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ...bench import run as bench, projection
+    from ...bench.prompts import load_prompts
+    from ...models.bundle import Bundle
+    from ...errors import InvalidRequest
+
+    # every argument is checked before the models load (that takes seconds to minutes)
+    if args.plot:
+        from ...bench.plot import require_matplotlib
+
+        require_matplotlib()
+    if args.temperature < 0:
+        raise InvalidRequest(f"--temperature must be >= 0, got {args.temperature}")
+    if args.limit is not None and args.limit < 1:
+        raise InvalidRequest(f"--limit must be at least 1, got {args.limit}")
+    hw_list = projection.resolve_devices(args.project)
+    if args.bundle.endswith(".json") and Path(args.bundle).is_file():
+        result = bench.load_run(args.bundle)
+        return _report(args, result, hw_list, projection.model_costs_from_meta(result.meta) if hw_list else {})
+    prompts = load_prompts(args.prompts)
+    if args.limit:
+        prompts = prompts[: args.limit]
+    from ...models.bundle import resolve_bundle
+
+    b = Bundle.open(resolve_bundle(args.bundle), verify=not args.no_verify)
+    if args.modes is None:
+        names = "target,model,ngram,auto" if b.draft is not None else "target,ngram,auto"
+    else:
+        names = args.modes
+    modes = bench.parse_modes(names, args.k, has_draft=b.draft is not None)
+    if args.repeats < 1:
+        raise InvalidRequest(f"--repeats must be at least 1, got {args.repeats}")
+    if args.max_new_tokens < 1:
+        raise InvalidRequest(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+
+    from ...engine import Engine
+
+    draft = "auto" if any(m.draft in ("model", "auto") for m in modes) else "ngram"
+    print(f"loading {b.root} ...", file=sys.stderr, flush=True)
+    engine = Engine.open(b, draft=draft, max_len=args.max_len, threads=args.threads, verify=False)
+    try:
+        if any(m.draft == "model" for m in modes) and not engine.has_draft:
+            raise InvalidRequest("--modes model: the draft model was not loaded (memory plan); leave 'model' out")
+        total = args.repeats * len(prompts) * len(modes)
+        print(f"{len(prompts)} prompt(s) x {len(modes)} mode(s) x {args.repeats} repeat(s) = {total} generations "
+              f"of up to {args.max_new_tokens} tokens", file=sys.stderr, flush=True)
+
+        def progress(s: bench.Sample, done: int, total: int) -> None:
+            if args.quiet:
+                return
+            same = {True: "same", False: f"differs@{s.first_diff}", None: ""}[s.same_as_target]
+            acc = f" accept {s.acceptance * 100:.0f}%" if s.acceptance is not None else ""
+            print(f"[{done}/{total}] {s.prompt_id} {s.mode}: {s.decode_tps:.1f} tok/s{acc} {same}",
+                  file=sys.stderr, flush=True)
+
+        result = bench.run_bench(engine, prompts, modes, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                                 temperature=args.temperature, seed=args.seed, on_sample=progress)
+    finally:
+        engine.close()
+
+    return _report(args, result, hw_list, projection.model_costs(b) if hw_list else {})
+
+
+def _report(args: argparse.Namespace, result, hw_list, costs) -> int:
+    from ...bench import report as bench_report, projection
+
+    projections = []
+    if hw_list:
+        work = projection.collect_work(result.samples)
+        max_len = result.meta.get("max_len") or 2048
+        need = result.meta.get("memory_need_bytes")
+        projections = [projection.project(work, costs, hw, max_len=max_len, need_bytes=need) for hw in hw_list]
+    print(bench_report.report_text(result, projections, hw_list, per_prompt=args.per_prompt))
+    if args.json_out:
+        bench_report.write_json(args.json_out, bench_report.report_json(result, projections))
+        print(f"wrote {args.json_out}", file=sys.stderr)
+    if args.plot:
+        from ...bench.plot import plot
+
+        plot(bench_report.summarize(result, "category"), args.plot, title=bench_report.header(result).splitlines()[0])
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0

@@ -1,0 +1,130 @@
+"""`edgespec export`: target (+ draft) -> a verified int4/int8/fp16/fp32 ONNX bundle.
+
+Needs the workstation extra (`pip install 'edgespec[export]'`): torch, transformers and
+onnxruntime-genai are imported only when the command runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ...limits import QUANTS
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "export",
+        help="turn a target (+ draft) model into a bundle the runtime loads",
+        description="Export a target model, and optionally a draft model, into one verified ONNX bundle "
+        "(GroupQueryAttention with an in-place KV cache, int4/int8 weights, a parity report). A source is a "
+        "Hugging Face folder, a .gguf file, or a hub id (needs network).",
+    )
+    p.add_argument("source", nargs="?", metavar="TARGET", help="the target model (or use --target)")
+    p.add_argument("--target", dest="target_opt", metavar="SRC", help="the target model: HF folder, .gguf file or hub id")
+    p.add_argument("--draft", metavar="SRC", help="a smaller draft model with the same tokenizer (optional: "
+                   "without one the runtime drafts with n-gram lookup)")
+    p.add_argument("-o", "--out", required=True, metavar="DIR", help="the bundle folder to create")
+    p.add_argument("--quant", choices=QUANTS, default="int4", help="weight precision (default int4)")
+    p.add_argument("--draft-quant", choices=QUANTS, help="the draft's precision (default: --quant)")
+    p.add_argument("--block-size", type=int, default=32, help="int4/int8 quantization block size (default 32)")
+    p.add_argument("--accuracy-level", type=int, default=4, choices=(0, 1, 2, 3, 4),
+                   help="MatMulNBits compute type: 1 fp32, 2 fp16, 3 bf16, 4 int8 (default 4, fastest)")
+    p.add_argument("--head-bits", type=int, choices=(4, 8),
+                   help="bits of the lm_head (and of a tied embedding) for int4/int8: default 8, the most "
+                   "sensitive weight kept closer to the source at no measured speed cost; 4 is smallest")
+    p.add_argument("--max-context", type=int, default=4096,
+                   help="cache length the runtime uses by default (capped by the model's own limit; default 4096)")
+    p.add_argument("--name", help="bundle name in the manifest (default: the folder name)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing bundle at --out")
+    p.add_argument("--min-top1", type=float, metavar="F",
+                   help="minimum top-1 agreement with the source model (default by quant: int4 0.85, int8 0.95, "
+                   "fp16 0.97, fp32 0.99)")
+    p.add_argument("--draft-min-top1", type=float, metavar="F", help="the same for the draft (default: --min-top1)")
+    p.add_argument("--force", action="store_true", help="write the bundle even when parity is below the threshold")
+    p.add_argument("--parity-tokens", type=int, default=512, help="tokens of the parity text (default 512)")
+    p.add_argument("--in-process", action="store_true",
+                   help="build the models in this process instead of one child each (uses more memory)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ...errors import ExportError
+
+    target = args.target_opt or args.source
+    if args.target_opt and args.source and args.target_opt != args.source:
+        raise ExportError(f"two targets given ({args.source} and --target {args.target_opt}): pass one")
+    if not target:
+        raise ExportError("no target: pass a Hugging Face folder, a .gguf file or a hub id (--target SRC)")
+    import importlib.util
+
+    missing = [m for m in ("torch", "transformers", "onnxruntime_genai", "onnx", "onnx_ir", "gguf", "accelerate", "tqdm")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ExportError(
+            f"the exporter needs the workstation extra ({', '.join(missing)} missing): "
+            "pip install torch==2.13.0 && pip install 'edgespec[export]'"
+        )
+    from edgespec_export.pipeline import ExportOptions, run_export
+    from edgespec_export.progress import TqdmProgress
+    from pathlib import Path
+
+    options = ExportOptions(
+        quant=args.quant, draft_quant=args.draft_quant, block_size=args.block_size,
+        accuracy_level=args.accuracy_level, head_bits=args.head_bits, overwrite=args.overwrite, name=args.name, max_context=args.max_context,
+        min_top1=args.min_top1, draft_min_top1=args.draft_min_top1, force=args.force,
+        parity_tokens=args.parity_tokens, isolate=not args.in_process,
+    )
+    progress = TqdmProgress(enabled=not args.quiet and not args.json)
+    summary = run_export(target, Path(args.out), draft=args.draft, options=options, progress=progress)
+    if args.json:
+        print(json.dumps(summary_dict(summary), indent=2))
+    else:
+        print_summary(summary, sys.stdout)
+    return 0
+
+
+def summary_dict(s) -> dict:
+    m = s.manifest
+    return {
+        "path": str(s.path),
+        "bytes": s.total_bytes,
+        "bytes_by_role": s.bytes_by_role,
+        "seconds": round(s.seconds, 1),
+        "peak_rss_bytes": {"process_tree": s.peak_rss_tree, "largest_process": s.peak_rss_single},
+        "models": {role: {"arch": f.arch, "layers": f.layers, "params": f.params, "quant": f.quant,
+                          "source": f.source, "parity": f.parity} for role, f in m.models.items()},
+        "usable_vocab": m.tokenizer.usable_vocab,
+        "drafting": m.drafting,
+        "warnings": s.warnings,
+    }
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.0f} M" if n >= 1e6 else f"{n / 1e3:.0f} K"
+
+
+def print_summary(s, out) -> None:
+    from ...units import format_bytes
+
+    m = s.manifest
+    print(f"bundle {s.path}  ({format_bytes(s.total_bytes)}, {len(m.files)} files, verified)", file=out)
+    for role, f in m.models.items():
+        q = f.quant + (f" block {f.block_size} acc {f.accuracy_level}" if f.block_size else "")
+        if f.head_bits and f.quant == "int4" and f.head_bits != 4:
+            q += f" head {f.head_bits}-bit"
+        p = f.parity
+        par = (f"top-1 {p['top1']:.1%}  mean KL {p['mean_kl']:.4f}  ({p['tokens']} tokens)" if p else "not checked")
+        print(f"  {role:<6} {f.arch} {_params(f.params)} params, {f.layers} layers, {q}: "
+              f"{format_bytes(s.bytes_by_role.get(role, 0))}  parity {par}  <- {f.source}", file=out)
+    t = m.tokenizer
+    print(f"  tokenizer: {t.usable_vocab} usable ids, eos {t.eos_ids}, add_bos {t.add_bos}", file=out)
+    d = m.drafting
+    if "draft_agreement" in d:
+        print(f"  drafting: k={d['k']} (draft agrees with the target on {d['draft_agreement']:.0%} of the parity text)", file=out)
+    print(f"  time {s.seconds:.0f} s, peak memory {format_bytes(s.peak_rss_single)} (largest process), "
+          f"{format_bytes(s.peak_rss_tree)} (all processes)", file=out)
+    for w in s.warnings:
+        print(f"  warning: {w}", file=out)

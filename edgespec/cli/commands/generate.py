@@ -1,0 +1,130 @@
+"""`edgespec generate BUNDLE -p "..."`: one completion, streamed to stdout, stats to stderr.
+
+Also home of the options and helpers `edgespec chat` shares (opening the engine, the stats line).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ...limits import DRAFT_MODES, K_LIMIT
+
+DRAFT_CHOICES = DRAFT_MODES
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Options that decide how the engine is opened (shared by generate and chat)."""
+    p.add_argument("bundle", help="bundle folder (or the name of one under $EDGESPEC_HOME/bundles)")
+    p.add_argument("--draft", choices=DRAFT_CHOICES, default="auto",
+                   help="drafting: auto (per round: n-gram, draft model or none, by measured cost; default), "
+                        "model, ngram, none (target alone)")
+    p.add_argument("--k", type=int, default=None, metavar="N",
+                   help=f"proposals per round (1-{K_LIMIT}); default: chosen every round from measured costs")
+    p.add_argument("--max-len", type=int, default=None, metavar="N",
+                   help="cache length in tokens, prompt + output (default: min(model context, 2048))")
+    p.add_argument("--threads", type=int, default=None,
+                   help="onnxruntime intra-op threads (default: the device profile's, else all cores)")
+    p.add_argument("--providers", default=None,
+                   help="execution providers for the target, in order, e.g. tensorrt,cuda,cpu (default: the device "
+                        "profile's, else tensorrt,cuda,cpu where this onnxruntime has them)")
+    p.add_argument("--draft-providers", default=None,
+                   help="execution providers for the draft model, e.g. cpu (default: the device profile's, else "
+                        "those of the target)")
+    p.add_argument("--device", default="auto",
+                   help="device profile (e.g. orin-nano, rpi5-8gb; generic-x86_64 or generic-aarch64 for no board "
+                        "defaults); its provider orders, threads and memory budget fill what is not given "
+                        "(default: auto, the board this runs on, as `edgespec doctor` shows it)")
+    p.add_argument("--memory-budget", default=None, metavar="SIZE", help="e.g. 3GiB: shrinks the cache or drops the draft")
+    p.add_argument("--power-budget", default=None, metavar="WATTS", help="e.g. 10W (needs a power sensor)")
+    p.add_argument("--max-temp", default=None, metavar="C", help="e.g. 80C")
+    p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle (sizes are still checked)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off")
+    p.add_argument("--seed", type=int, default=None, metavar="S")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop when this text appears (repeatable)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "generate", help="generate text from a bundle (streams to stdout)",
+        description="Generate a completion with speculative decoding. Text streams to stdout; speed and "
+                    "acceptance statistics go to stderr (or everything as one JSON object with --json).")
+    add_engine_args(p)
+    p.add_argument("-p", "--prompt", required=True, help="the prompt; '-' reads it from stdin")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt as a user message in the bundle's chat template")
+    p.add_argument("--system", default=None, help="system message (with --chat)")
+    add_sampling_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object (text, finish_reason, stats), no streaming")
+    p.set_defaults(func=run)
+
+
+def open_engine(args: argparse.Namespace):
+    from ...engine import Engine
+    from ...models.bundle import resolve_bundle
+
+    return Engine.open(
+        resolve_bundle(args.bundle), draft=args.draft, k=args.k, max_len=args.max_len, providers=args.providers,
+        draft_providers=args.draft_providers, threads=args.threads, device=args.device, memory_budget=args.memory_budget,
+        power_budget=args.power_budget, max_temp=args.max_temp, verify=not args.no_verify,
+    )
+
+
+def sampling_kwargs(args: argparse.Namespace) -> dict:
+    return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                top_k=args.top_k, seed=args.seed, stop=args.stop)
+
+
+def stats_line(result) -> str:
+    s = result.stats
+    parts = [f"{s.new_tokens} tokens", f"{s.decode_tokens_per_second:.1f} tok/s", f"TTFT {s.ttft_s:.2f} s"]
+    if s.cached_tokens:
+        parts.append(f"{s.cached_tokens} prompt tokens reused")
+    if s.drafted:
+        parts.append(f"acceptance {100 * s.acceptance_rate:.0f} % ({s.accepted}/{s.drafted})")
+    parts.append(f"{s.tokens_per_pass:.2f} tokens/pass")
+    if s.rounds_by_source:
+        mix = ", ".join(f"{k} {v}" for k, v in sorted(s.rounds_by_source.items()))
+        parts.append(f"drafter {s.drafter} (rounds: {mix})")
+    else:
+        parts.append(f"drafter {s.drafter}")
+    if s.energy_j_per_token is not None:
+        parts.append(f"{s.energy_j_per_token:.2f} J/token")
+    parts.append(f"finish {result.finish_reason}")
+    return "[" + "; ".join(parts) + "]"
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    eng = open_engine(args)
+    try:
+        if args.chat:
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            messages.append({"role": "user", "content": prompt})
+            req = dict(messages=messages)
+        else:
+            req = dict(prompt=prompt)
+        stream = eng.stream(**req, **sampling_kwargs(args))
+        if args.json:
+            for _ in stream:
+                pass
+            r = stream.result
+            print(json.dumps({"text": r.text, "finish_reason": r.finish_reason, "token_ids": r.token_ids,
+                              "stats": r.stats.to_dict(), "model": eng.model_name}, ensure_ascii=False))
+            return 0
+        for delta in stream:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        print(stats_line(stream.result), file=sys.stderr)
+        return 0
+    finally:
+        eng.close()

@@ -1,0 +1,85 @@
+"""`edgespec plan BUNDLE --device D --memory-budget SIZE`: what would be loaded, with the numbers,
+before loading anything (no onnxruntime session is created)."""
+from __future__ import annotations
+
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "plan", help="show the memory plan for a bundle on a device (nothing is loaded)",
+        description="Predict the memory a bundle needs on a device (weights, both KV caches, working memory) and "
+                    "what fits a budget: a shorter cache, no draft model, or a refusal with the numbers.")
+    p.add_argument("bundle", help="bundle folder (or the name of one under $EDGESPEC_HOME/bundles)")
+    p.add_argument("--device", default=None, help="device profile, e.g. jetson-orin-nano-8gb, rpi5-8gb (default: this board)")
+    p.add_argument("--memory-budget", default=None, metavar="SIZE",
+                   help="e.g. 5GiB, 512M, 1.5G (default: the device's default budget, if it has one)")
+    p.add_argument("--max-len", type=int, default=None, metavar="N", help="wanted cache length (default: the device's)")
+    p.add_argument("--draft", choices=("auto", "model", "ngram", "none"), default="auto",
+                   help="ngram/none plan without the draft model")
+    p.add_argument("--measure", action="store_true",
+                   help="then load the plan in a fresh process, fill the caches and compare measured RSS with the "
+                        "prediction (takes as long as a full-length prefill)")
+    p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    p.add_argument("--root", default="/", metavar="DIR",
+                   help="detect the board from /proc and /etc under DIR (a board's tree copied elsewhere)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ...edge import devices, memory
+    from ...engine.measure import measure_fresh
+    from ...units import format_size, parse_size
+    from ...models.bundle import Bundle
+    from ...models.bundle import resolve_bundle
+
+    # a named board without a memory size (a Pi 4: 1-8 GB), or the board this runs on: the kernel's number
+    profile = devices.with_measured_memory(devices.resolve(args.device, root=args.root), args.root)
+    bundle = Bundle.open(resolve_bundle(args.bundle), verify=False)
+    budget = parse_size(args.memory_budget) if args.memory_budget is not None else None
+    want_draft = args.draft in ("auto", "model")
+    plan = memory.plan(bundle, max_len=args.max_len, want_draft=want_draft, budget_bytes=budget, profile=profile)
+    here = not args.device or args.device == "auto" or profile.detected.get("memory_measured_on") == "this board"
+    warning = memory.fits_now(plan, args.root) if here else None
+    if args.draft == "model" and not plan.load_draft:
+        plan.notes.append("--draft model asked for, but the plan has no draft model: the engine would refuse")
+    check = None
+    if args.measure:
+        rss = measure_fresh(bundle.root, max_len=plan.max_len, load_draft=plan.load_draft)
+        check = memory.compare(plan, rss["peak"])
+    if args.json:
+        out = {"bundle": str(bundle.root), "device": profile.id, "memory_bytes": profile.memory_bytes,
+               "memory_source": _memory_source(profile), **plan.to_dict()}
+        if warning:
+            out["warning"] = warning
+        if check is not None:
+            out["measured_peak_bytes"] = check.measured_bytes
+            out["error"] = round(check.error, 4)
+        print(json.dumps(out, indent=2))
+    else:
+        mem = f", {format_size(profile.memory_bytes)} memory" if profile.memory_bytes else ""
+        print(f"bundle {bundle.name} ({bundle.root}) on {profile.name} ({profile.id}{mem})")
+        print(f"memory: {_memory_source(profile)}")
+        print(plan.describe())
+        if warning:
+            print(f"warning: {warning}")
+        if check is not None:
+            print(check.describe() + " after filling the caches to max_len")
+    return 0
+
+
+def _memory_source(profile) -> str:
+    """Where the board's memory size came from, in words (the default budget follows from it)."""
+    from ...units import format_size
+
+    det = profile.detected
+    src = det.get("memory_source")
+    if src == "measured":
+        on = det.get("memory_measured_on")
+        if on is None or on == "this board":
+            return f"{format_size(profile.memory_bytes)} measured on this board (/proc/meminfo MemTotal)"
+        return (f"{format_size(profile.memory_bytes)} measured on {on} (/proc/meminfo MemTotal): the {profile.id} "
+                f"profile has no memory size; give --memory-budget for the board you plan for")
+    if src == "profile":
+        return f"{format_size(profile.memory_bytes)} from the {profile.id} profile (not measured: not this board)"
+    return "unknown: the profile has no size and /proc/meminfo could not be read; give --memory-budget"

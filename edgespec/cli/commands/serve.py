@@ -1,0 +1,208 @@
+"""`edgespec serve BUNDLE`: the OpenAI-compatible HTTP server (see docs/server.md).
+
+Every option can also come from an EDGESPEC_* environment variable (the systemd unit reads them from
+/etc/edgespec/edgespec.env); a command-line option wins over the environment. The API key is read
+from a file only, never from an option value or a variable holding the key itself.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any, Callable
+
+# EX_CONFIG from sysexits.h: the unit's RestartPreventExitStatus=78 keeps systemd from restarting a
+# service that cannot start (bad bundle, bad option) in a loop
+EXIT_CONFIG = 78
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _env(name: str, cast: Callable[[str], Any] = str, default: Any = None) -> Any:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return cast(raw.strip())
+    except ValueError:
+        from ...server.config import ConfigError
+
+        raise ConfigError(f"environment variable {name}={raw!r} is not valid ({cast.__name__} expected)") from None
+
+
+def _bool(text: str) -> bool:
+    t = text.lower()
+    if t in _TRUE:
+        return True
+    if t in _FALSE:
+        return False
+    raise ValueError(text)
+
+
+_bool.__name__ = "yes/no"
+
+
+def _list(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+_list.__name__ = "comma-separated list"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server (chat/completions, streaming, metrics)",
+        description="Serve a bundle over an OpenAI-compatible HTTP API. Every option also reads an "
+        "EDGESPEC_* environment variable (shown in brackets); options on the command line win.",
+    )
+    p.add_argument("bundle", nargs="?", help="bundle folder, or the name of one under $EDGESPEC_HOME/bundles "
+                   "[EDGESPEC_BUNDLE]")
+    net = p.add_argument_group("network and security")
+    net.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only) [EDGESPEC_HOST]")
+    net.add_argument("--port", type=int, help="TCP port (default 8000; 0 picks a free one) [EDGESPEC_PORT]")
+    net.add_argument("--api-key-file", metavar="FILE",
+                     help="require 'Authorization: Bearer <key>' with the key in FILE (also picked up from "
+                     "systemd's LoadCredential=api-key) [EDGESPEC_API_KEY_FILE]")
+    net.add_argument("--model-name", action="append", metavar="NAME",
+                     help="model id shown by /v1/models and accepted in requests (repeat for aliases; default: "
+                     "the bundle folder's name) [EDGESPEC_MODEL_NAME, comma-separated]")
+    ui = net.add_mutually_exclusive_group()
+    ui.add_argument("--ui", dest="ui", action="store_true", default=None,
+                    help="serve the kiosk chat page at / [EDGESPEC_UI=1]")
+    ui.add_argument("--no-ui", dest="ui", action="store_false", help="no page at / (the default)")
+
+    lim = p.add_argument_group("limits")
+    lim.add_argument("--queue-size", type=int, help="requests that may wait while one generates; more get 429 "
+                     "(default 8) [EDGESPEC_QUEUE_SIZE]")
+    lim.add_argument("--request-timeout", type=float, help="seconds a request may take, queue included; then 504 "
+                     "(default 300) [EDGESPEC_REQUEST_TIMEOUT]")
+    lim.add_argument("--drain-timeout", type=float, help="on SIGTERM, seconds the running request may still take "
+                     "(default 10) [EDGESPEC_DRAIN_TIMEOUT]")
+    lim.add_argument("--max-body-bytes", type=int, help="larger request bodies get 413 (default 1048576) "
+                     "[EDGESPEC_MAX_BODY_BYTES]")
+    lim.add_argument("--max-tokens-limit", type=int, help="largest max_tokens a request may ask for (default 4096; a "
+                     "request that outgrows the cache ends with finish_reason length) [EDGESPEC_MAX_TOKENS_LIMIT]")
+    lim.add_argument("--default-max-tokens", type=int, help="max_tokens when a request gives none (default 512) "
+                     "[EDGESPEC_DEFAULT_MAX_TOKENS]")
+    lim.add_argument("--default-temperature", type=float, help="temperature when a request gives none (default 0: "
+                     "greedy) [EDGESPEC_DEFAULT_TEMPERATURE]")
+    lim.add_argument("--no-warmup", dest="warmup", action="store_false", default=None,
+                     help="skip the warm-up generation before READY [EDGESPEC_WARMUP=0]")
+
+    eng = p.add_argument_group("engine (passed to Engine.open)")
+    eng.add_argument("--draft", choices=("auto", "model", "ngram", "none"),
+                     help="default drafting of requests (a request may pass its own 'draft'): auto | model | ngram "
+                     "| none (default auto) [EDGESPEC_DRAFT]")
+    eng.add_argument("--k", type=int, help="tokens drafted per round (default: chosen by measured cost) [EDGESPEC_K]")
+    eng.add_argument("--max-len", type=int, help="KV cache length in tokens (default: from the memory plan) "
+                     "[EDGESPEC_MAX_LEN]")
+    eng.add_argument("--memory-budget", metavar="SIZE", help="memory the engine may use, e.g. 3GiB: shrinks the "
+                     "cache or drops the draft [EDGESPEC_MEMORY_BUDGET]")
+    eng.add_argument("--power-budget", metavar="WATTS", help="e.g. 10W (needs a power sensor) [EDGESPEC_POWER_BUDGET]")
+    eng.add_argument("--max-temp", metavar="C", help="e.g. 80C [EDGESPEC_MAX_TEMP]")
+    eng.add_argument("--device", help="device profile whose provider orders, threads and memory budget fill what "
+                     "is not given (default: auto, this board as `edgespec doctor` detects it) [EDGESPEC_DEVICE]")
+    eng.add_argument("--providers", help="execution providers for the target, comma-separated "
+                     "(e.g. tensorrt,cuda,cpu) [EDGESPEC_PROVIDERS]")
+    eng.add_argument("--draft-providers", help="execution providers for the draft [EDGESPEC_DRAFT_PROVIDERS]")
+    eng.add_argument("--threads", type=int, help="CPU threads per session [EDGESPEC_THREADS]")
+    eng.add_argument("--no-verify", dest="verify", action="store_false", default=None,
+                     help="skip the sha256 check of the bundle at start (sizes are still checked) [EDGESPEC_VERIFY=0]")
+    p.set_defaults(func=run)
+
+
+def _pick(value: Any, env_name: str, cast: Callable[[str], Any] = str, default: Any = None) -> Any:
+    return value if value is not None else _env(env_name, cast, default)
+
+
+def server_config(args: argparse.Namespace):
+    from ...server.config import ServerConfig
+
+    names = args.model_name or _env("EDGESPEC_MODEL_NAME", _list, [])
+    return ServerConfig(
+        host=_pick(args.host, "EDGESPEC_HOST", str, "127.0.0.1"),
+        port=_pick(args.port, "EDGESPEC_PORT", int, 8000),
+        queue_size=_pick(args.queue_size, "EDGESPEC_QUEUE_SIZE", int, 8),
+        request_timeout=_pick(args.request_timeout, "EDGESPEC_REQUEST_TIMEOUT", float, 300.0),
+        drain_timeout=_pick(args.drain_timeout, "EDGESPEC_DRAIN_TIMEOUT", float, 10.0),
+        max_body_bytes=_pick(args.max_body_bytes, "EDGESPEC_MAX_BODY_BYTES", int, 1 << 20),
+        max_tokens_limit=_pick(args.max_tokens_limit, "EDGESPEC_MAX_TOKENS_LIMIT", int, 4096),
+        default_max_tokens=_pick(args.default_max_tokens, "EDGESPEC_DEFAULT_MAX_TOKENS", int, 512),
+        default_temperature=_pick(args.default_temperature, "EDGESPEC_DEFAULT_TEMPERATURE", float, 0.0),
+        api_key_file=_pick(args.api_key_file, "EDGESPEC_API_KEY_FILE", str, None),
+        ui=_pick(args.ui, "EDGESPEC_UI", _bool, False),
+        model_names=list(names),
+        warmup=_pick(args.warmup, "EDGESPEC_WARMUP", _bool, True),
+    )
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Only what was given: Engine.open's own defaults (and the device profile) decide the rest."""
+    opts = {
+        "draft": _pick(args.draft, "EDGESPEC_DRAFT"),
+        "k": _pick(args.k, "EDGESPEC_K", int),
+        "max_len": _pick(args.max_len, "EDGESPEC_MAX_LEN", int),
+        "memory_budget": _pick(args.memory_budget, "EDGESPEC_MEMORY_BUDGET"),
+        "power_budget": _pick(args.power_budget, "EDGESPEC_POWER_BUDGET"),
+        "max_temp": _pick(args.max_temp, "EDGESPEC_MAX_TEMP"),
+        "device": _pick(args.device, "EDGESPEC_DEVICE"),
+        "providers": _pick(args.providers, "EDGESPEC_PROVIDERS"),
+        "draft_providers": _pick(args.draft_providers, "EDGESPEC_DRAFT_PROVIDERS"),
+        "threads": _pick(args.threads, "EDGESPEC_THREADS", int),
+        "verify": _pick(args.verify, "EDGESPEC_VERIFY", _bool),
+    }
+    return {k: v for k, v in opts.items() if v is not None}
+
+
+class _JournalFormatter(logging.Formatter):
+    """Under systemd (JOURNAL_STREAM set) each line starts with <priority>, which journald turns into the
+    entry's level: `journalctl -p warning -u edgespec` then shows just the problems."""
+
+    LEVELS = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+    def format(self, record: logging.LogRecord) -> str:
+        prio = self.LEVELS.get(record.levelno, 6)
+        return "\n".join(f"<{prio}>{line}" for line in super().format(record).splitlines())
+
+
+def _journal_logging() -> None:
+    if not os.environ.get("JOURNAL_STREAM"):
+        return
+    for h in logging.getLogger().handlers:
+        h.setFormatter(_JournalFormatter("%(name)s: %(message)s"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from ...errors import BundleNotFound, EdgespecError
+
+    _journal_logging()
+    try:
+        bundle = args.bundle or _env("EDGESPEC_BUNDLE")
+        if not bundle:
+            raise BundleNotFound("no bundle given: `edgespec serve BUNDLE` (or EDGESPEC_BUNDLE in the environment)")
+        from ...models.bundle import resolve_bundle
+
+        path = resolve_bundle(bundle)
+        if not path.exists():
+            raise BundleNotFound(f"bundle {path} does not exist (create one with `edgespec export` or `edgespec pull`)")
+        if path.name == "manifest.json":
+            path = path.parent
+        config = server_config(args)
+        options = engine_options(args)
+        options.setdefault("device", "auto")  # like generate and chat: this board's defaults
+
+        def open_engine():
+            from ...engine import Engine
+
+            return Engine.open(path, **options)
+
+        from ...server.service import Service
+
+        service = Service(config, open_engine, default_name=path.resolve().name)
+        return service.run()
+    except EdgespecError as e:
+        print(f"edgespec serve: error: {e}", file=sys.stderr)
+        return EXIT_CONFIG

@@ -1,0 +1,79 @@
+"""One round of speculative decoding: propose k -> verify k+1 in one target pass -> accept -> rewind.
+
+State between rounds (the invariant every function here keeps):
+    ctx      every token so far (prompt + output); ctx[-1] is the newest, not yet fed to the target
+    target   its cache holds exactly ctx[:-1]          (target.length == len(ctx) - 1)
+    drafter  its cache (if any) holds a prefix of ctx  (it feeds what it lacks when it proposes)
+
+A round with no proposals is a plain target step, so target-alone decoding runs through this same
+code and consumes the random stream the same way: k = 0 *is* the baseline.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .proposal import EMPTY, Proposal, Proposer
+from .runner import ModelRunner
+from .sampling import SamplingParams, greedy_tokens, probs, sample
+
+
+@dataclass
+class Round:
+    tokens: list[int]  # new tokens: the accepted proposals, then the target's own token
+    drafted: int
+    accepted: int
+    source: str
+
+
+def speculative_round(target: ModelRunner, drafter: Proposer, ctx: list[int], k: int,
+                      params: SamplingParams, rng: np.random.Generator, usable: int) -> Round:
+    base = len(ctx) - 1  # == target.length
+    prop = drafter.propose(ctx, k, params, rng) if k > 0 else EMPTY
+    draft = prop.tokens[:k]
+    for i, t in enumerate(draft):  # ids past the usable vocabulary can never be accepted
+        if not 0 <= t < usable:
+            draft = draft[:i]
+            break
+    rows = target.step([ctx[-1], *draft], n_logits=len(draft) + 1)  # [len(draft)+1, V]
+    if params.greedy:
+        n, nxt = accept_greedy(rows, draft, usable)
+    else:
+        n, nxt = accept_sampled(rows, prop, draft, params, rng, usable)
+    target.rewind(base + 1 + n)  # forget the rejected proposals' cache rows ...
+    drafter.feedback(prop, n, base + 1 + n)  # ... and the drafter forgets its own the same way
+    return Round(draft[:n] + [nxt], len(draft), n, prop.source)
+
+
+def accept_greedy(rows: np.ndarray, draft: list[int], usable: int) -> tuple[int, int]:
+    """The longest prefix of draft that matches the target's argmax, and the target's next token.
+    rows: [len(draft)+1, V]; row i is the target's prediction after draft[:i]."""
+    best = greedy_tokens(rows, usable)
+    n = 0
+    while n < len(draft) and draft[n] == best[n]:
+        n += 1
+    return n, int(best[n])
+
+
+def accept_sampled(rows: np.ndarray, prop: Proposal, draft: list[int], params: SamplingParams,
+                   rng: np.random.Generator, usable: int) -> tuple[int, int]:
+    """Rejection sampling: accept draft token x with probability min(1, p(x)/q(x)); at the first
+    rejection sample from normalize(max(0, p - q)); if all are accepted sample a bonus token from p.
+    For deterministic proposals q is one-hot on x, so acceptance is p(x) and the residual is p with
+    x removed. The tokens this yields are distributed exactly as the target's own samples."""
+    for i, x in enumerate(draft):
+        p = probs(rows[i], params, usable)
+        q = prop.q[i] if prop.q is not None else None
+        qx = 1.0 if q is None else float(q[x])
+        if rng.random() * qx < p[x]:
+            continue
+        if q is None:
+            resid = p.copy()
+            resid[x] = 0.0
+        else:
+            resid = np.maximum(p - q, 0.0)
+        if resid.sum() <= 0.0:  # only when p == q up to rounding, where rejection cannot happen
+            resid = p
+        return i, sample(resid, rng)
+    return len(draft), sample(probs(rows[len(draft)], params, usable), rng)

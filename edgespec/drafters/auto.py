@@ -1,0 +1,127 @@
+"""`auto`: per round, the drafter that promises the most tokens per second right now, or none."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..core.costmodel import CostModel
+from ..core.proposal import EMPTY, Proposal
+from .base import Drafter, DrafterBase
+
+
+class AutoDrafter(DrafterBase):
+    """Per round: one of its sources (n-gram, the draft model, ...) or nothing, whichever promises
+    the most tokens per second right now. It reads each source only through `Drafter.quote`:
+
+    - nothing: 1 token per 1-token target step (measured);
+    - a free source (n-gram): the lookup's expected tokens (acceptance learned by matched length,
+      from every round's lookup, proposed or not) over the measured verify cost;
+    - a costly source (the draft model): the tokens per second its recent rounds delivered.
+
+    Never slower than the target alone, by design rather than by luck:
+    - a source is chosen only when it promises its margin over a plain step (Quote.min_gain):
+      falling back to nothing costs nothing, drafting on a thin promise costs a longer verify
+      whenever the promise was noise;
+    - a rate known only from rounds that used the source (Quote.probe) is probed, replacing a
+      plain step: first after EARLY_TRIES rounds of a request, then after EXPLORE_EVERY rounds, the
+      gap doubling after each probe, at most MAX_PROBES per request. A probe costs about one draft
+      catch-up, its draft steps and a slightly longer verify, so the probing of a request is
+      bounded by a few target steps whatever the text.
+    A free source needs no probe: every round's lookup is scored, used or not."""
+
+    name = "auto"
+    EXPLORE_EVERY = 8  # rounds without a probed source before its next probe (doubles after each)
+    EARLY_TRIES = 2  # a request's first rounds that do not use it before it is probed
+    MAX_PROBES = 4  # probes of each source per request
+
+    def __init__(self, costs: CostModel, sources: Sequence[Drafter]):
+        self.costs = costs
+        self.sources = list(sources)  # in order of preference on equal rates
+        self._probe: dict[str, _ProbeState] = {}
+        self._used: Drafter | None = None  # the source that proposed this round
+
+    @property
+    def uses_model(self) -> bool:
+        return any(s.uses_model for s in self.sources)
+
+    def begin(self, ctx) -> None:
+        for s in self.sources:
+            s.begin(ctx)
+        for p in self._probe.values():
+            p.begin(self.EXPLORE_EVERY - self.EARLY_TRIES - 1, self.EXPLORE_EVERY)
+
+    def prefill(self, ctx) -> None:
+        for s in self.sources:
+            s.prefill(ctx)
+
+    def set_adaptive(self, on: bool) -> None:
+        # the sources always size their proposals from measured costs: a given k only caps them
+        for s in self.sources:
+            s.set_adaptive(True)
+
+    def reset(self) -> None:
+        for s in self.sources:
+            s.reset()
+
+    def propose(self, ctx, k, params, rng) -> Proposal:
+        self._used = None
+        if k <= 0:
+            return EMPTY
+        r0 = self.costs.target_alone_rate()
+        best, best_rate, best_quote = None, r0, None
+        for s in self.sources:
+            q = s.quote(ctx, k)
+            if q is not None and q.rate >= r0 * (1.0 + q.min_gain) and q.rate > best_rate:
+                best, best_rate, best_quote = s, q.rate, q
+        for s in self.sources:  # rounds since each probed source was last used
+            p = self._probe_state(s)
+            if p is None:
+                continue
+            if s is best:
+                p.used(self.EXPLORE_EVERY)
+                continue
+            p.idle += 1
+            # probe instead of a plain step (a free round in hand is not given up for a probe)
+            if best is None and p.due(self.MAX_PROBES):
+                p.probed()
+                best, best_quote = s, None
+        if best is None:
+            return EMPTY
+        self._used = best
+        if best_quote is not None and best_quote.proposal is not None:
+            return best_quote.proposal
+        return best.propose(ctx, k, params, rng)
+
+    def _probe_state(self, s: Drafter) -> "_ProbeState | None":
+        p = self._probe.get(s.name)
+        if p is None and s.uses_model:
+            p = self._probe[s.name] = _ProbeState()
+            p.begin(self.EXPLORE_EVERY - self.EARLY_TRIES - 1, self.EXPLORE_EVERY)
+        return p
+
+    def feedback(self, proposal, accepted, valid_len) -> None:
+        for s in self.sources:  # every source, used or not, must forget cache rows past valid_len
+            s.feedback(proposal, accepted, valid_len)
+
+
+class _ProbeState:
+    """When a source whose rate only using it can measure is next tried (see AutoDrafter)."""
+
+    __slots__ = ("idle", "gap", "probes")
+
+    def __init__(self) -> None:
+        self.idle = self.gap = self.probes = 0
+
+    def begin(self, idle: int, gap: int) -> None:
+        self.idle, self.gap, self.probes = idle, gap, 0
+
+    def used(self, gap: int) -> None:
+        self.idle, self.gap = 0, gap
+
+    def due(self, max_probes: int) -> bool:
+        return self.idle >= self.gap and self.probes < max_probes
+
+    def probed(self) -> None:
+        self.probes += 1
+        self.idle = 0
+        if self.probes > 1:  # the early probe is a request's first look, not a failure
+            self.gap *= 2

@@ -1,0 +1,125 @@
+"""The drafter interface: everything the engine and `auto` ask of a drafter, and nothing else.
+
+    begin(ctx)                                 a new request starts (may share a prefix with the last)
+    prefill(ctx)                               prompt processing the drafter wants before decoding
+    propose(ctx, k, params, rng) -> Proposal   at most k tokens that may follow ctx
+    feedback(proposal, accepted, valid_len)    learn from the verdict; forget cache rows past valid_len
+    set_adaptive(on)                           choose k per round from measured costs, or use k as given
+    reset()                                    forget any cache (the engine's caches were invalidated)
+    uses_model                                 drafting costs model steps (a power limit may forbid it)
+    quote(ctx, k) -> Quote | None              what drafting this round would buy, for `auto`
+
+Proposals are lossless whatever they contain: the target accepts only what it would have produced
+(greedy) or corrects the distribution (rejection sampling, core/speculative.py). Drafters only
+decide speed. `DrafterBase` gives the no-op defaults, so a drafter writes only what it does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from ..core.proposal import EMPTY, Proposal
+from ..core.sampling import SamplingParams
+
+NEW_REQUEST_KEEP = 0.25  # weight of past requests' evidence when a request starts
+
+
+@dataclass
+class Quote:
+    """What one round of a drafter is expected to buy, so `auto` can compare drafters per round.
+
+    rate: expected tokens per second if this drafter drafts this round.
+    min_gain: how much more than a plain target step it must promise before it is used (its
+      estimates are noisy; a wrong "yes" costs a longer verify, a wrong "no" costs nothing).
+    proposal: ready-made when looking it up was free (n-gram); None when proposing costs model
+      steps, which `auto` pays only if it chooses this drafter.
+    probe: the rate is known only from rounds that used the drafter, so `auto` must sometimes use
+      it to keep the estimate current (AutoDrafter's probes)."""
+
+    rate: float
+    min_gain: float
+    proposal: Proposal | None = None
+    probe: bool = False
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+
+    def begin(self, ctx: Sequence[int]) -> None: ...
+
+    def prefill(self, ctx: Sequence[int]) -> None: ...
+
+    def propose(self, ctx: Sequence[int], k: int, params: SamplingParams,
+                rng: np.random.Generator) -> Proposal: ...
+
+    def feedback(self, proposal: Proposal, accepted: int, valid_len: int) -> None: ...
+
+    def set_adaptive(self, on: bool) -> None: ...
+
+    def reset(self) -> None: ...
+
+    @property
+    def uses_model(self) -> bool: ...
+
+    def quote(self, ctx: Sequence[int], k: int) -> Quote | None: ...
+
+
+class DrafterBase:
+    """No-op defaults for every method of the interface: proposes nothing, learns nothing."""
+
+    name = "none"
+    uses_model = False
+
+    def begin(self, ctx: Sequence[int]) -> None:
+        """A new request starts; ctx is its prompt."""
+
+    def prefill(self, ctx: Sequence[int]) -> None:
+        """Prompt processing done with the target's prefill (counted in the time to first token)."""
+
+    def propose(self, ctx: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Proposal:
+        return EMPTY
+
+    def feedback(self, proposal: Proposal, accepted: int, valid_len: int) -> None:
+        """`accepted` of proposal.tokens were accepted; the first `valid_len` tokens of the context
+        are now final, so any cache rows past them are stale."""
+
+    def set_adaptive(self, on: bool) -> None:
+        """Whether proposals are sized from measured costs each round (else k is used as given)."""
+
+    def reset(self) -> None:
+        """The engine's caches were invalidated: drop whatever cache this drafter keeps."""
+
+    def quote(self, ctx: Sequence[int], k: int) -> Quote | None:
+        return None
+
+
+class NoDrafter(DrafterBase):
+    """Proposes nothing: plain target decoding through the same loop (k = 0 is the baseline)."""
+
+    name = "none"
+
+
+class Beta:
+    """A running acceptance probability: a Beta posterior whose old evidence fades (weight `keep`
+    per update), so the estimate follows the text as it changes from prose to code and back."""
+
+    __slots__ = ("a", "b", "keep")
+
+    def __init__(self, mean: float, weight: float = 4.0, keep: float = 0.97):
+        self.a, self.b, self.keep = mean * weight, (1.0 - mean) * weight, keep
+
+    @property
+    def mean(self) -> float:
+        return self.a / (self.a + self.b)
+
+    def fade(self, keep: float) -> None:
+        """Keeps the estimate but weakens its evidence, so new evidence moves it faster."""
+        self.a *= keep
+        self.b *= keep
+
+    def add(self, hits: float, misses: float) -> None:
+        self.a = self.a * self.keep + hits
+        self.b = self.b * self.keep + misses

@@ -1,0 +1,109 @@
+"""A drafter whose proposals cost model steps, and the rate its rounds deliver.
+
+Such a drafter cannot say what a round would buy without paying for it, so it quotes (for `auto`)
+the tokens per second its recent rounds delivered: each round's *expected* yield from its
+calibrated confidences (far less noisy than the actual yield, so a choice between it and nothing
+does not flip on one unlucky rejection) over the measured cost of its draft steps and the verify.
+The bookkeeping lives here once; the draft model (model.py) and the test doubles that stand in for it
+share it by subclassing, so a double cannot drift from what `auto` reads.
+
+A subclass gives:
+    draft(ctx, k, params, rng) -> Proposal       the proposal, setting `last_sizes` (draft steps run)
+    learn(proposal, accepted, valid_len)         its own learning and cache rewind
+    acceptance(conf) -> float                    P(accepted) of a token proposed with confidence conf
+    prior_acceptance() -> float                  its long-run acceptance
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..core.costmodel import CostModel
+from ..core.proposal import Proposal
+from ..core.sampling import SamplingParams
+from .base import NEW_REQUEST_KEEP, DrafterBase, Quote
+
+RATE_KEEP = 0.9  # per round: the weight of the earlier rounds in the rate estimate
+# A costed round must promise this much more than a plain target step (see ngram.NGRAM_MIN_GAIN);
+# more than an n-gram's, since a wrong "yes" also pays for the draft steps.
+MODEL_MIN_GAIN = 0.15
+CATCH_UP = 2  # tokens a draft catch-up step holds when the drafter is used round after round
+
+
+class CostedDrafter(DrafterBase):
+    uses_model = True
+    min_gain = MODEL_MIN_GAIN
+
+    def __init__(self, costs: CostModel | None):
+        self.costs = costs
+        self.last_sizes: list[int] = []  # tokens per draft step the last proposal ran (catch-up first)
+        self.m_tokens, self.m_seconds = 0.0, 0.0  # recent rounds: expected tokens, seconds (weighted)
+        self._round: tuple[int, float] | None = None  # (proposals, draft seconds) of this round
+
+    # -- hooks ------------------------------------------------------------------------------------
+    def draft(self, ctx: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Proposal:
+        raise NotImplementedError
+
+    def learn(self, proposal: Proposal, accepted: int, valid_len: int) -> None:
+        """Own learning from the verdict; forget cache rows past valid_len."""
+
+    def acceptance(self, conf: float) -> float:
+        raise NotImplementedError
+
+    def prior_acceptance(self) -> float:
+        raise NotImplementedError
+
+    # -- the interface ----------------------------------------------------------------------------
+    def begin(self, ctx) -> None:
+        if self.costs is not None:
+            # start from the old rate, pulled toward what the long-run acceptance predicts for a
+            # one-token proposal (one round's worth of evidence): a new text may suit the draft
+            # better or worse than the last one
+            self.m_tokens = self.m_tokens * NEW_REQUEST_KEEP + 1.0 + self.prior_acceptance()
+            self.m_seconds = (self.m_seconds * NEW_REQUEST_KEEP + self.costs.draft_steps([CATCH_UP])
+                              + self.costs.verify(2))
+
+    def propose(self, ctx, k, params, rng) -> Proposal:
+        self.last_sizes = []
+        prop = self.draft(ctx, k, params, rng)
+        if self.costs is not None:
+            # its cost from the (median) step times, not its own wall time: one burst of another
+            # process must not turn the drafter off for the rest of the request. The catch-up step
+            # is costed as it would be if the drafter were used every round (CATCH_UP tokens): the
+            # question the estimate answers is whether using it from now on pays.
+            sizes = list(self.last_sizes)
+            if sizes and sizes[0] > 1:
+                sizes[0] = min(sizes[0], CATCH_UP)
+            self._round = (len(prop.tokens), self.costs.draft_steps(sizes))
+        return prop
+
+    def feedback(self, proposal, accepted, valid_len) -> None:
+        if self._round is not None:
+            n, seconds = self._round
+            self._round = None
+            # expected yield from the confidences as calibrated *before* this verdict is learned
+            self.m_tokens = self.m_tokens * RATE_KEEP + self.expected_yield(proposal)
+            self.m_seconds = self.m_seconds * RATE_KEEP + seconds + self.costs.verify(n + 1)
+        self.learn(proposal, accepted, valid_len)
+
+    def expected_yield(self, proposal: Proposal) -> float:
+        """Expected tokens from one of its proposals: 1 + sum over j of P(first j all accepted)."""
+        e, p = 1.0, 1.0
+        for c in proposal.conf if proposal.source == self.name else ():
+            p *= self.acceptance(c)
+            e += p
+        return e
+
+    def rate(self) -> float:
+        """Expected tokens per second of one of its rounds, from its recent rounds."""
+        if self.m_seconds <= 0:  # nothing seen yet: i.i.d. acceptance at the prior mean
+            return self.costs.best_k(self.prior_acceptance(), 4)[1]
+        return self.m_tokens / self.m_seconds
+
+    def quote(self, ctx: Sequence[int], k: int) -> Quote | None:
+        """No proposal (that would cost the draft steps): the rate of its recent rounds, which only
+        using it can update, hence `probe`."""
+        if self.costs is None:
+            return None
+        return Quote(self.rate(), self.min_gain, None, probe=True)

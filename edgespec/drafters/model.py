@@ -1,0 +1,175 @@
+"""The small draft model on its own in-place KV cache, drafting until its own confidence says one more
+token is not worth its cost."""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from ..core.costmodel import CostModel
+from ..core.proposal import EMPTY, Proposal, common_prefix
+from ..core.runner import ModelRunner
+from ..core.sampling import SamplingParams, probs, sample
+from ..limits import PREFILL_CHUNK
+from .base import Beta
+from .costed import CostedDrafter
+
+# Acceptance is learned per bin of the draft's own probability for the token it proposed: a
+# confident draft is usually right, an unsure one usually wrong, and that is known *before* paying
+# for the next draft step and the longer verify.
+_CONF_EDGES = np.array([0.2, 0.4, 0.6, 0.75, 0.85, 0.92, 0.97, 0.99])
+
+
+def conf_bin(c: float) -> int:
+    return int(np.searchsorted(_CONF_EDGES, c, side="right"))
+
+
+class ModelDrafter(CostedDrafter):
+    """The small draft model on its own in-place KV cache (a ModelRunner).
+
+    Its cache holds a prefix of the context; `_sync` feeds whatever is missing in one step (the
+    target's last token, or a whole new prompt), so rewinding after a rejection is free. With
+    `adaptive`, it stops drafting as soon as its own confidence says one more token is not worth
+    its cost."""
+
+    name = "model"
+
+    def __init__(self, runner: ModelRunner, usable: int, costs: CostModel | None = None, *, adaptive: bool = True):
+        super().__init__(costs)
+        self.runner = runner
+        self.usable = usable  # the target's vocabulary: q rows are this long
+        # A draft may score only a prefix of the vocabulary (a pruned lm_head, see docs/speed.md):
+        # it then proposes only those ids, and q is zero past them, which keeps sampling exact.
+        self.scored = min(usable, runner.vocab_size)
+        self.adaptive = adaptive and costs is not None
+        self.tokens: list[int] = []  # exactly what the draft cache holds
+        mids = np.concatenate([[0.1], (_CONF_EDGES[:-1] + _CONF_EDGES[1:]) / 2, [0.995]])
+        self.by_conf = [Beta(float(m) * 0.9) for m in mids]
+        self.mean = Beta(0.6, weight=8.0)
+        self.last_seconds = 0.0  # wall time of the last proposal (draft steps and picking)
+
+    @property
+    def last_steps(self) -> int:
+        return len(self.last_sizes)
+
+    # -- the interface ----------------------------------------------------------------------------
+    def begin(self, ctx) -> None:
+        n = common_prefix(self.tokens, ctx)
+        self.runner.rewind(n)
+        del self.tokens[n:]
+        super().begin(ctx)
+
+    def prefill(self, ctx: Sequence[int]) -> None:
+        """Feeds the prompt now (the engine does it with the target's prefill, so it counts as
+        prompt processing, not as a cost of the first rounds)."""
+        if len(ctx) <= self.runner.max_len:
+            self._sync(ctx)
+
+    def reset(self) -> None:
+        self.runner.reset()
+        self.tokens.clear()
+
+    def set_adaptive(self, on: bool) -> None:
+        self.adaptive = on and self.costs is not None
+
+    def acceptance(self, conf: float) -> float:
+        return self.by_conf[conf_bin(conf)].mean
+
+    def prior_acceptance(self) -> float:
+        return self.mean.mean
+
+    # -- drafting ---------------------------------------------------------------------------------
+    def _sync(self, ctx: Sequence[int]) -> np.ndarray:
+        """Makes the draft cache hold ctx and returns the logits row predicting the next token."""
+        n = min(common_prefix(self.tokens, ctx), len(ctx) - 1)
+        self.runner.rewind(n)
+        del self.tokens[n:]
+        row = None
+        while n < len(ctx):
+            chunk = list(ctx[n : n + PREFILL_CHUNK])
+            row = self.runner.step(chunk, 1)[0]
+            self.last_sizes.append(len(chunk))
+            self.tokens.extend(chunk)
+            n += len(chunk)
+        return row
+
+    def draft(self, ctx, k, params, rng) -> Proposal:
+        t0 = time.perf_counter()
+        try:
+            return self._draft(ctx, k, params, rng)
+        finally:
+            self.last_seconds = time.perf_counter() - t0
+
+    def _draft(self, ctx, k, params, rng) -> Proposal:
+        if k <= 0 or len(ctx) + k - 1 > self.runner.max_len:
+            return EMPTY
+        row = self._sync(ctx)
+        tokens: list[int] = []
+        confs: list[float] = []
+        qs: list[np.ndarray] = []
+        # greedy drafting under the round's figure of merit: expected tokens / seconds
+        d = self.costs.draft_step() if self.adaptive else 0.0
+        p_all, e_tok, best_j, best_rate = 1.0, 1.0, 0, 0.0
+        if self.adaptive:
+            best_rate = 1.0 / (d + self.costs.verify(1))  # submitting nothing after one draft step
+        for j in range(k):
+            t, c, q = self._pick(row, params, rng)
+            if q is not None:
+                qs.append(q)
+            tokens.append(t)
+            confs.append(c)
+            if not self.adaptive:
+                if j + 1 < k:
+                    row = self._step(t)
+                continue
+            p_all *= self.acceptance(c)
+            e_tok += p_all
+            spent = (j + 1) * d
+            rate = e_tok / (spent + self.costs.verify(j + 2))
+            if rate > best_rate:
+                best_j, best_rate = j + 1, rate
+            if j + 1 == k:
+                break
+            # one more draft step pays if the next token's expected value beats its cost
+            more = (e_tok + p_all * self.mean.mean) / (spent + d + self.costs.verify(j + 3))
+            if more <= best_rate:
+                break
+            row = self._step(t)
+        if self.adaptive:
+            del tokens[best_j:], confs[best_j:], qs[best_j:]
+        if not tokens:
+            return EMPTY
+        return Proposal(tokens, np.stack(qs) if qs else None, "model", confs)
+
+    def _pick(self, row: np.ndarray, params: SamplingParams, rng) -> tuple[int, float, np.ndarray | None]:
+        """The draft's token from its logits row, the draft's probability for it, and (sampling
+        only) the distribution q it was drawn from, [usable]."""
+        if params.greedy:
+            x = row[: self.scored]
+            t = int(np.argmax(x))
+            return t, float(1.0 / np.exp(x - x[t]).sum()), None
+        q = probs(row, params, self.scored)
+        t = sample(q, rng)
+        c = float(q[t])
+        if self.scored < self.usable:
+            q = np.concatenate([q, np.zeros(self.usable - self.scored)])
+        return t, c, q
+
+    def _step(self, t: int) -> np.ndarray:
+        row = self.runner.step([t], 1)[0]
+        self.tokens.append(t)
+        self.last_sizes.append(1)
+        return row
+
+    def learn(self, proposal, accepted, valid_len) -> None:
+        if valid_len < len(self.tokens):
+            self.runner.rewind(valid_len)
+            del self.tokens[valid_len:]
+        if proposal.source != "model" or not proposal.tokens:
+            return
+        judged = proposal.conf[: accepted + 1]  # tokens after the first rejection were never judged
+        for i, c in enumerate(judged):
+            ok = i < accepted
+            self.by_conf[conf_bin(c)].add(ok, not ok)
+            self.mean.add(ok, not ok)

@@ -1,0 +1,148 @@
+"""N-gram prompt lookup: the longest suffix of the context (n = max_n .. 1) that occurred earlier in
+prompt + output proposes what followed it then. Costs no model step at all."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ..core.costmodel import CostModel
+from ..core.proposal import EMPTY, Proposal
+from .base import NEW_REQUEST_KEEP, Beta, DrafterBase, Quote
+
+# An n-gram round must promise this much more than a plain target step before it drafts: the
+# estimates are noisy, a wrong "yes" costs a longer verify, a wrong "no" costs nothing.
+NGRAM_MIN_GAIN = 0.10
+
+
+def ngram_lookup(ctx: Sequence[int] | np.ndarray, k: int, max_n: int = 5, min_n: int = 1) -> tuple[list[int], int]:
+    """Finds the longest suffix of ctx (max_n down to min_n tokens) that occurred earlier and returns
+    up to k tokens that followed its latest earlier occurrence, preferring one with k tokens after
+    it, and the matched length n. ([], 0) when nothing matches."""
+    tokens, n, _ = ngram_match(ctx, k, max_n, min_n)
+    return tokens, n
+
+
+def ngram_match(ctx: Sequence[int] | np.ndarray, k: int, max_n: int = 5, min_n: int = 1
+                ) -> tuple[list[int], int, int]:
+    """ngram_lookup, plus where the proposal is copied from: the index in ctx of its first token
+    (-1 when nothing matches). len(ctx) - that index is the copy's distance back, the same from
+    round to round while the text keeps copying one span."""
+    a = np.asarray(ctx, dtype=np.int64)
+    length = a.shape[0]
+    if k <= 0 or length < 2:
+        return [], 0, -1
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        windows = sliding_window_view(a[: length - 1], n)  # [length-n, n]; window i = a[i:i+n], followed by a[i+n]
+        hits = np.flatnonzero((windows == a[length - n :]).all(axis=1))
+        if hits.size == 0:
+            continue
+        full = hits[hits + n + k <= length]
+        i = int(full[-1] if full.size else hits[-1])
+        return a[i + n : i + n + k].tolist(), n, i + n
+    return [], 0, -1
+
+
+class NgramDrafter(DrafterBase):
+    """Proposes what followed the longest earlier match of the context's suffix.
+
+    With `adaptive`, it proposes only as many tokens as pay off given how often matches of this
+    length were right (an n-gram copy either is being copied or not: the first token is the
+    uncertain one, hence separate first/next acceptance). Lookups cost nothing, so every round's
+    lookup is scored against the text the target then verified, whether or not it was proposed:
+    the estimates stay current even while another drafter is in use.
+
+    A match that copies from the same distance back as the last round's match continues the span
+    the text is copying (a refactor resuming after an edited name, a quoted block): its first token
+    is far more likely right than a fresh match of the same length, so it has its own estimate."""
+
+    name = "ngram"
+
+    def __init__(self, costs: CostModel | None = None, *, adaptive: bool = True, max_n: int = 5):
+        self.costs = costs
+        self.adaptive = adaptive and costs is not None
+        self.max_n = max_n
+        self.min_gain = NGRAM_MIN_GAIN
+        # priors: a one-token match is a weak hint, three or more tokens a strong one
+        self.first = {n: Beta(m) for n, m in ((1, 0.2), (2, 0.35), (3, 0.45), (4, 0.5), (5, 0.55))}
+        self.next = Beta(0.75)
+        self.cont = Beta(0.7)  # first token of a match that continues the last match's span
+        self.use_cont = True
+        self._distance: int | None = None  # len(ctx) - source index of the last match
+        self.last_cont = False  # the last lookup continued the span before it
+        # (position, lookup, first-token estimate) of the last lookup, to score next round
+        self._pending: tuple[int, list[int], Beta] | None = None
+
+    def first_beta(self, n: int) -> Beta:
+        return self.first[min(n, max(self.first))]
+
+    def begin(self, ctx) -> None:
+        # a new text copies more or less than the last one: start from the old estimates, but
+        # let this request's own lookups take over quickly
+        self._pending = None
+        self._distance = None
+        for b in (*self.first.values(), self.next, self.cont):
+            b.fade(NEW_REQUEST_KEEP)
+
+    def lookup(self, ctx: Sequence[int], k: int) -> tuple[list[int], int]:
+        """The lookup for this round; also scores the previous round's lookup against what the
+        target verified since (ctx[pos:])."""
+        self._score(ctx)
+        tokens, n, src = ngram_match(ctx, k, self.max_n)
+        self.last_cont = False
+        if tokens:
+            d = len(ctx) - src
+            self.last_cont = self.use_cont and d == self._distance
+            self._distance = d
+        self._pending = (len(ctx), tokens, self._first_estimate(n)) if tokens else None
+        return tokens, n
+
+    def _first_estimate(self, n: int) -> Beta:
+        return self.cont if self.last_cont else self.first_beta(n)
+
+    def _score(self, ctx: Sequence[int]) -> None:
+        if self._pending is None:
+            return
+        pos, tokens, first = self._pending
+        self._pending = None
+        seen = ctx[pos : pos + len(tokens)]
+        if not seen:
+            return
+        if seen[0] != tokens[0]:
+            first.add(0, 1)
+            return
+        first.add(1, 0)
+        hits = 1
+        while hits < len(seen) and seen[hits] == tokens[hits]:
+            hits += 1
+        # tokens past what was verified are unknown: only a mismatch within it counts as a miss
+        self.next.add(hits - 1, hits < len(seen))
+
+    def plan(self, tokens: list[int], n: int) -> tuple[int, float]:
+        """How many of a lookup's tokens to propose, and the expected tokens per second (right
+        after the lookup: it reads whether that lookup continued a span)."""
+        if not tokens:
+            return 0, self.costs.target_alone_rate() if self.costs else 0.0
+        if not self.adaptive:
+            return len(tokens), 0.0
+        return self.costs.best_k(self._first_estimate(n).mean, len(tokens), draft_cost=0.0, chain=self.next.mean,
+                                 min_gain=self.min_gain)
+
+    def propose(self, ctx, k, params, rng) -> Proposal:
+        tokens, n = self.lookup(ctx, k)
+        use, _ = self.plan(tokens, n)
+        return Proposal(tokens[:use], None, "ngram", ngram=n) if use else EMPTY
+
+    def set_adaptive(self, on: bool) -> None:
+        self.adaptive = on and self.costs is not None
+
+    def quote(self, ctx: Sequence[int], k: int) -> Quote | None:
+        """The lookup is free, so the quote carries the proposal itself (None when nothing pays)."""
+        tokens, n = self.lookup(ctx, k)
+        use, rate = self.plan(tokens, n) if tokens else (0, 0.0)
+        if not use:
+            return None
+        return Quote(rate, self.min_gain, Proposal(tokens[:use], None, "ngram", ngram=n))
+
+

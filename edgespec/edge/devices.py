@@ -1,0 +1,297 @@
+"""Device profiles: what edgespec knows about a board (memory, bandwidth, cores, providers, power
+modes, sensor rules, default threads and budgets), one JSON file per board under edge/profiles/, and
+detection of the board it is running on.
+
+Detection reads <root>/proc/device-tree/model (Jetson, Raspberry Pi), <root>/etc/nv_tegra_release
+(any Jetson, with its L4T release), <root>/proc/cpuinfo and <root>/proc/meminfo; the memory size
+tells board variants apart (Pi 5 4/8/16 GB). `root` lets tests run detection on fake trees. A board
+that matches no profile falls back to the generic profile of its CPU architecture, with a note.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidRequest
+from .memory import meminfo
+from .providers import ProfileOrder
+
+GIB = 1 << 30
+PROFILE_DIR = Path(__file__).parent / "profiles"  # package data: one JSON file per board
+# /proc/cpuinfo "CPU part" of the ARM cores these boards use
+ARM_PARTS = {"0xd03": "Cortex-A53", "0xd07": "Cortex-A57", "0xd08": "Cortex-A72", "0xd0b": "Cortex-A76",
+             "0xd0c": "Neoverse-N1", "0xd41": "Cortex-A78", "0xd42": "Cortex-A78AE", "0xd4b": "Cortex-A78C"}
+
+
+@dataclass
+class DeviceProfile:
+    id: str
+    name: str
+    family: str  # "jetson" | "raspberrypi" | "generic"
+    arch: str  # "aarch64" | "x86_64"
+    memory_bytes: int | None  # physical memory (shared with the GPU on a Jetson); None: read from /proc
+    memory_reserve_bytes: int | None  # left to the OS, desktop, CUDA context; None: no default budget
+    bandwidth_gbs: float | None
+    cpu_cores: int | None
+    cpu_model: str | None
+    providers: list[str]  # preferred order for the target model
+    draft_providers: list[str]  # the draft may run elsewhere (e.g. CPU cores while the GPU verifies)
+    default_threads: int | None
+    default_max_len: int
+    gpu: str | None = None
+    memory_shared_with_gpu: bool = False
+    power_modes: list[dict] = field(default_factory=list)
+    supply_w: float | None = None
+    default_power_budget_w: float | None = None
+    max_temp_c: float | None = None
+    trt: dict | None = None  # {"fp16": bool, "workspace_gib": float}
+    sensors: dict = field(default_factory=dict)  # rules for sensors.discover
+    detect: dict = field(default_factory=dict)  # {"model": [...], "memory_gib": [lo, hi], "tegra": bool, "arch": ...}
+    install: dict = field(default_factory=dict)  # what to install for missing providers, per provider
+    aliases: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    detected: dict = field(default_factory=dict)  # filled by detect(): what was read and why this profile
+
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        """Default memory budget: physical memory less the reserve for everything else."""
+        if self.memory_bytes is None or self.memory_reserve_bytes is None:
+            return None
+        return max(0, self.memory_bytes - self.memory_reserve_bytes)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "DeviceProfile":
+        cpu = d.get("cpu") or {}
+        gib = lambda v: None if v is None else int(float(v) * GIB)  # noqa: E731
+        return cls(
+            id=d["id"], name=d["name"], family=d["family"], arch=d["arch"],
+            memory_bytes=gib(d.get("memory_gib")), memory_reserve_bytes=gib(d.get("memory_reserve_gib")),
+            bandwidth_gbs=d.get("bandwidth_gbs"), cpu_cores=cpu.get("cores"), cpu_model=cpu.get("model"),
+            providers=list(d.get("providers") or ["cpu"]), draft_providers=list(d.get("draft_providers") or ["cpu"]),
+            default_threads=d.get("default_threads"), default_max_len=int(d.get("default_max_len") or 2048),
+            gpu=d.get("gpu"), memory_shared_with_gpu=bool(d.get("memory_shared_with_gpu")),
+            power_modes=list(d.get("power_modes") or []), supply_w=d.get("supply_w"),
+            default_power_budget_w=d.get("default_power_budget_w"), max_temp_c=d.get("max_temp_c"),
+            trt=d.get("trt"), sensors=dict(d.get("sensors") or {}), detect=dict(d.get("detect") or {}),
+            install=dict(d.get("install") or {}), aliases=list(d.get("aliases") or []), notes=list(d.get("notes") or []),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "name": self.name, "family": self.family, "arch": self.arch,
+            "memory_bytes": self.memory_bytes, "memory_budget_bytes": self.memory_budget_bytes,
+            "bandwidth_gbs": self.bandwidth_gbs, "cpu_cores": self.cpu_cores, "cpu_model": self.cpu_model,
+            "gpu": self.gpu, "providers": self.providers, "draft_providers": self.draft_providers,
+            "default_threads": self.default_threads, "default_max_len": self.default_max_len,
+            "power_modes": self.power_modes, "supply_w": self.supply_w, "max_temp_c": self.max_temp_c,
+            "notes": self.notes, "detected": self.detected,
+        }
+
+
+def profile_dir() -> Path:
+    if PROFILE_DIR.is_dir() and any(PROFILE_DIR.glob("*.json")):
+        return PROFILE_DIR
+    raise FileNotFoundError(f"no device profiles found in {PROFILE_DIR}")
+
+
+@lru_cache(maxsize=1)
+def _load_all() -> dict[str, DeviceProfile]:
+    out: dict[str, DeviceProfile] = {}
+    for f in sorted(profile_dir().glob("*.json")):
+        d = json.loads(f.read_text(encoding="utf-8"))
+        p = DeviceProfile.from_dict(d)
+        if p.id != f.stem:
+            raise ValueError(f"{f}: id {p.id!r} does not match the file name")
+        out[p.id] = p
+    return out
+
+
+def profiles() -> dict[str, DeviceProfile]:
+    """Every known profile by id (copies: callers may change them)."""
+    return {k: copy.deepcopy(v) for k, v in _load_all().items()}
+
+
+def get(name: str) -> DeviceProfile:
+    """A profile by id or alias ("jetson-orin-nano-8gb", "orin-nano", "pi5-8gb"); unknown names are
+    a user error that lists the known ones."""
+    key = name.strip().lower()
+    all_ = _load_all()
+    if key in all_:
+        return copy.deepcopy(all_[key])
+    for p in all_.values():
+        if key in (a.lower() for a in p.aliases):
+            return copy.deepcopy(p)
+    raise InvalidRequest(f"unknown device {name!r}; known devices: {', '.join(sorted(all_))} (or 'auto')", param="device")
+
+
+def resolve(device=None, *, root: str | os.PathLike = "/") -> DeviceProfile:
+    """None or "auto": detect the board under `root`; a name: that profile; a profile: itself."""
+    if isinstance(device, DeviceProfile):
+        return device
+    if device is None or (isinstance(device, str) and device.strip().lower() in ("", "auto")):
+        return detect(root)
+    if not isinstance(device, str):
+        raise InvalidRequest(f"device must be a name or 'auto', got {type(device).__name__}", param="device")
+    return get(device)
+
+
+# --- reading the board ---------------------------------------------------------------------------
+def _read(root: Path, rel: str) -> str | None:
+    try:
+        return (root / rel).read_bytes().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def read_board(root: str | os.PathLike = "/") -> dict[str, Any]:
+    """Raw facts from the tree: device-tree model, L4T release, CPU and memory."""
+    root = Path(root)
+    facts: dict[str, Any] = {"root": str(root)}
+    model = _read(root, "proc/device-tree/model") or _read(root, "sys/firmware/devicetree/base/model")
+    facts["model"] = model.replace("\x00", "").strip() if model else None
+    compatible = _read(root, "proc/device-tree/compatible")
+    facts["compatible"] = [c for c in compatible.split("\x00") if c] if compatible else []
+    tegra = _read(root, "etc/nv_tegra_release")
+    facts["tegra_release"] = None
+    if tegra is not None:
+        m = re.search(r"R(\d+)\s*\(release\),\s*REVISION:\s*([0-9.]+)", tegra)
+        l4t = f"{m.group(1)}.{m.group(2)}" if m else tegra.strip().splitlines()[0] if tegra.strip() else "unknown"
+        facts["tegra_release"] = l4t
+        facts["jetpack"] = _jetpack(l4t)
+    cpuinfo = _read(root, "proc/cpuinfo") or ""
+    procs = re.findall(r"^processor\s*:", cpuinfo, flags=re.M)
+    facts["cpu_count"] = len(procs) or (os.cpu_count() if str(root) == "/" else None)
+    if re.search(r"^CPU implementer\s*:", cpuinfo, flags=re.M) or re.search(r"^Features\s*:.*\basimd\b", cpuinfo, flags=re.M):
+        arch = "aarch64"
+    elif re.search(r"^(vendor_id|flags)\s*:", cpuinfo, flags=re.M):
+        arch = "x86_64"
+    else:
+        arch = platform.machine() if str(root) == "/" else None
+    facts["arch"] = {"arm64": "aarch64", "AMD64": "x86_64"}.get(arch or "", arch)
+    m = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, flags=re.M)
+    part = re.search(r"^CPU part\s*:\s*(0x[0-9a-fA-F]+)", cpuinfo, flags=re.M)
+    facts["cpu_model"] = m.group(1).strip() if m else (ARM_PARTS.get(part.group(1).lower()) if part else None)
+    if not facts["model"]:
+        m = re.search(r"^Model\s*:\s*(.+)$", cpuinfo, flags=re.M)  # Raspberry Pi kernels put it here too
+        if m:
+            facts["model"] = m.group(1).strip()
+    mem = meminfo(root)
+    facts["mem_total"] = mem.get("MemTotal")
+    facts["mem_available"] = mem.get("MemAvailable")
+    return facts
+
+
+def _jetpack(l4t: str) -> str | None:
+    """L4T release -> JetPack major version (what NVIDIA's wheels are published for)."""
+    major = l4t.split(".")[0]
+    return {"32": "4", "34": "5", "35": "5", "36": "6", "38": "7"}.get(major)
+
+
+def _matches(p: DeviceProfile, facts: dict) -> tuple[bool, bool]:
+    """(family matches, memory matches too)."""
+    rule = p.detect
+    if not rule.get("model"):
+        return False, False
+    model = (facts.get("model") or "")
+    if not any(s.lower() in model.lower() for s in rule["model"]):
+        return False, False
+    if rule.get("tegra") and facts.get("tegra_release") is None and "nvidia" not in model.lower():
+        return False, False
+    lo_hi = rule.get("memory_gib")
+    if lo_hi and facts.get("mem_total"):
+        gib = facts["mem_total"] / GIB
+        return True, lo_hi[0] <= gib < lo_hi[1]
+    return True, True
+
+
+def detect(root: str | os.PathLike = "/") -> DeviceProfile:
+    """The profile of the board under `root`, with `memory_bytes`/`cpu_cores` taken from what the
+    kernel reports and `detected` saying what was read and which rule matched."""
+    facts = read_board(root)
+    all_ = _load_all()
+    exact = [p for p in all_.values() if _matches(p, facts) == (True, True)]
+    family = [p for p in all_.values() if _matches(p, facts)[0]]
+    notes: list[str] = []
+    if exact:
+        chosen = exact[0]
+        how = f"device-tree model {facts['model']!r}"
+        if chosen.detect.get("memory_gib"):
+            how += f" and {facts['mem_total'] / GIB:.1f} GiB of memory"
+    elif family:
+        # a variant we have no file for (e.g. a Pi 5 2GB): the nearest memory size of the same board
+        gib = (facts.get("mem_total") or 0) / GIB
+        chosen = min(family, key=lambda p: abs((p.memory_bytes or 0) / GIB - gib))
+        how = f"device-tree model {facts['model']!r}; no profile for {gib:.1f} GiB, using the nearest"
+        notes.append(f"no profile for this memory size; using {chosen.id} with the memory the kernel reports")
+    else:
+        arch = facts.get("arch") or platform.machine()
+        chosen = all_.get(f"generic-{arch}") or all_["generic-x86_64"]
+        how = f"CPU architecture {arch}"
+        if facts.get("tegra_release"):
+            notes.append(f"a Jetson (L4T {facts['tegra_release']}) that matches no profile: {facts.get('model')!r}")
+        elif facts.get("model"):
+            notes.append(f"board {facts['model']!r} matches no profile")
+    p = copy.deepcopy(chosen)
+    if facts.get("mem_total"):
+        p.memory_bytes = int(facts["mem_total"])
+    if facts.get("cpu_count"):
+        p.cpu_cores = int(facts["cpu_count"])
+    if p.cpu_model is None and facts.get("cpu_model"):
+        p.cpu_model = facts["cpu_model"]
+    p.notes = p.notes + notes
+    p.detected = {"how": how, **{k: v for k, v in facts.items() if k != "root"}}
+    p.detected["memory_source"] = "measured" if facts.get("mem_total") else ("profile" if p.memory_bytes else "unknown")
+    return p
+
+
+def engine_defaults(profile: DeviceProfile | None, *, providers=None, draft_providers=None,
+                    threads: int | None = None) -> dict[str, Any]:
+    """What Engine.open should use when the caller left an option unset: the profile's provider
+    orders and thread count. Explicit values always win; without a profile nothing changes.
+
+    A provider order taken from the profile is a `providers.ProfileOrder`: tried like the default
+    order, so a provider this onnxruntime lacks is skipped without a warning (the user did not ask
+    for it). An explicit target order is the draft's too unless the draft has its own."""
+    if profile is None:
+        return {"providers": providers, "draft_providers": draft_providers, "threads": threads}
+    return {
+        "providers": providers if providers is not None else ProfileOrder(profile.providers),
+        "draft_providers": draft_providers if draft_providers is not None else (
+            providers if providers is not None else ProfileOrder(profile.draft_providers)),
+        "threads": threads if threads is not None else profile.default_threads,
+    }
+
+
+def with_measured_memory(profile: DeviceProfile, root: str | os.PathLike = "/") -> DeviceProfile:
+    """The profile with the memory the kernel reports (<root>/proc/meminfo MemTotal) when the
+    profile has no size of its own (a Pi 4 ships with 1, 2, 4 or 8 GB) or when `root` is that very
+    board (an "8 GB" Orin Nano has 7.3 GiB for Linux); the default budget follows from it.
+
+    `profile.detected["memory_source"]` says where the number came from: "measured" (with
+    "memory_measured_on": the board read), "profile", or "unknown" when neither has one."""
+    p = copy.deepcopy(profile)
+    if p.detected.get("how"):  # detect() made it: memory_bytes is already the kernel's number
+        return p
+    total = meminfo(root).get("MemTotal")
+    here = None
+    if total:
+        try:
+            here = detect(root)
+        except Exception:  # a detection problem must not stop a plan for a named board
+            here = None
+    on_board = here is not None and here.id == p.id
+    if total and (p.memory_bytes is None or on_board):
+        p.memory_bytes = int(total)
+        p.detected["memory_source"] = "measured"
+        p.detected["memory_measured_on"] = "this board" if on_board else (
+            here.name if here is not None else "this machine")
+    else:
+        p.detected["memory_source"] = "profile" if p.memory_bytes else "unknown"
+    return p

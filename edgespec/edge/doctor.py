@@ -1,0 +1,251 @@
+"""`edgespec doctor`: what this board is, what it has, what really works, and what to set.
+
+Everything is read under a `root` (the live system by default, a fake tree in tests) and every
+provider is tried with a tiny real session (providers.probe), because a provider that onnxruntime
+lists can still fail to run. Where a provider is missing, the report says how to get it on this
+board (from the device profile's `install` hints: on a Jetson, NVIDIA's onnxruntime-gpu wheel).
+"""
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Any
+
+from . import devices, providers, sensors
+from ..units import format_size
+
+GPU_LIB_GLOBS = {
+    "cuda": ("usr/local/cuda*/lib64/libcudart.so*", "usr/local/cuda*/targets/*/lib/libcudart.so*",
+             "usr/lib/*-linux-gnu/libcudart.so*"),
+    "tensorrt": ("usr/lib/*-linux-gnu/libnvinfer.so*", "usr/local/tensorrt*/lib/libnvinfer.so*"),
+}
+
+
+def _nvidia_gpu(root: Path, profile) -> bool:
+    """An NVIDIA GPU the CUDA provider could use: any Jetson, or a desktop driver's traces."""
+    if profile.family == "jetson":
+        return True
+    return (root / "proc/driver/nvidia/version").exists() or bool(glob.glob(str(root / "dev/nvidia[0-9]*")))
+
+
+def _libs(root: Path) -> dict[str, list[str]]:
+    found = {}
+    for name, pats in GPU_LIB_GLOBS.items():
+        hits: list[str] = []
+        for pat in pats:
+            hits += sorted(glob.glob(str(root / pat)))
+        found[name] = ["/" + os.path.relpath(h, root) for h in hits[:3]]
+    return found
+
+
+def collect(root: str | os.PathLike = "/", *, device=None, path: str | None = None, probe: bool = True) -> dict[str, Any]:
+    """The whole report as plain data (what `doctor --json` prints)."""
+    root = Path(root)
+    if device in (None, "auto"):
+        profile = devices.detect(root)
+    else:  # a named board: its memory is the kernel's when it has no size of its own or this is that board
+        profile = devices.with_measured_memory(devices.resolve(device), root)
+    board = devices.read_board(root)
+    report: dict[str, Any] = {"board": profile.to_dict()}
+    if not profile.detected.get("how"):
+        report["board"]["detected"] = {"how": f"--device {device}", **board, **profile.detected}
+    mem_total = board.get("mem_total")
+    report["memory"] = {
+        "total_bytes": mem_total, "available_bytes": board.get("mem_available"),
+        "profile_bytes": profile.memory_bytes, "source": profile.detected.get("memory_source"),
+        "default_budget_bytes": profile.memory_budget_bytes, "shared_with_gpu": profile.memory_shared_with_gpu,
+    }
+    report["cpu"] = {"arch": board.get("arch"), "cores": board.get("cpu_count"), "model": board.get("cpu_model")}
+    if str(root) == "/" and hasattr(os, "sched_getaffinity"):
+        report["cpu"]["usable_cores"] = len(os.sched_getaffinity(0))
+
+    # providers, tried for real
+    try:
+        import onnxruntime as ort
+
+        ort_info = {"version": ort.__version__, "build_providers": list(ort.get_available_providers())}
+    except ImportError as e:
+        ort_info = {"version": None, "build_providers": [], "error": str(e)}
+    report["onnxruntime"] = ort_info
+    wanted = list(dict.fromkeys(profile.providers + profile.draft_providers + ["cpu"]))
+    if probe:
+        results = [r.to_dict() for r in providers.probe(wanted, profile=profile)]
+    else:
+        build = set(ort_info["build_providers"])
+        results = [{"provider": providers.short_name(n), "name": n, "in_build": n in build, "works": None,
+                    "error": None if n in build else "not in this onnxruntime build", "seconds": 0.0}
+                   for n in providers.normalize(wanted)]
+    report["providers"] = results
+    report["gpu_libraries"] = _libs(root)
+
+    # sensors, with a reading now
+    found = sensors.discover(root, profile=profile, path=path)
+    reading = found.read()
+    report["sensors"] = {**found.describe(), "reading": reading.to_dict()}
+    report["power_mode"] = found.power_mode()
+    report["throttling"] = _throttling(reading, found)
+
+    report["missing"] = _missing(root, profile, results)
+    report["recommended"] = _recommend(profile, results, board)
+    report["notes"] = list(profile.notes)
+    return report
+
+
+def _throttling(reading: sensors.Reading, found: sensors.Sensors) -> dict[str, Any]:
+    if not found.has_throttle:
+        return {"known": False, "now": [], "since_boot": []}
+    bits = reading.throttle_bits
+    return {"known": bits is not None, "bits": None if bits is None else hex(bits),
+            "now": sensors.throttle_reasons(bits), "since_boot": sensors.throttle_reasons(bits, since_boot=True)}
+
+
+def _works(results, short: str) -> bool:
+    return any(r["provider"] == short and r["works"] for r in results)
+
+
+def _missing(root: Path, profile, results) -> list[dict[str, str]]:
+    """What a user should install, with how (only where the board could use it)."""
+    out = []
+    gpu = _nvidia_gpu(root, profile)
+    for short in ("cuda", "tensorrt"):  # cuda first: the TensorRT hint refers to it
+        r = next((r for r in results if r["provider"] == short), None)
+        if r is None or r["works"] or not gpu:
+            continue
+        if not r["in_build"]:
+            how = profile.install.get("onnxruntime-gpu") or "pip install onnxruntime-gpu"
+            if short == "tensorrt" and not _libs(root)["tensorrt"]:
+                how = profile.install.get("tensorrt", how)
+            out.append({"what": short, "why": "this onnxruntime has no " + short.upper() + " provider "
+                        "(the PyPI onnxruntime wheel is CPU-only)", "how": how})
+        else:
+            out.append({"what": short, "why": f"the provider is in this onnxruntime but failed: {r['error']}",
+                        "how": "check the CUDA/TensorRT libraries match this onnxruntime-gpu build "
+                               "(JetPack version); run with -v for onnxruntime's own message"})
+    if not _works(results, "cpu"):
+        out.append({"what": "cpu", "why": "onnxruntime cannot run even the CPU probe",
+                    "how": "pip install --force-reinstall onnxruntime"})
+    return out
+
+
+def _recommend(profile, results, board) -> dict[str, Any]:
+    working = [p for p in profile.providers if _works(results, p)] or ["cpu"]
+    draft = [p for p in profile.draft_providers if _works(results, p)] or ["cpu"]
+    cores = board.get("cpu_count") or profile.cpu_cores
+    rec: dict[str, Any] = {
+        "device": profile.id,
+        "providers": ",".join(working),
+        "draft_providers": ",".join(draft),
+        "threads": profile.default_threads or cores,
+        "max_len": profile.default_max_len,
+    }
+    budget = profile.memory_budget_bytes
+    if budget is None and board.get("mem_available"):
+        budget = int(board["mem_available"] * 0.8)
+    if budget:
+        rec["memory_budget"] = _size_flag(budget)
+    if profile.family == "raspberrypi":
+        rec["max_temp"] = "80C"  # the firmware starts capping the clock at 80-85 C: slow down before it does
+    return rec
+
+
+def _size_flag(n: int) -> str:
+    """A --memory-budget value rounded down to 0.25 GiB (or MiB below 1 GiB)."""
+    gib = n / (1 << 30)
+    if gib >= 1:
+        return f"{int(gib * 4) / 4:g}GiB"
+    return f"{int(n / (1 << 20))}MiB"
+
+
+def render(report: dict[str, Any]) -> str:
+    """The human-readable report."""
+    lines: list[str] = []
+
+    def row(key: str, text: str) -> None:
+        for i, t in enumerate(text.splitlines() or [""]):
+            lines.append(f"{key if i == 0 else '':<12} {t}")
+
+    b = report["board"]
+    det = b.get("detected", {})
+    row("board", f"{b['name']} ({b['id']})\ndetected by {det.get('how', '?')}")
+    if det.get("tegra_release"):
+        row("", f"L4T {det['tegra_release']}" + (f" (JetPack {det['jetpack']})" if det.get("jetpack") else ""))
+    c = report["cpu"]
+    usable = f", {c['usable_cores']} usable" if c.get("usable_cores") and c["usable_cores"] != c.get("cores") else ""
+    row("cpu", f"{c.get('cores') or '?'} x {c.get('model') or 'unknown'} ({c.get('arch') or '?'}){usable}")
+    m = report["memory"]
+    mem = f"{format_size(m['total_bytes'])} total" if m.get("total_bytes") else "unknown"
+    if m.get("available_bytes"):
+        mem += f", {format_size(m['available_bytes'])} available"
+    if m.get("profile_bytes") and m.get("source") == "profile":
+        mem += f"; the {b['id']} profile has {format_size(m['profile_bytes'])}"
+    if m.get("default_budget_bytes"):
+        mem += f"; default budget {format_size(m['default_budget_bytes'])}"
+        if m.get("source") == "measured":
+            on = det.get("memory_measured_on")
+            mem += (" (from the measured memory)" if on in (None, "this board") else
+                    f" (from this machine's memory: the {b['id']} profile has no size of its own)")
+    if m.get("shared_with_gpu"):
+        mem += " (shared with the GPU)"
+    row("memory", mem)
+    o = report["onnxruntime"]
+    row("onnxruntime", o["version"] or f"not importable: {o.get('error')}")
+    prov = []
+    for r in report["providers"]:
+        if r["works"]:
+            state = f"works ({r['seconds'] * 1000:.0f} ms probe)"
+        elif r["works"] is None:
+            state = "in this build (not tried)" if r["in_build"] else "missing"
+        elif not r["in_build"]:
+            state = "missing: not in this onnxruntime build"
+        else:
+            state = f"FAILED: {r['error']}"
+        prov.append(f"{r['provider']:<9} {state}")
+    row("providers", "\n".join(prov))
+    s = report["sensors"]
+    rd = s["reading"]
+    sens = []
+    if rd.get("power_w") is not None:
+        rails = ", ".join(f"{k} {v:.2f} W" for k, v in rd["rails_w"].items())
+        sens.append(f"power {rd['power_w']:.2f} W" + (f" ({rails})" if rails else ""))
+    elif s["power_rails"]:
+        sens.append("power: sensors found but unreadable")
+    else:
+        sens.append("power: no sensor (no watts, no J/token)")
+    if rd.get("temp_c") is not None:
+        zones = ", ".join(f"{k} {v:.1f}" for k, v in rd["temps_c"].items())
+        sens.append(f"temperature {rd['temp_c']:.1f} C ({zones})")
+    else:
+        sens.append("temperature: no thermal zone")
+    for e in rd.get("errors", []):
+        sens.append(f"error: {e}")
+    row("sensors", "\n".join(sens))
+    pm = report.get("power_mode")
+    if pm:
+        row("power mode", f"{pm.get('name')} (nvpmodel mode {pm.get('id')})" if pm.get("name") else f"unknown ({pm.get('error')})")
+    elif b.get("power_modes"):
+        row("power mode", "unknown: nvpmodel not found")
+    t = report["throttling"]
+    if t["known"]:
+        now = ", ".join(t["now"]) or "none"
+        since = ", ".join(t["since_boot"]) or "none"
+        row("throttling", f"now: {now}; since boot: {since} ({t['bits']})")
+    rec = report["recommended"]
+    flags = [f"--device {rec['device']}", f"--providers {rec['providers']}"]
+    if rec["draft_providers"] != rec["providers"]:
+        flags.append(f"--draft-providers {rec['draft_providers']}")
+    if rec.get("threads"):
+        flags.append(f"--threads {rec['threads']}")
+    if rec.get("memory_budget"):
+        flags.append(f"--memory-budget {rec['memory_budget']}")
+    flags.append(f"--max-len {rec['max_len']}")
+    if rec.get("max_temp"):
+        flags.append(f"--max-temp {rec['max_temp']}")
+    row("recommended", " ".join(flags))
+    for miss in report["missing"]:
+        row("missing", f"{miss['what']}: {miss['why']}\nhow: {miss['how']}")
+    for n in report.get("notes", []):
+        row("note", n)
+    for n in s.get("notes", []):
+        row("note", n)
+    return "\n".join(lines)

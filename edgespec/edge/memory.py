@@ -1,0 +1,321 @@
+"""Memory budget: decide, before anything is loaded, how long the KV cache may be and whether the
+draft model fits, so a board with 4-16 GB shared memory gets a smaller cache or no draft model, or a
+refusal with the numbers, instead of an out-of-memory kill halfway through loading.
+
+The prediction is the resident memory of the whole process once a request has filled the cache:
+
+    runtime          python + numpy + onnxruntime, and the loaded tokenizer
+    <role>_weights   the model's files x WEIGHT_FACTOR (repacked int4 weights + the mmapped embedding)
+    <role>_kv        2 x layers x kv_heads x head_dim x max_len x dtype bytes (past and present share it)
+    working          activations of the largest step (a prefill chunk) and the logits rows kept
+
+Order of retreat when the budget is too small: shrink max_len (down to a floor), then drop the draft
+model (n-gram drafting needs no memory), then refuse with BudgetError. The constants below were fitted
+against measured RSS of real bundles (see docs/edge.md, "Memory budget"); `measure_rss` and
+`compare` let every load check the prediction again.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import BudgetError, InvalidRequest
+from ..limits import DEFAULT_MAX_LEN, PREFILL_CHUNK
+from ..models.bundle import Bundle
+from ..units import format_size, measure_rss
+
+# --- the model's constants, fitted to measured RSS (docs/edge.md, "Memory budget") ------------
+RUNTIME_BASE = 90 << 20  # python + numpy + edgespec + onnxruntime and its first session's code and pools
+TOKENIZER_FACTOR = 9  # a loaded `tokenizers.Tokenizer` holds ~9x its tokenizer.json (Qwen 8.2x, SmolLM2 9.8x)
+# resident bytes per byte of model files: onnxruntime repacks quantized MatMulNBits weights (plus block
+# sums) and the embedding table is served from the memory-mapped file, resident once tokens touch it
+WEIGHT_FACTOR = {"int4": 1.32, "int8": 1.32, "fp16": 1.05, "fp32": 1.05}
+SESSION_OVERHEAD = 2 << 20  # per onnxruntime session: graph, kernels, arena bookkeeping
+MIN_MAX_LEN = 256  # below this a chat turn does not fit; the plan refuses instead of shrinking further
+LEN_ALIGN = 64  # shrunk lengths are multiples of this (the floor itself is kept as given)
+
+
+@dataclass
+class MemoryPlan:
+    """What to load and how big the caches may be. `breakdown` sums to `predicted_bytes`."""
+
+    max_len: int
+    load_draft: bool
+    predicted_bytes: int
+    breakdown: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+    budget_bytes: int | None = None
+    prefill_chunk: int = PREFILL_CHUNK
+    requested_max_len: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_len": self.max_len,
+            "load_draft": self.load_draft,
+            "predicted_bytes": self.predicted_bytes,
+            "budget_bytes": self.budget_bytes,
+            "prefill_chunk": self.prefill_chunk,
+            "requested_max_len": self.requested_max_len,
+            "breakdown": dict(self.breakdown),
+            "notes": list(self.notes),
+        }
+
+    def describe(self) -> str:
+        """Several lines for `edgespec plan` and logs: the numbers, then what was given up and why."""
+        lines = [f"max_len {self.max_len}, draft model {'loaded' if self.load_draft else 'not loaded'}"]
+        width = max(len(k) for k in self.breakdown) if self.breakdown else 0
+        for k, v in self.breakdown.items():
+            if v:
+                lines.append(f"  {k:<{width}}  {format_size(v):>10}")
+        total = f"  {'total':<{width}}  {format_size(self.predicted_bytes):>10}"
+        if self.budget_bytes:
+            total += f"  of budget {format_size(self.budget_bytes)} ({100 * self.predicted_bytes / self.budget_bytes:.0f} %)"
+        lines.append(total)
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+# --- prediction ----------------------------------------------------------------------------------
+def _open(bundle):
+    if isinstance(bundle, Bundle):
+        return bundle
+    return Bundle.open(bundle, verify=False)
+
+
+def _intermediate_size(facts) -> int:
+    """The MLP width is not in the manifest; recover it from the parameter count
+    (params = embeddings + final norm + layers x (attention + biases + 2 norms + 3 x hidden x
+    intermediate)), else assume 4 x hidden.
+
+    The count may hold the embedding once (tied lm_head) or twice (untied; a GGUF often stores
+    output.weight even for a tied model), and the manifest does not say which: both readings are
+    tried and the one nearer a multiple of 64 wins (MLP widths are: Qwen2.5 8960 and 4864, SmolLM2
+    1536; with the small terms counted the right reading comes out exact). Bundles written before
+    the export filled `params` have 0 there: 4 x hidden then."""
+    h, layers = facts.hidden_size, facts.layers
+    kv = facts.kv_heads * facts.head_dim
+    if not facts.params or layers <= 0 or h <= 0:
+        return 4 * h
+    emb = facts.vocab_size * h
+    attn = h * h * 2 + 2 * h * kv  # q and o [h, h]; k and v [h, kv]
+    small = 2 * h + (h + 2 * kv if facts.arch == "qwen2" else 0)  # two norms; Qwen2's q/k/v biases
+    candidates = []
+    for embeddings in (emb, 2 * emb):  # tied or untied lm_head
+        per_layer = (facts.params - embeddings - h) / layers - attn - small
+        inter = per_layer / (3 * h)
+        if h / 2 <= inter <= 8 * h:
+            candidates.append(inter)
+    if not candidates:
+        return 4 * h
+    return int(round(min(candidates, key=lambda x: abs(x - 64 * round(x / 64)))))
+
+
+def working_bytes(facts, max_len: int, prefill_chunk: int, *, verify_rows: int = 16) -> int:
+    """Peak activations of one session: the largest step is a prefill chunk of S tokens.
+
+    Shapes (fp32): hidden states [S, H] ~4 alive at once, MLP [S, I] x 2, logits [rows, V] for the
+    rows kept (onnxruntime's arena reuses buffers across layers, so this is one layer's worth;
+    measured on Qwen2.5 1.5B/0.5B and SmolLM2 at max_len 2048, chunk 512, within ~10 MiB)."""
+    s = max(1, min(prefill_chunk, max_len))
+    h = facts.hidden_size
+    inter = _intermediate_size(facts)
+    act = s * (4 * h + 2 * inter) * 4
+    logits = max(verify_rows, 1) * facts.vocab_size * 4
+    return SESSION_OVERHEAD + act + logits
+
+
+def weights_bytes(b, role: str) -> int:
+    facts = b.manifest.models[role]
+    return int(WEIGHT_FACTOR.get(facts.quant, 1.32) * b.model_bytes(role))
+
+
+def runtime_bytes(b) -> int:
+    tok = b.root / "tokenizer.json"
+    size = tok.stat().st_size if tok.exists() else 0
+    return RUNTIME_BASE + TOKENIZER_FACTOR * size
+
+
+def predict(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int = PREFILL_CHUNK) -> dict[str, int]:
+    """The breakdown (bytes) for one choice of max_len and draft; `plan` searches over these."""
+    b = _open(bundle)
+    parts = {
+        "runtime": runtime_bytes(b),
+        "target_weights": weights_bytes(b, "target"),
+        "target_kv": b.target.kv_bytes_per_token() * max_len,
+        "working": working_bytes(b.target, max_len, prefill_chunk),
+        "draft_weights": 0,
+        "draft_kv": 0,
+    }
+    if load_draft and b.draft is not None:
+        parts["draft_weights"] = weights_bytes(b, "draft")
+        parts["draft_kv"] = b.draft.kv_bytes_per_token() * max_len
+        parts["working"] += working_bytes(b.draft, max_len, prefill_chunk)
+    return parts
+
+
+def plan(
+    bundle,
+    *,
+    max_len: int | None,
+    want_draft: bool,
+    budget_bytes: int | None,
+    profile=None,
+    min_len: int = MIN_MAX_LEN,
+    prefill_chunk: int = PREFILL_CHUNK,
+) -> MemoryPlan:
+    """Chooses max_len and whether to load the draft so the prediction fits `budget_bytes`.
+
+    `max_len=None` takes the device profile's default (else 2048), capped at the model's context.
+    `budget_bytes=None` takes the profile's default budget; with neither, nothing is shrunk.
+    Raises BudgetError, with the numbers, when even the target alone at the floor length is too big.
+    """
+    b = _open(bundle)
+    notes: list[str] = []
+    context = b.target.max_context
+    if b.draft is not None:
+        context = min(context, b.draft.max_context)
+    if max_len is None:
+        want_len = int(getattr(profile, "default_max_len", None) or DEFAULT_MAX_LEN)
+    else:
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
+            raise InvalidRequest(f"max_len must be an integer >= 2, got {max_len!r}", param="max_len")
+        want_len = int(max_len)
+    if want_len > context:
+        notes.append(f"max_len {want_len} capped at the model's context length {context}")
+        want_len = context
+    floor = min(min_len, want_len)
+    if budget_bytes is None and profile is not None:
+        budget_bytes = getattr(profile, "memory_budget_bytes", None)
+        if budget_bytes:
+            notes.append(f"memory budget {format_size(budget_bytes)} is the {profile.id} default")
+    if budget_bytes is not None and budget_bytes <= 0:
+        raise InvalidRequest(f"memory budget must be positive, got {budget_bytes}", param="memory_budget")
+    load_draft = bool(want_draft and b.draft is not None)
+    if want_draft and b.draft is None:
+        notes.append("bundle has no draft model: drafting can use n-gram lookup only")
+
+    def make(length: int, draft: bool) -> MemoryPlan:
+        parts = predict(b, length, draft, prefill_chunk=prefill_chunk)
+        return MemoryPlan(
+            max_len=length, load_draft=draft, predicted_bytes=sum(parts.values()), breakdown=parts,
+            notes=notes, budget_bytes=budget_bytes, prefill_chunk=prefill_chunk, requested_max_len=want_len,
+        )
+
+    full = make(want_len, load_draft)
+    if budget_bytes is None or full.predicted_bytes <= budget_bytes:
+        return full
+    over = full.predicted_bytes - budget_bytes
+    # 1. shrink the cache, keeping the draft
+    if load_draft:
+        length = _longest_fitting(b, True, floor, want_len, budget_bytes, prefill_chunk)
+        if length is not None:
+            notes.append(
+                f"max_len shrunk from {want_len} to {length}: the full length needs "
+                f"{format_size(full.predicted_bytes)}, {format_size(over)} over the budget"
+            )
+            return make(length, True)
+    # 2. drop the draft model (n-gram drafting costs no memory), as long a cache as then fits
+    length = _longest_fitting(b, False, floor, want_len, budget_bytes, prefill_chunk)
+    if length is not None:
+        if load_draft:
+            at_floor = make(floor, True).predicted_bytes
+            notes.append(
+                f"draft model dropped: with it even max_len {floor} needs {format_size(at_floor)} "
+                f"(budget {format_size(budget_bytes)}); n-gram drafting still works"
+            )
+        if length < want_len:
+            notes.append(f"max_len shrunk from {want_len} to {length} to fit the budget")
+        return make(length, False)
+    # 3. refuse, with the numbers
+    smallest = make(floor, False)
+    parts = smallest.breakdown
+    detail = " + ".join(f"{k.replace('_', ' ')} {format_size(v)}" for k, v in parts.items() if v)
+    err = BudgetError(
+        f"memory budget {format_size(budget_bytes)} is too small for bundle {b.name}: the smallest plan "
+        f"(target model only, max_len {floor}) needs {format_size(smallest.predicted_bytes)} = {detail}; "
+        f"the full plan (max_len {want_len}{', with draft' if load_draft else ''}) needs "
+        f"{format_size(full.predicted_bytes)}. Raise --memory-budget to at least "
+        f"{format_size(smallest.predicted_bytes)} or use a smaller model"
+    )
+    err.needed_bytes = smallest.predicted_bytes  # type: ignore[attr-defined]
+    err.budget_bytes = budget_bytes  # type: ignore[attr-defined]
+    err.breakdown = parts  # type: ignore[attr-defined]
+    raise err
+
+
+def _longest_fitting(b, draft: bool, floor: int, want: int, budget: int, chunk: int) -> int | None:
+    """Largest max_len in [floor, want] whose prediction fits (prediction grows with max_len), aligned
+    down to LEN_ALIGN unless that would cross the floor."""
+    def fits(n: int) -> bool:
+        return sum(predict(b, n, draft, prefill_chunk=chunk).values()) <= budget
+
+    if not fits(floor):
+        return None
+    lo, hi = floor, want  # fits(lo) is true
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    aligned = (lo // LEN_ALIGN) * LEN_ALIGN
+    return aligned if aligned >= floor and lo != want else lo
+
+
+# --- measurement ---------------------------------------------------------------------------------
+@dataclass
+class MemoryCheck:
+    predicted_bytes: int
+    measured_bytes: int
+
+    @property
+    def error(self) -> float:
+        """(measured - predicted) / measured: positive means the plan under-predicted."""
+        return (self.measured_bytes - self.predicted_bytes) / max(1, self.measured_bytes)
+
+    def describe(self) -> str:
+        return (
+            f"memory: predicted {format_size(self.predicted_bytes)}, measured {format_size(self.measured_bytes)} "
+            f"RSS ({100 * self.error:+.1f} %)"
+        )
+
+
+def compare(plan_: MemoryPlan, measured_bytes: int | None = None) -> MemoryCheck:
+    """Predicted vs measured resident memory of this process (peak RSS unless given)."""
+    if measured_bytes is None:
+        m = measure_rss()
+        measured_bytes = m.get("peak") or m.get("rss") or 0
+    return MemoryCheck(plan_.predicted_bytes, int(measured_bytes))
+
+
+def available_bytes(root: str | os.PathLike = "/") -> int | None:
+    """MemAvailable from <root>/proc/meminfo: what the kernel thinks can be allocated without swapping."""
+    info = meminfo(root)
+    return info.get("MemAvailable")
+
+
+def meminfo(root: str | os.PathLike = "/") -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        text = (Path(root) / "proc/meminfo").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        parts = line.replace(":", " ").split()
+        if len(parts) >= 2 and parts[1].isdigit():
+            mult = 1024 if len(parts) > 2 and parts[2].lower() == "kb" else 1
+            out[parts[0]] = int(parts[1]) * mult
+    return out
+
+
+def fits_now(plan_: MemoryPlan, root: str | os.PathLike = "/") -> str | None:
+    """A warning line when the plan needs more than the kernel says is available right now."""
+    avail = available_bytes(root)
+    if avail is not None and plan_.predicted_bytes > avail:
+        return (
+            f"the plan needs {format_size(plan_.predicted_bytes)} but only {format_size(avail)} is available "
+            f"now (MemAvailable): expect swapping or an out-of-memory kill; set --memory-budget"
+        )
+    return None

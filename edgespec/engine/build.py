@@ -1,0 +1,91 @@
+"""Building an engine's parts: the one place where the edge concerns (device profiles, providers,
+memory plan, governor) are consulted. Everything here runs before the first request.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..core.runner import ModelRunner
+from ..edge import devices, memory, providers as prov
+from ..edge import governor as gov
+from ..errors import InvalidRequest
+from ..models.bundle import Bundle
+from ..models.manifest import ModelFacts
+from ..units import parse_celsius, parse_size, parse_watts
+
+
+def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, threads: int | None = None,
+                spinning: bool | None = None, shared_threads: bool = False, profile=None) -> ModelRunner:
+    """Creates the session (trying providers in order, see edge/providers.py) and its runner.
+
+    `shared_threads`: run on the process-wide thread pool (providers.use_shared_thread_pool),
+    falling back to a pool of its own without spinning when that cannot be had. `spinning=False` alone is
+    the fallback's setting: when two sessions take turns on the same cores, a pool thread
+    busy-waiting after one session's step steals a core from the other's next step."""
+    # another engine in this process may have set the shared pool up: every session must then use it
+    if (shared_threads and prov.use_shared_thread_pool(threads)) or prov.shared_pool_active():
+        session, device = prov.create_session(path, providers=providers, threads=threads, profile=profile,
+                                              shared_threads=True)
+        return ModelRunner(session, facts, max_len, device=device)
+    kw = {}
+    if shared_threads:
+        kw["spinning"] = False
+    elif spinning is not None:
+        kw["spinning"] = spinning
+    session, device = prov.create_session(path, providers=providers, threads=threads, profile=profile, **kw)
+    return ModelRunner(session, facts, max_len, device=device)
+
+
+def edge_options(device, providers, draft_providers, threads, memory_budget, power_budget, max_temp) -> dict:
+    """Checks the device and edge options (each bad value is an InvalidRequest naming its option)
+    and fills what the caller left unset from the device profile (devices.engine_defaults).
+
+    device: None -> no profile (onnxruntime's defaults, no default memory budget); "auto" -> the
+    board this runs on, detected; a name or alias -> that profile; a DeviceProfile -> itself. A
+    profile's memory is what this machine's kernel reports when the profile has none (a Pi 4) or
+    when it is the board itself. Explicit options always win over the profile."""
+    profile = None
+    if device is not None:
+        profile = devices.with_measured_memory(devices.resolve(device))
+    if providers is not None:
+        prov.normalize(providers)
+    if draft_providers is not None:
+        try:
+            prov.normalize(draft_providers)
+        except InvalidRequest as e:
+            raise InvalidRequest(f"draft providers: {e}", param="draft_providers") from None
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024):
+        raise InvalidRequest(f"threads must be an integer from 1 to 1024 (or None: onnxruntime's default), "
+                             f"got {threads!r}", param="threads")
+    out = devices.engine_defaults(profile, providers=providers, draft_providers=draft_providers, threads=threads)
+    out["profile"] = profile
+    out["memory_budget"] = parse_size(memory_budget) if memory_budget is not None else None
+    out["power_budget_w"] = parse_watts(power_budget) if power_budget is not None else None
+    out["max_temp_c"] = parse_celsius(max_temp) if max_temp is not None else None
+    return out
+
+
+def memory_plan(b: Bundle, *, max_len, want_draft: bool, profile, budget: int | None) -> memory.MemoryPlan:
+    """The memory module's plan: `budget` (bytes) or else the profile's default budget decides the
+    cache length and whether the draft is loaded; with neither, nothing is shrunk."""
+    return memory.plan(b, max_len=max_len, want_draft=want_draft, budget_bytes=budget, profile=profile)
+
+
+def sessions_spin(load_draft: bool) -> bool:
+    """Whether the sessions just created busy-wait between ops (what the governor's fewer-cores rung
+    depends on). The shared pool (providers.use_shared_thread_pool) always spins: the Python API of
+    onnxruntime cannot turn spinning off for its global pool (docs/edge.md, "Spinning"); without the
+    shared pool, two models fall back to per-session pools without spinning (load_runner), and a
+    model alone gets a per-session pool with onnxruntime's default, spinning."""
+    if prov.shared_pool_active():
+        return True
+    return not load_draft
+
+
+def governor(edge: dict, *, spinning: bool):
+    """A governor when a power or temperature limit is asked for or a device is named (then it
+    measures energy and applies the profile's temperature limit); None otherwise."""
+    if edge["power_budget_w"] is None and edge["max_temp_c"] is None and edge["profile"] is None:
+        return None
+    return gov.from_options(device=edge["profile"], power_budget=edge["power_budget_w"],
+                            max_temp=edge["max_temp_c"], spinning=spinning)

@@ -1,0 +1,244 @@
+"""Engine: a bundle opened for generation — text in, text out, as the target alone would write it.
+
+    eng = Engine.open("bundles/qwen-coder")                    # draft="auto" | "model" | "ngram" | "none"
+    r = eng.generate("def fib(n):", max_new_tokens=64)
+    for delta in eng.stream(messages=[{"role": "user", "content": "hi"}], temperature=0.7, seed=1): ...
+
+The engine owns the models, the drafters and the prefix cache, and lends them to the decode loop
+(loop.py) one request at a time (a lock; the server queues in front of it). Requests are checked and
+tokenized first (requests.py); the edge concerns are consulted once, when the engine is built
+(build.py): a memory plan sizes the cache and decides whether the draft fits, a governor caps k or
+drafting, or paces rounds, under a power or thermal limit.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Generator
+
+from ..core.costmodel import CostModel
+from ..core.runner import ModelRunner
+from ..core.sampling import SamplingParams
+from ..drafters import AutoDrafter, Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from ..errors import DraftUnavailable, InvalidRequest, PromptTooLong
+from ..limits import DEFAULT_K_CAP, PREFILL_CHUNK
+from ..models.bundle import Bundle
+from . import build
+from .loop import Parts, PrefixCache, decode
+from .requests import Encoder, Request, cancel_fn, check_draft_mode, check_k, check_max_new_tokens, check_stop
+from .results import GenerationResult, Stream
+
+log = logging.getLogger("edgespec.engine")
+
+
+class Engine:
+    def __init__(self, bundle: Bundle, target: ModelRunner, draft: ModelRunner | None, tokenizer, *,
+                 draft_mode: str = "auto", k: int | None = None, governor=None, memory_plan=None,
+                 prefill_chunk: int = PREFILL_CHUNK):
+        self.bundle = bundle
+        self.target = target
+        self.draft_runner = draft
+        self.tokenizer = tokenizer
+        self.max_len = target.max_len
+        self.model_name = bundle.name
+        self.draft_mode = draft_mode
+        self.k = k
+        self.governor = governor
+        self.memory_plan = memory_plan
+        self.prefill_chunk = prefill_chunk
+        tf = bundle.manifest.tokenizer
+        self.usable = min(tf.usable_vocab, target.vocab_size)
+        self.eos_ids = frozenset(tf.eos_ids)
+        self.costs = CostModel(target.times, draft.times if draft is not None else None)
+        ngram = NgramDrafter(self.costs)
+        model = ModelDrafter(draft, self.usable, self.costs) if draft is not None else None
+        self._drafters: dict[str, Drafter] = {"none": NoDrafter(), "ngram": ngram}
+        if model is not None:
+            self._drafters["model"] = model
+        self._drafters["auto"] = AutoDrafter(self.costs, [d for d in (ngram, model) if d is not None])
+        self._cache = PrefixCache()
+        self._lock = threading.Lock()
+        cfg = bundle.tokenizer_config()
+        self._encode = Encoder(tokenizer, tf,
+                               bos_text=_token_text(cfg.get("bos_token")) or self._id_text(tf.bos_id),
+                               eos_text=_token_text(cfg.get("eos_token")) or
+                               self._id_text(tf.eos_ids[0] if tf.eos_ids else None))
+
+    # -- opening --------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, bundle: str | os.PathLike | Bundle, *, draft: str = "auto", k: int | None = None,
+             max_len: int | None = None, providers=None, draft_providers=None, threads: int | None = None,
+             device=None, memory_budget=None, power_budget=None, max_temp=None, verify: bool = True,
+             warmup: bool = True) -> "Engine":
+        """Verifies the bundle (sha256 unless verify=False), plans memory, loads the models.
+
+        draft: the default drafting mode of requests ("auto" | "model" | "ngram" | "none"). With
+        "ngram" or "none" the draft model is not loaded at all (less memory, faster start).
+        warmup: time the step sizes adaptive drafting chooses between once at open (about 1 s on
+        a 2-core CPU), so the first request neither pays one-off allocations nor guesses costs.
+        device: None (no board defaults), "auto" (this board, detected) or a profile name: its
+        provider orders, threads, default memory budget and max_len fill what is left unset
+        (docs/edge.md, "What --device sets"); explicit options always win."""
+        check_draft_mode(draft)
+        check_k(k)
+        # every edge option is checked before the bundle is read: a typo costs no model load
+        edge = build.edge_options(device, providers, draft_providers, threads, memory_budget, power_budget, max_temp)
+        providers, draft_providers, threads = edge["providers"], edge["draft_providers"], edge["threads"]
+        b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, verify=verify)
+        if draft == "model" and b.draft is None:
+            raise DraftUnavailable(f"bundle {b.name} has no draft model: use draft='ngram' or 'auto'", param="draft")
+        want_draft = draft in ("auto", "model") and b.draft is not None
+        plan = build.memory_plan(b, max_len=max_len, want_draft=want_draft, profile=edge["profile"],
+                                 budget=edge["memory_budget"])
+        for note in plan.notes:  # what a budget changed matters; the rest is detail
+            log.log(logging.INFO if plan.budget_bytes is not None else logging.DEBUG, "memory plan: %s", note)
+        if draft == "model" and not plan.load_draft:
+            raise DraftUnavailable("the memory budget leaves no room for the draft model: use draft='ngram' "
+                                   "or 'auto', or raise the budget", param="draft")
+        # both models on one shared thread pool: they take turns, and must not fight over cores
+        target = build.load_runner(b.model_path("target"), b.target, plan.max_len, providers=providers,
+                                   threads=threads, shared_threads=plan.load_draft, profile=edge["profile"])
+        draft_runner = None
+        if plan.load_draft:
+            draft_runner = build.load_runner(b.model_path("draft"), b.draft, plan.max_len,
+                                             providers=draft_providers if draft_providers is not None else providers,
+                                             threads=threads, shared_threads=True, profile=edge["profile"])
+        governor = build.governor(edge, spinning=build.sessions_spin(plan.load_draft))
+        eng = cls(b, target, draft_runner, b.load_tokenizer(), draft_mode=draft, k=k, governor=governor,
+                  memory_plan=plan, prefill_chunk=plan.prefill_chunk)
+        if warmup and draft != "none":
+            eng.warmup()
+        return eng
+
+    def close(self) -> None:
+        with self._lock:
+            if self.governor is not None:
+                self.governor.close()
+            self.target = None  # type: ignore[assignment]
+            self.draft_runner = None
+            self._drafters = {}
+
+    @property
+    def has_draft(self) -> bool:
+        return self.draft_runner is not None
+
+    def cached(self) -> list[int]:
+        """The tokens whose K/V the target cache holds now (what the next request can reuse)."""
+        with self._lock:
+            n = self.target.length if self.target is not None else 0
+            return list(self._cache.tokens[:n])
+
+    # -- the public calls -------------------------------------------------------------------------
+    def generate(self, prompt: str | None = None, *, messages=None, max_new_tokens: int = 256,
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                 stop=None, draft: str | None = None, k: int | None = None, cancel=None) -> GenerationResult:
+        s = self.stream(prompt, messages=messages, max_new_tokens=max_new_tokens, temperature=temperature,
+                        top_p=top_p, top_k=top_k, seed=seed, stop=stop, draft=draft, k=k, cancel=cancel)
+        for _ in s:
+            pass
+        assert s.result is not None
+        return s.result
+
+    def stream(self, prompt: str | None = None, *, messages=None, max_new_tokens: int = 256,
+               temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+               stop=None, draft: str | None = None, k: int | None = None, cancel=None) -> Stream:
+        """Validates and tokenizes now (bad input raises here, before anything runs); generation
+        runs as the stream is iterated."""
+        req = self._request(prompt, messages, max_new_tokens, temperature, top_p, top_k, seed, stop, draft, k, cancel)
+        return Stream(self._run(req), len(req.ids))
+
+    def count_tokens(self, prompt: str | None = None, *, messages=None) -> int:
+        return len(self._encode(prompt, messages))
+
+    def encode(self, prompt: str | None = None, *, messages=None) -> list[int]:
+        """The token ids a request with this prompt or these messages starts from."""
+        return self._encode(prompt, messages)
+
+    def warmup(self, k_max: int = 4) -> None:
+        """Runs each step size up to k_max + 1 tokens twice (the first run of a shape pays one-off
+        allocations, the second is what the cost model keeps), so the first request is not slowed
+        by them and adaptive drafting starts from this device's real costs."""
+        with self._lock:
+            self._invalidate()
+            for s in range(1, min(k_max + 1, self.max_len - 1) + 1):
+                for _ in range(2):
+                    self.target.rewind(0)
+                    self.target.step([0] * s, s)  # as a verify: every row scored
+            if self.draft_runner is not None:
+                for s in (1, 2):
+                    for _ in range(2):
+                        self.draft_runner.rewind(0)
+                        self.draft_runner.step([0] * s, 1)
+            self._invalidate()
+
+    def reset_cache(self) -> None:
+        """Forgets what the caches hold, so the next request prefills its whole prompt (benchmarks
+        use this to time every mode from the same start). Waits for a running request."""
+        with self._lock:
+            self._invalidate()
+
+    # -- requests ---------------------------------------------------------------------------------
+    def _request(self, prompt, messages, max_new_tokens, temperature, top_p, top_k, seed, stop, draft, k,
+                 cancel) -> Request:
+        check_max_new_tokens(max_new_tokens)
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        mode = self.draft_mode if draft is None else draft
+        check_draft_mode(mode)
+        if mode == "model" and "model" not in self._drafters:
+            why = ("the bundle has no draft model" if self.bundle.draft is None else
+                   "the draft model was not loaded (engine opened with draft="
+                   f"{self.draft_mode!r}, or the memory plan left it out)")
+            raise DraftUnavailable(f"draft='model' is not possible: {why}", param="draft")
+        check_k(k)
+        stops = check_stop(stop)
+        ids = self._encode(prompt, messages)
+        if len(ids) >= self.max_len:
+            raise PromptTooLong(len(ids), max_new_tokens, self.max_len)
+        return Request(ids, max_new_tokens, params, stops, mode, self.k if k is None else k, cancel_fn(cancel))
+
+    def _drafter(self, mode: str, k: int | None) -> tuple[Drafter, int]:
+        """The drafter and per-round proposal cap for a mode. k=None lets the drafter choose each
+        round from measured costs (up to DEFAULT_K_CAP); a given k is used as is."""
+        drafter = self._drafters[mode]
+        if mode == "none":
+            return drafter, 0
+        drafter.set_adaptive(k is None)
+        return drafter, DEFAULT_K_CAP if k is None else k
+
+    def _invalidate(self) -> None:
+        """Forget what the caches hold (after an error mid-step, or a warm-up)."""
+        self._cache.clear()
+        if self.target is not None:
+            self.target.reset()
+        for d in self._drafters.values():
+            d.reset()
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def _run(self, req: Request) -> Generator[str, None, GenerationResult]:
+        with self._lock:
+            if self.target is None:
+                raise InvalidRequest("this engine is closed", param=None)
+            drafter, k_cap = self._drafter(req.draft, req.k)
+            parts = Parts(self.target, self.tokenizer, self.eos_ids, self.usable, self.prefill_chunk,
+                          free_drafter=self._drafters["ngram"], governor=self.governor)
+            try:
+                return (yield from decode(parts, req, drafter, k_cap, self._cache))
+            except GeneratorExit:
+                # the stream was closed between rounds (a client pressed Stop): every cache is
+                # consistent there, so the next turn reuses what this one prefilled and generated
+                raise
+            except BaseException:
+                self._invalidate()
+                raise
+
+    def _id_text(self, token_id: int | None) -> str:
+        if token_id is None:
+            return ""
+        return self.tokenizer.id_to_token(token_id) or ""
+
+
+def _token_text(v) -> str:
+    if isinstance(v, dict):
+        v = v.get("content")
+    return v if isinstance(v, str) else ""

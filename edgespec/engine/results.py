@@ -1,0 +1,76 @@
+"""What a request gives back: the result, its statistics, and the stream that yields it."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Generator
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_passes: int = 0  # target steps, the prefill counted once
+    drafted: int = 0  # proposals the target checked
+    accepted: int = 0
+    acceptance_rate: float = 0.0  # accepted / drafted
+    tokens_per_pass: float = 0.0  # new tokens / target passes (1.0 for the target alone)
+    ttft_s: float = 0.0  # request start -> first token chosen (tokenizing and prefill included)
+    decode_tokens_per_second: float = 0.0  # tokens after the first / time after the first
+    total_s: float = 0.0
+    drafter: str = "none"  # the mode the request ran with
+    k_mean: float = 0.0  # proposals per decode round
+    energy_j_per_token: float | None = None  # None without a power sensor
+    cached_tokens: int = 0  # prompt tokens reused from the previous request's cache
+    rounds: int = 0  # decode rounds (target passes after the prefill)
+    rounds_by_source: dict[str, int] = field(default_factory=dict)  # "model" | "ngram" | "none" -> rounds
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.decode_tokens_per_second
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tokens_per_second"] = self.decode_tokens_per_second
+        return d
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length" | "cache_full" | "cancelled"
+    stats: GenerationStats
+
+
+class Stream:
+    """Iterate for text deltas; `result` holds the GenerationResult once iteration has ended (the
+    generator's return value). Breaking out early (or `close()`) ends generation and frees the
+    engine for the next request."""
+
+    def __init__(self, gen: Generator[str, None, GenerationResult], prompt_tokens: int):
+        self._gen = gen
+        self._result: GenerationResult | None = None
+        self.prompt_tokens = prompt_tokens  # known before the first delta (validated and tokenized on creation)
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._gen)
+        except StopIteration as done:
+            self._result = done.value
+            raise
+
+    def close(self) -> None:
+        self._gen.close()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def result(self) -> GenerationResult | None:
+        return self._result

@@ -1,0 +1,15 @@
+"""The numbers several layers must agree on, in one place.
+
+A request's k is checked by the engine and by the server's validation; the prefill chunk sizes the
+engine's steps and the memory plan's activation estimate; the default cache length is used by the
+engine and by the planner. Each lives here once, so they cannot drift apart.
+"""
+from __future__ import annotations
+
+DRAFT_MODES = ("auto", "model", "ngram", "none")  # what a request's `draft` may name
+K_LIMIT = 16  # largest k a request may ask for (each verify row costs a full-vocabulary logits row)
+DEFAULT_K_CAP = 8  # adaptive k never proposes more than this per round
+DEFAULT_MAX_LEN = 2048  # cache length when neither the caller nor a device profile sets one
+PREFILL_CHUNK = 512  # tokens per prefill step: bounds activation memory on long prompts
+QUANTS = ("int4", "int8", "fp16", "fp32")  # weight precisions a bundle's model may have
+STOP_LIMIT = 16  # stop strings per request

@@ -1,0 +1,192 @@
+"""Torch model -> ONNX graph of the runtime's contract, with onnxruntime-genai's model builder.
+
+The builder emits GroupQueryAttention with a shared past/present buffer (written in place when the
+runtime binds both to one OrtValue). We drive it with three changes that keep the export lean:
+- it gets the model we already loaded (its own loader would read the checkpoint a second time);
+- its whole-graph quantization pass is replaced by `quantize.quantize_graph`, one weight at a time
+  (same onnxruntime kernels, byte-identical output, the float weights never held twice);
+- its genai_config/tokenizer side outputs are skipped (the bundle writer owns those).
+Then `graph_edit.add_logits_to_keep` adds the input that limits logits to the last n positions.
+"""
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+from contextlib import contextmanager, redirect_stdout
+from pathlib import Path
+from typing import Any
+
+from edgespec.models.manifest import ModelFacts
+
+from .graph_edit import LOGITS_TO_KEEP, add_logits_to_keep
+from .progress import NullProgress, Progress, trim_malloc
+from .quantize import QuantSettings, quantizable_nodes, quantize_graph
+
+QUANT_BITS = {"int4": 4, "int8": 8}
+# The lm_head is the most sensitive weight (llama.cpp keeps it at 6-8 bits in its 4-bit files): at 8 bits
+# the 1.5B's top-1 agreement goes from 91.9 % to 94.3 % for +0.12 GB, and its decode step measured no
+# slower (63-71 ms vs 67 ms, within noise). An untied embedding stays at the body's bits: one row
+# is read per token, so its size costs memory but no time. `--head-bits 4` gives the smallest bundle.
+DEFAULT_HEAD_BITS = {"int4": 8, "int8": 8}
+
+
+def builder_options(quant: str, block_size: int, accuracy_level: int, *, tied: bool) -> dict[str, str]:
+    """The builder's --extra_options for one of our quant modes."""
+    opts: dict[str, str] = {}
+    if quant == "int4":
+        # embeddings (Gather) and lm_head quantized too: 1.92 GB -> 1.13 GB for the 1.5B
+        opts.update(block_size=str(block_size), accuracy_level=str(accuracy_level), op_types_to_quantize="MatMul/Gather")
+    elif quant == "int8":
+        # the embedding too, at 8 bits (quantize.py: a tied one reads the lm_head's 8-bit tensor)
+        opts.update(block_size=str(block_size), accuracy_level=str(accuracy_level), op_types_to_quantize="MatMul/Gather")
+    elif quant == "fp16":
+        # built for CUDA (the only EP the builder gives fp16 GroupQueryAttention), without the
+        # CUDA-only fused Q/K norm, so the same graph also runs on the CPU provider
+        opts["fuse_qk_norm_gqa"] = "false"
+    return opts
+
+
+class _LayerCounter(io.TextIOBase):
+    """Stands in for stdout while the builder runs: its "Reading layer N" lines drive a progress bar,
+    everything else is kept (for a failure report) but not shown."""
+
+    PATTERN = re.compile(r"^Reading (embedding layer|layer \d+|final norm|LM head)", re.M)
+
+    def __init__(self, stage):
+        self.stage = stage
+        self.log = io.StringIO()
+
+    def write(self, s: str) -> int:
+        self.log.write(s)
+        n = len(self.PATTERN.findall(s))
+        if n:
+            self.stage.update(n)
+        return len(s)
+
+
+@contextmanager
+def _builder_hooks(builder, model_holder: list, captured: dict):
+    base = builder.Model
+    names = ("load_weights", "save_model", "make_genai_config", "save_processing")
+    saved = {n: base.__dict__[n] for n in names}
+
+    def load_weights(self, input_path):
+        return model_holder.pop()  # the builder keeps the only reference from here on
+
+    def save_model(self, out_dir):
+        captured["model"] = self
+
+    base.load_weights = load_weights
+    base.save_model = save_model
+    base.make_genai_config = lambda self, *a, **k: None
+    base.save_processing = lambda self, *a, **k: None
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(base, n, f)
+
+
+def build_graph(
+    model_holder: list,
+    config_dir: Path,
+    out_dir: Path,
+    *,
+    quant: str = "int4",
+    block_size: int = 32,
+    accuracy_level: int = 4,
+    head_bits: int | None = None,
+    embed_bits: int | None = None,
+    role: str = "model",
+    progress: Progress | None = None,
+) -> ModelFacts:
+    """Writes out_dir/model.onnx (+ model.onnx.data) from the torch model in `model_holder` (a
+    one-element list, emptied here so the float weights can be freed as they are quantized) and the
+    config.json in `config_dir`. Returns the facts for the manifest (path relative to the bundle).
+    `head_bits`: the lm_head's (and a tied embedding's) bits, default DEFAULT_HEAD_BITS; `embed_bits`:
+    an untied embedding's, default the body's."""
+    import onnx_ir as ir
+    from onnxruntime_genai.models import builder
+
+    progress = progress or NullProgress()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads((config_dir / "config.json").read_text())
+    text_cfg = cfg.get("text_config", cfg)
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    precision = quant
+    ep = "cuda" if quant == "fp16" else "cpu"  # see builder_options
+    raw = builder_options(quant, block_size, accuracy_level, tied=tied)
+    cache = out_dir.parent / f".builder-cache-{out_dir.name}"
+    captured: dict[str, Any] = {}
+    with progress.stage(f"build {role}", total=text_cfg["num_hidden_layers"] + 3, unit="layer") as bar:
+        counter = _LayerCounter(bar)
+        with _builder_hooks(builder, model_holder, captured), redirect_stdout(counter):
+            extra = builder.parse_extra_options(
+                "", str(config_dir), str(out_dir), precision, ep, str(cache), [f"{k}={v}" for k, v in raw.items()]
+            )
+            builder.create_model("", str(config_dir), str(out_dir), precision, ep, str(cache), **extra)
+    shutil.rmtree(cache, ignore_errors=True)
+    onnx_builder = captured.pop("model")
+    model = onnx_builder.model
+    if quant in QUANT_BITS:
+        qa = onnx_builder.quant_attrs
+        head_bits = head_bits or DEFAULT_HEAD_BITS[quant]
+        embed_bits = embed_bits or QUANT_BITS[quant]
+        settings = QuantSettings(
+            bits=qa["bits"], block_size=int(qa["qdq_block_size"]), accuracy_level=int(qa["accuracy_level"]),
+            symmetric=bool(qa["is_symmetric"]), op_types=tuple(qa["op_types_to_quantize"]),
+            exclude=tuple(qa["nodes_to_exclude"]), head_bits=head_bits, embed_bits=embed_bits,
+        )
+        total = len(quantizable_nodes(model.graph, settings))
+        with progress.stage(f"quantize {role} ({quant})", total=total, unit="weight") as bar:
+            def done(_name: str) -> None:
+                bar.update(1)
+                trim_malloc()  # hand the freed float weight back now (see progress.tune_malloc)
+
+            quantize_graph(model, settings, on_tensor=done)
+    model.graph.sort()
+    onnx_path = out_dir / "model.onnx"
+    n_tensors = len(model.graph.initializers)
+    with progress.stage(f"save {role}", total=n_tensors, unit="tensor") as bar:
+        ir.save(model, str(onnx_path), external_data="model.onnx.data", size_threshold_bytes=0,
+                callback=lambda _tensor, _meta: bar.update(1))
+    del model, onnx_builder
+    add_logits_to_keep(onnx_path)
+    facts = facts_from_config(cfg, out_dir, quant=quant, block_size=block_size, accuracy_level=accuracy_level)
+    if quant in QUANT_BITS:
+        facts.head_bits = head_bits
+    return facts
+
+
+def facts_from_config(cfg: dict, out_dir: Path, *, quant: str, block_size: int, accuracy_level: int) -> ModelFacts:
+    """The manifest's model facts, from the HF config and the graph's own I/O types."""
+    import onnx
+
+    text_cfg = cfg.get("text_config", cfg)
+    heads = text_cfg["num_attention_heads"]
+    hidden = text_cfg["hidden_size"]
+    head_dim = text_cfg.get("head_dim") or hidden // heads
+    model = onnx.load(str(out_dir / "model.onnx"), load_external_data=False)
+    inputs = {i.name: i for i in model.graph.input}
+    dtypes = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16"}
+    kv_dtype = dtypes[inputs["past_key_values.0.key"].type.tensor_type.elem_type]
+    logits_dtype = dtypes[{o.name: o for o in model.graph.output}["logits"].type.tensor_type.elem_type]
+    quantized = quant in QUANT_BITS
+    return ModelFacts(
+        path=f"{out_dir.name}/model.onnx",
+        arch=cfg.get("model_type", "unknown"),
+        layers=text_cfg["num_hidden_layers"],
+        kv_heads=text_cfg.get("num_key_value_heads") or heads,
+        head_dim=head_dim,
+        hidden_size=hidden,
+        vocab_size=text_cfg["vocab_size"],
+        quant=quant,
+        max_context=text_cfg.get("max_position_embeddings") or 2048,
+        block_size=block_size if quantized else None,
+        accuracy_level=accuracy_level if quantized else None,
+        kv_dtype=kv_dtype,
+        logits_dtype=logits_dtype,
+        logits_to_keep=LOGITS_TO_KEEP,
+    )

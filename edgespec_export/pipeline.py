@@ -1,0 +1,291 @@
+"""`edgespec export`: sources -> tokenizer check -> one job per model -> bundle, in that order.
+
+Everything cheap that can refuse an export (a missing source, an unsupported architecture, a tokenizer
+mismatch, an existing output folder, too little disk) runs before anything expensive. Each model is
+then exported in its own child process (isolate.py), and the bundle is written to `<out>.partial/` and
+renamed into place only when complete (writer.py): a crash, Ctrl-C or a full disk leaves nothing that
+`verify` or the runtime would accept.
+"""
+from __future__ import annotations
+
+import errno
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgespec.errors import ExportError
+from edgespec.limits import QUANTS
+from edgespec.models.manifest import Manifest, ModelFacts, TokenizerFacts, verify_bundle
+
+from . import isolate, writer
+from .job import ModelJob, run_model_job
+from .parity import DEFAULT_MIN_TOP1
+from edgespec.units import format_bytes
+
+from .progress import MemoryMonitor, NullProgress, Progress
+from .sources import Source, resolve
+from .tokcheck import check_tokenizers
+from .tokenizer_files import TOKENIZER_FILES, TokenizerInfo, write_tokenizers
+
+WORK = ".work"  # scratch folder inside <out>.partial/, removed before the manifest is written
+BYTES_PER_PARAM = {"int4": 0.6, "int8": 1.1, "fp16": 2.0, "fp32": 4.0}  # bundle bytes per parameter, generous
+
+
+@dataclass
+class ExportOptions:
+    quant: str = "int4"
+    draft_quant: str | None = None  # default: same as quant
+    block_size: int = 32
+    accuracy_level: int = 4
+    head_bits: int | None = None  # lm_head (+ tied embedding) bits; default 8 (build.DEFAULT_HEAD_BITS)
+    overwrite: bool = False
+    name: str | None = None
+    max_context: int = 4096  # the runtime's default cache length (capped by the models' own limit)
+    min_top1: float | None = None  # default: DEFAULT_MIN_TOP1[quant]
+    draft_min_top1: float | None = None  # default: min_top1, else DEFAULT_MIN_TOP1[draft quant]
+    force: bool = False  # write the bundle even if parity is below the threshold
+    parity_tokens: int = 512  # 0 skips the parity check (tests of the writer only)
+    isolate: bool = True  # each model in its own child process (frees memory between models)
+
+
+@dataclass
+class ExportSummary:
+    path: Path
+    manifest: Manifest
+    bytes_by_role: dict[str, int]
+    total_bytes: int
+    seconds: float
+    peak_rss_tree: int
+    peak_rss_single: int
+    warnings: list[str] = field(default_factory=list)
+
+
+def validate_options(o: ExportOptions) -> None:
+    for label, q in (("--quant", o.quant), ("--draft-quant", o.draft_quant)):
+        if q is not None and q not in QUANTS:
+            raise ExportError(f"{label} {q!r} is not one of {', '.join(QUANTS)}")
+    if o.block_size < 16 or o.block_size & (o.block_size - 1):
+        raise ExportError(f"--block-size {o.block_size}: must be a power of two, 16 or more (32 is the default)")
+    if o.accuracy_level not in (0, 1, 2, 3, 4):
+        raise ExportError(f"--accuracy-level {o.accuracy_level}: must be 0-4 (1 fp32, 2 fp16, 3 bf16, 4 int8)")
+    if o.head_bits not in (None, 4, 8):
+        raise ExportError(f"--head-bits {o.head_bits}: must be 4 or 8")
+    if o.max_context < 16:
+        raise ExportError(f"--max-context {o.max_context}: too small")
+    for label, v in (("--min-top1", o.min_top1), ("--draft-min-top1", o.draft_min_top1)):
+        if v is not None and not 0.0 <= v <= 1.0:
+            raise ExportError(f"{label} {v}: must be between 0 and 1")
+
+
+def export_bundle(target, out, *, draft=None, progress: Progress | None = None, **options) -> Path:
+    """Builds a bundle at `out` from `target` (and `draft`): each a Hugging Face folder, a .gguf file or a
+    hub id. Options: see ExportOptions. Returns the bundle's path."""
+    return run_export(str(target), Path(out), draft=None if draft is None else str(draft),
+                      options=ExportOptions(**options), progress=progress).path
+
+
+def run_export(
+    target: str, out: Path, *, draft: str | None = None, options: ExportOptions | None = None,
+    progress: Progress | None = None,
+) -> ExportSummary:
+    o = options or ExportOptions()
+    progress = progress or NullProgress()
+    validate_options(o)
+    out = Path(out).expanduser()
+    t_start = time.perf_counter()
+    warnings: list[str] = []
+
+    def warn(msg: str) -> None:
+        warnings.append(msg)
+        progress.note(msg)
+
+    sources = {"target": resolve(target, "target", progress=progress)}
+    if draft is not None:
+        sources["draft"] = resolve(draft, "draft", progress=progress)
+        if sources["draft"].params > sources["target"].params:
+            warn(
+                f"the draft ({sources['draft'].params / 1e9:.2f} B parameters) is larger than the target "
+                f"({sources['target'].params / 1e9:.2f} B): drafting with it will be slower than the target alone"
+            )
+    _refuse_output_inside_source(out, sources)
+    quants = {"target": o.quant, "draft": o.draft_quant or o.quant}
+
+    with MemoryMonitor() as mem:
+        tmp = writer.start(out, overwrite=o.overwrite)
+        try:
+            _check_disk(out, sources, quants)
+            work = tmp / WORK
+            work.mkdir()
+            manifest, results = _export_into(tmp, work, out, sources, quants, o, progress, warn)
+            shutil.rmtree(work)
+            manifest.extra["warnings"] = list(warnings)
+            manifest.extra["exporter"]["seconds"] = round(time.perf_counter() - t_start, 1)
+            largest = max([mem.peak_single] + [r.get("peak_rss", 0) for r in results.values()])
+            manifest.extra["exporter"]["peak_rss_bytes"] = {
+                # all export processes together (sampled every 0.2 s; never below the exact largest one)
+                "process_tree": max(mem.peak_tree, largest),
+                "largest_process": largest,  # exact: the kernel's high-water mark of each process
+            }
+            writer.finish(manifest, tmp, out)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if e.errno == errno.ENOSPC:
+                raise ExportError(
+                    f"disk full while writing the bundle next to {out} ({e.filename or 'a bundle file'}): "
+                    "nothing was left behind; free some space or choose another -o"
+                ) from e
+            raise
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    manifest, problems = verify_bundle(out)
+    if problems or manifest is None:  # pragma: no cover - would be a bug in the writer
+        raise ExportError(f"the bundle written to {out} does not verify: {'; '.join(problems)}")
+    sizes = {role: sum(e["size"] for rel, e in manifest.files.items() if rel.startswith(role + "/")) for role in manifest.models}
+    single = manifest.extra["exporter"]["peak_rss_bytes"]["largest_process"]
+    return ExportSummary(
+        path=out, manifest=manifest, bytes_by_role=sizes, total_bytes=sum(e["size"] for e in manifest.files.values()),
+        seconds=time.perf_counter() - t_start, peak_rss_tree=max(mem.peak_tree, single),
+        peak_rss_single=single, warnings=warnings,
+    )
+
+
+def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], quants: dict[str, str],
+                 o: ExportOptions, progress: Progress, warn) -> tuple[Manifest, dict[str, dict]]:
+    # tokenizers first: a mismatch is refused before minutes of loading
+    dests = {role: tmp if role == "target" else work / f"{role}-tokenizer" for role in sources}
+    tok_paths = {role: d / "tokenizer.json" for role, d in dests.items()}
+    gguf = any(src.kind == "gguf" for src in sources.values())  # converting one is heavy: isolate it
+    infos: dict[str, TokenizerInfo] = isolate.call(
+        write_tokenizers, {role: (src, dests[role]) for role, src in sources.items()}, progress=progress,
+        isolate=o.isolate and gguf, what="tokenizers")
+    for role, info in infos.items():
+        for n in info.notes:
+            progress.note(f"{role} tokenizer: {n}")
+    check = check_tokenizers(tok_paths, {role: src.vocab_rows for role, src in sources.items()})
+    for w in check.warnings:
+        warn(w)
+    if "draft" in sources and infos["draft"].eos_ids != infos["target"].eos_ids:
+        warn(f"draft and target declare different end tokens ({infos['draft'].eos_ids} vs {infos['target'].eos_ids}); the target's are used")
+
+    max_ctx = min(src.max_context for src in sources.values())
+    ids: list[int] = []
+    if o.parity_tokens:
+        from .parity import parity_ids
+
+        ids = parity_ids(tok_paths["target"], min(o.parity_tokens, max_ctx - 1))
+        ids = [i for i in ids if i < check.usable_vocab]
+
+    models: dict[str, ModelFacts] = {}
+    results: dict[str, dict] = {}
+    for role, src in sources.items():
+        job = ModelJob(role=role, source=src, out_dir=tmp / role, work_dir=work, quant=quants[role],
+                       block_size=o.block_size, accuracy_level=o.accuracy_level, parity_ids=ids,
+                       usable_vocab=check.usable_vocab, head_bits=o.head_bits)
+        stats: dict = {}
+        res = isolate.call(run_model_job, job, progress=progress, isolate=o.isolate, what=f"{role} export", stats=stats)
+        res["peak_rss"] = stats.get("peak_rss", 0)
+        facts = ModelFacts(**res["facts"])
+        threshold = _threshold(role, quants[role], o)
+        if res["parity"]:
+            passed = res["parity"]["top1"] >= threshold
+            res["parity"].update(min_top1=threshold, passed=passed)
+            if not passed:
+                msg = (f"parity check failed for the {role}: top-1 agreement {res['parity']['top1']:.1%} is below "
+                       f"{threshold:.0%} (mean KL {res['parity']['mean_kl']:.4f})")
+                if not o.force:
+                    raise ExportError(msg + "; pass --force to write the bundle anyway, or --min-top1 to change the threshold")
+                warn(msg + " (written anyway: --force)")
+        facts.parity = res["parity"]
+        models[role] = facts
+        results[role] = res
+
+    tok = infos["target"]
+    tokenizer = TokenizerFacts(
+        files=list(TOKENIZER_FILES), usable_vocab=check.usable_vocab, bos_id=tok.bos_id, eos_ids=tok.eos_ids,
+        pad_id=tok.pad_id, add_bos=tok.add_bos, chat_template=tok.chat_template, special_tokens=tok.special_tokens,
+    )
+    drafting = recommend_drafting(models, results)
+    manifest = Manifest(
+        name=o.name or out.name,
+        models=models,
+        tokenizer=tokenizer,
+        files={},
+        drafting=drafting,
+        defaults={"max_len": min(o.max_context, max_ctx)},
+        extra={
+            "exporter": _versions(),
+            "options": {"quant": o.quant, "draft_quant": quants.get("draft"), "block_size": o.block_size,
+                        "accuracy_level": o.accuracy_level, "head_bits": o.head_bits, "force": o.force},
+            "sources": {role: {"kind": s.kind, "spec": s.spec, "params": s.params} for role, s in sources.items()},
+            "timings_s": {role: r["timings"] for role, r in results.items()},
+            "peak_rss_bytes_by_model": {role: r["peak_rss"] for role, r in results.items()},
+            "peak_rss_bytes_after_step": {role: r.get("peak_rss_after", {}) for role, r in results.items()},
+            "tokenizer_check": check.as_dict(),
+            "tokenizer_notes": {role: i.notes for role, i in infos.items() if i.notes},
+            "warnings": [],
+        },
+    )
+    return manifest, results
+
+
+def _threshold(role: str, quant: str, o: ExportOptions) -> float:
+    if role == "draft" and o.draft_min_top1 is not None:
+        return o.draft_min_top1
+    if o.min_top1 is not None:
+        return o.min_top1
+    return DEFAULT_MIN_TOP1[quant]
+
+
+def recommend_drafting(models: dict[str, ModelFacts], results: dict[str, dict]) -> dict[str, Any]:
+    """Settings the runtime starts from (it re-measures as it runs). With a draft: the k that maximises
+    tokens per unit of cost, using the draft's greedy agreement with the target on the parity text as
+    the acceptance rate a, and a step cost proportional to parameters (bandwidth-bound devices):
+    E[tokens/round] = (1 - a^(k+1)) / (1 - a); cost = k * c_draft + (1 + 0.15 k) for the verify."""
+    if "draft" not in models:
+        return {"mode": "auto", "k": 4, "max_k": 8}
+    ta, da = results["target"].get("argmax"), results["draft"].get("argmax")
+    if not ta or not da:
+        return {"mode": "auto", "k": 4, "max_k": 8}
+    a = sum(x == y for x, y in zip(ta, da)) / len(ta)
+    c = models["draft"].params / max(1, models["target"].params)
+    best_k, best = 1, 0.0
+    for k in range(1, 9):
+        tokens = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1
+        rate = tokens / (k * c + 1 + 0.15 * k)
+        if rate > best:
+            best_k, best = k, rate
+    return {"mode": "auto", "k": best_k, "max_k": 8, "draft_agreement": round(a, 4),
+            "draft_cost_ratio": round(c, 4), "expected_speedup": round(best, 3)}
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for pkg in ("edgespec", "onnxruntime", "onnxruntime-genai", "onnx", "onnx-ir", "transformers", "torch", "gguf"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _refuse_output_inside_source(out: Path, sources: dict[str, Source]) -> None:
+    o = out.resolve()
+    for role, src in sources.items():
+        folder = src.path if src.path.is_dir() else src.path.parent
+        if src.kind != "gguf" and (o == folder.resolve() or folder.resolve() in o.parents):
+            raise ExportError(f"-o {out} is inside the {role} source folder {folder}: choose another output")
+
+
+def _check_disk(out: Path, sources: dict[str, Source], quants: dict[str, str]) -> None:
+    need = sum(src.params * BYTES_PER_PARAM[quants[role]] for role, src in sources.items()) + 50e6
+    free = shutil.disk_usage(out.parent).free
+    if free < need:
+        raise ExportError(
+            f"not enough disk space at {out.parent}: the bundle needs about {format_bytes(need)}, "
+            f"{format_bytes(free)} is free"
+        )

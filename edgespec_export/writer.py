@@ -1,0 +1,96 @@
+"""Writing a bundle so that only a complete one can ever look valid.
+
+Everything goes into `<out>.partial/`; manifest.json (with every file's sha256) is written last and
+fsynced, then the folder is renamed to `<out>`. A crash, Ctrl-C or full disk leaves at most a
+`.partial` folder, which has no manifest or fails `verify`.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import shutil
+from pathlib import Path
+
+from edgespec import __version__
+from edgespec.models.manifest import MANIFEST_NAME, Manifest, file_entry
+
+
+def partial_dir(out: Path) -> Path:
+    return out.with_name(out.name + ".partial")
+
+
+def start(out: Path, *, overwrite: bool) -> Path:
+    """Returns a fresh, empty partial folder next to `out`."""
+    from edgespec.errors import ExportError
+
+    if out.exists() and not overwrite:
+        raise ExportError(f"{out} already exists: pass --overwrite to replace it, or choose another -o")
+    if out.exists() and not _replaceable(out):
+        raise ExportError(
+            f"{out} exists and is not an edgespec bundle (no manifest.json): refusing to replace it even with "
+            "--overwrite; choose another -o"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = partial_dir(out)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def _replaceable(out: Path) -> bool:
+    """--overwrite replaces a bundle (or an empty folder), never some other folder the user pointed at."""
+    if not out.is_dir():
+        return False
+    return (out / MANIFEST_NAME).is_file() or not any(out.iterdir())
+
+
+def fill_file_table(manifest: Manifest, root: Path) -> None:
+    manifest.files = {
+        p.relative_to(root).as_posix(): file_entry(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MANIFEST_NAME
+    }
+
+
+def finish(manifest: Manifest, tmp: Path, out: Path) -> Path:
+    """Checksums every file, writes the manifest last, fsyncs, and renames into place."""
+    manifest.created_by = manifest.created_by or f"edgespec {__version__}"
+    manifest.created_at = manifest.created_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    fill_file_table(manifest, tmp)
+    manifest.digest = ""
+    manifest.digest = manifest.compute_digest()
+    for p in tmp.rglob("*"):
+        if p.is_file():
+            _fsync(p)
+    mpath = tmp / MANIFEST_NAME
+    with open(mpath, "w", encoding="utf-8") as f:
+        f.write(manifest.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    if out.exists():
+        old = out.with_name(out.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+    _fsync_dir(out.parent)
+    return out
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        _fsync(path)
+    except OSError:  # some filesystems refuse directory fsync; the rename is still atomic
+        pass

@@ -1,0 +1,1 @@
+"""Helpers shared by several test modules (tests never import from each other)."""
