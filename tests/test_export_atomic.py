@@ -6,11 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from helpers.wait import wait_for
 
 pytest.importorskip("torch", reason="the exporter needs the export extra")
 
@@ -188,16 +189,13 @@ def test_sigint_to_the_cli_stops_child_and_leaves_nothing(tmp_path, tiny_src):
     out = tmp_path / "b"
     proc = subprocess.Popen([sys.executable, "-m", "edgespec", "export", str(tiny_src), "-o", str(out), "--quant", "fp32"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not (tmp_path / "b.partial" / ".work").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for("the export to start its model job", (tmp_path / "b.partial" / ".work").exists, timeout=120)
     children = _children(proc.pid)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err
     assert leftovers(tmp_path) == []
-    time.sleep(0.5)
-    assert all(not _alive(pid) for pid in children)
+    wait_for("the model children to exit", lambda: all(not _alive(pid) for pid in children))
 
 
 @pytest.mark.slow
@@ -205,14 +203,12 @@ def test_sigkill_leaves_only_a_partial_folder_that_verify_refuses(tmp_path, tiny
     out = tmp_path / "b"
     proc = subprocess.Popen([sys.executable, "-m", "edgespec", "export", str(tiny_src), "-o", str(out), "--quant", "fp32"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not (tmp_path / "b.partial" / "target").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for("the export to write the target", (tmp_path / "b.partial" / "target").exists, timeout=120)
     children = _children(proc.pid)
     proc.kill()
     proc.wait()
-    time.sleep(1.0)
-    assert all(not _alive(pid) for pid in children)  # the model child dies with its parent
+    # the model child dies with its parent
+    wait_for("the model children to exit", lambda: all(not _alive(pid) for pid in children))
     assert not out.exists()
     manifest, problems = verify_bundle(tmp_path / "b.partial")
     assert manifest is None and "unfinished export" in problems[0]

@@ -1,0 +1,20 @@
+"""Waiting on a condition with a deadline that fails loudly: the only way tests wait."""
+from __future__ import annotations
+
+import time
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(what: str, fn: Callable[[], T], timeout: float = 30.0, every: float = 0.05) -> T:
+    """Polls fn until it returns something truthy and returns it; raises AssertionError naming
+    `what` (and the last value seen) when the deadline passes first."""
+    end = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last value: {value!r})")
+        time.sleep(every)
