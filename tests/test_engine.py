@@ -7,6 +7,8 @@ import threading
 import pytest
 
 from edgespec import Engine
+from edgespec.edge.governor import Limits
+from edgespec.engine.loop import Governor
 from edgespec.errors import DraftUnavailable, InvalidRequest, PromptTooLong
 
 
@@ -355,10 +357,10 @@ def test_no_chat_template(tiny_bundle, bundle_copy):
 
 
 # --- governor hooks ------------------------------------------------------------------------------
-class FakeGovernor:
-    def __init__(self, max_k=None, drafting="any", pace_s=0.0):
-        from edgespec.edge.governor import Limits
+class FakeGovernor(Governor):
+    """A governor whose limits the test sets (the loop's Governor protocol)."""
 
+    def __init__(self, max_k=None, drafting="any", pace_s=0.0):
         self.lim = Limits(max_k=max_k, drafting=drafting, pace_s=pace_s)
         self.tokens = 0
         self.calls = 0
@@ -375,6 +377,9 @@ class FakeGovernor:
 
     def j_per_token_since(self, mark):
         return 0.5
+
+    def close(self):
+        pass
 
 
 @pytest.mark.parametrize("lim,check", [

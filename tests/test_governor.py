@@ -30,7 +30,7 @@ class Clock:
         self.t += dt
 
 
-class FakeSensors:
+class FakeSensors(gv.SensorSource):
     """Readings set by the test; `fail` makes read() raise like a broken driver would."""
 
     has_power = True
@@ -50,7 +50,7 @@ class FakeSensors:
                                throttle_bits=self.bits)
 
 
-class FakeLimiter:
+class FakeLimiter(gv.CpuLimiter):
     def __init__(self, cores=4):
         self.original = list(range(cores))
         self.calls: list = []

@@ -32,7 +32,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from ..units import parse_celsius, parse_watts
 from . import devices, sensors
@@ -42,6 +42,29 @@ log = logging.getLogger("edgespec.edge.governor")
 
 LEVELS = ("normal", "small-k", "ngram-only", "fewer-cores", "paced")
 NORMAL, SMALL_K, NGRAM, FEWER_CORES, PACED = range(len(LEVELS))
+
+
+class SensorSource(Protocol):
+    """What the governor reads (sensors.Sensors is the real one; tests inject their own)."""
+
+    has_power: bool
+    has_temp: bool
+    min_interval_s: float  # reads closer together than this return the cached reading
+
+    def read(self) -> sensors.Reading: ...
+
+
+class CpuLimiter(Protocol):
+    """Holds the process to fewer cores (affinity.AffinityLimiter is the real one)."""
+
+    original: list[int]  # the cores the process started with
+
+    @property
+    def available(self) -> bool: ...
+
+    def limit(self, n: int) -> int: ...
+
+    def restore(self) -> None: ...
 
 
 @dataclass
@@ -67,12 +90,12 @@ class Governor:
 
     def __init__(
         self,
-        sensors,
+        sensors: SensorSource | None,
         *,
         power_budget_w: float | None = None,
         max_temp_c: float | None = None,
         clock: Callable[[], float] = time.monotonic,
-        cpu_limiter: AffinityLimiter | None = None,
+        cpu_limiter: CpuLimiter | None = None,
         limit_cores: bool = True,
         react_to_throttle: bool = True,
         small_k: int = 2,

@@ -25,7 +25,7 @@ from .results import GenerationResult, GenerationStats
 
 class RoundLimits(Protocol):
     max_k: int | None  # cap on proposals per round (None: no cap)
-    drafting: str  # "all" | "ngram" (free drafts only) | "none"
+    drafting: str  # "any" | "ngram" (free drafts only) | "none"
     pace_s: float  # pause after each round (0: none)
 
 
