@@ -20,7 +20,7 @@ from typing import Any
 
 from edgespec.models.manifest import ModelFacts
 
-from .graph_edit import LOGITS_TO_KEEP, add_logits_to_keep
+from .graph_edit import LOGITS_TO_KEEP, add_logits_to_keep, logits_to_float32
 from .progress import NullProgress, Progress, trim_malloc
 from .quantize import QuantSettings, quantizable_nodes, quantize_graph
 
@@ -32,19 +32,48 @@ QUANT_BITS = {"int4": 4, "int8": 8}
 DEFAULT_HEAD_BITS = {"int4": 8, "int8": 8}
 
 
-def builder_options(quant: str, block_size: int, accuracy_level: int, *, tied: bool) -> dict[str, str]:
-    """The builder's --extra_options for one of our quant modes."""
+FLAVORS = ("cpu", "cuda")
+
+
+def graph_flavor(quant: str, ep: str) -> str:
+    """The flavor of graph `--quant quant --ep ep` builds (docs/export.md, "Flavors").
+
+    cpu: float32 activations and KV cache (the builder's cpu flavor), what the CPU provider runs fastest.
+    cuda: float16 activations, float16 GroupQueryAttention and KV cache, 4/8-bit MatMulNBits with
+    float16 scales: the only GroupQueryAttention onnxruntime's CUDA provider registers is float16/bf16,
+    so a cpu-flavored graph would run its attention on the CPU, copying the KV cache every step.
+    fp16 weights were always built with the builder's cuda flavor, so fp16 is "cuda" whatever --ep says."""
+    if ep not in FLAVORS:
+        raise ValueError(f"unknown flavor {ep!r}: one of {', '.join(FLAVORS)}")
+    if quant == "fp16":
+        return "cuda"
+    if quant == "fp32" and ep == "cuda":
+        raise ValueError("--quant fp32 has no cuda flavor (onnxruntime's CUDA GroupQueryAttention is float16 only): "
+                         "use --quant int4, int8 or fp16 with --ep cuda")
+    return ep
+
+
+def graph_file(flavor: str, *, primary: bool = True) -> str:
+    """File name of a role's graph: the first flavor `--ep` names is model.onnx (what bundles
+    before flavors held, so their readers find it), another one model.<flavor>.onnx."""
+    return "model.onnx" if primary else f"model.{flavor}.onnx"
+
+
+def builder_options(quant: str, block_size: int, accuracy_level: int, *, tied: bool,
+                    flavor: str | None = None) -> dict[str, str]:
+    """The builder's --extra_options for one of our quant modes (flavor: default graph_flavor(quant, "cpu"))."""
     opts: dict[str, str] = {}
+    if (flavor or graph_flavor(quant, "cpu")) == "cuda":
+        # the fused Q/K-norm GroupQueryAttention (qwen3) is CUDA-only: without it the cuda flavor
+        # also runs on the CPU provider (parity, tests, a fallback). What the unfused form costs on
+        # CUDA is not measured (no GPU here): scripts/gpu-check.sh is where to find out.
+        opts["fuse_qk_norm_gqa"] = "false"
     if quant == "int4":
         # embeddings (Gather) and lm_head quantized too: 1.92 GB -> 1.13 GB for the 1.5B
         opts.update(block_size=str(block_size), accuracy_level=str(accuracy_level), op_types_to_quantize="MatMul/Gather")
     elif quant == "int8":
         # the embedding too, at 8 bits (quantize.py: a tied one reads the lm_head's 8-bit tensor)
         opts.update(block_size=str(block_size), accuracy_level=str(accuracy_level), op_types_to_quantize="MatMul/Gather")
-    elif quant == "fp16":
-        # built for CUDA (the only EP the builder gives fp16 GroupQueryAttention), without the
-        # CUDA-only fused Q/K norm, so the same graph also runs on the CPU provider
-        opts["fuse_qk_norm_gqa"] = "false"
     return opts
 
 
@@ -101,12 +130,16 @@ def build_graph(
     embed_bits: int | None = None,
     role: str = "model",
     progress: Progress | None = None,
+    ep: str = "cpu",
+    primary: bool = True,
 ) -> ModelFacts:
     """Writes out_dir/model.onnx (+ model.onnx.data) from the torch model in `model_holder` (a
     one-element list, emptied here so the float weights can be freed as they are quantized) and the
     config.json in `config_dir`. Returns the facts for the manifest (path relative to the bundle).
     `head_bits`: the lm_head's (and a tied embedding's) bits, default DEFAULT_HEAD_BITS; `embed_bits`:
-    an untied embedding's, default the body's."""
+    an untied embedding's, default the body's. `ep`: the flavor to build (graph_flavor); the cuda
+    flavor gets its logits cast to float32 (graph_edit). `primary=False`: written as
+    model.<flavor>.onnx next to the role's first flavor (graph_file)."""
     import onnx_ir as ir
     from onnxruntime_genai.models import builder
 
@@ -116,8 +149,9 @@ def build_graph(
     text_cfg = cfg.get("text_config", cfg)
     tied = bool(cfg.get("tie_word_embeddings", False))
     precision = quant
-    ep = "cuda" if quant == "fp16" else "cpu"  # see builder_options
-    raw = builder_options(quant, block_size, accuracy_level, tied=tied)
+    flavor = graph_flavor(quant, ep)
+    ep = flavor  # the builder's execution provider names are our flavor names
+    raw = builder_options(quant, block_size, accuracy_level, tied=tied, flavor=flavor)
     cache = out_dir.parent / f".builder-cache-{out_dir.name}"
     captured: dict[str, Any] = {}
     with progress.stage(f"build {role}", total=text_cfg["num_hidden_layers"] + 3, unit="layer") as bar:
@@ -147,20 +181,25 @@ def build_graph(
 
             quantize_graph(model, settings, on_tensor=done)
     model.graph.sort()
-    onnx_path = out_dir / "model.onnx"
+    name = graph_file(flavor, primary=primary)
+    onnx_path = out_dir / name
     n_tensors = len(model.graph.initializers)
     with progress.stage(f"save {role}", total=n_tensors, unit="tensor") as bar:
-        ir.save(model, str(onnx_path), external_data="model.onnx.data", size_threshold_bytes=0,
+        ir.save(model, str(onnx_path), external_data=name + ".data", size_threshold_bytes=0,
                 callback=lambda _tensor, _meta: bar.update(1))
     del model, onnx_builder
     add_logits_to_keep(onnx_path)
-    facts = facts_from_config(cfg, out_dir, quant=quant, block_size=block_size, accuracy_level=accuracy_level)
+    if flavor == "cuda":
+        logits_to_float32(onnx_path)
+    facts = facts_from_config(cfg, out_dir, quant=quant, block_size=block_size, accuracy_level=accuracy_level,
+                              name=name, flavor=flavor)
     if quant in QUANT_BITS:
         facts.head_bits = head_bits
     return facts
 
 
-def facts_from_config(cfg: dict, out_dir: Path, *, quant: str, block_size: int, accuracy_level: int) -> ModelFacts:
+def facts_from_config(cfg: dict, out_dir: Path, *, quant: str, block_size: int, accuracy_level: int,
+                      name: str = "model.onnx", flavor: str = "cpu") -> ModelFacts:
     """The manifest's model facts, from the HF config and the graph's own I/O types."""
     import onnx
 
@@ -168,14 +207,16 @@ def facts_from_config(cfg: dict, out_dir: Path, *, quant: str, block_size: int, 
     heads = text_cfg["num_attention_heads"]
     hidden = text_cfg["hidden_size"]
     head_dim = text_cfg.get("head_dim") or hidden // heads
-    model = onnx.load(str(out_dir / "model.onnx"), load_external_data=False)
+    model = onnx.load(str(out_dir / name), load_external_data=False)
     inputs = {i.name: i for i in model.graph.input}
     dtypes = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16"}
     kv_dtype = dtypes[inputs["past_key_values.0.key"].type.tensor_type.elem_type]
+    # the builder uses one io dtype for activations and the KV cache (its set_io_dtype)
+    activation_dtype = kv_dtype
     logits_dtype = dtypes[{o.name: o for o in model.graph.output}["logits"].type.tensor_type.elem_type]
     quantized = quant in QUANT_BITS
     return ModelFacts(
-        path=f"{out_dir.name}/model.onnx",
+        path=f"{out_dir.name}/{name}",
         arch=cfg.get("model_type", "unknown"),
         layers=text_cfg["num_hidden_layers"],
         kv_heads=text_cfg.get("num_key_value_heads") or heads,
@@ -189,4 +230,6 @@ def facts_from_config(cfg: dict, out_dir: Path, *, quant: str, block_size: int, 
         kv_dtype=kv_dtype,
         logits_dtype=logits_dtype,
         logits_to_keep=LOGITS_TO_KEEP,
+        flavor=flavor,
+        activation_dtype=activation_dtype,
     )

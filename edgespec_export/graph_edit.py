@@ -53,3 +53,29 @@ def add_logits_to_keep(model_path: Path, logits_name: str = "logits") -> None:
             out.type.tensor_type.shape.dim[1].ClearField("dim_value")
             out.type.tensor_type.shape.dim[1].dim_param = "num_logits_to_keep"
     onnx.save(model, str(model_path))
+
+
+def logits_to_float32(model_path: Path, logits_name: str = "logits") -> None:
+    """Makes a float16 graph return float32 logits (a Cast after the lm_head), in place.
+
+    Why: the cuda flavor computes in float16, and its logits would be float16 too (the builder's
+    io dtype). The values stay float16-rounded either way; float32 keeps the runtime's sampling and
+    verification code on one dtype, and costs 2 extra bytes per vocabulary entry per kept row only
+    (logits_to_keep rows, not the whole sequence). A graph already returning float32 is unchanged."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    g = model.graph
+    out = next((o for o in g.output if o.name == logits_name), None)
+    if out is None:
+        raise ValueError(f"the graph has no output {logits_name!r}")
+    if out.type.tensor_type.elem_type == TensorProto.FLOAT:
+        return
+    producer = next(n for n in g.node if logits_name in n.output)
+    half = "/edgespec/logits_fp16"
+    producer.output[list(producer.output).index(logits_name)] = half
+    cast = helper.make_node("Cast", [half], [logits_name], name="/edgespec/LogitsToFloat32", to=TensorProto.FLOAT)
+    g.node.insert(list(g.node).index(producer) + 1, cast)
+    out.type.tensor_type.elem_type = TensorProto.FLOAT
+    onnx.save(model, str(model_path))

@@ -30,6 +30,8 @@ class ModelJob:
     parity_ids: list[int]
     usable_vocab: int
     head_bits: int | None = None
+    ep: str = "cpu"  # graph flavor (build.graph_flavor)
+    primary: bool = True  # the role's first flavor (model.onnx) or another one (model.<flavor>.onnx)
 
 
 def run_model_job(job: ModelJob, progress: Progress | None = None) -> dict:
@@ -65,6 +67,7 @@ def run_model_job(job: ModelJob, progress: Progress | None = None) -> dict:
     facts = build_graph(
         holder, config_dir, job.out_dir, quant=job.quant, block_size=job.block_size,
         accuracy_level=job.accuracy_level, head_bits=job.head_bits, role=job.role, progress=progress,
+        ep=job.ep, primary=job.primary,
     )
     gc.collect()
     trim_malloc()
@@ -77,9 +80,10 @@ def run_model_job(job: ModelJob, progress: Progress | None = None) -> dict:
     argmax: list[int] = []
     if ref is not None:
         t = time.perf_counter()
-        got = parity.exported_logprobs(job.out_dir / "model.onnx", facts, job.parity_ids, job.usable_vocab, progress, role=job.role)
+        got = parity.exported_logprobs(job.out_dir / Path(facts.path).name, facts, job.parity_ids, job.usable_vocab, progress, role=job.role)
         report = parity.compare(ref, got)
-        report.update(text=parity.TEXT_ID, reference="transformers float32", steps="prefill + 5/1/1/3-token steps")
+        report.update(text=parity.TEXT_ID, reference="transformers float32", steps="prefill + 5/1/1/3-token steps",
+                      flavor=facts.flavor)
         argmax = got.argmax(axis=1).tolist()
         timings["parity_s"] = time.perf_counter() - t
         peaks["parity"] = peak_rss_bytes()

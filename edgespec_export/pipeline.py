@@ -20,6 +20,7 @@ from edgespec.limits import QUANTS
 from edgespec.models.manifest import Manifest, ModelFacts, TokenizerFacts, verify_bundle
 
 from . import isolate, writer
+from .build import FLAVORS, graph_flavor
 from .job import ModelJob, run_model_job
 from .parity import DEFAULT_MIN_TOP1
 from edgespec.units import format_bytes
@@ -48,6 +49,9 @@ class ExportOptions:
     force: bool = False  # write the bundle even if parity is below the threshold
     parity_tokens: int = 512  # 0 skips the parity check (tests of the writer only)
     isolate: bool = True  # each model in its own child process (frees memory between models)
+    # graph flavors to write, first one = each role's model.onnx (docs/export.md, "Flavors"):
+    # ("cpu",) float32; ("cuda",) float16 for the CUDA provider; ("cpu", "cuda") both in one bundle
+    eps: tuple[str, ...] = ("cpu",)
 
 
 @dataclass
@@ -74,6 +78,19 @@ def validate_options(o: ExportOptions) -> None:
         raise ExportError(f"--head-bits {o.head_bits}: must be 4 or 8")
     if o.max_context < 16:
         raise ExportError(f"--max-context {o.max_context}: too small")
+    if isinstance(o.eps, str):
+        o.eps = tuple(e.strip() for e in o.eps.split(",") if e.strip())
+    if not o.eps:
+        raise ExportError("--ep: name at least one flavor: cpu, cuda or cpu,cuda")
+    for ep in o.eps:
+        if ep not in FLAVORS:
+            raise ExportError(f"--ep {ep!r}: flavors are {', '.join(FLAVORS)} (e.g. --ep cuda, or --ep cpu,cuda for both)")
+    for label, q in (("--quant", o.quant), ("--draft-quant", o.draft_quant)):
+        for ep in o.eps:
+            try:
+                graph_flavor(q or o.quant, ep)
+            except ValueError as e:
+                raise ExportError(f"{label} {q or o.quant} with --ep {ep}: {e}") from None
     for label, v in (("--min-top1", o.min_top1), ("--draft-min-top1", o.draft_min_top1)):
         if v is not None and not 0.0 <= v <= 1.0:
             raise ExportError(f"{label} {v}: must be between 0 and 1")
@@ -115,7 +132,7 @@ def run_export(
     with MemoryMonitor() as mem:
         tmp = writer.start(out, overwrite=o.overwrite)
         try:
-            _check_disk(out, sources, quants)
+            _check_disk(out, sources, quants, graphs=len(o.eps))
             work = tmp / WORK
             work.mkdir()
             manifest, results = _export_into(tmp, work, out, sources, quants, o, progress, warn)
@@ -181,26 +198,37 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
     models: dict[str, ModelFacts] = {}
     results: dict[str, dict] = {}
     for role, src in sources.items():
-        job = ModelJob(role=role, source=src, out_dir=tmp / role, work_dir=work, quant=quants[role],
-                       block_size=o.block_size, accuracy_level=o.accuracy_level, parity_ids=ids,
-                       usable_vocab=check.usable_vocab, head_bits=o.head_bits)
-        stats: dict = {}
-        res = isolate.call(run_model_job, job, progress=progress, isolate=o.isolate, what=f"{role} export", stats=stats)
-        res["peak_rss"] = stats.get("peak_rss", 0)
-        facts = ModelFacts(**res["facts"])
-        threshold = _threshold(role, quants[role], o)
-        if res["parity"]:
-            passed = res["parity"]["top1"] >= threshold
-            res["parity"].update(min_top1=threshold, passed=passed)
-            if not passed:
-                msg = (f"parity check failed for the {role}: top-1 agreement {res['parity']['top1']:.1%} is below "
-                       f"{threshold:.0%} (mean KL {res['parity']['mean_kl']:.4f})")
-                if not o.force:
-                    raise ExportError(msg + "; pass --force to write the bundle anyway, or --min-top1 to change the threshold")
-                warn(msg + " (written anyway: --force)")
-        facts.parity = res["parity"]
-        models[role] = facts
-        results[role] = res
+        flavors = list(dict.fromkeys(graph_flavor(quants[role], ep) for ep in o.eps))  # fp16: always cuda
+        for n, flavor in enumerate(flavors):
+            job = ModelJob(role=role, source=src, out_dir=tmp / role, work_dir=work, quant=quants[role],
+                           block_size=o.block_size, accuracy_level=o.accuracy_level, parity_ids=ids,
+                           usable_vocab=check.usable_vocab, head_bits=o.head_bits, ep=flavor, primary=n == 0)
+            stats: dict = {}
+            what = f"{role} export" + (f" ({flavor} flavor)" if len(o.eps) > 1 or flavor != "cpu" else "")
+            res = isolate.call(run_model_job, job, progress=progress, isolate=o.isolate, what=what, stats=stats)
+            res["peak_rss"] = stats.get("peak_rss", 0)
+            facts = ModelFacts(**res["facts"])
+            threshold = _threshold(role, quants[role], o)
+            if res["parity"]:  # measured per flavor: float16 kernels round differently
+                passed = res["parity"]["top1"] >= threshold
+                res["parity"].update(min_top1=threshold, passed=passed)
+                if not passed:
+                    msg = (f"parity check failed for the {role} ({flavor} flavor): top-1 agreement "
+                           f"{res['parity']['top1']:.1%} is below {threshold:.0%} (mean KL {res['parity']['mean_kl']:.4f})")
+                    if not o.force:
+                        raise ExportError(msg + "; pass --force to write the bundle anyway, or --min-top1 to change the threshold")
+                    warn(msg + " (written anyway: --force)")
+            facts.parity = res["parity"]
+            if n == 0:
+                models[role] = facts
+                results[role] = res
+            else:
+                models[role].flavors[flavor] = {
+                    "path": facts.path, "kv_dtype": facts.kv_dtype, "activation_dtype": facts.activation_dtype,
+                    "logits_dtype": facts.logits_dtype, "parity": facts.parity}
+                results[role]["peak_rss"] = max(results[role]["peak_rss"], res["peak_rss"])
+                results[role]["timings"] = {**results[role]["timings"],
+                                            **{f"{flavor}_{k}": v for k, v in res["timings"].items()}}
 
     tok = infos["target"]
     tokenizer = TokenizerFacts(
@@ -218,7 +246,8 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
         extra={
             "exporter": _versions(),
             "options": {"quant": o.quant, "draft_quant": quants.get("draft"), "block_size": o.block_size,
-                        "accuracy_level": o.accuracy_level, "head_bits": o.head_bits, "force": o.force},
+                        "accuracy_level": o.accuracy_level, "head_bits": o.head_bits, "force": o.force,
+                        "ep": list(o.eps)},
             "sources": {role: {"kind": s.kind, "spec": s.spec, "params": s.params} for role, s in sources.items()},
             "timings_s": {role: r["timings"] for role, r in results.items()},
             "peak_rss_bytes_by_model": {role: r["peak_rss"] for role, r in results.items()},
@@ -281,8 +310,8 @@ def _refuse_output_inside_source(out: Path, sources: dict[str, Source]) -> None:
             raise ExportError(f"-o {out} is inside the {role} source folder {folder}: choose another output")
 
 
-def _check_disk(out: Path, sources: dict[str, Source], quants: dict[str, str]) -> None:
-    need = sum(src.params * BYTES_PER_PARAM[quants[role]] for role, src in sources.items()) + 50e6
+def _check_disk(out: Path, sources: dict[str, Source], quants: dict[str, str], graphs: int = 1) -> None:
+    need = graphs * sum(src.params * BYTES_PER_PARAM[quants[role]] for role, src in sources.items()) + 50e6
     free = shutil.disk_usage(out.parent).free
     if free < need:
         raise ExportError(

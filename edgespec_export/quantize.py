@@ -167,7 +167,11 @@ def _gather_8bit(node, w, block_size: int):
     import onnx
     import onnx_ir as ir
 
-    data = np.asarray(w.const_value.numpy(), dtype=np.float32)
+    raw = w.const_value.numpy()
+    # scales in the weight's own dtype: GatherBlockQuantized outputs the scales' type, and a float16
+    # (cuda-flavored) graph expects float16 embeddings
+    scale_dtype = np.float16 if raw.dtype == np.float16 else np.float32
+    data = np.asarray(raw, dtype=np.float32)
     v, h = data.shape
     if h % block_size:
         raise ValueError(f"embedding width {h} is not a multiple of the block size {block_size}")
@@ -176,7 +180,7 @@ def _gather_8bit(node, w, block_size: int):
     safe = np.where(scale == 0, 1.0, scale)
     q = (np.clip(np.rint(blocks / safe[..., None]), -127, 127) + 128).astype(np.uint8).reshape(v, h)
     qt = ir.Tensor(q, name=w.name + "_Q8")
-    st = ir.Tensor(scale.astype(np.float32), name=w.name + "_scales")
+    st = ir.Tensor(scale.astype(scale_dtype), name=w.name + "_scales")
     gather_axis = 0
     for a in node.attributes.values():
         if a.name == "axis":

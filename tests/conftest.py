@@ -57,6 +57,23 @@ def tiny_llama_bundle(bundle_root) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_cuda_bundle(bundle_root) -> Path:
+    """The cuda flavor only (float16 activations and KV, int8 MatMulNBits), run by the CPU provider."""
+    return _bundle(bundle_root, "qwen-cuda-agree")
+
+
+@pytest.fixture(scope="session")
+def tiny_cuda_bundle_disagree(bundle_root) -> Path:
+    return _bundle(bundle_root, "qwen-cuda-disagree")
+
+
+@pytest.fixture(scope="session")
+def tiny_both_flavors_bundle(bundle_root) -> Path:
+    """One bundle with both flavors: target/model.onnx (cpu) and target/model.cuda.onnx (cuda)."""
+    return _bundle(bundle_root, "qwen-both")
+
+
+@pytest.fixture(scope="session")
 def real_gguf():
     """Returns a function name -> path of a real GGUF model (see edgespec.models.catalog for the names).
 

@@ -2,7 +2,12 @@
 
 On the tiny fp32 bundles (exact kernels), for many random prompts, every drafter, k from 1 to 8,
 both tiny architectures, a draft that agrees and one that disagrees, and prompts that end near
-the cache limit. Sampling: the distribution of sampled tokens on the real tiny ONNX models matches
+the cache limit. The same on the tiny cuda-flavored bundles (float16 activations, attention and KV
+cache, int8 MatMulNBits), run by the CPU provider: float16 kernels could round a k-token verify
+differently from a 1-token step, turning a near-tie of the top two logits; the tiny models' logits
+are peaked (export/tiny.py), and 0 of 384 speculative runs (8 prompts x 3 drafters x k 1..8 x 2
+drafts) differed from target-alone when this was measured, so the test asserts token identity; a
+failure here on a new onnxruntime is a near-tie first, a bug second (docs/export.md, "Flavors"). Sampling: the distribution of sampled tokens on the real tiny ONNX models matches
 the target's exact distribution (the many-draw version is in test_sampling.py).
 """
 from __future__ import annotations
@@ -21,9 +26,13 @@ MODES = ["model", "ngram", "auto"]
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_bundle, tiny_bundle_disagree, tiny_llama_bundle):
+def engines(tiny_bundle, tiny_bundle_disagree, tiny_llama_bundle, tiny_cuda_bundle, tiny_cuda_bundle_disagree):
     return {name: Engine.open(path, max_len=256) for name, path in
-            (("agree", tiny_bundle), ("disagree", tiny_bundle_disagree), ("llama", tiny_llama_bundle))}
+            (("agree", tiny_bundle), ("disagree", tiny_bundle_disagree), ("llama", tiny_llama_bundle),
+             ("cuda-agree", tiny_cuda_bundle), ("cuda-disagree", tiny_cuda_bundle_disagree))}
+
+
+SEEDS = {"agree": 0, "disagree": 1, "llama": 2, "cuda-agree": 3, "cuda-disagree": 4}
 
 
 def random_prompt(eng: Engine, rng: np.random.Generator, n_tokens: int) -> str:
@@ -50,15 +59,24 @@ def check_greedy_lossless(eng: Engine, seed: int, n_prompts: int, ks) -> None:
     assert drafted > 40 * n_prompts  # speculation really ran
 
 
-@pytest.mark.parametrize("name", ["agree", "disagree", "llama"])
+@pytest.mark.parametrize("name", list(SEEDS))
 def test_greedy_equals_target_alone_quick(engines, name):
-    check_greedy_lossless(engines[name], {"agree": 10, "disagree": 11, "llama": 12}[name], 2, (1, 3, 8))
+    check_greedy_lossless(engines[name], 10 + SEEDS[name], 2, (1, 3, 8))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["agree", "disagree", "llama"])
+@pytest.mark.parametrize("name", list(SEEDS))
 def test_greedy_every_drafter_every_k_equals_target_alone(engines, name):
-    check_greedy_lossless(engines[name], {"agree": 0, "disagree": 1, "llama": 2}[name], 8, range(1, 9))
+    check_greedy_lossless(engines[name], SEEDS[name], 8, range(1, 9))
+
+
+def test_cuda_flavored_bundle_really_runs_float16(engines):
+    """The cuda-flavored engines above really run the float16 graph (not a float32 one)."""
+    for name in ("cuda-agree", "cuda-disagree"):
+        eng = engines[name]
+        for runner in (eng.target, eng.draft_runner):
+            assert runner.facts.graph_flavor() == "cuda" and runner.facts.kv_dtype == "float16"
+            assert runner._kv[0].data_type() == "tensor(float16)"
 
 
 def test_greedy_model_draft_accepts_when_it_agrees(engines):
@@ -106,10 +124,11 @@ def test_greedy_with_chat_and_stop_strings(engines):
 
 
 @pytest.mark.slow
-def test_sampling_on_tiny_onnx_matches_exact_target_distribution(tiny_bundle_disagree):
+@pytest.mark.parametrize("bundle", ["tiny_bundle_disagree", "tiny_cuda_bundle_disagree"])
+def test_sampling_on_tiny_onnx_matches_exact_target_distribution(request, bundle):
     """Draws from the real ONNX models with top_k=3 (27 possible 3-token continuations), compared
-    with the exact probabilities computed from the target runner alone."""
-    eng = Engine.open(tiny_bundle_disagree, max_len=64)
+    with the exact probabilities computed from the target runner alone (fp32 and cuda flavor)."""
+    eng = Engine.open(request.getfixturevalue(bundle), max_len=64)
     params = SamplingParams(temperature=1.5, top_k=3)
     prompt = "def add(a, b):"
     ids = eng.encode(prompt)

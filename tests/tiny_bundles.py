@@ -10,12 +10,18 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# name -> (target arch, draft: None | noise level relative to the target's weights, quant)
+# name -> (target arch, draft: None | noise level relative to the target's weights, quant[, flavors])
 VARIANTS = {
     "qwen-agree": ("qwen2", 0.05, "fp32"),  # a draft that agrees often
     "qwen-disagree": ("qwen2", 2.0, "fp32"),  # a draft that disagrees often
     "qwen-nodraft": ("qwen2", None, "fp32"),
     "llama-agree": ("llama", 0.05, "fp32"),
+    # the cuda flavor alone (float16 activations, GroupQueryAttention and KV cache, 8-bit MatMulNBits
+    # with float16 scales), so the CPU provider runs it: the Jetson's graphs, tested without a GPU
+    "qwen-cuda-agree": ("qwen2", 0.05, "int8", ("cuda",)),
+    "qwen-cuda-disagree": ("qwen2", 2.0, "int8", ("cuda",)),
+    # both flavors in one bundle (model.onnx + model.cuda.onnx): the runtime's choice between them
+    "qwen-both": ("qwen2", 0.05, "int8", ("cpu", "cuda")),
 }
 
 
@@ -23,7 +29,8 @@ def build(name: str, root: Path) -> Path:
     from edgespec_export.pipeline import export_bundle
     from edgespec_export.tiny import make_tiny_draft, make_tiny_model
 
-    arch, noise, quant = VARIANTS[name]
+    arch, noise, quant, *rest = VARIANTS[name]
+    eps = rest[0] if rest else ("cpu",)
     out = root / name
     if (out / "manifest.json").exists():
         return out
@@ -31,7 +38,7 @@ def build(name: str, root: Path) -> Path:
     target = make_tiny_model(src / "target", arch=arch, seed=0)
     draft = make_tiny_draft(target, src / "draft", noise=noise) if noise is not None else None
     # in-process (no child per model): these models are tiny and the fixtures must be quick
-    return export_bundle(target, out, draft=draft, quant=quant, isolate=False)
+    return export_bundle(target, out, draft=draft, quant=quant, isolate=False, eps=eps)
 
 
 def build_all(root: Path) -> dict[str, Path]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..core.runner import ModelRunner
-from ..edge import devices, memory, providers as prov
+from ..edge import devices, flavor, memory, providers as prov
 from ..edge import governor as gov
 from ..errors import InvalidRequest
 from ..models.bundle import Bundle
@@ -15,25 +15,51 @@ from ..units import parse_celsius, parse_size, parse_watts
 
 
 def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, threads: int | None = None,
-                spinning: bool | None = None, shared_threads: bool = False, profile=None) -> ModelRunner:
+                spinning: bool | None = None, shared_threads: bool = False, profile=None,
+                force_flavor: bool | None = None) -> ModelRunner:
     """Creates the session (trying providers in order, see edge/providers.py) and its runner.
+
+    The graph is the bundle's one whose flavor matches the provider (edge/flavor.py): with a cpu and
+    a cuda graph, the cuda one is loaded when CUDA comes first in the order, and the cpu one when the
+    session ends up on the CPU anyway. A cpu-flavored graph on CUDA is refused (flavor.check) unless
+    `force_flavor` (default: $EDGESPEC_FORCE_FLAVOR).
 
     `shared_threads`: run on the process-wide thread pool (providers.use_shared_thread_pool),
     falling back to a pool of its own without spinning when that cannot be had. `spinning=False` alone is
     the fallback's setting: when two sessions take turns on the same cores, a pool thread
     busy-waiting after one session's step steals a core from the other's next step."""
+    import onnxruntime as ort
+
+    kw: dict = {}
     # another engine in this process may have set the shared pool up: every session must then use it
     if (shared_threads and prov.use_shared_thread_pool(threads)) or prov.shared_pool_active():
-        session, device = prov.create_session(path, providers=providers, threads=threads, profile=profile,
-                                              shared_threads=True)
-        return ModelRunner(session, facts, max_len, device=device)
-    kw = {}
-    if shared_threads:
+        kw["shared_threads"] = True
+    elif shared_threads:
         kw["spinning"] = False
     elif spinning is not None:
         kw["spinning"] = spinning
-    session, device = prov.create_session(path, providers=providers, threads=threads, profile=profile, **kw)
-    return ModelRunner(session, facts, max_len, device=device)
+    root = _bundle_root(Path(path), facts)
+    graphs = facts.graphs() if root is not None else {facts.graph_flavor(): facts}
+    first = flavor.first_usable(prov.normalize(providers), ort.get_available_providers())
+    chosen = flavor.choose(facts, first) if root is not None else facts
+    gpath = root / chosen.path if root is not None else Path(path)
+    session, device = prov.create_session(gpath, providers=providers, threads=threads, profile=profile, **kw)
+    got = flavor.flavor_for_device(device)
+    if got != chosen.graph_flavor() and got in graphs:
+        # the GPU provider failed and the session fell to the CPU: load the graph made for it
+        chosen = graphs[got]
+        session, device = prov.create_session(root / chosen.path, providers=[prov.CPU], threads=threads,
+                                              profile=profile, **kw)
+    flavor.check(chosen, device, force=force_flavor)
+    return ModelRunner(session, chosen, max_len, device=device)
+
+
+def _bundle_root(path: Path, facts: ModelFacts) -> Path | None:
+    """The bundle folder `path` (= root / facts.path) is in, or None for a graph outside a bundle."""
+    rel = Path(facts.path).parts
+    if len(path.parts) > len(rel) and path.parts[-len(rel):] == rel:
+        return path.parents[len(rel) - 1]
+    return None
 
 
 def edge_options(device, providers, draft_providers, threads, memory_budget, power_budget, max_temp) -> dict:

@@ -27,6 +27,9 @@ FORMAT = "edgespec-bundle"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft")
+FLAVORS = ("cpu", "cuda")  # graph flavors (ModelFacts.flavor)
+FLAVOR_FIELDS = ("path", "kv_dtype", "activation_dtype", "logits_dtype", "parity")  # what ModelFacts.flavors may set
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass
@@ -59,6 +62,30 @@ class ModelFacts:
     logits: str = "logits"
     logits_to_keep: str | None = "num_logits_to_keep"  # int64 [1]: only the last n rows of logits
     parity: dict[str, Any] = field(default_factory=dict)  # {"top1": 0.945, "mean_kl": ..., ...}
+    # Flavor of the graph at `path` (docs/export.md, "Flavors"): "cpu" (float32 activations and KV) or
+    # "cuda" (float16 activations, GroupQueryAttention and KV). Optional: a bundle written before
+    # flavors has None, read as "cpu" for a float32 KV cache and "cuda" for a float16 one (the
+    # builder's cuda flavor is the only one with a float16 cache). activation_dtype None: kv_dtype.
+    flavor: str | None = None
+    activation_dtype: str | None = None
+    # Other flavors of the same weights in this bundle (`export --ep cpu,cuda`): flavor -> the fields
+    # that differ, {"path", "kv_dtype", "activation_dtype", "logits_dtype", "parity"}. Empty: one graph.
+    flavors: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def graph_flavor(self) -> str:
+        """This graph's flavor, with the documented default for bundles written before flavors."""
+        if self.flavor:
+            return self.flavor
+        return "cuda" if self.kv_dtype == "float16" else "cpu"
+
+    def graphs(self) -> dict[str, "ModelFacts"]:
+        """Every graph of this model by flavor, each as complete facts (the primary one is self)."""
+        from dataclasses import replace
+
+        out = {self.graph_flavor(): self}
+        for flavor, diff in self.flavors.items():
+            out[flavor] = replace(self, flavor=flavor, flavors={}, **{k: v for k, v in diff.items() if k != "flavor"})
+        return out
 
     def kv_bytes_per_token(self) -> int:
         """Bytes of KV cache one position costs: 2 (k and v) x layers x kv_heads x head_dim x dtype."""
@@ -176,6 +203,7 @@ def check_schema(d: Any) -> list[str]:
         p = facts.get("path")
         if isinstance(p, str) and p not in d["files"]:
             problems.append(f"manifest.json: models.{role}.path {p!r} is not listed in 'files'")
+        problems += _flavor_problems(role, facts, d["files"])
     tok_required = _required_fields(TokenizerFacts)
     for f in sorted(tok_required - d["tokenizer"].keys()):
         problems.append(f"manifest.json: tokenizer.{f} is missing")
@@ -193,6 +221,41 @@ def check_schema(d: Any) -> list[str]:
         except (TypeError, ValueError, KeyError) as e:  # pragma: no cover - belt and braces
             problems.append(f"manifest.json: {e}")
     return problems
+
+
+def _flavor_problems(role: str, facts: dict, files: dict) -> list[str]:
+    """Checks of the optional flavor fields (flavor, activation_dtype, kv/logits dtype, flavors)."""
+    out: list[str] = []
+    where = f"manifest.json: models.{role}"
+    fl = facts.get("flavor")
+    if fl is not None and fl not in FLAVORS:
+        out.append(f"{where}.flavor {fl!r} is not one of {', '.join(FLAVORS)}")
+    for f in ("kv_dtype", "logits_dtype", "activation_dtype"):
+        v = facts.get(f)
+        if v is not None and v not in DTYPES:
+            out.append(f"{where}.{f} {v!r} is not one of {', '.join(DTYPES)}")
+    others = facts.get("flavors", {})
+    if not isinstance(others, dict):
+        return out + [f"{where}.flavors must be an object (flavor -> graph fields)"]
+    primary = fl or ("cuda" if facts.get("kv_dtype") == "float16" else "cpu")
+    for name, diff in others.items():
+        w = f"{where}.flavors.{name}"
+        if name not in FLAVORS:
+            out.append(f"{w}: {name!r} is not one of {', '.join(FLAVORS)}")
+            continue
+        if name == primary:
+            out.append(f"{w}: the model's own graph is already the {name} flavor")
+        if not isinstance(diff, dict) or not isinstance(diff.get("path"), str):
+            out.append(f"{w} needs at least a 'path'")
+            continue
+        for k in sorted(diff.keys() - set(FLAVOR_FIELDS)):
+            out.append(f"{w}.{k} is not a field a flavor may set ({', '.join(FLAVOR_FIELDS)})")
+        if diff["path"] not in files:
+            out.append(f"{w}.path {diff['path']!r} is not listed in 'files'")
+        for f in ("kv_dtype", "logits_dtype", "activation_dtype"):
+            if diff.get(f) is not None and diff[f] not in DTYPES:
+                out.append(f"{w}.{f} {diff[f]!r} is not one of {', '.join(DTYPES)}")
+    return out
 
 
 def _required_fields(cls: type) -> set[str]:

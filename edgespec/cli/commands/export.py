@@ -27,6 +27,10 @@ def register(sub) -> None:
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="the bundle folder to create")
     p.add_argument("--quant", choices=QUANTS, default="int4", help="weight precision (default int4)")
     p.add_argument("--draft-quant", choices=QUANTS, help="the draft's precision (default: --quant)")
+    p.add_argument("--ep", default="cpu", metavar="FLAVORS",
+                   help="graph flavor(s): cpu (float32, the CPU provider; default), cuda (float16 activations, "
+                   "attention and KV cache, for the CUDA provider: Jetson), or cpu,cuda for both in one bundle "
+                   "(the runtime picks the graph that matches its provider; docs/export.md)")
     p.add_argument("--block-size", type=int, default=32, help="int4/int8 quantization block size (default 32)")
     p.add_argument("--accuracy-level", type=int, default=4, choices=(0, 1, 2, 3, 4),
                    help="MatMulNBits compute type: 1 fp32, 2 fp16, 3 bf16, 4 int8 (default 4, fastest)")
@@ -75,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         quant=args.quant, draft_quant=args.draft_quant, block_size=args.block_size,
         accuracy_level=args.accuracy_level, head_bits=args.head_bits, overwrite=args.overwrite, name=args.name, max_context=args.max_context,
         min_top1=args.min_top1, draft_min_top1=args.draft_min_top1, force=args.force,
-        parity_tokens=args.parity_tokens, isolate=not args.in_process,
+        parity_tokens=args.parity_tokens, isolate=not args.in_process, eps=args.ep,
     )
     progress = TqdmProgress(enabled=not args.quiet and not args.json)
     summary = run_export(target, Path(args.out), draft=args.draft, options=options, progress=progress)
@@ -95,7 +99,10 @@ def summary_dict(s) -> dict:
         "seconds": round(s.seconds, 1),
         "peak_rss_bytes": {"process_tree": s.peak_rss_tree, "largest_process": s.peak_rss_single},
         "models": {role: {"arch": f.arch, "layers": f.layers, "params": f.params, "quant": f.quant,
-                          "source": f.source, "parity": f.parity} for role, f in m.models.items()},
+                          "source": f.source, "parity": f.parity,
+                          "graphs": {fl: {"path": g.path, "kv_dtype": g.kv_dtype, "activation_dtype": g.activation_dtype,
+                                          "logits_dtype": g.logits_dtype, "parity": g.parity}
+                                     for fl, g in f.graphs().items()}} for role, f in m.models.items()},
         "usable_vocab": m.tokenizer.usable_vocab,
         "drafting": m.drafting,
         "warnings": s.warnings,
@@ -115,10 +122,16 @@ def print_summary(s, out) -> None:
         q = f.quant + (f" block {f.block_size} acc {f.accuracy_level}" if f.block_size else "")
         if f.head_bits and f.quant == "int4" and f.head_bits != 4:
             q += f" head {f.head_bits}-bit"
-        p = f.parity
-        par = (f"top-1 {p['top1']:.1%}  mean KL {p['mean_kl']:.4f}  ({p['tokens']} tokens)" if p else "not checked")
-        print(f"  {role:<6} {f.arch} {_params(f.params)} params, {f.layers} layers, {q}: "
-              f"{format_bytes(s.bytes_by_role.get(role, 0))}  parity {par}  <- {f.source}", file=out)
+        graphs = f.graphs()
+        for n, (flavor, g) in enumerate(graphs.items()):
+            p = g.parity
+            par = (f"top-1 {p['top1']:.1%}  mean KL {p['mean_kl']:.4f}  ({p['tokens']} tokens)" if p else "not checked")
+            fl = f" [{flavor}: {g.activation_dtype or g.kv_dtype} activations, {g.kv_dtype} KV]" if len(graphs) > 1 or flavor != "cpu" else ""
+            if n == 0:
+                print(f"  {role:<6} {f.arch} {_params(f.params)} params, {f.layers} layers, {q}{fl}: "
+                      f"{format_bytes(s.bytes_by_role.get(role, 0))}  parity {par}  <- {f.source}", file=out)
+            else:
+                print(f"  {'':<6} {g.path}{fl}: parity {par}", file=out)
     t = m.tokenizer
     print(f"  tokenizer: {t.usable_vocab} usable ids, eos {t.eos_ids}, add_bos {t.add_bos}", file=out)
     d = m.drafting
