@@ -37,21 +37,31 @@ def check(path: Path, *, checksums: bool = True, load: bool = False) -> tuple[ob
     manifest, problems = verify_bundle(path, checksums=checksums)
     if manifest is not None and not problems:
         problems += compatibility_problems(manifest)
+    if manifest is not None and not problems:
+        from ...models.graphcheck import bundle_problems
+
+        problems += bundle_problems(path, manifest)  # each graph's flavor and dtypes vs the manifest
     if load and manifest is not None and not problems:
         problems += load_problems(path, manifest)
     return manifest, problems
 
 
 def load_problems(root: Path, manifest) -> list[str]:
-    """Opens every model and runs a 2-token step; a failure is one line naming the model."""
+    """Opens every graph (each flavor) and runs a 2-token step; a failure is one line naming it.
+    A graph of another flavor than this machine's provider is opened anyway (force_flavor): it is
+    checked, not served."""
     import numpy as np
 
     from ...engine.build import load_runner
+    from ...models.graphcheck import dtype_problems, io_types_session
 
     problems = []
-    for role, facts in manifest.models.items():
+    from dataclasses import replace
+
+    for facts in [replace(g, flavors={}) for m in manifest.models.values() for g in m.graphs().values()]:
         try:
-            runner = load_runner(root / facts.path, facts, max_len=8)
+            runner = load_runner(root / facts.path, facts, max_len=8, force_flavor=True)
+            problems += dtype_problems(facts, io_types_session(runner.session))
             out = runner.step([0, 1], n_logits=2)
             if out.shape != (2, facts.vocab_size) or not np.isfinite(out).all():
                 problems.append(f"{facts.path}: one step gave logits of shape {out.shape}, finite={np.isfinite(out).all()}")
@@ -77,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     files = manifest.files
     size = sum(e["size"] for e in files.values())
     how = "sizes checked (--fast)" if args.fast else "sha256 checked"
-    models = ", ".join(f"{role} {f.arch} {f.quant}" for role, f in manifest.models.items())
+    models = ", ".join(f"{role} {f.arch} {f.quant} ({'+'.join(f.graphs())}: "
+                       f"{'/'.join(g.kv_dtype for g in f.graphs().values())} KV)" for role, f in manifest.models.items())
     extra = "; loaded and stepped" if args.load else ""
     print(f"{path}: OK ({len(files)} files, {format_bytes(size)}, {how}; {models}{extra})")
     return 0
