@@ -150,3 +150,9 @@ def test_named_pi4_elsewhere_says_the_number_is_this_machines(board):
     root = board("jetson-orin-nano")
     text = doctor.render(doctor.collect(root, device="rpi4", probe=False))
     assert "from this machine's memory: the rpi4 profile has no size of its own" in text
+
+
+def test_fake_pi5_names_the_pmic_sum_core_rails(board):
+    r = doctor.collect(board("rpi5"))
+    text = doctor.render(r)
+    assert "core rails" in text and "board power" not in text

@@ -58,12 +58,37 @@ def test_plan_missing_bundle(tmp_path, capsys):
 
 @pytest.mark.skipif(bool(os.environ.get("EDGESPEC_ARM64")),
                     reason="under qemu user-mode emulation RSS includes the emulator's translation cache")
-def test_plan_measure_compares_with_a_fresh_process(tiny_bundle, capsys):
+def test_plan_measure_compares_with_a_fresh_process(tiny_bundle, capsys, monkeypatch):
+    """--measure hands the plan's max_len and draft choice to a fresh process (measure_fresh) and
+    reports (measured - predicted) / measured: positive = the plan was under."""
+    calls = []
+
+    def fake_fresh(root, *, max_len, load_draft, **kw):
+        calls.append((root, max_len, load_draft))
+        return {"peak": 2 * predicted[0], "baseline": 1, "after_load": 2, "pid": -1,
+                "device_note": "no CUDA runtime (libcudart) on this machine: device memory cannot be measured here"}
+
+    predicted = [memory.plan(tiny_bundle, max_len=256, want_draft=True, budget_bytes=None).predicted_bytes]
+    from edgespec.engine import measure
+
+    monkeypatch.setattr(measure, "measure_fresh", fake_fresh)
     rc = cli.main(["plan", str(tiny_bundle), "--max-len", "256", "--measure", "--json"])
     out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and calls == [(tiny_bundle, 256, True)]
+    assert out["measured_peak_bytes"] == 2 * predicted[0] and out["error"] == 0.5
+    assert out["device_measured_bytes"] is None and "cannot be measured" in out["device_note"]
+    rc = cli.main(["plan", str(tiny_bundle), "--max-len", "256", "--measure"])
+    text = capsys.readouterr().out
+    assert "(+50.0 %)" in text and "device memory: no CUDA runtime" in text
+
+
+def test_plan_shows_the_device_side_of_a_cuda_flavored_bundle(tiny_cuda_bundle, capsys):
+    rc = cli.main(["plan", str(tiny_cuda_bundle), "--max-len", "256", "--device", "jetson-orin-nano-8gb", "--json"])
+    out = json.loads(capsys.readouterr().out)
     assert rc == 0
-    assert out["measured_peak_bytes"] > 30 << 20
-    assert abs(out["error"]) < 0.2
+    dev = out["device_plan"]
+    assert dev["predicted_bytes"] == sum(dev["breakdown"].values())
+    assert dev["breakdown"]["target_kv"] > 0 and "cuda_context" in dev["estimated"]
 
 
 def test_plan_on_a_detected_fake_pi5_uses_its_real_memory(tiny_bundle, tmp_path, capsys):

@@ -16,6 +16,12 @@ from edgespec.errors import InvalidRequest, ProviderError
 from edgespec.edge.providers import CPU, CUDA, TRT
 
 
+# an onnxruntime-gpu build (a Jetson, scripts/gpu-check.sh) really tries TensorRT/CUDA by default;
+# the tests of this CPU-only default skip there (tests/test_gpu.py covers that side)
+GPU_BUILD = bool({TRT, CUDA} & set(ort.get_available_providers()))
+cpu_only_build = pytest.mark.skipif(GPU_BUILD, reason="this onnxruntime has a GPU provider: tests/test_gpu.py covers it")
+
+
 @pytest.fixture
 def fake_gpu_build(monkeypatch):
     """Pretend this onnxruntime was built with TensorRT and CUDA, whose sessions fail to create
@@ -54,6 +60,7 @@ def test_normalize():
         providers.normalize(" , ")
 
 
+@cpu_only_build
 def test_default_order_quietly_skips_what_this_build_lacks(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="edgespec.edge.providers"):
         sess, device = providers.create_session(model_file(tmp_path))
@@ -73,6 +80,7 @@ def test_failing_provider_falls_back_with_one_line_each(tmp_path, caplog, fake_g
     assert "provider cuda failed" in lines[1] and "libcudart" in lines[1]
 
 
+@cpu_only_build
 def test_explicit_missing_provider_is_logged_then_next_one_used(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="edgespec.edge.providers"):
         sess, device = providers.create_session(model_file(tmp_path), providers="cuda,cpu")
@@ -138,7 +146,10 @@ def test_probe_model_is_valid_onnx_and_computes():
     onnx.checker.check_model(m, full_check=True)
     results = {r.provider: r for r in providers.probe()}
     assert results[CPU].works and results[CPU].error is None
-    assert not results[CUDA].in_build and not results[CUDA].works  # CPU-only onnxruntime here
+    # whatever this onnxruntime is (CPU-only wheel, or onnxruntime-gpu on a Jetson): the probe says so
+    assert results[CUDA].in_build == (CUDA in ort.get_available_providers())
+    if not results[CUDA].in_build:
+        assert not results[CUDA].works and "onnxruntime-gpu" in results[CUDA].error
 
 
 def test_probe_reports_a_provider_that_is_in_the_build_but_fails(fake_gpu_build):
@@ -271,6 +282,7 @@ def test_profile_sets_the_tensorrt_workspace(tmp_path, monkeypatch, fake_gpu_bui
     assert seen[TRT]["trt_max_workspace_size"] == 2 << 30
 
 
+@cpu_only_build
 def test_device_auto_on_this_machine_changes_nothing_it_should_not(tiny_bundle, recorded_loads, caplog):
     """Here (no GPU, generic profile): quiet, same text as without a device."""
     from edgespec.engine import Engine

@@ -149,3 +149,17 @@ def test_parse_throttled_rejects_garbage(text):
 def test_parse_throttled_values():
     assert sensors.parse_throttled("throttled=0x50005\n") == 0x50005
     assert sensors.parse_throttled("throttled=0") == 0
+
+
+def test_pi5_pmic_sum_is_named_core_rails_not_board_power(pi5):
+    """EXT5V (the 5 V input) has a voltage only: the PMIC sum covers the core rails, and says so."""
+    r = sensors.discover(pi5, path=tools_path(pi5)).read()
+    assert r.power_scope == sensors.CORE_RAILS and r.to_dict()["power_scope"] == "core rails"
+
+
+def test_jetson_vdd_in_is_board_input_and_a_rail_sum_says_so(tmp_path):
+    """VDD_IN measures the board's supply: "board input"; rails without it: "sum of rails"."""
+    root = tmp_path / "j"
+    shutil.copytree(FAKES / "jetson-orin-nano", root)
+    r = sensors.discover(root).read()
+    assert r.power_scope == sensors.BOARD_INPUT

@@ -207,7 +207,11 @@ def render(report: dict[str, Any]) -> str:
     sens = []
     if rd.get("power_w") is not None:
         rails = ", ".join(f"{k} {v:.2f} W" for k, v in rd["rails_w"].items())
-        sens.append(f"power {rd['power_w']:.2f} W" + (f" ({rails})" if rails else ""))
+        scope = rd.get("power_scope") or "power"
+        what = "board power" if scope == "board input" else f"power ({scope})"
+        if scope == "core rails":
+            what = "power (core rails: the PMIC's rails, not the 5 V input, which reads a voltage only)"
+        sens.append(f"{what} {rd['power_w']:.2f} W" + (f" ({rails})" if rails else ""))
     elif s["power_rails"]:
         sens.append("power: sensors found but unreadable")
     else:

@@ -155,6 +155,7 @@ class Governor:
         self.sensor_errors: list[str] = []
         self._logged_errors: set[str] = set()
         self.unenforced: list[str] = []
+        self.power_scope: str | None = None
         has_power = bool(getattr(sensors, "has_power", False))
         has_temp = bool(getattr(sensors, "has_temp", False))
         if power_budget_w is not None and not has_power:
@@ -261,6 +262,7 @@ class Governor:
             if self.power_w is None:
                 self.power_w = p
             self.power_now_w = p
+            self.power_scope = getattr(r, "power_scope", None)
             self._power_t = now
         if r.temp_c is not None:
             self.temp_c = float(r.temp_c)
@@ -281,7 +283,8 @@ class Governor:
         under = True
         if self.power_budget_w is not None and self._fresh(self._power_t, now) and self.power_w is not None:
             if self.power_w > self.power_budget_w:
-                over.append(f"power {self.power_w:.1f} W over budget {self.power_budget_w:g} W")
+                scope = f" ({self.power_scope})" if self.power_scope and self.power_scope != "board input" else ""
+                over.append(f"power{scope} {self.power_w:.1f} W over budget {self.power_budget_w:g} W")
             if self.power_w > self.power_budget_w * self.hysteresis:
                 under = False
         if self.max_temp_c is not None and self._fresh(self._temp_t, now) and self.temp_c is not None:
@@ -361,6 +364,7 @@ class Governor:
                 "power_w": None if self.power_w is None else round(self.power_w, 3),
                 "power_now_w": None if self.power_now_w is None else round(self.power_now_w, 3),
                 "power_budget_w": self.power_budget_w,
+                "power_scope": self.power_scope,  # what the watts cover: board input / core rails (sensors.py)
                 "temp_c": None if self.temp_c is None else round(self.temp_c, 2),
                 "max_temp_c": self.max_temp_c,
                 "throttled": self.throttled,

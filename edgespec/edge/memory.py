@@ -8,6 +8,12 @@ The prediction is the resident memory of the whole process once a request has fi
     <role>_weights   the model's files x WEIGHT_FACTOR (repacked int4 weights + the mmapped embedding)
     <role>_kv        2 x layers x kv_heads x head_dim x max_len x dtype bytes (past and present share it)
     working          activations of the largest step (a prefill chunk) and the logits rows kept
+    margin           UNACCOUNTED: what the measured runs held beyond the terms above (allocator
+                     arenas, onnxruntime's per-run buffers), so the plan is never under measured RSS
+
+A cuda-flavored graph on a GPU provider (docs/edge.md, "Memory on a Jetson") also has a device
+side, `predict_device`: its weights, float16 KV cache and activations live in CUDA memory, which
+RSS does not show (on a Jetson it is the same DRAM: the two add up against one budget).
 
 Order of retreat when the budget is too small: shrink max_len (down to a floor), then drop the draft
 model (n-gram drafting needs no memory), then refuse with BudgetError. The constants below were fitted
@@ -33,6 +39,16 @@ TOKENIZER_FACTOR = 9  # a loaded `tokenizers.Tokenizer` holds ~9x its tokenizer.
 # sums) and the embedding table is served from the memory-mapped file, resident once tokens touch it
 WEIGHT_FACTOR = {"int4": 1.32, "int8": 1.32, "fp16": 1.05, "fp32": 1.05}
 SESSION_OVERHEAD = 2 << 20  # per onnxruntime session: graph, kernels, arena bookkeeping
+# Measured peak RSS minus the terms above, on the four real plans of docs/edge.md before this term
+# existed: 46 MiB (SmolLM2 int4), 30 MiB (SmolLM2 int8), 41 MiB (Qwen 1.5B alone), 3 MiB (Qwen pair),
+# all under. Roughly constant, not proportional (the small models showed it as 7-12 %): glibc
+# arenas and onnxruntime's per-run buffers. 64 MiB covers the largest gap with 18 MiB to spare.
+UNACCOUNTED = 64 << 20
+# Device side of a cuda-flavored graph. Estimates from NVIDIA's documentation, NOT measured here
+# (no GPU): `plan --measure` on a GPU measures them (gpumem.py), scripts/gpu-check.sh records both.
+CUDA_CONTEXT = 300 << 20  # CUDA context + onnxruntime's CUDA kernels resident on the device
+CUBLAS_WORKSPACE = 32 << 20  # per session (cuBLAS default workspace, plus cuBLASLt's)
+CUDA_ARENA_SLACK = 0.10  # the arena (kSameAsRequested) holds ~10 % more than the peak it was asked for
 MIN_MAX_LEN = 256  # below this a chat turn does not fit; the plan refuses instead of shrinking further
 LEN_ALIGN = 64  # shrunk lengths are multiples of this (the floor itself is kept as given)
 
@@ -126,9 +142,23 @@ def working_bytes(facts, max_len: int, prefill_chunk: int, *, verify_rows: int =
     return SESSION_OVERHEAD + act + logits
 
 
-def weights_bytes(b, role: str) -> int:
+def graph_facts(b, role: str, flavor: str | None = None):
+    """The facts of the graph of `role` the runtime would load for `flavor` (None: the primary)."""
     facts = b.manifest.models[role]
-    return int(WEIGHT_FACTOR.get(facts.quant, 1.32) * b.model_bytes(role))
+    return facts.graphs().get(flavor, facts) if flavor else facts
+
+
+def graph_file_bytes(b, facts) -> int:
+    """Bytes of one graph's files (model.onnx + its .data): not the role's folder, which may hold
+    the other flavor too."""
+    files = b.manifest.files
+    return sum(files.get(rel, {}).get("size", 0) for rel in (facts.path, facts.path + ".data"))
+
+
+def weights_bytes(b, role: str, flavor: str | None = None) -> int:
+    facts = graph_facts(b, role, flavor)
+    size = graph_file_bytes(b, facts) if facts.flavors or flavor else b.model_bytes(role)
+    return int(WEIGHT_FACTOR.get(facts.quant, 1.32) * size)
 
 
 def runtime_bytes(b) -> int:
@@ -137,21 +167,45 @@ def runtime_bytes(b) -> int:
     return RUNTIME_BASE + TOKENIZER_FACTOR * size
 
 
-def predict(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int = PREFILL_CHUNK) -> dict[str, int]:
-    """The breakdown (bytes) for one choice of max_len and draft; `plan` searches over these."""
+def predict(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int = PREFILL_CHUNK,
+            flavor: str | None = None) -> dict[str, int]:
+    """The host breakdown (bytes) for one choice of max_len and draft; `plan` searches over these.
+    `flavor`: the graphs the runtime will load (None: each model's primary graph), run on the CPU."""
     b = _open(bundle)
+    t = graph_facts(b, "target", flavor)
     parts = {
         "runtime": runtime_bytes(b),
-        "target_weights": weights_bytes(b, "target"),
-        "target_kv": b.target.kv_bytes_per_token() * max_len,
-        "working": working_bytes(b.target, max_len, prefill_chunk),
+        "target_weights": weights_bytes(b, "target", flavor),
+        "target_kv": t.kv_bytes_per_token() * max_len,
+        "working": working_bytes(t, max_len, prefill_chunk),
         "draft_weights": 0,
         "draft_kv": 0,
+        "margin": UNACCOUNTED,
     }
     if load_draft and b.draft is not None:
-        parts["draft_weights"] = weights_bytes(b, "draft")
-        parts["draft_kv"] = b.draft.kv_bytes_per_token() * max_len
-        parts["working"] += working_bytes(b.draft, max_len, prefill_chunk)
+        d = graph_facts(b, "draft", flavor)
+        parts["draft_weights"] = weights_bytes(b, "draft", flavor)
+        parts["draft_kv"] = d.kv_bytes_per_token() * max_len
+        parts["working"] += working_bytes(d, max_len, prefill_chunk)
+    return parts
+
+
+def predict_device(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int = PREFILL_CHUNK,
+                   trt_workspace: int = 0) -> dict[str, int]:
+    """Device memory (bytes) of the cuda-flavored graphs on the CUDA provider: the weights copied to
+    the device (their file size: MatMulNBits keeps the packed bytes), the float16 KV cache, the
+    activations (float16: half of `working_bytes`'s float32 figure) with the arena's slack, and the
+    fixed costs (CUDA_CONTEXT, CUBLAS_WORKSPACE per session, TensorRT's workspace when it is in the
+    order). The fixed costs are estimates, not measurements (see the constants)."""
+    b = _open(bundle)
+    roles = ["target"] + (["draft"] if load_draft and b.draft is not None else [])
+    parts = {"cuda_context": CUDA_CONTEXT, "cublas_workspace": CUBLAS_WORKSPACE * len(roles),
+             "trt_workspace": int(trt_workspace)}
+    for role in roles:
+        f = graph_facts(b, role, "cuda")
+        parts[f"{role}_weights"] = graph_file_bytes(b, f)
+        parts[f"{role}_kv"] = f.kv_bytes_per_token() * max_len
+        parts[f"{role}_activations"] = int((1 + CUDA_ARENA_SLACK) * working_bytes(f, max_len, prefill_chunk) / 2)
     return parts
 
 

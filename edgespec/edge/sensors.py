@@ -37,13 +37,23 @@ THROTTLE_BITS = {0: "under-voltage", 1: "arm frequency capped", 2: "throttled", 
 COMMAND_TIMEOUT_S = 2.0
 
 
+BOARD_INPUT = "board input"  # a rail measuring the board's supply (Jetson VDD_IN, POM_5V_IN)
+RAIL_SUM = "sum of rails"  # hwmon rails without an input rail: part of the board
+CORE_RAILS = "core rails"  # Pi 5 PMIC rails (EXT5V has no current): SoC, RAM, I/O, not the 5 V input
+POWER_SCOPES = (BOARD_INPUT, RAIL_SUM, CORE_RAILS)
+
+
 @dataclass
 class Reading:
     """One sample of every sensor. `power_w` is whole-board input power when a total rail exists
-    (Jetson VDD_IN), else the sum of the rails read (Pi 5 PMIC)."""
+    (Jetson VDD_IN), else the sum of the rails read; `power_scope` says which, in words shown with
+    the number. On a Pi 5 the PMIC's rails are summed: its 5 V input (EXT5V) reports a voltage only
+    in `pmic_read_adc`, so the sum covers the core rails, not the board's input (USB, fan, the PMIC's
+    own losses are missing): it is named "core rails", never board power."""
 
     t: float
     power_w: float | None = None
+    power_scope: str | None = None  # POWER_SCOPES value: what power_w covers
     temp_c: float | None = None  # hottest zone considered
     throttled: bool | None = None  # firmware is limiting the board right now
     throttle_bits: int | None = None
@@ -53,7 +63,7 @@ class Reading:
 
     def to_dict(self) -> dict:
         return {
-            "power_w": _round(self.power_w), "temp_c": _round(self.temp_c), "throttled": self.throttled,
+            "power_w": _round(self.power_w), "power_scope": self.power_scope, "temp_c": _round(self.temp_c), "throttled": self.throttled,
             "throttle_bits": None if self.throttle_bits is None else hex(self.throttle_bits),
             "throttle_reasons": throttle_reasons(self.throttle_bits) if self.throttle_bits is not None else [],
             "rails_w": {k: _round(v) for k, v in self.rails_w.items()},
@@ -196,16 +206,16 @@ class Sensors:
                 r.errors.append(f"power rail {rail.label}: {_short(e)}")
         if self.rails:
             if self.total_rail and self.total_rail in r.rails_w:
-                r.power_w = r.rails_w[self.total_rail]
+                r.power_w, r.power_scope = r.rails_w[self.total_rail], BOARD_INPUT
             elif not self.total_rail and r.rails_w:
-                r.power_w = sum(r.rails_w.values())
+                r.power_w, r.power_scope = sum(r.rails_w.values()), RAIL_SUM
         if self.vcgencmd_power and self.vcgencmd:
             try:
                 pmic = parse_pmic_read_adc(run_tool([self.vcgencmd, "pmic_read_adc"]))
                 if not pmic:
                     raise ValueError("no rails in pmic_read_adc output")
                 r.rails_w.update({f"pmic:{k}": v for k, v in pmic.items()})
-                r.power_w = sum(pmic.values())
+                r.power_w, r.power_scope = sum(pmic.values()), CORE_RAILS
             except (OSError, ValueError) as e:
                 r.errors.append(f"vcgencmd pmic_read_adc: {_short(e)}")
         for zone in self.zones:

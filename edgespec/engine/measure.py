@@ -22,8 +22,13 @@ def measure_engine(bundle, *, max_len: int, load_draft: bool, fill: bool = True,
                    threads: int | None = None) -> dict[str, int]:
     """Opens an Engine the way a user would (in this process), fills every KV cache to max_len in
     prefill chunks (the worst case a budget must hold), and returns RSS numbers in bytes:
-    {"after_load", "peak", "baseline"}. Run it in a fresh process (`measure_fresh`): the peak RSS of a
+    {"after_load", "peak", "baseline", "pid"}, plus "device_used_delta" (bytes of device memory the load
+    and fill took: cudaMemGetInfo before and after, edge/gpumem.py) where a GPU exists, else
+    "device_note" saying why not. Run it in a fresh process (`measure_fresh`): the peak RSS of a
     process that already did other work says nothing about this plan."""
+    from ..edge import gpumem
+
+    dev0 = gpumem.device_memory()
     baseline = measure_rss().get("rss", 0)
     eng = Engine.open(bundle, draft="auto" if load_draft else "ngram", max_len=max_len, providers=providers,
                       threads=threads, verify=False)
@@ -41,8 +46,15 @@ def measure_engine(bundle, *, max_len: int, load_draft: bool, fill: bool = True,
                 runner.step(rng.integers(0, vocab, size=n).tolist(), 1)
             runner.reset()
     peak = measure_rss().get("peak", 0)
+    dev1 = gpumem.device_memory()
     eng.close()
-    return {"baseline": baseline, "after_load": after_load, "peak": peak}
+    out: dict = {"baseline": baseline, "after_load": after_load, "peak": peak, "pid": os.getpid()}
+    if dev0 is not None and dev1 is not None:
+        # free device memory that went while this process loaded and filled the plan
+        out["device_used_delta"] = max(0, dev0.free - dev1.free)
+    else:
+        out["device_note"] = gpumem.why_not()
+    return out
 
 
 def measure_fresh(bundle_path: str | os.PathLike, *, max_len: int, load_draft: bool, fill: bool = True,

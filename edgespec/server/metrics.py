@@ -155,8 +155,8 @@ class Metrics:
 _GOVERNOR_METRICS = (
     ("level", "edgespec_governor_level", "gauge",
      "power/thermal rung: 0 normal, 1 small-k, 2 ngram-only, 3 fewer-cores, 4 paced"),
-    ("power_w", "edgespec_power_watts", "gauge", "board power, rolling 5 s average (whole board)"),
-    ("power_now_w", "edgespec_power_now_watts", "gauge", "board power at the last sensor read"),
+    ("power_w", "edgespec_power_watts", "gauge", "power the sensors cover, rolling 5 s average (Jetson: board input; Pi 5: core rails only, not the 5 V input)"),
+    ("power_now_w", "edgespec_power_now_watts", "gauge", "power the sensors cover at the last read (see edgespec_power_watts)"),
     ("power_budget_w", "edgespec_power_budget_watts", "gauge", "the power budget the governor keeps to"),
     ("temp_c", "edgespec_temperature_celsius", "gauge", "hottest thermal zone the device profile counts"),
     ("max_temp_c", "edgespec_max_temperature_celsius", "gauge", "the temperature limit the governor keeps to"),

@@ -43,10 +43,15 @@ def run(args) -> int:
     warning = memory.fits_now(plan, args.root) if here else None
     if args.draft == "model" and not plan.load_draft:
         plan.notes.append("--draft model asked for, but the plan has no draft model: the engine would refuse")
+    device = _device_plan(bundle, plan, profile)
     check = None
+    device_measured, device_note = None, None
     if args.measure:
         rss = measure_fresh(bundle.root, max_len=plan.max_len, load_draft=plan.load_draft)
         check = memory.compare(plan, rss["peak"])
+        device_measured = rss.get("device_used_delta")
+        if device_measured is None:
+            device_note = rss.get("device_note") or "device memory not measured"
     if args.json:
         out = {"bundle": str(bundle.root), "device": profile.id, "memory_bytes": profile.memory_bytes,
                "memory_source": _memory_source(profile), **plan.to_dict()}
@@ -55,6 +60,13 @@ def run(args) -> int:
         if check is not None:
             out["measured_peak_bytes"] = check.measured_bytes
             out["error"] = round(check.error, 4)
+        if device is not None:
+            out["device_plan"] = {"predicted_bytes": sum(device.values()), "breakdown": device,
+                                  "estimated": ["cuda_context", "cublas_workspace", "trt_workspace"]}
+        if args.measure:
+            out["device_measured_bytes"] = device_measured
+            if device_note:
+                out["device_note"] = device_note
         print(json.dumps(out, indent=2))
     else:
         mem = f", {format_size(profile.memory_bytes)} memory" if profile.memory_bytes else ""
@@ -65,7 +77,33 @@ def run(args) -> int:
             print(f"warning: {warning}")
         if check is not None:
             print(check.describe() + " after filling the caches to max_len")
+        if device is not None:
+            print("device memory if run on the CUDA provider (cuda-flavored graphs; context and workspaces "
+                  "are estimates, not measurements):")
+            for k, v in device.items():
+                if v:
+                    print(f"  {k:<18}  {format_size(v):>10}")
+            print(f"  {'total':<18}  {format_size(sum(device.values())):>10}"
+                  + ("  (same DRAM as the host plan on a Jetson: add them)" if profile.id.startswith("jetson") else ""))
+        if device_measured is not None:
+            print(f"device memory: measured {format_size(device_measured)} used by the process (cudaMemGetInfo delta)")
+        elif device_note:
+            print(f"device memory: {device_note}")
     return 0
+
+
+def _device_plan(bundle, plan, profile) -> dict | None:
+    """The device side of the plan, for a bundle with cuda-flavored graphs (else None)."""
+    from ...edge import memory
+    from ...edge.providers import TRT, normalize
+
+    if not any("cuda" in f.graphs() for f in bundle.manifest.models.values()):
+        return None
+    order = normalize(getattr(profile, "providers", None) or None)
+    trt = getattr(profile, "trt", None) or {}
+    workspace = int(float(trt.get("workspace_gib", 1)) * (1 << 30)) if TRT in order else 0
+    return memory.predict_device(bundle, plan.max_len, plan.load_draft, prefill_chunk=plan.prefill_chunk,
+                                 trt_workspace=workspace)
 
 
 def _memory_source(profile) -> str:
