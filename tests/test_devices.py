@@ -166,11 +166,11 @@ def test_live_detection_on_this_machine():
 def test_engine_defaults_fill_only_what_is_unset():
     nano = devices.get("orin-nano")
     d = devices.engine_defaults(nano)
-    assert d == {"providers": ["tensorrt", "cuda", "cpu"], "draft_providers": ["cuda", "cpu"], "threads": 6}
+    assert d == {"providers": ["cuda", "cpu"], "draft_providers": ["cuda", "cpu"], "threads": 6}
     d = devices.engine_defaults(nano, providers="cpu", threads=2)
     assert d == {"providers": "cpu", "draft_providers": "cpu", "threads": 2}  # the draft follows an explicit target choice
     d = devices.engine_defaults(nano, draft_providers="cpu")
-    assert d["providers"] == ["tensorrt", "cuda", "cpu"] and d["draft_providers"] == "cpu"
+    assert d["providers"] == ["cuda", "cpu"] and d["draft_providers"] == "cpu"
     assert devices.engine_defaults(None, threads=3) == {"providers": None, "draft_providers": None, "threads": 3}
     assert devices.engine_defaults(devices.get("generic-x86_64"))["threads"] is None  # onnxruntime's default
 
@@ -227,3 +227,13 @@ def test_detected_profile_records_its_memory_as_measured(tmp_path):
     p = devices.detect(root)
     assert p.detected["memory_source"] == "measured"
     assert devices.with_measured_memory(p, "/").memory_bytes == p.memory_bytes  # not read again elsewhere
+
+
+def test_gpu_profiles_leave_tensorrt_out_of_the_default_order():
+    """TensorRT has no GroupQueryAttention or MatMulNBits: it would get only fragments of the
+    graphs (docs/edge.md, "TensorRT"). It can still be asked for with --providers."""
+    for pid in devices.profiles():
+        p = devices.get(pid)
+        assert "tensorrt" not in p.providers and "tensorrt" not in p.draft_providers, pid
+        if p.family == "jetson":
+            assert p.providers == ["cuda", "cpu"] and any("TensorRT" in n for n in p.notes)

@@ -38,10 +38,13 @@ def test_fake_jetson(board):
     assert r["memory"]["total_bytes"] == 7620468 * 1024 and r["memory"]["shared_with_gpu"]
     prov = {p["provider"]: p for p in r["providers"]}
     assert prov["cpu"]["works"] is True
-    assert prov["cuda"]["works"] is False and prov["tensorrt"]["works"] is False
+    assert prov["cuda"]["works"] is False and "tensorrt" not in prov  # not in the Jetson's order any more
     missing = {m["what"]: m for m in r["missing"]}
     assert "onnxruntime-gpu" in missing["cuda"]["how"] and "jp6" in missing["cuda"]["how"]
-    assert "JetPack" in missing["tensorrt"]["how"]
+    assert "tensorrt" not in missing  # nothing to install for a provider the order does not use
+    po = r["provider_order"]
+    assert po["order"] == ["cuda", "cpu"] and "--ep cuda" in po["why"] and "TensorRT is left out" in po["why"]
+    assert "GroupQueryAttention or MatMulNBits" in doctor.render(r)
     assert r["sensors"]["total_rail"] == "VDD_IN"
     assert r["sensors"]["reading"]["power_w"] == pytest.approx(5.226, abs=1e-3)
     assert r["sensors"]["reading"]["temp_c"] == pytest.approx(47.281)

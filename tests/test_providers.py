@@ -50,7 +50,7 @@ def model_file(tmp_path) -> Path:
 
 
 def test_normalize():
-    assert providers.normalize(None) == [TRT, CUDA, CPU]
+    assert providers.normalize(None) == [CUDA, CPU]  # TensorRT only by name (docs/edge.md)
     assert providers.normalize("cuda, cpu") == [CUDA, CPU]
     assert providers.normalize(["TRT", "CPUExecutionProvider", "cpu"]) == [TRT, CPU]
     with pytest.raises(InvalidRequest) as e:
@@ -70,9 +70,9 @@ def test_default_order_quietly_skips_what_this_build_lacks(tmp_path, caplog):
 
 def test_failing_provider_falls_back_with_one_line_each(tmp_path, caplog, fake_gpu_build):
     with caplog.at_level(logging.WARNING, logger="edgespec.edge.providers"):
-        sess, device = providers.create_session(model_file(tmp_path))
+        sess, device = providers.create_session(model_file(tmp_path), providers=providers.ProfileOrder([TRT, CUDA, CPU]))
     assert device == "cpu"
-    # TensorRT is tried with CUDA and CPU behind it (node-level fallback), then CUDA, then CPU
+    # TensorRT (asked for) is tried with CUDA and CPU behind it (node-level fallback), then CUDA, then CPU
     assert fake_gpu_build == [[TRT, CUDA, CPU], [CUDA, CPU], [CPU]]
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2
@@ -122,7 +122,7 @@ def test_tensorrt_options_cache_in_state_dir(tmp_path, monkeypatch):
 
 def test_tensorrt_attempt_creates_its_cache_folder(tmp_path, monkeypatch, fake_gpu_build):
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
-    providers.create_session(model_file(tmp_path))
+    providers.create_session(model_file(tmp_path), providers="tensorrt,cuda,cpu")
     assert (tmp_path / "state" / "trt-cache").is_dir()
 
 
@@ -235,19 +235,19 @@ def recorded_loads(monkeypatch):
 
 
 def test_named_device_fills_unset_options(tiny_bundle, recorded_loads, fake_gpu_build):
-    """Orin Nano profile: target TensorRT -> CUDA -> CPU, draft CUDA -> CPU, 6 threads, and the
-    TensorRT workspace of that board. Here TensorRT and CUDA fail, so both models end on the CPU."""
+    """Orin Nano profile: target CUDA -> CPU (TensorRT is out of the default order: docs/edge.md,
+    "TensorRT"), draft CUDA -> CPU, 6 threads. Here CUDA fails, so both models end on the CPU."""
     from edgespec.engine import Engine
 
     eng = Engine.open(tiny_bundle, draft="model", device="orin-nano", verify=False, warmup=False)
     try:
         target, draft = recorded_loads
         assert target["model"] == "target" and draft["model"] == "draft"
-        assert providers.normalize(target["providers"]) == [TRT, CUDA, CPU]
+        assert providers.normalize(target["providers"]) == [CUDA, CPU]
         assert providers.normalize(draft["providers"]) == [CUDA, CPU]
         assert target["threads"] == draft["threads"] == 6
         assert target["profile"].id == draft["profile"].id == "jetson-orin-nano-8gb"
-        assert fake_gpu_build == [[TRT, CUDA, CPU], [CUDA, CPU], [CPU], [CUDA, CPU], [CPU]]
+        assert fake_gpu_build == [[CUDA, CPU], [CPU], [CUDA, CPU], [CPU]]
         assert eng.governor is not None  # a named board: energy is measured where it has a sensor
     finally:
         eng.close()
@@ -276,9 +276,10 @@ def test_profile_sets_the_tensorrt_workspace(tmp_path, monkeypatch, fake_gpu_bui
 
     monkeypatch.setattr(ort, "InferenceSession", session)
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
-    providers.create_session(model_file(tmp_path), profile=devices.get("orin-nano"))
+    trt_first = "tensorrt,cuda,cpu"  # TensorRT is not in the default order any more: asked for by name
+    providers.create_session(model_file(tmp_path), providers=trt_first, profile=devices.get("orin-nano"))
     assert seen[TRT]["trt_max_workspace_size"] == 1 << 30  # the Orin Nano's 1 GiB, not the 2 GiB of the others
-    providers.create_session(model_file(tmp_path), profile=devices.get("orin-nx"))
+    providers.create_session(model_file(tmp_path), providers=trt_first, profile=devices.get("orin-nx"))
     assert seen[TRT]["trt_max_workspace_size"] == 2 << 30
 
 

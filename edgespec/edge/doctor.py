@@ -87,6 +87,7 @@ def collect(root: str | os.PathLike = "/", *, device=None, path: str | None = No
     report["throttling"] = _throttling(reading, found)
 
     report["missing"] = _missing(root, profile, results)
+    report["provider_order"] = {"order": list(profile.providers), "why": provider_order_why(profile)}
     report["recommended"] = _recommend(profile, results, board)
     report["notes"] = list(profile.notes)
     return report
@@ -108,7 +109,8 @@ def _missing(root: Path, profile, results) -> list[dict[str, str]]:
     """What a user should install, with how (only where the board could use it)."""
     out = []
     gpu = _nvidia_gpu(root, profile)
-    for short in ("cuda", "tensorrt"):  # cuda first: the TensorRT hint refers to it
+    wanted = set(profile.providers) | set(profile.draft_providers)
+    for short in [p for p in ("cuda", "tensorrt") if p in wanted]:  # cuda first: the TensorRT hint refers to it
         r = next((r for r in results if r["provider"] == short), None)
         if r is None or r["works"] or not gpu:
             continue
@@ -126,6 +128,21 @@ def _missing(root: Path, profile, results) -> list[dict[str, str]]:
         out.append({"what": "cpu", "why": "onnxruntime cannot run even the CPU probe",
                     "how": "pip install --force-reinstall onnxruntime"})
     return out
+
+
+TRT_WHY = ("TensorRT is left out: it has no GroupQueryAttention or MatMulNBits (com.microsoft ops), so onnxruntime "
+           "gives those, and the fused norms, to CUDA node by node and TensorRT only the elementwise pieces between "
+           "them, dozens of tiny engines that save nothing; the bundle's cuda-flavored graph runs on CUDA whole")
+
+
+def provider_order_why(profile) -> str:
+    """Why this board's default provider order is what it is (docs/edge.md, "TensorRT")."""
+    order = list(profile.providers)
+    if "cuda" in order:
+        why = ("CUDA first: export the bundle with --ep cuda (float16 attention and KV cache, the only "
+               "GroupQueryAttention CUDA has); the CPU after it for a board without a working CUDA")
+        return why + ("; " + TRT_WHY if "tensorrt" not in order else "")
+    return "CPU only: no NVIDIA GPU on this board"
 
 
 def _recommend(profile, results, board) -> dict[str, Any]:
@@ -246,6 +263,9 @@ def render(report: dict[str, Any]) -> str:
     if rec.get("max_temp"):
         flags.append(f"--max-temp {rec['max_temp']}")
     row("recommended", " ".join(flags))
+    po = report.get("provider_order")
+    if po:
+        row("provider order", f"{','.join(po['order'])}: {po['why']}")
     for miss in report["missing"]:
         row("missing", f"{miss['what']}: {miss['why']}\nhow: {miss['how']}")
     for n in report.get("notes", []):

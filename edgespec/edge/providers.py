@@ -8,7 +8,9 @@ got is read back from `session.get_providers()` and logged the same way.
 
 The session for provider P also lists the providers after P in the requested order: TensorRT takes
 the subgraphs it can build engines for and leaves the rest (GroupQueryAttention, MatMulNBits) to
-CUDA, instead of to the CPU. The draft model can be given its own order (e.g. CPU cores while the
+CUDA, instead of to the CPU. For these graphs that leaves TensorRT only the elementwise pieces
+between the contrib ops, so it is not in the default order (docs/edge.md, "TensorRT"); it is
+still tried when asked for by name. The draft model can be given its own order (e.g. CPU cores while the
 target runs on the GPU).
 
 TensorRT engines are cached under the state folder ($STATE_DIRECTORY when systemd runs us, else
@@ -28,7 +30,7 @@ from ..errors import InvalidRequest, ProviderError
 log = logging.getLogger("edgespec.edge.providers")
 
 TRT, CUDA, CPU = "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"
-DEFAULT_ORDER = (TRT, CUDA, CPU)
+DEFAULT_ORDER = (CUDA, CPU)  # TensorRT only by name: see the module docstring
 SHORT_NAMES = {"tensorrt": TRT, "trt": TRT, "cuda": CUDA, "cpu": CPU}
 DEFAULT_TRT_WORKSPACE = 1 << 30  # bytes; a device profile may set its own (trt.workspace_gib)
 
@@ -190,7 +192,7 @@ def create_session(path: str | os.PathLike, *, providers=None, threads: int | No
                    profile=None, spinning: bool | None = None, shared_threads: bool = False):
     """Returns (session, device). Tries each requested provider that this onnxruntime has.
 
-    `providers=None` uses TensorRT -> CUDA -> CPU (those this onnxruntime lacks are skipped quietly);
+    `providers=None` uses CUDA -> CPU (those this onnxruntime lacks are skipped quietly);
     an explicit list is tried as given, and a provider in it that this onnxruntime lacks gets a log
     line (a ProfileOrder, a device profile's default, is quiet like the default order). `profile`
     sets the TensorRT options (workspace limit, fp16) for the board. Raises ProviderError listing every provider's reason when none works."""
