@@ -88,3 +88,34 @@ def measure(path: str | os.PathLike, facts: ModelFacts, providers=None, *, max_l
         by_op.setdefault(op, Counter())[prov] += 1
     return Placement(providers=list(got), by_op={k: dict(v) for k, v in sorted(by_op.items())},
                      memcpy_nodes=memcpy, nodes=nodes)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """python -m edgespec.placement BUNDLE [--providers cuda,cpu]: one JSON object, per graph of
+    every model: where each op type ran, the Memcpy nodes, and the key ops off the first provider.
+    Exit 1 when a GroupQueryAttention/MatMulNBits node ran elsewhere or a Memcpy sits inside a layer."""
+    import argparse
+    from dataclasses import replace
+
+    from .bundle import Bundle
+    from .providers import normalize
+
+    ap = argparse.ArgumentParser(prog="python -m edgespec.placement")
+    ap.add_argument("bundle")
+    ap.add_argument("--providers", default="cuda,cpu")
+    a = ap.parse_args(argv)
+    b = Bundle.open(a.bundle, verify=False)
+    first = normalize(a.providers)[0]
+    out, bad = {}, False
+    for role, facts in b.manifest.models.items():
+        for flavor, g in facts.graphs().items():
+            p = measure(b.root / g.path, replace(g, flavors={}), a.providers)
+            off = p.off_provider(first)
+            out[f"{role}:{flavor}"] = {**p.to_dict(), "key_ops_off_" + first: off}
+            bad |= bool(off or p.memcpy_inside_layers())
+    print(json.dumps(out, indent=2))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
