@@ -160,3 +160,34 @@ def test_fits_uses_the_memory_estimate_when_given():
     assert pj.project(work, {"target": TARGET}, small).fits is True  # 1 GB weights + 15 %
     assert pj.project(work, {"target": TARGET}, small, need_bytes=3 << 30).fits is False
     assert pj.project(work, {"target": TARGET}, GPU).fits is None  # no budget in the profile
+
+
+def test_overlap_and_no_overlap_bound_each_projection():
+    # CPU board, 9 tokens: memory 10 ms, compute 54 ms -> overlapping 54 ms, adding up 64 ms
+    assert pj.step_seconds(TARGET, CPU, 9, 0, overlap=False) == pytest.approx(0.064)
+    work = {"target": _work("target", 100, {1: 100}),
+            "model": _work("model", 100, {5: 25}, {1: 100}, rounds=25, drafted=100, accepted=75)}
+    p = pj.project(work, {"target": TARGET, "draft": DRAFT}, GPU)
+    by = {m.mode: m for m in p.modes}
+    t1, d1 = 0.010 + 0.0003, 0.004 + 0.0001  # adding up: memory + compute of one token
+    assert by["target"].tokens_per_s_low == pytest.approx(100 / (100 * t1))
+    for m in p.modes:
+        assert m.tokens_per_s_low is not None and m.tokens_per_s_low <= m.tokens_per_s
+    assert by["model"].speedup_low == pytest.approx((100 * t1) / (25 * (0.010 + 5 * 0.0003) + 100 * d1))
+
+
+def test_the_flavor_the_board_runs_is_priced():
+    """A Jetson runs the cuda flavor (float16 KV); a bundle without one is priced as if re-exported, with a note."""
+    jet = pj.hardware("jetson-orin-nano-8gb")
+    pi = pj.hardware("rpi5-8gb")
+    assert jet.flavor == "cuda" and pi.flavor == "cpu" and "MatMulNBits" in jet.path
+    both = pj.ModelCost("target", 1000, 10, 2, kv_bytes_per_token=400, graphs={"cpu": (1000, 400), "cuda": (900, 200)})
+    m, note = both.for_flavor("cuda")
+    assert (m.weight_bytes, m.kv_bytes_per_token, note) == (900, 200, "")
+    cpu_only = pj.ModelCost("target", 1000, 10, 2, kv_bytes_per_token=400)
+    m, note = cpu_only.for_flavor("cuda")
+    assert m.kv_bytes_per_token == 200 and "--ep cuda" in note
+    work = {"target": _work("target", 100, {1: 100})}
+    p = pj.project(work, {"target": cpu_only}, jet)
+    assert p.flavor == "cuda" and any("--ep cuda" in n for n in p.notes)
+    assert pj.project(work, {"target": cpu_only}, pi).notes == []

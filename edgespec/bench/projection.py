@@ -6,11 +6,17 @@ What transfers from this machine and what does not:
   of tokens, for every generation of the run);
 - the cost of a step depends on the device: it is *modelled* there, as a roofline plus a fixed cost:
 
-      t(model, n tokens) = launch + max(bytes_read / (B * eff_b), 2 * params * n / (C * eff_c))
+      t(model, n tokens) = launch + max(bytes_read / (B * eff_b), 2 * params * n / (C * eff_c))   (overlap)
+      t(model, n tokens) = launch + bytes_read / (B * eff_b) + 2 * params * n / (C * eff_c)      (no overlap)
 
-  bytes_read = the model's weights + its KV cache at the run's mean context; B = the board's memory
+  Whether a board's kernels overlap reading the weights with computing on them is not known here,
+  so both are computed and every projected figure is a range: the first is the optimistic end.
+
+  bytes_read = the model's weights + its KV cache at the run's mean context, of the graph flavor the
+  board runs (Jetson: the cuda flavor, float16 KV; Pi: the cpu flavor, float32 KV); B = the board's memory
   bandwidth (its device profile); C = the board's peak compute for the weight matmuls on the path
-  edgespec uses there (GPU fp16 tensor cores on a Jetson, int8 dot products on the Pi's CPU cores),
+  edgespec uses there (on a Jetson the cuda flavor's MatMulNBits: 4/8-bit weights dequantized to fp16,
+  tensor cores for multi-row steps; int8 dot products on the Pi's CPU cores),
   both below; eff_* = the fraction of peak such kernels reach; launch = per-layer fixed cost
   (kernel launches on a GPU, thread synchronisation on a CPU).
 
@@ -50,19 +56,20 @@ class Hardware:
     cpu_speed: float  # host-side loop speed relative to the dev machine's CPU (1.0 = same)
     memory_budget_bytes: int | None = None
     basis: str = ""  # where the compute figure comes from
+    flavor: str = "cpu"  # the bundle graph the board runs (manifest flavors): "cuda" on a Jetson
 
 
 # Compute figures are peak numbers derived from the chips' published configurations (SM count and
 # GPU clock for Orin: 1024 dense fp16 FMA per SM per clock; A76/A72 NEON throughput x cores x clock).
 # Efficiencies and fixed costs are assumptions of this model, stated in docs/bench.md.
 _COMPUTE: dict[str, dict[str, Any]] = {
-    "jetson-orin-nano-8gb": dict(compute_tops=10.2, path="GPU (CUDA/TensorRT), fp16 tensor cores", eff_bandwidth=0.7,
+    "jetson-orin-nano-8gb": dict(compute_tops=10.2, path="GPU (CUDA), cuda flavor: 4/8-bit MatMulNBits dequantized to fp16", flavor="cuda", eff_bandwidth=0.7,
                                  eff_compute=0.4, launch_ms_per_layer=0.12, cpu_speed=0.35,
                                  basis="8 SMs x 1024 fp16 FMA/clk x 0.625 GHz (the 'Super' modes clock higher)"),
-    "jetson-orin-nx-16gb": dict(compute_tops=15.0, path="GPU (CUDA/TensorRT), fp16 tensor cores", eff_bandwidth=0.7,
+    "jetson-orin-nx-16gb": dict(compute_tops=15.0, path="GPU (CUDA), cuda flavor: 4/8-bit MatMulNBits dequantized to fp16", flavor="cuda", eff_bandwidth=0.7,
                                 eff_compute=0.4, launch_ms_per_layer=0.10, cpu_speed=0.45,
                                 basis="8 SMs x 1024 fp16 FMA/clk x 0.918 GHz"),
-    "jetson-agx-orin-64gb": dict(compute_tops=42.6, path="GPU (CUDA/TensorRT), fp16 tensor cores", eff_bandwidth=0.7,
+    "jetson-agx-orin-64gb": dict(compute_tops=42.6, path="GPU (CUDA), cuda flavor: 4/8-bit MatMulNBits dequantized to fp16", flavor="cuda", eff_bandwidth=0.7,
                                  eff_compute=0.4, launch_ms_per_layer=0.08, cpu_speed=0.5,
                                  basis="16 SMs x 1024 fp16 FMA/clk x 1.3 GHz"),
     "Cortex-A76": dict(compute_tops=0.61, path="CPU, 4x Cortex-A76, int8 dot products (MatMulNBits)", eff_bandwidth=0.6,
@@ -125,14 +132,45 @@ class ModelCost:
     params: int  # parameters doing 2 flops per token in a matmul
     layers: int
     kv_bytes_per_token: int
+    # flavor -> (weight_bytes, kv_bytes_per_token) of each graph the bundle holds; empty: one graph,
+    # the fields above, whose flavor is `flavor`
+    graphs: dict = field(default_factory=dict, compare=False, hash=False)
+    flavor: str = "cpu"
+
+    def for_flavor(self, flavor: str) -> tuple["ModelCost", str]:
+        """The cost of the graph of `flavor`, and a note when the bundle has none (priced as if it did:
+        same weight bytes, KV at float16 for cuda)."""
+        from dataclasses import replace
+
+        if flavor in self.graphs:
+            wb, kv = self.graphs[flavor]
+            return replace(self, weight_bytes=int(wb), kv_bytes_per_token=int(kv), flavor=flavor), ""
+        if flavor == self.flavor:
+            return self, ""
+        kv = self.kv_bytes_per_token // 2 if flavor == "cuda" and self.flavor == "cpu" else self.kv_bytes_per_token
+        note = (f"the bundle's {self.role} has no {flavor} graph: priced as if re-exported with --ep {flavor} "
+                f"(the runtime would refuse its {self.flavor} graph on CUDA)" if flavor == "cuda" else
+                f"the bundle's {self.role} has no {flavor} graph: priced with its {self.flavor} graph")
+        return replace(self, kv_bytes_per_token=kv, flavor=flavor), note
+
+
+def graph_costs(bundle, role: str) -> dict[str, tuple[int, int]]:
+    """flavor -> (bytes of that graph's files, its KV bytes per token), for every graph of `role`."""
+    files = bundle.manifest.files
+    out = {}
+    for flavor, g in bundle.manifest.models[role].graphs().items():
+        nbytes = sum(files.get(rel, {}).get("size", 0) for rel in (g.path, g.path + ".data"))
+        out[flavor] = (nbytes, g.kv_bytes_per_token())
+    return out
 
 
 def model_costs(bundle) -> dict[str, ModelCost]:
     out = {}
     for role, f in bundle.manifest.models.items():
-        wb = bundle.model_bytes(role)
+        graphs = graph_costs(bundle, role)
+        wb, kv = graphs[f.graph_flavor()]
         params = f.params or _params_from_bytes(wb, f.quant)
-        out[role] = ModelCost(role, wb, params, f.layers, f.kv_bytes_per_token())
+        out[role] = ModelCost(role, wb, params, f.layers, kv, graphs=graphs, flavor=f.graph_flavor())
     return out
 
 
@@ -143,9 +181,11 @@ def model_costs_from_meta(meta: dict) -> dict[str, ModelCost]:
         if "kv_bytes_per_token" not in m:
             raise InvalidRequest("this bench JSON predates the projection data (no kv_bytes_per_token): run the "
                                  "bench again", param="project")
-        wb = int(m["bytes"])
+        graphs = {fl: (int(g["bytes"]), int(g["kv_bytes_per_token"])) for fl, g in (m.get("graphs") or {}).items()}
+        flavor = m.get("flavor") or "cpu"
+        wb, kv = graphs.get(flavor, (int(m["bytes"]), int(m["kv_bytes_per_token"])))
         params = int(m.get("params") or 0) or _params_from_bytes(wb, m.get("quant", "int4"))
-        out[role] = ModelCost(role, wb, params, int(m["layers"]), int(m["kv_bytes_per_token"]))
+        out[role] = ModelCost(role, wb, params, int(m["layers"]), kv, graphs=graphs, flavor=flavor)
     return out
 
 
@@ -156,12 +196,13 @@ def _params_from_bytes(nbytes: int, quant: str) -> int:
     return int(nbytes / per)
 
 
-def step_seconds(m: ModelCost, hw: Hardware, n: int, context: float) -> float:
-    """Modelled wall time of one step of `n` tokens at `context` tokens of cache, on `hw`."""
+def step_seconds(m: ModelCost, hw: Hardware, n: int, context: float, *, overlap: bool = True) -> float:
+    """Modelled wall time of one step of `n` tokens at `context` tokens of cache, on `hw`.
+    `overlap`: memory and compute overlap (max of the two), else they add up (the slow end)."""
     bytes_read = m.weight_bytes + m.kv_bytes_per_token * context
     t_mem = bytes_read / (hw.bandwidth_gbs * GB * hw.eff_bandwidth)
     t_cmp = 2.0 * m.params * n / (hw.compute_tops * 1e12 * hw.eff_compute)
-    return hw.launch_ms_per_layer * 1e-3 * m.layers + max(t_mem, t_cmp)
+    return hw.launch_ms_per_layer * 1e-3 * m.layers + (max(t_mem, t_cmp) if overlap else t_mem + t_cmp)
 
 
 # --- what a mode did, from the measurements -------------------------------------------------------
@@ -306,6 +347,8 @@ class ProjectedMode:
     draft_s_per_token: float
     overhead_s_per_token: float
     note: str = ""
+    tokens_per_s_low: float | None = None  # the same with memory and compute adding up (no overlap)
+    speedup_low: float | None = None
 
 
 @dataclass
@@ -318,6 +361,8 @@ class Projection:
     modes: list[ProjectedMode]
     ttft_s: float | None  # modelled prefill of the run's mean prompt
     hardware: dict[str, Any]
+    flavor: str = "cpu"  # the graph flavor priced (the one the board runs)
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -331,15 +376,48 @@ def project(work: dict[str, ModeWork], costs: dict[str, ModelCost], hw: Hardware
     planner's estimate for the run's engine (else weights + KV at max_len, plus 15 %)."""
     if "target" not in work or work["target"].tokens == 0:
         raise ValueError("the projection needs the target-alone generations of the run")
-    tgt = costs["target"]
-    drf = costs.get("draft")
+    notes: list[str] = []
+    tgt, note = costs["target"].for_flavor(hw.flavor)
+    notes += [note] if note else []
+    drf = None
+    if costs.get("draft") is not None:
+        drf, note = costs["draft"].for_flavor(hw.flavor)
+        notes += [note] if note else []
     ctx = work["target"].mean_context
+    rows = _rows(work, tgt, drf, hw, ctx, k_max, overlap=True)
+    low = {r.mode.split(" k=")[0] if r.mode.startswith("model, k=") else r.mode: r
+           for r in _rows(work, tgt, drf, hw, ctx, k_max, overlap=False)}
+    for r in rows:
+        lo = low.get(r.mode.split(" k=")[0] if r.mode.startswith("model, k=") else r.mode)
+        if lo is not None:
+            r.tokens_per_s_low, r.speedup_low = lo.tokens_per_s, lo.speedup
 
     def t_target(n: int) -> float:
         return step_seconds(tgt, hw, n, ctx)
 
     def t_draft(n: int) -> float:
         return step_seconds(drf, hw, n, ctx) if drf is not None else 0.0
+
+    step_ms = {"target": {n: round(t_target(n) * 1e3, 2) for n in (1, 2, 3, 5, 9)}}
+    if drf is not None:
+        step_ms["draft"] = {1: round(t_draft(1) * 1e3, 2)}
+    mean_prompt = work["target"].prompt_tokens / max(work["target"].generations, 1)
+    ttft = sum(step_seconds(tgt, hw, n, n / 2) for n in prefill_chunks(int(mean_prompt), 512)) if mean_prompt else None
+    if need_bytes is None:
+        kv = (tgt.kv_bytes_per_token + (drf.kv_bytes_per_token if drf else 0)) * max_len
+        need_bytes = int(1.15 * (tgt.weight_bytes + (drf.weight_bytes if drf else 0) + kv))
+    fits = None if hw.memory_budget_bytes is None else need_bytes <= hw.memory_budget_bytes
+    return Projection(hw.id, hw.name, hw.path, fits, step_ms, rows, ttft, asdict(hw), flavor=hw.flavor, notes=notes)
+
+
+def _rows(work: dict[str, ModeWork], tgt: ModelCost, drf: ModelCost | None, hw: Hardware, ctx: float, k_max: int,
+          *, overlap: bool) -> list[ProjectedMode]:
+    """Every mode's projected rate (and the draft model at the board's best k) under one step model."""
+    def t_target(n: int) -> float:
+        return step_seconds(tgt, hw, n, ctx, overlap=overlap)
+
+    def t_draft(n: int) -> float:
+        return step_seconds(drf, hw, n, ctx, overlap=overlap) if drf is not None else 0.0
 
     rows: list[ProjectedMode] = []
     base_rate = None
@@ -372,16 +450,7 @@ def project(work: dict[str, ModeWork], costs: dict[str, ModelCost], hw: Hardware
             note=f"per-token acceptance a={a:.2f} {source}, E[tokens/round]={e:.2f}"))
     for r in rows:
         r.speedup = r.tokens_per_s / base_rate if base_rate else float("nan")
-    step_ms = {"target": {n: round(t_target(n) * 1e3, 2) for n in (1, 2, 3, 5, 9)}}
-    if drf is not None:
-        step_ms["draft"] = {1: round(t_draft(1) * 1e3, 2)}
-    mean_prompt = work["target"].prompt_tokens / max(work["target"].generations, 1)
-    ttft = sum(step_seconds(tgt, hw, n, n / 2) for n in prefill_chunks(int(mean_prompt), 512)) if mean_prompt else None
-    if need_bytes is None:
-        kv = (tgt.kv_bytes_per_token + (drf.kv_bytes_per_token if drf else 0)) * max_len
-        need_bytes = int(1.15 * (tgt.weight_bytes + (drf.weight_bytes if drf else 0) + kv))
-    fits = None if hw.memory_budget_bytes is None else need_bytes <= hw.memory_budget_bytes
-    return Projection(hw.id, hw.name, hw.path, fits, step_ms, rows, ttft, asdict(hw))
+    return rows
 
 
 def cost_model_text(hw_list: Sequence[Hardware]) -> list[str]:

@@ -207,12 +207,20 @@ def format_breakdown(bd: Sequence[Breakdown]) -> str:
     return _grid(cols, lines, right_from=1)
 
 
+def _span(hi: float, lo: float | None, fmt: str, unit: str) -> str:
+    """'lo-hi' (overlap is the high end) or one number when the two agree to the shown digits."""
+    a, b = format(hi, fmt), format(lo, fmt) if lo is not None else None
+    return f"{a}{unit}" if b is None or a == b else f"{min(lo, hi):{fmt}}-{max(lo, hi):{fmt}}{unit}"
+
+
 def format_projection(projections: Sequence, hw_list: Sequence) -> str:
     """One line per board: the projected target-alone tokens/s and each mode's projected speed-up,
     then the modelled step costs and the assumptions behind them."""
     from .projection import cost_model_text
 
-    out = ["PROJECTION to boards: a cost model fed with this run's acceptance and step counts, NOT a measurement"]
+    out = ["PROJECTION to boards: a cost model fed with this run's acceptance and step counts, NOT a measurement",
+           "(each figure is a range: memory and compute overlapping - adding up; priced for the graph flavor the "
+           "board runs)"]
     modes: list[str] = []
     for p in projections:
         for m in p.modes:
@@ -224,9 +232,10 @@ def format_projection(projections: Sequence, hw_list: Sequence) -> str:
         by = {m.mode: m for m in p.modes}
         best = next((m for m in p.modes if m.mode.startswith("model, k=")), None)
         fits = {True: "yes", False: "NO", None: "?"}[p.fits]
-        lines.append([p.device, f"{by['target'].tokens_per_s:.1f}",
-                      *[f"{by[m].speedup:.2f}x" if m in by else "-" for m in modes],
-                      f"k={best.mode.split('k=')[1].split()[0]}: {best.speedup:.2f}x" if best else "-", fits])
+        lines.append([f"{p.device} ({getattr(p, 'flavor', 'cpu')})", _span(by['target'].tokens_per_s, by['target'].tokens_per_s_low, ".1f", ""),
+                      *[_span(by[m].speedup, by[m].speedup_low, ".2f", "x") if m in by else "-" for m in modes],
+                      f"k={best.mode.split('k=')[1].split()[0]}: {_span(best.speedup, best.speedup_low, '.2f', 'x')}"
+                      if best else "-", fits])
     out.append("projected speed-up over the target alone on the same board:")
     out.append(_grid(cols, lines, right_from=1))
     out.append("modelled step costs (ms):")
@@ -236,6 +245,9 @@ def format_projection(projections: Sequence, hw_list: Sequence) -> str:
         out.append(f"  {p.device}: target 1 tok {t[1]:.1f}, 5 tok {t[5]:.1f} ({t[5] / t[1]:.2f}x), 9 tok {t[9]:.1f} "
                    f"({t[9] / t[1]:.2f}x)" + (f"; draft 1 tok {d:.1f} ({d / t[1]:.2f}x)" if d else "")
                    + (f"; prefill of the mean prompt {p.ttft_s * 1e3:.0f}" if p.ttft_s else ""))
+    for p in projections:
+        for n in getattr(p, "notes", []) or []:
+            out.append(f"  note ({p.device}): {n}")
     out += cost_model_text(hw_list)
     out.append("  adaptive modes replay the k chosen on this machine (conservative where a long verify is cheap); "
                "'model, best k there' uses the per-token acceptance measured in the model mode.")

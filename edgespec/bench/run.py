@@ -309,12 +309,16 @@ def run_meta(engine, **settings) -> dict[str, Any]:
         ort_version = None
     from .. import __version__
 
+    from .projection import graph_costs as _graph_costs
+
     b = engine.bundle
     models = {}
     for role, f in b.manifest.models.items():
         models[role] = {"arch": f.arch, "layers": f.layers, "quant": f.quant, "accuracy_level": f.accuracy_level,
                         "params": f.params, "bytes": b.model_bytes(role), "kv_bytes_per_token": f.kv_bytes_per_token(),
-                        "source": f.source}
+                        "source": f.source, "flavor": f.graph_flavor(),
+                        "graphs": {fl: {"bytes": nb, "kv_bytes_per_token": kv}
+                                   for fl, (nb, kv) in _graph_costs(b, role).items()}}
     need = None
     try:  # the memory planner's estimate, so the projection's "fits" agrees with `edgespec plan`
         from ..edge.memory import predict
