@@ -5,8 +5,9 @@ Speculation pays only when the tokens a round yields outweigh what it costs:
     rate(k) = E[tokens | k proposals] / (draft cost of k tokens + verify(k + 1))
 
 against 1 / verify(1) for the target alone. On a compute-poor CPU verify(k+1) grows quickly with k
-(on the 2-core dev machine verify(5) ~ 1.8 x verify(1)) while on a Jetson GPU it is nearly flat,
-so the numbers must come from the device itself: the runners record the wall time of every step
+(on the 2-core dev machine verify(5) ~ 1.8 x verify(1)) while on a Jetson GPU it is expected to be
+nearly flat (a model of its bandwidth and compute, projection.py: no Jetson figure here is a
+measurement), so the numbers must come from the device itself: the runners record the wall time of every step
 by its number of tokens (`StepTimes`), and this module turns those into estimates, falling back
 to ratios measured on the dev machine (docs/speed.md, "Step costs") for sizes not seen yet.
 """
