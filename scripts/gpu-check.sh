@@ -8,7 +8,7 @@
 # 2. exports the cuda flavor of SmolLM2 (int8) and of the default Qwen2.5-Coder pair (int4), unless
 #    bundles are passed in (--smollm2, --qwen) or --no-qwen;
 # 3. runs tests/test_gpu.py, node placement (every GroupQueryAttention and MatMulNBits node on CUDA,
-#    no Memcpy inside a layer: python -m edgespec.placement), `edgespec bench` (target, model, ngram,
+#    no Memcpy inside a layer: python -m edgespec.bench.placement), `edgespec bench` (target, model, ngram,
 #    auto; code and chat prompts) and `edgespec plan --measure` (host RSS and device memory);
 # 4. writes everything under REPORT_DIR (default gpu-check-<date>/) with summary.md listing each
 #    step, its exit status and its log. A failing step does not stop the others.
@@ -115,7 +115,7 @@ for B in "${BUNDLES[@]}"; do
   N=$(basename "$B")
   [ -f "$B/manifest.json" ] || { echo "| $N | missing | 0 | no bundle at $B |" >> "$SUMMARY"; FAILED=$((FAILED + 1)); continue; }
   step "verify-$N" 300 "$PY" -m edgespec verify --load "$B"
-  step "placement-$N" 300 bash -c "$PY -m edgespec.placement '$B' --providers cuda,cpu > '$REPORT/placement-$N.json'"
+  step "placement-$N" 300 bash -c "$PY -m edgespec.bench.placement '$B' --providers cuda,cpu > '$REPORT/placement-$N.json'"
   for P in code chat; do
     # every mode the bundle supports (target, model with a draft, ngram, auto); 6 prompts, 1 repeat: the budget
     step "bench-$N-$P" 900 "$PY" -m edgespec bench "$B" --prompts "$P" --limit 6 --repeats 1 \

@@ -27,7 +27,7 @@ def verify(path: Path, *args: str) -> tuple[int, list[str]]:
 def test_a_fresh_bundle_verifies(tiny_bundle):
     rc, lines = verify(tiny_bundle)
     assert rc == 0 and len(lines) == 1
-    assert "OK" in lines[0] and "sha256 checked" in lines[0] and "target qwen2 fp32, draft qwen2 fp32" in lines[0]
+    assert "OK" in lines[0] and "sha256 checked" in lines[0] and "target qwen2 fp32 (cpu: float32 KV), draft qwen2 fp32 (cpu: float32 KV)" in lines[0]
     assert Bundle.open(tiny_bundle).name == "qwen-agree"
 
 

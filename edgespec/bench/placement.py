@@ -91,16 +91,16 @@ def measure(path: str | os.PathLike, facts: ModelFacts, providers=None, *, max_l
 
 
 def _main(argv: list[str] | None = None) -> int:
-    """python -m edgespec.placement BUNDLE [--providers cuda,cpu]: one JSON object, per graph of
+    """python -m edgespec.bench.placement BUNDLE [--providers cuda,cpu]: one JSON object, per graph of
     every model: where each op type ran, the Memcpy nodes, and the key ops off the first provider.
     Exit 1 when a GroupQueryAttention/MatMulNBits node ran elsewhere or a Memcpy sits inside a layer."""
     import argparse
     from dataclasses import replace
 
-    from .bundle import Bundle
-    from .providers import normalize
+    from ..models.bundle import Bundle
+    from ..edge.providers import normalize
 
-    ap = argparse.ArgumentParser(prog="python -m edgespec.placement")
+    ap = argparse.ArgumentParser(prog="python -m edgespec.bench.placement")
     ap.add_argument("bundle")
     ap.add_argument("--providers", default="cuda,cpu")
     a = ap.parse_args(argv)
