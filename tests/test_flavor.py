@@ -229,3 +229,16 @@ def test_old_bundle_without_flavor_fields_still_verifies(tiny_bundle, bundle_cop
     m, problems = verify_cmd.check(b)
     assert problems == [] and m.models["target"].graph_flavor() == "cpu"
     assert replace(m.models["target"]).flavors == {}
+
+
+def test_the_memory_plan_counts_the_graph_the_runner_loads(tiny_both_flavors_bundle, fake_cuda):
+    """CUDA first: the cuda graph (float16 KV) is what gets loaded, and what the plan counts."""
+    from edgespec.edge import memory
+    from edgespec.engine import build
+
+    b = Bundle.open(tiny_both_flavors_bundle)
+    on_cuda = build.memory_plan(b, max_len=256, want_draft=False, profile=None, budget=None, providers="cuda,cpu")
+    on_cpu = build.memory_plan(b, max_len=256, want_draft=False, profile=None, budget=None, providers="cpu")
+    assert on_cuda.breakdown["target_kv"] * 2 == on_cpu.breakdown["target_kv"]
+    cuda_graph = b.target.graphs()["cuda"]
+    assert on_cuda.breakdown["target_weights"] == int(1.32 * memory.graph_file_bytes(b, cuda_graph))

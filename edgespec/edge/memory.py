@@ -218,6 +218,7 @@ def plan(
     profile=None,
     min_len: int = MIN_MAX_LEN,
     prefill_chunk: int = PREFILL_CHUNK,
+    flavor: str | None = None,
 ) -> MemoryPlan:
     """Chooses max_len and whether to load the draft so the prediction fits `budget_bytes`.
 
@@ -251,7 +252,7 @@ def plan(
         notes.append("bundle has no draft model: drafting can use n-gram lookup only")
 
     def make(length: int, draft: bool) -> MemoryPlan:
-        parts = predict(b, length, draft, prefill_chunk=prefill_chunk)
+        parts = predict(b, length, draft, prefill_chunk=prefill_chunk, flavor=flavor)
         return MemoryPlan(
             max_len=length, load_draft=draft, predicted_bytes=sum(parts.values()), breakdown=parts,
             notes=notes, budget_bytes=budget_bytes, prefill_chunk=prefill_chunk, requested_max_len=want_len,
@@ -263,7 +264,7 @@ def plan(
     over = full.predicted_bytes - budget_bytes
     # 1. shrink the cache, keeping the draft
     if load_draft:
-        length = _longest_fitting(b, True, floor, want_len, budget_bytes, prefill_chunk)
+        length = _longest_fitting(b, True, floor, want_len, budget_bytes, prefill_chunk, flavor)
         if length is not None:
             notes.append(
                 f"max_len shrunk from {want_len} to {length}: the full length needs "
@@ -271,7 +272,7 @@ def plan(
             )
             return make(length, True)
     # 2. drop the draft model (n-gram drafting costs no memory), as long a cache as then fits
-    length = _longest_fitting(b, False, floor, want_len, budget_bytes, prefill_chunk)
+    length = _longest_fitting(b, False, floor, want_len, budget_bytes, prefill_chunk, flavor)
     if length is not None:
         if load_draft:
             at_floor = make(floor, True).predicted_bytes
@@ -299,11 +300,12 @@ def plan(
     raise err
 
 
-def _longest_fitting(b, draft: bool, floor: int, want: int, budget: int, chunk: int) -> int | None:
+def _longest_fitting(b, draft: bool, floor: int, want: int, budget: int, chunk: int,
+                     flavor: str | None = None) -> int | None:
     """Largest max_len in [floor, want] whose prediction fits (prediction grows with max_len), aligned
     down to LEN_ALIGN unless that would cross the floor."""
     def fits(n: int) -> bool:
-        return sum(predict(b, n, draft, prefill_chunk=chunk).values()) <= budget
+        return sum(predict(b, n, draft, prefill_chunk=chunk, flavor=flavor).values()) <= budget
 
     if not fits(floor):
         return None

@@ -91,10 +91,16 @@ def edge_options(device, providers, draft_providers, threads, memory_budget, pow
     return out
 
 
-def memory_plan(b: Bundle, *, max_len, want_draft: bool, profile, budget: int | None) -> memory.MemoryPlan:
+def memory_plan(b: Bundle, *, max_len, want_draft: bool, profile, budget: int | None,
+                providers=None) -> memory.MemoryPlan:
     """The memory module's plan: `budget` (bytes) or else the profile's default budget decides the
-    cache length and whether the draft is loaded; with neither, nothing is shrunk."""
-    return memory.plan(b, max_len=max_len, want_draft=want_draft, budget_bytes=budget, profile=profile)
+    cache length and whether the draft is loaded; with neither, nothing is shrunk. It counts the
+    graphs load_runner will pick for `providers` (a bundle may hold two flavors)."""
+    import onnxruntime as ort
+
+    first = flavor.first_usable(prov.normalize(providers), ort.get_available_providers())
+    return memory.plan(b, max_len=max_len, want_draft=want_draft, budget_bytes=budget, profile=profile,
+                       flavor=flavor.choose(b.target, first).graph_flavor())
 
 
 def sessions_spin(load_draft: bool) -> bool:

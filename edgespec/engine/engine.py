@@ -90,7 +90,7 @@ class Engine:
             raise DraftUnavailable(f"bundle {b.name} has no draft model: use draft='ngram' or 'auto'", param="draft")
         want_draft = draft in ("auto", "model") and b.draft is not None
         plan = build.memory_plan(b, max_len=max_len, want_draft=want_draft, profile=edge["profile"],
-                                 budget=edge["memory_budget"])
+                                 budget=edge["memory_budget"], providers=providers)
         for note in plan.notes:  # what a budget changed matters; the rest is detail
             log.log(logging.INFO if plan.budget_bytes is not None else logging.DEBUG, "memory plan: %s", note)
         if draft == "model" and not plan.load_draft:
