@@ -94,7 +94,7 @@ cp "$REPORT/logs/doctor.log" "$REPORT/doctor.json" 2>/dev/null || true
 if [ -z "$SMOL" ]; then
   SMOL="$REPORT/bundles/smollm2-int8-cuda"
   step pull-smollm2 600 "$PY" -m edgespec pull smollm2-135m-instruct
-  GGUF=$("$PY" -c 'from edgespec import registry; print(registry.find_model("smollm2-135m-instruct") or "")')
+  GGUF=$("$PY" -c 'from edgespec.models.store import find_model; print(find_model("smollm2-135m-instruct") or "")')
   step export-smollm2 900 "$PY" -m edgespec export --target "$GGUF" --quant int8 --ep cuda -o "$SMOL" -q
 fi
 BUNDLES=("$SMOL")
@@ -102,8 +102,8 @@ if [ "$DO_QWEN" -eq 1 ]; then
   if [ -z "$QWEN" ]; then
     QWEN="$REPORT/bundles/qwen-coder-cuda"
     step pull-qwen 1200 bash -c "$PY -m edgespec pull qwen2.5-coder-1.5b-instruct && $PY -m edgespec pull qwen2.5-coder-0.5b-instruct"
-    TQ=$("$PY" -c 'from edgespec import registry; print(registry.find_model("qwen2.5-coder-1.5b-instruct") or "")')
-    DQ=$("$PY" -c 'from edgespec import registry; print(registry.find_model("qwen2.5-coder-0.5b-instruct") or "")')
+    TQ=$("$PY" -c 'from edgespec.models.store import find_model; print(find_model("qwen2.5-coder-1.5b-instruct") or "")')
+    DQ=$("$PY" -c 'from edgespec.models.store import find_model; print(find_model("qwen2.5-coder-0.5b-instruct") or "")')
     step export-qwen 1800 "$PY" -m edgespec export --target "$TQ" --draft "$DQ" --ep cuda -o "$QWEN" -q
   fi
   BUNDLES+=("$QWEN")
