@@ -132,7 +132,7 @@ def run_export(
     with MemoryMonitor() as mem:
         tmp = writer.start(out, overwrite=o.overwrite)
         try:
-            _check_disk(out, sources, quants, graphs=len(o.eps))
+            _check_disk(out, sources, quants, len(o.eps))
             work = tmp / WORK
             work.mkdir()
             manifest, results = _export_into(tmp, work, out, sources, quants, o, progress, warn)
@@ -213,7 +213,8 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
                 passed = res["parity"]["top1"] >= threshold
                 res["parity"].update(min_top1=threshold, passed=passed)
                 if not passed:
-                    msg = (f"parity check failed for the {role} ({flavor} flavor): top-1 agreement "
+                    which = f"the {role}" + (f" ({flavor} flavor)" if len(flavors) > 1 or flavor != "cpu" else "")
+                    msg = (f"parity check failed for {which}: top-1 agreement "
                            f"{res['parity']['top1']:.1%} is below {threshold:.0%} (mean KL {res['parity']['mean_kl']:.4f})")
                     if not o.force:
                         raise ExportError(msg + "; pass --force to write the bundle anyway, or --min-top1 to change the threshold")
