@@ -200,7 +200,12 @@ def test_cuda_graph_is_loaded_on_the_cpu_provider_when_it_is_the_only_one(tiny_c
     b = Bundle.open(tiny_cuda_bundle)
     r = runner_mod.load_runner(b.model_path("target"), b.target, 16, providers="cpu")
     assert r.facts.graph_flavor() == "cuda" and r._kv[0].data_type() == "tensor(float16)"
+    ptrs = [ov.data_ptr() for ov in r._kv]
     assert r.step([1, 2], 2).dtype == np.float32  # float32 logits (the exporter's Cast)
+    r.step([3], 1)
+    # float16 past and present bound to the same buffers: written in place, never reallocated
+    assert [ov.data_ptr() for ov in r._kv] == ptrs
+    assert np.abs(r._kv[0].numpy()[0, :, :3]).sum() > 0 and not r._kv[0].numpy()[0, :, 3:].any()
 
 
 def test_export_refuses_fp32_cuda_and_unknown_flavors(tmp_path):
