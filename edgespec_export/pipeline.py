@@ -231,6 +231,8 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
                 results[role]["timings"] = {**results[role]["timings"],
                                             **{f"{flavor}_{k}": v for k, v in res["timings"].items()}}
 
+    _choose_self_draft(tmp, models["target"], ids, check.usable_vocab, progress, warn)
+
     tok = infos["target"]
     tokenizer = TokenizerFacts(
         files=list(TOKENIZER_FILES), usable_vocab=check.usable_vocab, bos_id=tok.bos_id, eos_ids=tok.eos_ids,
@@ -259,6 +261,31 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
         },
     )
     return manifest, results
+
+
+def _choose_self_draft(tmp: Path, facts: ModelFacts, ids: list[int], usable: int, progress: Progress, warn) -> None:
+    """Every export chooses the layers `draft="self"` skips (self_search.py) and records the choice in
+    the manifest; a graph the layer edit does not understand gets no record (the runtime's default
+    would fail on it the same way, with the reason)."""
+    from edgespec.drafters.self import default_skip
+    from edgespec.models.layer_skip import LayerSkipError
+
+    from .self_search import search_skip
+
+    if facts.layers < 2:
+        return
+    if not ids:  # no calibration text (--parity-tokens 0): the documented default, recorded as such
+        facts.self_draft = {"skip": default_skip(facts.layers), "method": "default (no calibration text)"}
+        return
+    cpu = facts.graphs().get("cpu")
+    if cpu is None:  # the self-draft runs on the CPU provider's graph only (docs/runtime.md)
+        facts.self_draft = {"skip": default_skip(facts.layers), "method": "default (no cpu-flavor graph)"}
+        return
+    with progress.stage("self-draft search", total=None, unit="set") as bar:
+        try:
+            facts.self_draft = search_skip(tmp / cpu.path, cpu, ids, usable, progress=bar)
+        except LayerSkipError as e:
+            warn(f"no self-draft for this target: {e}")
 
 
 def _threshold(role: str, quant: str, o: ExportOptions) -> float:

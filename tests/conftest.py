@@ -42,6 +42,12 @@ def tiny_bundle(bundle_root) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_deep_bundle(bundle_root) -> Path:
+    """fp32 Qwen2-shaped 6-layer target without a draft (self-speculative drafting skips layers)."""
+    return _bundle(bundle_root, "qwen-deep")
+
+
+@pytest.fixture(scope="session")
 def tiny_bundle_disagree(bundle_root) -> Path:
     return _bundle(bundle_root, "qwen-disagree")
 

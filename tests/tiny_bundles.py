@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# name -> (target arch, draft: None | noise level relative to the target's weights, quant[, flavors])
+# name -> (target arch, draft: None | noise level relative to the target's weights, quant[, flavors[, layers]])
 VARIANTS = {
     "qwen-agree": ("qwen2", 0.05, "fp32"),  # a draft that agrees often
     "qwen-disagree": ("qwen2", 2.0, "fp32"),  # a draft that disagrees often
@@ -22,6 +22,7 @@ VARIANTS = {
     "qwen-cuda-disagree": ("qwen2", 2.0, "int8", ("cuda",)),
     # both flavors in one bundle (model.onnx + model.cuda.onnx): the runtime's choice between them
     "qwen-both": ("qwen2", 0.05, "int8", ("cpu", "cuda")),
+    "qwen-deep": ("qwen2", None, "fp32", ("cpu",), 6),  # 6 layers, no draft: self-speculative drafting
 }
 
 
@@ -35,7 +36,7 @@ def build(name: str, root: Path) -> Path:
     if (out / "manifest.json").exists():
         return out
     src = root / "src" / name
-    target = make_tiny_model(src / "target", arch=arch, seed=0)
+    target = make_tiny_model(src / "target", arch=arch, seed=0, layers=rest[1] if len(rest) > 1 else 2)
     draft = make_tiny_draft(target, src / "draft", noise=noise) if noise is not None else None
     # in-process (no child per model): these models are tiny and the fixtures must be quick
     return export_bundle(target, out, draft=draft, quant=quant, isolate=False, eps=eps)

@@ -118,6 +118,10 @@ class ModelRunner:
     def kv_bytes(self) -> int:
         return self.facts.kv_bytes_per_token() * self.max_len
 
+    def kv_pair(self, layer: int):
+        """The (key, value) OrtValues of one layer: the self-draft runner binds them too."""
+        return self._kv[2 * layer], self._kv[2 * layer + 1]
+
     def _logits_out(self, n_rows: int):
         buf = self._logits_bufs.get(n_rows)
         if buf is None:

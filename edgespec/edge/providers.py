@@ -189,13 +189,16 @@ def _chain(order: list[str], i: int, available: set[str], options: dict) -> list
 
 
 def create_session(path: str | os.PathLike, *, providers=None, threads: int | None = None, provider_options=None,
-                   profile=None, spinning: bool | None = None, shared_threads: bool = False):
+                   profile=None, spinning: bool | None = None, shared_threads: bool = False, configure=None):
     """Returns (session, device). Tries each requested provider that this onnxruntime has.
 
     `providers=None` uses CUDA -> CPU (those this onnxruntime lacks are skipped quietly);
     an explicit list is tried as given, and a provider in it that this onnxruntime lacks gets a log
     line (a ProfileOrder, a device profile's default, is quiet like the default order). `profile`
-    sets the TensorRT options (workspace limit, fp16) for the board. Raises ProviderError listing every provider's reason when none works."""
+    sets the TensorRT options (workspace limit, fp16) for the board. `path` may be a serialized model
+    (bytes: the self-draft graph, engine/selfdraft.py); `configure(session_options)`, if given, is
+    called on the options before each try (shared weights). Raises ProviderError listing every
+    provider's reason when none works."""
     import onnxruntime as ort
 
     explicit = providers is not None and not isinstance(providers, ProfileOrder)
@@ -204,7 +207,7 @@ def create_session(path: str | os.PathLike, *, providers=None, threads: int | No
     options = {n: default_provider_options(n, profile=profile) for n in order}
     for n, o in (provider_options or {}).items():
         options[SHORT_NAMES.get(n.lower(), n)] = dict(o)
-    name_of = Path(path).name
+    name_of = "(in-memory graph)" if isinstance(path, bytes) else Path(path).name
     errors = []
     for i, name in enumerate(order):
         if name not in available:
@@ -217,9 +220,10 @@ def create_session(path: str | os.PathLike, *, providers=None, threads: int | No
             Path(options[TRT]["trt_engine_cache_path"]).mkdir(parents=True, exist_ok=True)
         chain = _chain(order, i, available, options)
         try:
-            sess = ort.InferenceSession(str(Path(path)), session_options(threads, spinning=spinning,
-                                                                         shared_threads=shared_threads),
-                                        providers=chain)
+            so = session_options(threads, spinning=spinning, shared_threads=shared_threads)
+            if configure is not None:
+                configure(so)
+            sess = ort.InferenceSession(path if isinstance(path, bytes) else str(Path(path)), so, providers=chain)
         except Exception as e:  # onnxruntime raises plain RuntimeError/Fail for all of these
             msg = _first_line(e)
             log.warning("provider %s failed for %s (%s); trying the next one", short_name(name), name_of, msg)
@@ -236,7 +240,7 @@ def create_session(path: str | os.PathLike, *, providers=None, threads: int | No
     hint = ""
     if explicit and CPU not in order:
         hint = " (add cpu to the list to fall back to the CPU)"
-    raise ProviderError(f"no execution provider could run {path}: " + "; ".join(errors) + hint)
+    raise ProviderError(f"no execution provider could run {name_of}: " + "; ".join(errors) + hint)
 
 
 def missing_hint(name: str) -> str:

@@ -24,7 +24,7 @@ from ..drafters import AutoDrafter, Drafter, ModelDrafter, NgramDrafter, NoDraft
 from ..errors import DraftUnavailable, InvalidRequest, PromptTooLong
 from ..limits import DEFAULT_K_CAP, PREFILL_CHUNK
 from ..models.bundle import Bundle
-from . import build
+from . import build, selfdraft
 from .loop import Parts, PrefixCache, decode
 from .requests import Encoder, Request, cancel_fn, check_draft_mode, check_k, check_max_new_tokens, check_stop
 from .results import GenerationResult, Stream
@@ -35,7 +35,7 @@ log = logging.getLogger("edgespec.engine")
 class Engine:
     def __init__(self, bundle: Bundle, target: ModelRunner, draft: ModelRunner | None, tokenizer, *,
                  draft_mode: str = "auto", k: int | None = None, governor=None, memory_plan=None,
-                 prefill_chunk: int = PREFILL_CHUNK):
+                 prefill_chunk: int = PREFILL_CHUNK, self_runner=None):
         self.bundle = bundle
         self.target = target
         self.draft_runner = draft
@@ -51,12 +51,20 @@ class Engine:
         self.usable = min(tf.usable_vocab, target.vocab_size)
         self.eos_ids = frozenset(tf.eos_ids)
         self.costs = CostModel(target.times, draft.times if draft is not None else None)
+        self.self_runner = self_runner  # the self-draft (engine/selfdraft.py), when loaded
         ngram = NgramDrafter(self.costs)
         model = ModelDrafter(draft, self.usable, self.costs) if draft is not None else None
+        own = None
+        if self_runner is not None:
+            from ..drafters.self import SelfDrafter
+
+            own = SelfDrafter(self_runner, self.usable, CostModel(target.times, self_runner.times))
         self._drafters: dict[str, Drafter] = {"none": NoDrafter(), "ngram": ngram}
         if model is not None:
             self._drafters["model"] = model
-        self._drafters["auto"] = AutoDrafter(self.costs, [d for d in (ngram, model) if d is not None])
+        if own is not None:
+            self._drafters["self"] = own
+        self._drafters["auto"] = AutoDrafter(self.costs, [d for d in (ngram, model, own) if d is not None])
         self._cache = PrefixCache()
         self._lock = threading.Lock()
         cfg = bundle.tokenizer_config()
@@ -97,8 +105,15 @@ class Engine:
             raise DraftUnavailable("the memory budget leaves no room for the draft model: use draft='ngram' "
                                    "or 'auto', or raise the budget", param="draft")
         # both models on one shared thread pool: they take turns, and must not fight over cores
-        target = build.load_runner(b.model_path("target"), b.target, plan.max_len, providers=providers,
-                                   threads=threads, shared_threads=plan.load_draft, profile=edge["profile"])
+        target = self_runner = None
+        if selfdraft.wanted(draft, plan.load_draft):
+            pair = selfdraft.open_for_engine(b, plan.max_len, required=draft == "self", providers=providers,
+                                             threads=threads, profile=edge["profile"])
+            if pair is not None:
+                target, self_runner = pair.target, pair.runner
+        if target is None:
+            target = build.load_runner(b.model_path("target"), b.target, plan.max_len, providers=providers,
+                                       threads=threads, shared_threads=plan.load_draft, profile=edge["profile"])
         draft_runner = None
         if plan.load_draft:
             draft_runner = build.load_runner(b.model_path("draft"), b.draft, plan.max_len,
@@ -106,7 +121,7 @@ class Engine:
                                              threads=threads, shared_threads=True, profile=edge["profile"])
         governor = build.governor(edge, spinning=build.sessions_spin(plan.load_draft))
         eng = cls(b, target, draft_runner, b.load_tokenizer(), draft_mode=draft, k=k, governor=governor,
-                  memory_plan=plan, prefill_chunk=plan.prefill_chunk)
+                  memory_plan=plan, prefill_chunk=plan.prefill_chunk, self_runner=self_runner)
         if warmup and draft != "none":
             eng.warmup()
         return eng
@@ -117,6 +132,7 @@ class Engine:
                 self.governor.close()
             self.target = None  # type: ignore[assignment]
             self.draft_runner = None
+            self.self_runner = None
             self._drafters = {}
 
     @property
@@ -170,6 +186,10 @@ class Engine:
                     for _ in range(2):
                         self.draft_runner.rewind(0)
                         self.draft_runner.step([0] * s, 1)
+            if self.self_runner is not None:  # its steps are 1 token (it never catches up)
+                for _ in range(3):
+                    self.self_runner.rewind(0)
+                    self.self_runner.step([0], 1)
             self._invalidate()
 
     def reset_cache(self) -> None:
@@ -190,6 +210,9 @@ class Engine:
                    "the draft model was not loaded (engine opened with draft="
                    f"{self.draft_mode!r}, or the memory plan left it out)")
             raise DraftUnavailable(f"draft='model' is not possible: {why}", param="draft")
+        if mode == "self" and "self" not in self._drafters:
+            raise DraftUnavailable("draft='self' is not possible: the self-draft was not loaded (open the engine "
+                                   "with draft='self')", param="draft")
         check_k(k)
         stops = check_stop(stop)
         ids = self._encode(prompt, messages)

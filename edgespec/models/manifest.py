@@ -72,6 +72,11 @@ class ModelFacts:
     # that differ, {"path", "kv_dtype", "activation_dtype", "logits_dtype", "parity"}. Empty: one graph.
     flavors: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    # target only, optional: the layers `draft="self"` skips, chosen at export by a measured search
+    # ({"skip": [7, 9, ...], "acceptance": 0.61, "cost_ratio": 0.74, ...}, edgespec_export/self_search.py).
+    # Absent (bundles from before it existed): the runtime uses drafters/self.py default_skip.
+    self_draft: dict[str, Any] | None = None
+
     def graph_flavor(self) -> str:
         """This graph's flavor, with the documented default for bundles written before flavors."""
         if self.flavor:

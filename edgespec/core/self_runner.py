@@ -1,0 +1,116 @@
+"""The self-draft's half of the runtime: the target's weights shared between two sessions, and a
+runner for the layer-skipped graph on the target runner's own KV buffers (drafters/self.py).
+
+The weights: onnxruntime (1.32) prepacks constant MatMul weights per session (a copy laid out for
+its kernels), and its Python API gives no way to share prepacked weights between sessions. So both
+sessions are given the *same* initializer OrtValues (SessionOptions.add_initializer), made once from
+a read-only memory map of target/model.onnx.data, and both run with prepacking off
+("session.disable_prepacking"): one copy of the weights, in clean file-backed pages. The measured
+trade is in docs/speed.md ("Self-speculative drafting").
+
+The KV cache: the self-draft graph keeps the target's KV input/output names for the layers it keeps,
+and SelfRunner binds the target runner's own OrtValues to them. A draft step at position L writes
+the kept layers' row L of the target's cache; the verify of the same round overwrites it (it writes
+rows L..L+k of every layer). Rows before L are the target's exact ones, so a draft reads the true
+past rather than its own approximation of it, and there is nothing to sync, rewind or prefill.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .runner import ModelRunner, StepTimes
+
+PREPACK_CONFIG = "session.disable_prepacking"
+EXTERNAL_FOLDER_CONFIG = "session.model_external_initializers_file_folder_path"
+
+
+class SharedWeights:
+    """Every initializer of a graph as an OrtValue, made once.
+
+    External-data tensors are views into one read-only np.memmap of their file (no copy: the pages
+    are the file's, shared with the page cache and reclaimable); inline tensors are small and are
+    decoded. The numpy arrays are kept here: an OrtValue from numpy borrows their memory."""
+
+    def __init__(self, model_path: Path):
+        import onnx
+        import onnxruntime as ort
+        from onnx import external_data_helper, helper, numpy_helper
+
+        self.path = Path(model_path)
+        self.proto = onnx.load(str(self.path), load_external_data=False)
+        self.arrays: dict[str, np.ndarray] = {}
+        self.values: dict[str, object] = {}
+        maps: dict[Path, np.memmap] = {}
+        for t in self.proto.graph.initializer:
+            if external_data_helper.uses_external_data(t):
+                info = {e.key: e.value for e in t.external_data}
+                f = self.path.parent / info["location"]
+                mm = maps.get(f)
+                if mm is None:
+                    mm = maps[f] = np.memmap(f, dtype=np.uint8, mode="r")
+                off = int(info.get("offset", 0))
+                n = int(info["length"]) if "length" in info else mm.shape[0] - off
+                dt = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+                a = mm[off : off + n].view(dt).reshape(tuple(t.dims))
+            else:
+                a = numpy_helper.to_array(t)
+            self.arrays[t.name] = a
+            self.values[t.name] = ort.OrtValue.ortvalue_from_numpy(a)
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def configure(self, so, names: Sequence[str] | None = None, folder: Path | None = None) -> None:
+        """Gives a session these weights (all, or `names`) and turns its prepacking off, so it holds
+        no copy of them (the point of sharing: see the module docstring). `folder`: where a graph
+        loaded from bytes has its external data (onnxruntime checks the references even though
+        every initializer is given)."""
+        if folder is not None:
+            so.add_session_config_entry(EXTERNAL_FOLDER_CONFIG, str(folder))
+        for n in self.values if names is None else names:
+            so.add_initializer(n, self.values[n])
+        so.add_session_config_entry(PREPACK_CONFIG, "1")
+
+
+class SelfRunner(ModelRunner):
+    """The self-draft graph on the target runner's own KV buffers (kept layers only).
+
+    `length` is where the next draft step writes; the drafter sets it to the target's length
+    before each proposal (rows at and past the target's length belong to nobody until the verify
+    writes them)."""
+
+    def __init__(self, session, target: ModelRunner, kept: Sequence[int]):
+        import onnxruntime as ort
+
+        f = target.facts
+        self.session = session
+        self.facts = f
+        self.target = target
+        self.kept = list(kept)
+        self.max_len = target.max_len
+        self.length = 0
+        self.times = StepTimes()
+        self.vocab_size = f.vocab_size
+        self._has_logits_to_keep = f.logits_to_keep is not None and f.logits_to_keep in {
+            i.name for i in session.get_inputs()
+        }
+        self._ones = np.ones((1, self.max_len), dtype=np.int64)
+        self._logits_dtype = target._logits_dtype
+        self._logits_bufs = {}
+        self._kv = []  # none of its own
+        self._binding = session.io_binding()
+        for i in self.kept:
+            k, v = target.kv_pair(i)
+            self._binding.bind_ortvalue_input(f.past_key % i, k)
+            self._binding.bind_ortvalue_input(f.past_value % i, v)
+            self._binding.bind_ortvalue_output(f.present_key % i, k)
+            self._binding.bind_ortvalue_output(f.present_value % i, v)
+        self._ort = ort
+
+    def kv_bytes(self) -> int:
+        return 0  # the target's buffers
+
+

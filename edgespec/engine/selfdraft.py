@@ -1,0 +1,97 @@
+"""Opening the target and its self-draft on shared weights (drafters/self.py, core/self_runner.py)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.runner import ModelRunner
+from ..core.self_runner import SelfRunner, SharedWeights
+from ..drafters.self import SkipChoice, skip_for
+from ..errors import DraftUnavailable
+from ..models.manifest import ModelFacts
+
+log = logging.getLogger("edgespec.engine.selfdraft")
+
+
+@dataclass
+class SelfPair:
+    target: ModelRunner
+    runner: SelfRunner
+    choice: SkipChoice
+    weights: SharedWeights
+
+
+def open_pair(model_path: Path, facts: ModelFacts, max_len: int, choice: SkipChoice, *, providers=None,
+              threads: int | None = None, shared_threads: bool = True, profile=None) -> SelfPair:
+    """Creates the target's session and runner and the self-draft session on the same weights.
+
+    Raises DraftUnavailable (with the reason) when the self-draft graph cannot be made: `onnx`
+    missing, or a graph this edit does not understand."""
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        raise DraftUnavailable("draft='self' builds its graph at load with the onnx package, which is not "
+                               "installed: pip install onnx", param="draft") from None
+    from ..edge.providers import create_session, use_shared_thread_pool
+    from ..models.layer_skip import LayerSkipError, skip_layers
+
+    weights = SharedWeights(model_path)
+    try:
+        dproto = skip_layers(weights.proto, choice.skip, facts.layers)
+    except LayerSkipError as e:
+        raise DraftUnavailable(f"draft='self' is not possible for this graph: {e}", param="draft") from None
+    if shared_threads:
+        shared_threads = use_shared_thread_pool(threads)
+    kw = {} if shared_threads else {"spinning": False}
+    # the target's own graph from its file (so the providers code names it in errors), weights shared
+    tsess, device = create_session(model_path, providers=providers, threads=threads, profile=profile,
+                                   shared_threads=shared_threads, configure=weights.configure, **kw)
+    names = [t.name for t in dproto.graph.initializer]
+    dsess, _ = create_session(dproto.SerializeToString(), providers=providers, threads=threads, profile=profile,
+                              shared_threads=shared_threads,
+                              configure=lambda so: weights.configure(so, names, folder=model_path.parent), **kw)
+    target = ModelRunner(tsess, facts, max_len, device=device)
+    kept = [i for i in range(facts.layers) if i not in set(choice.skip)]
+    runner = SelfRunner(dsess, target, kept)
+    # both sessions read the weights from memory these arrays own (OrtValues borrow it): they must
+    # live as long as either session does
+    target.shared_weights = runner.shared_weights = weights
+    return SelfPair(target, runner, choice, weights)
+
+
+# --- engine wiring -------------------------------------------------------------------------------
+def wanted(draft: str, load_draft: bool) -> bool:
+    """Whether an engine opened with `draft` loads the self-draft: always for draft="self"; for
+    "auto" only when no draft model is loaded (a bundle without one, or a memory plan that left it
+    out): the self-draft is then auto's model-like option, and where a draft model is loaded it is
+    the better drafter on every pair measured (docs/speed.md)."""
+    return draft == "self" or (draft == "auto" and not load_draft)
+
+
+def open_for_engine(bundle, max_len: int, *, required: bool, providers=None, threads=None,
+                    profile=None) -> SelfPair | None:
+    """open_pair for Engine.open. With required=False (auto), a self-draft that cannot be made is
+    logged and skipped (None): auto then drafts without it."""
+    import onnxruntime as ort
+
+    from ..edge.providers import CPU, normalize
+
+    facts = bundle.target
+    try:
+        usable = [p for p in normalize(providers) if p in set(ort.get_available_providers())]
+        if usable[:1] != [CPU]:
+            raise DraftUnavailable("draft='self' shares the weights between two CPU sessions (docs/runtime.md); "
+                                   f"it is not available when {usable[0] if usable else 'no provider'} runs the "
+                                   "target", param="draft")
+        choice = skip_for(facts)
+        pair = open_pair(bundle.model_path("target"), facts, max_len, choice, providers=["cpu"],
+                         threads=threads, shared_threads=True, profile=profile)
+    except DraftUnavailable:
+        if required:
+            raise
+        log.info("auto drafting without the self-draft", exc_info=True)
+        return None
+    log.info("self-draft: skipping %d of %d layers %s (%s)", len(choice.skip), facts.layers, choice.skip,
+             choice.source)
+    return pair

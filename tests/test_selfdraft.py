@@ -1,0 +1,284 @@
+"""Self-speculative drafting (draft="self"): the target with layers skipped drafts for itself.
+
+Lossless like every drafter (greedy token-identical to the target alone, sampling by chi-square), on
+the 6-layer tiny bundle and the 2-layer one; the KV sharing (a self round writes the target's own
+buffers, and after the verify the target cache equals a fresh prefill); the weight sharing, asserted
+structurally (every weight either session runs on is a view of the one memory map of the target's
+data file, and neither session prepacks a copy); the manifest's skip choice and its fallback.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from edgespec.core.sampling import SamplingParams, make_rng, probs
+from edgespec.core.self_runner import PREPACK_CONFIG, SharedWeights
+from edgespec.core.speculative import speculative_round
+from edgespec.drafters.self import SelfDrafter, default_skip, skip_for
+from edgespec.engine import Engine
+from edgespec.engine.selfdraft import open_pair
+from edgespec.errors import DraftUnavailable
+from edgespec.models.bundle import Bundle
+from edgespec.models.layer_skip import LayerSkipError, check_skip, skip_layers
+from edgespec.models.manifest import MANIFEST_NAME, content_digest
+
+from test_lossless import random_prompt
+from test_sampling import chi2_gof
+
+onnx = pytest.importorskip("onnx")
+
+
+@pytest.fixture(scope="module")
+def deep(tiny_deep_bundle):
+    return {"none": Engine.open(tiny_deep_bundle, max_len=256, draft="none"),
+            "self": Engine.open(tiny_deep_bundle, max_len=256, draft="self")}
+
+
+# --- the skip set ----------------------------------------------------------------------------------
+def test_default_skip_is_every_other_layer_of_the_middle_half():
+    assert default_skip(30) == [7, 9, 11, 13, 15, 17, 19, 21]
+    assert default_skip(24) == [6, 8, 10, 12, 14, 16]
+    assert default_skip(6) == [1, 3]
+    assert default_skip(2) == [1]
+    for n in range(2, 64):
+        s = default_skip(n)
+        assert s and 0 not in s and max(s) < n
+    with pytest.raises(DraftUnavailable, match="no layer to skip"):
+        default_skip(1)
+
+
+def test_check_skip_refuses_layer_zero_and_out_of_range():
+    assert check_skip([3, 1, 3], 6) == [1, 3]
+    with pytest.raises(LayerSkipError, match="layer 0 reads the embedding"):
+        check_skip([0], 6)
+    with pytest.raises(LayerSkipError, match=r"cannot skip layer\(s\) \[6\]"):
+        check_skip([6], 6)
+
+
+def test_export_records_the_searched_skip_set(tiny_deep_bundle):
+    facts = Bundle.open(tiny_deep_bundle).target
+    rec = facts.self_draft
+    assert rec is not None and rec["skip"] and all(1 <= i < facts.layers for i in rec["skip"])
+    assert 0.0 <= rec["acceptance"] <= 1.0 and 0.0 < rec["cost_ratio"] < 1.0
+    assert rec["evaluations"] >= facts.layers - 1  # the screen measured every skippable layer alone
+    assert skip_for(facts).source == "manifest" and skip_for(facts).skip == sorted(rec["skip"])
+
+
+def _strip_self_draft(path):
+    m = json.loads((path / MANIFEST_NAME).read_text())
+    m["models"]["target"].pop("self_draft", None)
+    m["digest"] = content_digest(m)
+    (path / MANIFEST_NAME).write_text(json.dumps(m, indent=2))
+
+
+def test_bundle_without_the_field_falls_back_to_the_default(tiny_deep_bundle, bundle_copy):
+    old = bundle_copy(tiny_deep_bundle, "old")
+    _strip_self_draft(old)
+    b = Bundle.open(old)
+    assert b.target.self_draft is None
+    choice = skip_for(b.target)
+    assert choice.source == "default" and choice.skip == default_skip(b.target.layers)
+    ref = Engine.open(old, max_len=128, draft="none").generate("hello there", max_new_tokens=24)
+    eng = Engine.open(old, max_len=128, draft="self")
+    assert eng.self_runner.kept == [i for i in range(6) if i not in default_skip(6)]
+    r = eng.generate("hello there", max_new_tokens=24, k=3)
+    assert r.token_ids == ref.token_ids and r.stats.drafted > 0
+
+
+def test_layer_edit_removes_the_skipped_layers_and_their_kv(tiny_deep_bundle):
+    proto = onnx.load(str(tiny_deep_bundle / "target" / "model.onnx"), load_external_data=False)
+    d = skip_layers(proto, [2, 3], 6)
+    names = {i.name for i in d.graph.input} | {o.name for o in d.graph.output}
+    for i in range(6):
+        present = f"past_key_values.{i}.key" in names and f"present.{i}.value" in names
+        assert present == (i not in (2, 3))
+    assert not any(n.name.startswith(("/model/layers.2/", "/model/layers.3/")) for n in d.graph.node)
+    assert len(proto.graph.node) > len(d.graph.node)  # the original is untouched
+    assert any(n.name.startswith("/model/layers.2/") for n in proto.graph.node)
+
+
+def test_layer_edit_refuses_a_graph_it_does_not_understand(tiny_deep_bundle):
+    proto = onnx.load(str(tiny_deep_bundle / "target" / "model.onnx"), load_external_data=False)
+    for n in proto.graph.node:
+        n.name = n.name.replace("/model/layers.", "/blocks.")
+    with pytest.raises(LayerSkipError, match="no residual-add norm"):
+        skip_layers(proto, [2], 6)
+
+
+# --- lossless ------------------------------------------------------------------------------------
+def test_greedy_equals_target_alone_every_k(deep):
+    rng = np.random.default_rng(13)
+    drafted = 0
+    for i in range(4):
+        prompt = random_prompt(deep["none"], rng, int(rng.integers(2, 40)))
+        ref = deep["none"].generate(prompt, max_new_tokens=40)
+        for k in (None, 1, 2, 3, 4, 5, 6, 7, 8):
+            r = deep["self"].generate(prompt, max_new_tokens=40, k=k)
+            assert (r.token_ids, r.text, r.finish_reason) == (ref.token_ids, ref.text, ref.finish_reason), (i, k)
+            drafted += r.stats.drafted
+            if k is not None:
+                assert r.stats.rounds_by_source.get("self", 0) > 0
+    assert drafted > 100
+
+
+def test_greedy_two_layer_bundle_and_auto_uses_self_without_a_draft_model(tiny_bundle_nodraft):
+    ref = Engine.open(tiny_bundle_nodraft, max_len=128, draft="none")
+    eng = Engine.open(tiny_bundle_nodraft, max_len=128, draft="auto")
+    assert eng._drafters["self"] in eng._drafters["auto"].sources  # auto's model-like option
+    for prompt in ("def add(a, b):", "the the the the", "x"):
+        want = ref.generate(prompt, max_new_tokens=32).token_ids
+        for mode, k in (("self", None), ("self", 4), ("auto", None), ("auto", 3)):
+            assert eng.generate(prompt, max_new_tokens=32, draft=mode, k=k).token_ids == want, (prompt, mode, k)
+
+
+def test_auto_does_not_load_self_when_a_draft_model_is_loaded(tiny_bundle):
+    eng = Engine.open(tiny_bundle, max_len=64, draft="auto")
+    assert eng.self_runner is None and "self" not in eng._drafters
+    with pytest.raises(DraftUnavailable, match="draft='self' is not possible"):
+        eng.generate("hi", max_new_tokens=4, draft="self")
+
+
+def test_greedy_near_the_cache_limit(tiny_deep_bundle):
+    ref = Engine.open(tiny_deep_bundle, max_len=40, draft="none")
+    eng = Engine.open(tiny_deep_bundle, max_len=40, draft="self")
+    rng = np.random.default_rng(5)
+    for free in (1, 2, 3, 5, 8, 12):
+        ids = rng.integers(3, eng.usable, size=40 - free).tolist()
+        prompt = eng.tokenizer.decode(ids)
+        if eng.count_tokens(prompt) >= 40:
+            continue
+        want = ref.generate(prompt, max_new_tokens=100)
+        assert want.finish_reason in ("cache_full", "stop")
+        for k in (1, 3, 8, None):
+            r = eng.generate(prompt, max_new_tokens=100, k=k)
+            assert (r.token_ids, r.finish_reason) == (want.token_ids, want.finish_reason), (free, k)
+            assert eng.target.length <= eng.max_len
+
+
+@pytest.mark.slow
+def test_sampling_matches_the_exact_target_distribution(tiny_deep_bundle):
+    eng = Engine.open(tiny_deep_bundle, max_len=64, draft="self")
+    params = SamplingParams(temperature=1.5, top_k=3)
+    prompt = "def add(a, b):"
+    ids = eng.encode(prompt)
+    runner = eng.target
+    exact: dict = {}
+
+    def walk(prefix: list[int], p: float) -> None:
+        runner.rewind(len(ids) - 1)
+        row = runner.step([*ids[-1:], *prefix], len(prefix) + 1)[-1]
+        dist = probs(row, params, eng.usable)
+        for t in np.flatnonzero(dist):
+            q = p * dist[t]
+            if int(t) in eng.eos_ids or len(prefix) == 2:
+                key = tuple(prefix) if int(t) in eng.eos_ids else (*prefix, int(t))
+                exact[key] = exact.get(key, 0.0) + q
+            else:
+                walk([*prefix, int(t)], q)
+
+    runner.reset()
+    runner.step(ids[:-1], 1)
+    walk([], 1.0)
+    eng._invalidate()
+    n = 1200
+    counts: dict = {}
+    for seed in range(n):
+        r = eng.generate(prompt, max_new_tokens=3, temperature=1.5, top_k=3, seed=seed, k=2)
+        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
+    assert chi2_gof(counts, exact, n) > 1e-3
+
+
+def test_sampled_rounds_are_drafted_and_valid(deep):
+    """Quick sampling check (the chi-square test is marked slow): sampled self rounds run, draft,
+    and give tokens of the usable vocabulary."""
+    r = deep["self"].generate("abc", max_new_tokens=24, temperature=0.8, seed=3, k=3)
+    assert r.stats.drafted > 0 and all(0 <= t < deep["self"].usable for t in r.token_ids)
+
+
+# --- the KV sharing ------------------------------------------------------------------------------
+def _kv_rows(runner, n: int) -> list[np.ndarray]:
+    out = []
+    for i in range(runner.facts.layers):
+        for ov in runner.kv_pair(i):
+            out.append(ov.numpy()[:, :, :n, :].copy())
+    return out
+
+
+def test_self_round_writes_the_target_cache_and_the_verify_repairs_it(tiny_deep_bundle):
+    b = Bundle.open(tiny_deep_bundle)
+    usable = b.manifest.tokenizer.usable_vocab
+    pair = open_pair(b.model_path("target"), b.target, 64, skip_for(b.target))
+    target, runner = pair.target, pair.runner
+    drafter = SelfDrafter(runner, usable, None, adaptive=False)
+    rng = make_rng(0)
+    ctx = [5, 17, 33, 9, 100, 7, 250, 31]
+    target.step(ctx[:-1], 1)
+    base = target.length
+    before = _kv_rows(target, base)
+    k0 = runner.kept[-1]
+
+    def row():
+        return target.kv_pair(k0)[0].numpy()[:, :, base, :].copy()
+
+    empty = row()
+    prop = drafter.propose(ctx, 4, SamplingParams(), rng)
+    assert len(prop.tokens) == 4 and prop.source == "self"
+    assert not np.array_equal(row(), empty)  # the draft wrote row `base` of a kept layer, in the target's buffer
+    assert target.length == base  # ... and the target's length is untouched: the verify owns that row
+    drafter.feedback(prop, 0, base)
+    for _ in range(6):
+        r = speculative_round(target, drafter, ctx, 4, SamplingParams(), rng, usable)
+        ctx.extend(r.tokens)
+    assert target.length == len(ctx) - 1
+    fresh = open_pair(b.model_path("target"), b.target, 64, skip_for(b.target)).target
+    fresh.step(ctx[:-1], 1)
+    got, want = _kv_rows(target, target.length), _kv_rows(fresh, fresh.length)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    for g, w in zip(before, got):  # the rows before the first round were never touched
+        np.testing.assert_array_equal(g, w[:, :, : g.shape[2], :])
+
+
+# --- the weight sharing, structurally --------------------------------------------------------------
+def test_both_sessions_run_on_one_memory_map_of_the_weights(tiny_deep_bundle, monkeypatch):
+    seen = []
+    real = SharedWeights.configure
+
+    def spy(self, so, names=None, folder=None):
+        real(self, so, names, folder)
+        seen.append((self, so, None if names is None else list(names)))
+
+    monkeypatch.setattr(SharedWeights, "configure", spy)
+    b = Bundle.open(tiny_deep_bundle)
+    pair = open_pair(b.model_path("target"), b.target, 32, skip_for(b.target))
+    assert len(seen) == 2  # the target's session and the self-draft's
+    w = pair.weights
+    assert all(s[0] is w for s in seen)
+    data = (b.model_path("target").parent / "model.onnx.data").resolve()
+    total = 0
+    for name, arr in w.arrays.items():
+        if isinstance(arr.base, np.memmap) or isinstance(arr, np.memmap):
+            base = arr if isinstance(arr, np.memmap) else arr.base
+            while not isinstance(base, np.memmap) and getattr(base, "base", None) is not None:
+                base = base.base
+            assert str(base.filename) == str(data)
+            assert w.values[name].data_ptr() == arr.ctypes.data  # the OrtValue borrows the mapping
+            total += arr.nbytes
+    assert total > 0.99 * data.stat().st_size  # every weight byte is in the one mapping
+    graph_inits = {t.name for t in w.proto.graph.initializer}
+    target_names, draft_names = seen[0][2], seen[1][2]
+    assert target_names is None  # all of them
+    assert set(draft_names) < graph_inits and draft_names  # a subset: the skipped layers' are not read
+    for _, so, _names in seen:
+        assert so.get_session_config_entry(PREPACK_CONFIG) == "1"  # no session packs a copy
+
+
+def test_self_draft_refused_with_an_accelerator_first(tiny_deep_bundle, monkeypatch):
+    import onnxruntime as ort
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    with pytest.raises(DraftUnavailable, match="shares the weights between two CPU sessions"):
+        Engine.open(tiny_deep_bundle, max_len=32, draft="self", providers=["cuda", "cpu"], warmup=False)
