@@ -282,3 +282,19 @@ def test_self_draft_refused_with_an_accelerator_first(tiny_deep_bundle, monkeypa
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     with pytest.raises(DraftUnavailable, match="shares the weights between two CPU sessions"):
         Engine.open(tiny_deep_bundle, max_len=32, draft="self", providers=["cuda", "cpu"], warmup=False)
+
+
+def test_bench_modes_take_self_with_fixed_k_and_refuse_it_with_model():
+    from edgespec.bench.run import parse_modes
+    from edgespec.errors import InvalidRequest
+
+    modes = parse_modes("target,self,auto", "2", has_draft=False)
+    assert [(m.draft, m.k) for m in modes] == [("none", None), ("self", None), ("self", 2), ("auto", None)]
+    with pytest.raises(InvalidRequest, match="model and self need differently opened engines"):
+        parse_modes("target,model,self", None, has_draft=True)
+
+
+def test_server_accepts_draft_self():
+    from edgespec.limits import DRAFT_MODES
+
+    assert "self" in DRAFT_MODES

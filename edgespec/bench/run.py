@@ -30,7 +30,7 @@ from ..limits import K_LIMIT
 from ..units import peak_rss_bytes
 from .prompts import Prompt
 
-MODES = ("target", "model", "ngram", "auto")
+MODES = ("target", "model", "ngram", "self", "auto")
 # decode steps hold at most K_LIMIT + 1 tokens; anything longer is a prompt being prefilled
 PREFILL_MIN_TOKENS = K_LIMIT + 2
 
@@ -40,7 +40,7 @@ PREFILL_MIN_TOKENS = K_LIMIT + 2
 class Mode:
     """One column of the comparison: a drafting mode, adaptive (k=None) or with a fixed k."""
 
-    draft: str  # "none" | "model" | "ngram" | "auto"
+    draft: str  # "none" | "model" | "ngram" | "self" | "auto"
     k: int | None = None
 
     @property
@@ -62,7 +62,12 @@ def parse_modes(modes: str, ks: str | None, *, has_draft: bool) -> list[Mode]:
     if bad or not names:
         raise InvalidRequest(f"--modes: unknown mode(s) {bad or modes!r}; choose from {', '.join(MODES)}", param="modes")
     if "model" in names and not has_draft:
-        raise DraftUnavailable("--modes model: the bundle has no draft model (use target,ngram,auto)", param="modes")
+        raise DraftUnavailable("--modes model: the bundle has no draft model (use target,ngram,self,auto)",
+                               param="modes")
+    if "model" in names and "self" in names:
+        raise InvalidRequest("--modes: model and self need differently opened engines (the self-draft shares "
+                             "unpacked weights with the target, docs/runtime.md): run them in two benches",
+                             param="modes")
     k_list: list[int] = []
     if ks:
         for x in ks.split(","):
@@ -78,7 +83,7 @@ def parse_modes(modes: str, ks: str | None, *, has_draft: bool) -> list[Mode]:
         if name == "target":
             continue
         out.append(Mode(name))
-        if name in ("model", "ngram"):
+        if name in ("model", "ngram", "self"):
             out += [Mode(name, k) for k in k_list]
     if len(out) == 1:
         raise InvalidRequest("--modes: nothing to compare with the target alone (add model, ngram or auto)",

@@ -25,6 +25,7 @@ from .runner import ModelRunner, StepTimes
 
 PREPACK_CONFIG = "session.disable_prepacking"
 EXTERNAL_FOLDER_CONFIG = "session.model_external_initializers_file_folder_path"
+_PACKED_4BIT = (21, 22)  # onnx TensorProto.UINT4, INT4
 
 
 class SharedWeights:
@@ -32,7 +33,9 @@ class SharedWeights:
 
     External-data tensors are views into one read-only np.memmap of their file (no copy: the pages
     are the file's, shared with the page cache and reclaimable); inline tensors are small and are
-    decoded. The numpy arrays are kept here: an OrtValue from numpy borrows their memory."""
+    decoded. The numpy arrays are kept here: an OrtValue from numpy borrows their memory.
+    Packed 4-bit tensors (an int4 bundle's quantized embedding) have no numpy type: each session
+    loads its own copy of those (`unshared`)."""
 
     def __init__(self, model_path: Path):
         import onnx
@@ -44,7 +47,11 @@ class SharedWeights:
         self.arrays: dict[str, np.ndarray] = {}
         self.values: dict[str, object] = {}
         maps: dict[Path, np.memmap] = {}
+        self.unshared: list[str] = []  # packed 4-bit tensors: numpy/OrtValue cannot hold them
         for t in self.proto.graph.initializer:
+            if t.data_type in _PACKED_4BIT:
+                self.unshared.append(t.name)
+                continue
             if external_data_helper.uses_external_data(t):
                 info = {e.key: e.value for e in t.external_data}
                 f = self.path.parent / info["location"]
@@ -71,7 +78,8 @@ class SharedWeights:
         if folder is not None:
             so.add_session_config_entry(EXTERNAL_FOLDER_CONFIG, str(folder))
         for n in self.values if names is None else names:
-            so.add_initializer(n, self.values[n])
+            if n in self.values:
+                so.add_initializer(n, self.values[n])
         so.add_session_config_entry(PREPACK_CONFIG, "1")
 
 

@@ -21,9 +21,10 @@ def register(sub) -> None:
     p.add_argument("--prompts", default="code",
                    help="code, chat, a .jsonl file, or several joined by commas (default: code)")
     p.add_argument("--modes", default=None,
-                   help="comma-separated from target,model,ngram,auto (default: all the bundle supports)")
+                   help="comma-separated from target,model,ngram,self,auto (default: all the bundle supports but "
+                        "self; self and model need two runs)")
     p.add_argument("--k", default=None, metavar="K,K,...",
-                   help="also run model and ngram with these fixed k (adaptive k is always run)")
+                   help="also run model, ngram and self with these fixed k (adaptive k is always run)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); outputs are compared only then")
@@ -80,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     from ...engine import Engine
 
     draft = "auto" if any(m.draft in ("model", "auto") for m in modes) else "ngram"
+    if any(m.draft == "self" for m in modes):
+        draft = "self"  # loads the self-draft; auto then also has it as an option
     print(f"loading {b.root} ...", file=sys.stderr, flush=True)
     engine = Engine.open(b, draft=draft, max_len=args.max_len, threads=args.threads, verify=False)
     try:

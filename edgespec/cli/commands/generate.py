@@ -18,7 +18,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle", help="bundle folder (or the name of one under $EDGESPEC_HOME/bundles)")
     p.add_argument("--draft", choices=DRAFT_CHOICES, default="auto",
                    help="drafting: auto (per round: n-gram, draft model or none, by measured cost; default), "
-                        "model, ngram, none (target alone)")
+                        "model, ngram, self (the target with some layers skipped drafts for itself), none "
+                        "(target alone)")
     p.add_argument("--k", type=int, default=None, metavar="N",
                    help=f"proposals per round (1-{K_LIMIT}); default: chosen every round from measured costs")
     p.add_argument("--max-len", type=int, default=None, metavar="N",

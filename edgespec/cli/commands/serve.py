@@ -93,9 +93,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="skip the warm-up generation before READY [EDGESPEC_WARMUP=0]")
 
     eng = p.add_argument_group("engine (passed to Engine.open)")
-    eng.add_argument("--draft", choices=("auto", "model", "ngram", "none"),
+    eng.add_argument("--draft", choices=("auto", "model", "ngram", "self", "none"),
                      help="default drafting of requests (a request may pass its own 'draft'): auto | model | ngram "
-                     "| none (default auto) [EDGESPEC_DRAFT]")
+                     "| self (the target with layers skipped; loaded only when chosen here, or by auto without a "
+                     "draft model) | none (default auto) [EDGESPEC_DRAFT]")
     eng.add_argument("--k", type=int, help="tokens drafted per round (default: chosen by measured cost) [EDGESPEC_K]")
     eng.add_argument("--max-len", type=int, help="KV cache length in tokens (default: from the memory plan) "
                      "[EDGESPEC_MAX_LEN]")
