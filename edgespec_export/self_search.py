@@ -74,7 +74,7 @@ def search_skip(model_path: Path, facts: ModelFacts, ids: Sequence[int], usable:
         weights.configure(so, names, folder=model_path.parent)
         return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
-    target = ModelRunner(session(str(model_path)), facts, len(ids) + 1)
+    target = ModelRunner(session(weights.proto.SerializeToString()), facts, len(ids) + 1)
     ref = np.argmax(target.step(ids, len(ids))[:, :usable], axis=1)  # [N]: the target's next tokens
     full_bytes = _graph_bytes(weights.proto, weights)
     cache: dict[tuple[int, ...], dict] = {}

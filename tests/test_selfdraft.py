@@ -298,3 +298,37 @@ def test_server_accepts_draft_self():
     from edgespec.limits import DRAFT_MODES
 
     assert "self" in DRAFT_MODES
+
+
+@pytest.fixture(scope="module")
+def tied_bundle(tmp_path_factory):
+    pytest.importorskip("torch")
+    from edgespec_export.pipeline import export_bundle
+    from edgespec_export.tiny import make_tiny_model
+
+    root = tmp_path_factory.mktemp("tied")
+    src = make_tiny_model(root / "src", layers=4, seed=1, tied=True)
+    return export_bundle(src, root / "b", quant="fp32", isolate=False)
+
+
+def test_tied_embedding_transpose_is_folded_once_and_shared(tied_bundle, monkeypatch):
+    """A tied embedding reaches its Gather through a Transpose of the lm_head weight, which
+    onnxruntime would fold into a new tensor per session: it is folded once and given to both."""
+    seen = []
+    real = SharedWeights.configure
+
+    def spy(self, so, names=None, folder=None):
+        real(self, so, names, folder)
+        seen.append(None if names is None else set(names))
+
+    monkeypatch.setattr(SharedWeights, "configure", spy)
+    ref = Engine.open(tied_bundle, max_len=64, draft="none")
+    eng = Engine.open(tied_bundle, max_len=64, draft="self")
+    w = eng.self_runner.shared_weights
+    assert w.folded == ["/model/embed_tokens/Transpose/output_0"]
+    assert not any(n.op_type == "Transpose" and n.input[0] in w.arrays for n in w.proto.graph.node)
+    assert seen[0] is None and w.folded[0] in seen[1]  # the target gets all; the draft gets the folded one too
+    for prompt in ("hello", "a b a b a b"):
+        for k in (None, 2, 5):
+            assert eng.generate(prompt, max_new_tokens=24, k=k).token_ids == \
+                ref.generate(prompt, max_new_tokens=24).token_ids

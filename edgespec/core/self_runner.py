@@ -48,6 +48,7 @@ class SharedWeights:
         self.values: dict[str, object] = {}
         maps: dict[Path, np.memmap] = {}
         self.unshared: list[str] = []  # packed 4-bit tensors: numpy/OrtValue cannot hold them
+        self.folded: list[str] = []  # constant Transposes of weights, computed once (_fold_transposes)
         for t in self.proto.graph.initializer:
             if t.data_type in _PACKED_4BIT:
                 self.unshared.append(t.name)
@@ -66,6 +67,39 @@ class SharedWeights:
                 a = numpy_helper.to_array(t)
             self.arrays[t.name] = a
             self.values[t.name] = ort.OrtValue.ortvalue_from_numpy(a)
+        self._fold_transposes()
+
+    def _fold_transposes(self) -> None:
+        """A tied embedding is stored once, as the lm_head's [hidden, vocab] weight, and read by the
+        embedding Gather through a Transpose. onnxruntime folds that constant Transpose into a new
+        tensor in every session (113 MB per session for SmolLM2): done here once instead, the
+        result given to both sessions like any other weight. The graph gets a placeholder
+        initializer for it (external-data reference into the same file, never read: the
+        session is given the OrtValue)."""
+        import onnxruntime as ort
+        from onnx import TensorProto
+
+        g = self.proto.graph
+        inits = {t.name: t for t in g.initializer}
+        for n in list(g.node):
+            if n.op_type != "Transpose" or n.input[0] not in self.values:
+                continue
+            perm = next((list(a.ints) for a in n.attribute if a.name == "perm"), None)
+            src = self.arrays[n.input[0]]
+            arr = np.ascontiguousarray(src.transpose(perm) if perm else src.T)
+            self.arrays[n.output[0]] = arr
+            self.values[n.output[0]] = ort.OrtValue.ortvalue_from_numpy(arr)
+            t = TensorProto()
+            t.name, t.data_type = n.output[0], inits[n.input[0]].data_type
+            t.dims.extend(arr.shape)
+            t.data_location = TensorProto.EXTERNAL
+            ref = {e.key: e.value for e in inits[n.input[0]].external_data}
+            for k, v in (("location", ref.get("location", "")), ("offset", "0"), ("length", str(arr.nbytes))):
+                e = t.external_data.add()
+                e.key, e.value = k, v
+            g.initializer.append(t)
+            g.node.remove(n)
+            self.folded.append(n.output[0])
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())

@@ -44,13 +44,15 @@ def open_pair(model_path: Path, facts: ModelFacts, max_len: int, choice: SkipCho
     if shared_threads:
         shared_threads = use_shared_thread_pool(threads)
     kw = {} if shared_threads else {"spinning": False}
-    # the target's own graph from its file (so the providers code names it in errors), weights shared
-    tsess, device = create_session(model_path, providers=providers, threads=threads, profile=profile,
-                                   shared_threads=shared_threads, configure=weights.configure, **kw)
+    # the target's graph as SharedWeights edited it (constant Transposes folded once), weights shared
+    folder = model_path.parent
+    tsess, device = create_session(weights.proto.SerializeToString(), providers=providers, threads=threads,
+                                   profile=profile, shared_threads=shared_threads,
+                                   configure=lambda so: weights.configure(so, folder=folder), **kw)
     names = [t.name for t in dproto.graph.initializer]
     dsess, _ = create_session(dproto.SerializeToString(), providers=providers, threads=threads, profile=profile,
                               shared_threads=shared_threads,
-                              configure=lambda so: weights.configure(so, names, folder=model_path.parent), **kw)
+                              configure=lambda so: weights.configure(so, names, folder=folder), **kw)
     target = ModelRunner(tsess, facts, max_len, device=device)
     kept = [i for i in range(facts.layers) if i not in set(choice.skip)]
     runner = SelfRunner(dsess, target, kept)
