@@ -124,14 +124,21 @@ def test_greedy_equals_target_alone_every_k(deep):
     assert drafted > 100
 
 
-def test_greedy_two_layer_bundle_and_auto_uses_self_without_a_draft_model(tiny_bundle_nodraft):
+def test_greedy_two_layer_bundle_and_auto_has_self_when_opened_with_it(tiny_bundle_nodraft):
     ref = Engine.open(tiny_bundle_nodraft, max_len=128, draft="none")
-    eng = Engine.open(tiny_bundle_nodraft, max_len=128, draft="auto")
-    assert eng._drafters["self"] in eng._drafters["auto"].sources  # auto's model-like option
+    eng = Engine.open(tiny_bundle_nodraft, max_len=128, draft="self")
+    assert eng._drafters["self"] in eng._drafters["auto"].sources  # one more option of auto
     for prompt in ("def add(a, b):", "the the the the", "x"):
         want = ref.generate(prompt, max_new_tokens=32).token_ids
         for mode, k in (("self", None), ("self", 4), ("auto", None), ("auto", 3)):
             assert eng.generate(prompt, max_new_tokens=32, draft=mode, k=k).token_ids == want, (prompt, mode, k)
+
+
+def test_auto_alone_does_not_load_self(tiny_bundle_nodraft):
+    """Loading it turns weight prepacking off for the target too (docs/speed.md): auto does not
+    pay that by itself, with or without a draft model."""
+    eng = Engine.open(tiny_bundle_nodraft, max_len=64, draft="auto", warmup=False)
+    assert eng.self_runner is None and "self" not in eng._drafters
 
 
 def test_auto_does_not_load_self_when_a_draft_model_is_loaded(tiny_bundle):

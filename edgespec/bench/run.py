@@ -239,7 +239,7 @@ def run_bench(
             for mode in order:
                 fresh_cache(engine)
                 t_snap = _times_snapshot(engine.target)
-                d_snap = _times_snapshot(getattr(engine, "draft_runner", None))
+                d_snap = _times_snapshot(_draft_runner(engine))
                 rss.start()
                 res = engine.generate(**p.request(), max_new_tokens=p.max_new_tokens or max_new_tokens,
                                       temperature=temperature, seed=seed, draft=mode.draft, k=mode.k)
@@ -256,7 +256,7 @@ def run_bench(
                     peak_rss_mb=round(peak, 1), same_as_target=None, first_diff=None,
                     rounds_by_source=dict(getattr(st, "rounds_by_source", {}) or {}),
                     target_steps=_times_delta(t_snap, _times_snapshot(engine.target)),
-                    draft_steps=_times_delta(d_snap, _times_snapshot(getattr(engine, "draft_runner", None))),
+                    draft_steps=_times_delta(d_snap, _times_snapshot(_draft_runner(engine))),
                     text=res.text,
                 )
                 if mode.draft == "none":
@@ -275,6 +275,11 @@ def run_bench(
     meta["loadavg_start"] = load_start
     meta["loadavg_end"] = _loadavg()
     return BenchRun(meta=meta, modes=modes, prompts=list(prompts), samples=samples)
+
+
+def _draft_runner(engine):
+    """The runner whose steps are the draft's: the draft model's, else the self-draft's."""
+    return getattr(engine, "draft_runner", None) or getattr(engine, "self_runner", None)
 
 
 def check_fit(engine, prompts: Sequence[Prompt], max_new_tokens: int) -> None:
