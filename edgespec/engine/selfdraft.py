@@ -88,8 +88,12 @@ def open_for_engine(bundle, max_len: int, *, required: bool, providers=None, thr
             raise DraftUnavailable("draft='self' shares the weights between two CPU sessions (docs/runtime.md); "
                                    f"it is not available when {usable[0] if usable else 'no provider'} runs the "
                                    "target", param="draft")
+        cpu = facts.graphs().get("cpu")  # the CPU provider's graph (float32 activations and KV)
+        if cpu is None:
+            raise DraftUnavailable("draft='self' runs on the CPU provider's graph, and this bundle has only a "
+                                   f"{facts.graph_flavor()} one (export it with --ep cpu)", param="draft")
         choice = skip_for(facts)
-        pair = open_pair(bundle.model_path("target"), facts, max_len, choice, providers=["cpu"],
+        pair = open_pair(bundle.root / cpu.path, cpu, max_len, choice, providers=["cpu"],
                          threads=threads, shared_threads=True, profile=profile)
     except DraftUnavailable:
         if required:
