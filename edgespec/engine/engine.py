@@ -81,8 +81,11 @@ class Engine:
              warmup: bool = True) -> "Engine":
         """Verifies the bundle (sha256 unless verify=False), plans memory, loads the models.
 
-        draft: the default drafting mode of requests ("auto" | "model" | "ngram" | "none"). With
-        "ngram" or "none" the draft model is not loaded at all (less memory, faster start).
+        draft: the default drafting mode of requests ("auto" | "model" | "ngram" | "self" | "none").
+        With "ngram" or "none" the draft model is not loaded at all (less memory, faster start).
+        "self" loads the self-draft instead (the target with layers skipped, on shared weights:
+        engine/selfdraft.py); only an engine opened with it serves draft="self" requests, and its
+        `auto` has the self-draft as one more option.
         warmup: time the step sizes adaptive drafting chooses between once at open (about 1 s on
         a 2-core CPU), so the first request neither pays one-off allocations nor guesses costs.
         device: None (no board defaults), "auto" (this board, detected) or a profile name: its
