@@ -8,7 +8,6 @@ data file, and neither session prepacks a copy); the manifest's skip choice and 
 """
 from __future__ import annotations
 
-import itertools
 import json
 
 import numpy as np
