@@ -6,7 +6,8 @@ runtime binds both to one OrtValue). We drive it with three changes that keep th
 - its whole-graph quantization pass is replaced by `quantize.quantize_graph`, one weight at a time
   (same onnxruntime kernels, byte-identical output, the float weights never held twice);
 - its genai_config/tokenizer side outputs are skipped (the bundle writer owns those).
-Then `graph_edit.add_logits_to_keep` adds the input that limits logits to the last n positions.
+Then `graph_edit.add_logits_to_keep` adds the input that limits logits to the last n positions, and
+`graph_edit.add_tree_inputs` the contract-v2 inputs (position_ids, attention_bias) tree verification needs.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Any
 
 from edgespec.models.manifest import ModelFacts
 
-from .graph_edit import LOGITS_TO_KEEP, add_logits_to_keep, logits_to_float32
+from .graph_edit import ATTENTION_BIAS, LOGITS_TO_KEEP, POSITION_IDS, add_logits_to_keep, add_tree_inputs, logits_to_float32
 from .progress import NullProgress, Progress, trim_malloc
 from .quantize import QuantSettings, quantizable_nodes, quantize_graph
 
@@ -189,6 +190,7 @@ def build_graph(
                 callback=lambda _tensor, _meta: bar.update(1))
     del model, onnx_builder
     add_logits_to_keep(onnx_path)
+    add_tree_inputs(onnx_path)  # graph contract v2: per-token positions + attention bias (tree verify)
     if flavor == "cuda":
         logits_to_float32(onnx_path)
     facts = facts_from_config(cfg, out_dir, quant=quant, block_size=block_size, accuracy_level=accuracy_level,
@@ -232,4 +234,6 @@ def facts_from_config(cfg: dict, out_dir: Path, *, quant: str, block_size: int, 
         logits_to_keep=LOGITS_TO_KEEP,
         flavor=flavor,
         activation_dtype=activation_dtype,
+        position_ids=POSITION_IDS,
+        attention_bias=ATTENTION_BIAS,
     )

@@ -79,3 +79,53 @@ def logits_to_float32(model_path: Path, logits_name: str = "logits") -> None:
     g.node.insert(list(g.node).index(producer) + 1, cast)
     out.type.tensor_type.elem_type = TensorProto.FLOAT
     onnx.save(model, str(model_path))
+
+
+# --- graph contract v2: per-token positions and an additive attention bias -----------------------
+POSITION_IDS = "position_ids"
+ATTENTION_BIAS = "attention_bias"
+# GroupQueryAttention's optional input slots (onnxruntime 1.32 contrib op):
+# 0 query 1 key 2 value 3 past_key 4 past_value 5 seqlens_k 6 total_sequence_length 7 cos_cache
+# 8 sin_cache 9 position_ids 10 attention_bias 11 head_sink
+_GQA_POSITION_SLOT = 9
+_GQA_BIAS_SLOT = 10
+
+
+def add_tree_inputs(model_path: Path) -> None:
+    """Adds the contract-v2 inputs and wires them into every GroupQueryAttention node, in place:
+
+    - `position_ids` int64 [batch, seq]: the rotary position of each input token (a chain step
+      feeds L..L+S-1, a tree feeds L + depth of each node);
+    - `attention_bias` [batch or 1, heads or 1, seq, total] of the attention's float type, added to
+      the attention scores on top of GQA's own causal mask (0 = may attend, a large negative
+      number = may not): a tree's ancestor mask. A chain step feeds zeros.
+
+    Why a graph edit and not a builder option: the builder leaves both slots empty, and GQA's CPU
+    kernel derives positions from the cache length when they are absent, which is right for a chain
+    and wrong for a tree (siblings share a position)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    g = model.graph
+    names = {i.name for i in g.input}
+    if POSITION_IDS in names and ATTENTION_BIAS in names:
+        return
+    gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
+    if not gqa:
+        raise ValueError("no GroupQueryAttention node: not a graph of the runtime's contract")
+    past = next((i for i in g.input if i.name.startswith("past_key_values.")), None)
+    if past is None:
+        raise ValueError("no past_key_values input: not a graph of the runtime's contract")
+    float_type = past.type.tensor_type.elem_type  # the attention's T (the cache has the query's type)
+    for n in gqa:
+        while len(n.input) <= _GQA_BIAS_SLOT:
+            n.input.append("")
+        if n.input[_GQA_POSITION_SLOT] or n.input[_GQA_BIAS_SLOT]:
+            raise ValueError(f"{n.name}: position_ids/attention_bias already wired to something else")
+        n.input[_GQA_POSITION_SLOT] = POSITION_IDS
+        n.input[_GQA_BIAS_SLOT] = ATTENTION_BIAS
+    g.input.append(helper.make_tensor_value_info(POSITION_IDS, TensorProto.INT64, ["batch_size", "sequence_length"]))
+    g.input.append(helper.make_tensor_value_info(
+        ATTENTION_BIAS, float_type, ["bias_batch", "bias_heads", "sequence_length", "total_sequence_length"]))
+    onnx.save(model, str(model_path))

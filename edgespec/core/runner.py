@@ -1,11 +1,17 @@
 """One model, one onnxruntime session, one KV cache allocated once and written in place.
 
-The graph (docs/ARCHITECTURE.md, "Graph contract") takes `past_key_values.{i}.key|value` of shape
+The graph (docs/graph-contract.md) takes `past_key_values.{i}.key|value` of shape
 [1, kv_heads, MAX, head_dim] and returns `present.{i}.key|value` of the same shape. Binding both to
 the *same* OrtValue makes GroupQueryAttention write the new rows into the buffer we own, so a step
 allocates and copies no cache. The cache length L is just a number we keep: the graph learns it from
 the width of `attention_mask` (L + S), and rewinding is setting L back, since rows past L are never
 read and are overwritten by the next step.
+
+Graph contract v2 adds `position_ids` [1, S] and `attention_bias` [1, 1, S, L+S]: a chain step binds
+positions L..L+S-1 (a slice of one preallocated arange) and zeros (a view of one preallocated zero
+buffer), so it allocates nothing more than before; `step_tree` binds a tree's per-node positions and
+its ancestor mask, and `compact` moves the accepted path's rows to contiguous positions. A version-1
+graph lacks both inputs: the runner then binds neither and can only run chains (`supports_tree`).
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from ..errors import EdgespecError
 from ..models.manifest import ModelFacts
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+_ZERO_BIAS_CAP = 1 << 16  # elements of the reused zero bias (256 KB in fp32): decode/verify steps
 log = logging.getLogger("edgespec.runner")
 
 
@@ -84,16 +91,24 @@ class ModelRunner:
         self.length = 0  # tokens currently held in the cache
         self.times = StepTimes()
         self.vocab_size = facts.vocab_size
-        self._has_logits_to_keep = facts.logits_to_keep is not None and facts.logits_to_keep in {
-            i.name for i in session.get_inputs()
-        }
+        inputs = {i.name for i in session.get_inputs()}
+        self._has_logits_to_keep = facts.logits_to_keep is not None and facts.logits_to_keep in inputs
+        # contract v2 (per-token positions + attention bias); False for a version-1 graph
+        self.supports_tree = (facts.position_ids is not None and facts.attention_bias is not None
+                              and facts.position_ids in inputs and facts.attention_bias in inputs)
         kv_dtype = _NP_DTYPES[facts.kv_dtype]
+        self._bias_dtype = kv_dtype  # GQA's attention_bias has the attention's float type (= the cache's)
+        self._positions = np.arange(self.max_len, dtype=np.int64).reshape(1, self.max_len)
+        self._zeros = np.zeros(0, dtype=kv_dtype)  # grown on demand up to _ZERO_BIAS_CAP elements
+        self._kv_np: list[np.ndarray] | None = [] if device == "cpu" else None  # host views for compact()
         shape = (1, facts.kv_heads, self.max_len, facts.head_dim)
         self._kv: list = []  # OrtValues, in binding order: (key_0, value_0, key_1, ...)
         for _ in range(facts.layers):
             for _ in ("key", "value"):
                 if device == "cpu":
-                    ov = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=kv_dtype))
+                    arr = np.zeros(shape, dtype=kv_dtype)
+                    self._kv_np.append(arr)  # the OrtValue wraps this memory: writes show here
+                    ov = ort.OrtValue.ortvalue_from_numpy(arr)
                 else:
                     ov = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), kv_dtype, device, device_id)
                 self._kv.append(ov)
@@ -109,6 +124,11 @@ class ModelRunner:
             self._binding.bind_ortvalue_output(facts.present_key % i, k)
             self._binding.bind_ortvalue_output(facts.present_value % i, v)
         self._ort = ort
+
+    @property
+    def can_tree(self) -> bool:
+        """step_tree + compact work: a contract-v2 graph, and a cache on the host (compact copies rows)."""
+        return self.supports_tree and self._kv_np is not None
 
     @property
     def free(self) -> int:
@@ -146,6 +166,72 @@ class ModelRunner:
         f = self.facts
         b.bind_cpu_input(f.input_ids, np.asarray(tokens, dtype=np.int64).reshape(1, s))
         b.bind_cpu_input(f.attention_mask, self._ones[:, : self.length + s])
+        if self.supports_tree:
+            b.bind_cpu_input(f.position_ids, self._positions[:, self.length : self.length + s])
+            b.bind_cpu_input(f.attention_bias, self._zero_bias(s, self.length + s))
+        return self._run(s, n_logits, t0)
+
+    def _zero_bias(self, s: int, total: int) -> np.ndarray:
+        """A zero attention bias [1, 1, s, total]: a contiguous view of one reused zero buffer (a
+        chain step needs no mask beyond GQA's own causal one)."""
+        n = s * total
+        if n > self._zeros.size:
+            if n > _ZERO_BIAS_CAP:  # a long prefill chunk: a one-off array, not kept
+                return np.zeros((1, 1, s, total), dtype=self._bias_dtype)
+            self._zeros = np.zeros(min(_ZERO_BIAS_CAP, max(n, 2 * self._zeros.size, 4096)), dtype=self._bias_dtype)
+        return self._zeros[:n].reshape(1, 1, s, total)
+
+    def step_tree(self, tokens: Sequence[int], depths: Sequence[int], ancestors: np.ndarray) -> np.ndarray:
+        """Runs a flattened tree of N nodes placed at cache rows [length, length+N): node i at rotary
+        position length + depths[i], attending to the whole cache before it and to the nodes j with
+        ancestors[i, j] (itself and its ancestors; ancestors is bool [N, N], lower triangular: a
+        parent precedes its children). Returns logits [N, vocab] (a reused buffer, like step).
+        `length` grows by N; the caller keeps the accepted path with `compact` and `rewind`."""
+        if not self.supports_tree:
+            raise ValueError("this graph has no position_ids/attention_bias inputs (a format-1 bundle): "
+                             "re-export it with this edgespec for tree verification")
+        s = len(tokens)
+        if s == 0:
+            raise ValueError("step_tree needs at least one token")
+        anc = np.asarray(ancestors, dtype=bool)
+        if anc.shape != (s, s) or len(depths) != s:
+            raise ValueError(f"a tree of {s} nodes needs depths [{s}] and ancestors [{s}, {s}], got "
+                             f"{len(depths)} and {anc.shape}")
+        if self.length + s > self.max_len:
+            raise CacheFull(f"{s} token(s) at position {self.length} do not fit a cache of {self.max_len}")
+        t0 = time.perf_counter()
+        L = self.length
+        bias = np.zeros((1, 1, s, L + s), dtype=self._bias_dtype)
+        bias[0, 0, :, L:][~anc] = np.finfo(self._bias_dtype).min / 2  # finite: no inf - inf in the softmax
+        pos = (L + np.asarray(depths, dtype=np.int64)).reshape(1, s)
+        b = self._binding
+        f = self.facts
+        b.bind_cpu_input(f.input_ids, np.asarray(tokens, dtype=np.int64).reshape(1, s))
+        b.bind_cpu_input(f.attention_mask, self._ones[:, : L + s])
+        b.bind_cpu_input(f.position_ids, pos)
+        b.bind_cpu_input(f.attention_bias, bias)
+        return self._run(s, s, t0)
+
+    def compact(self, rows: Sequence[int], start: int) -> None:
+        """Copies the K/V of cache rows `rows` (ascending, each >= start) to rows start, start+1, ...
+        in every layer: after a tree verify, the accepted path's rows become contiguous, so the
+        cache again holds exactly the context. Rows already in place are not copied."""
+        rows = list(rows)
+        moves = [(src, start + j) for j, src in enumerate(rows) if src != start + j]
+        if not moves:
+            return
+        if any(src < dst for src, dst in moves) or rows != sorted(rows) or rows[-1] >= self.length:
+            raise ValueError(f"compact: rows {rows} to {start} are not an ascending path inside the cache")
+        if self._kv_np is None:
+            raise ValueError("compacting the cache is implemented for the CPU provider only")
+        src = np.array([m[0] for m in moves])
+        dst = np.array([m[1] for m in moves])
+        for arr in self._kv_np:
+            arr[0, :, dst] = arr[0, :, src]  # fancy indexing reads a copy first: overlaps are safe
+
+    def _run(self, s: int, n_logits: int, t0: float) -> np.ndarray:
+        b = self._binding
+        f = self.facts
         rows = n_logits if self._has_logits_to_keep else s
         if self._has_logits_to_keep:
             b.bind_cpu_input(f.logits_to_keep, np.array([n_logits], dtype=np.int64))

@@ -140,6 +140,15 @@ class SelfRunner(ModelRunner):
             i.name for i in session.get_inputs()
         }
         self._ones = np.ones((1, self.max_len), dtype=np.int64)
+        # graph contract v2 (runner.py): chain steps bind positions and a zero bias like the target's;
+        # no tree steps and no compaction of its own (the rows it writes are the target's)
+        inputs = {i.name for i in session.get_inputs()}
+        self.supports_tree = (f.position_ids is not None and f.attention_bias is not None
+                              and f.position_ids in inputs and f.attention_bias in inputs)
+        self._bias_dtype = target._bias_dtype
+        self._positions = target._positions
+        self._zeros = np.zeros(0, dtype=self._bias_dtype)
+        self._kv_np = None
         self._logits_dtype = target._logits_dtype
         self._logits_bufs = {}
         self._kv = []  # none of its own

@@ -4,7 +4,7 @@ Both halves use this module: `edgespec_export/` writes a manifest, the device ru
 Keeping the schema in one place means a bundle the exporter writes is, by construction, one the
 runtime can read, and `verify` and `Bundle.open` run the very same checks.
 
-Layout (format_version 1):
+Layout (format_version 2; version 1 bundles are still read, see TREE_FORMAT_VERSION):
 
     bundle/
       manifest.json
@@ -24,7 +24,13 @@ from typing import Any
 from ..limits import QUANTS
 
 FORMAT = "edgespec-bundle"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Versions this edgespec reads. Version 2 is graph contract v2: every graph also takes per-token
+# `position_ids` and an additive `attention_bias` (docs/ARCHITECTURE.md), which tree verification
+# needs. A version-1 bundle's graphs lack them: it runs in chain-only mode (`--tree on` is refused
+# with a line saying to re-export), so bundles exported before the bump keep working.
+READ_VERSIONS = (1, 2)
+TREE_FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft")
 FLAVORS = ("cpu", "cuda")  # graph flavors (ModelFacts.flavor)
@@ -61,6 +67,10 @@ class ModelFacts:
     present_value: str = "present.%d.value"
     logits: str = "logits"
     logits_to_keep: str | None = "num_logits_to_keep"  # int64 [1]: only the last n rows of logits
+    # contract v2 (None in a version-1 bundle): int64 [1, S] rotary position of each input token,
+    # and the attention's float type [1, 1, S, L+S], added to the scores (0 = attend, -inf-ish = not)
+    position_ids: str | None = "position_ids"
+    attention_bias: str | None = "attention_bias"
     parity: dict[str, Any] = field(default_factory=dict)  # {"top1": 0.945, "mean_kl": ..., ...}
     # Flavor of the graph at `path` (docs/export.md, "Flavors"): "cpu" (float32 activations and KV) or
     # "cuda" (float16 activations, GroupQueryAttention and KV). Optional: a bundle written before
@@ -140,6 +150,9 @@ class Manifest:
         """Builds a Manifest from parsed JSON. Raises ValueError/KeyError/TypeError on a bad schema;
         `check_schema` turns those into readable problem lines first."""
         models = {role: ModelFacts(**facts) for role, facts in d["models"].items()}
+        if d.get("format_version", FORMAT_VERSION) < TREE_FORMAT_VERSION:
+            for facts in models.values():  # graph contract v1: the graphs have no such inputs
+                facts.position_ids = facts.attention_bias = None
         tok = TokenizerFacts(**d["tokenizer"])
         rest = {k: v for k, v in d.items() if k not in ("models", "tokenizer")}
         return cls(models=models, tokenizer=tok, **rest)
@@ -173,9 +186,10 @@ def check_schema(d: Any) -> list[str]:
     if d.get("format") != FORMAT:
         problems.append(f"manifest.json: 'format' is {d.get('format')!r}, expected {FORMAT!r}")
     fv = d.get("format_version")
-    if fv != FORMAT_VERSION:
+    if fv not in READ_VERSIONS:
         problems.append(
-            f"manifest.json: format_version {fv!r} is not supported by this edgespec (reads {FORMAT_VERSION})"
+            f"manifest.json: format_version {fv!r} is not supported by this edgespec (reads "
+            f"{', '.join(map(str, READ_VERSIONS))})"
         )
     for key, typ in (("name", str), ("models", dict), ("tokenizer", dict), ("files", dict)):
         if not isinstance(d.get(key), typ):

@@ -90,5 +90,10 @@ def run(args: argparse.Namespace) -> int:
     models = ", ".join(f"{role} {f.arch} {f.quant} ({'+'.join(f.graphs())}: "
                        f"{'/'.join(g.kv_dtype for g in f.graphs().values())} KV)" for role, f in manifest.models.items())
     extra = "; loaded and stepped" if args.load else ""
+    from ...models.manifest import TREE_FORMAT_VERSION
+
+    if manifest.format_version < TREE_FORMAT_VERSION:  # readable, but graph contract v1
+        extra += (f"; format {manifest.format_version}: chain-only, re-export with this edgespec for tree "
+                  "verification")
     print(f"{path}: OK ({len(files)} files, {format_bytes(size)}, {how}; {models}{extra})")
     return 0
