@@ -125,9 +125,11 @@ def test_greedy_with_chat_and_stop_strings(engines):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bundle", ["tiny_bundle_disagree", "tiny_cuda_bundle_disagree"])
-def test_sampling_on_tiny_onnx_matches_exact_target_distribution(request, bundle):
+@pytest.mark.parametrize("tree", ["off", "on"])
+def test_sampling_on_tiny_onnx_matches_exact_target_distribution(request, bundle, tree):
     """Draws from the real ONNX models with top_k=3 (27 possible 3-token continuations), compared
-    with the exact probabilities computed from the target runner alone (fp32 and cuda flavor)."""
+    with the exact probabilities computed from the target runner alone (fp32 and cuda flavor); with
+    tree="on" every round verifies the sampled chain plus the draft's runners-up (core/tree.py)."""
     eng = Engine.open(request.getfixturevalue(bundle), max_len=64)
     params = SamplingParams(temperature=1.5, top_k=3)
     prompt = "def add(a, b):"
@@ -156,8 +158,12 @@ def test_sampling_on_tiny_onnx_matches_exact_target_distribution(request, bundle
     assert sum(exact.values()) == pytest.approx(1.0)
     n = 1200
     counts: dict = {}
+    trees = 0
     for seed in range(n):
-        r = eng.generate(prompt, max_new_tokens=3, temperature=1.5, top_k=3, seed=seed, draft="model", k=2)
+        r = eng.generate(prompt, max_new_tokens=3, temperature=1.5, top_k=3, seed=seed, draft="model", k=2,
+                         tree=tree)
+        trees += r.stats.tree_rounds
         key = tuple(r.token_ids)
         counts[key] = counts.get(key, 0) + 1
     assert chi2_gof(counts, exact, n) > 1e-3
+    assert (trees > n // 2) if tree == "on" else trees == 0

@@ -25,17 +25,29 @@ class Round:
     drafted: int
     accepted: int
     source: str
+    tree_shape: str = ""  # nodes per depth of a verified tree ("" for a chain), see core/tree.py
+    tree_nodes: int = 0  # tree nodes verified, root included (0 for a chain)
 
 
 def speculative_round(target: ModelRunner, drafter: Proposer, ctx: list[int], k: int,
                       params: SamplingParams, rng: np.random.Generator, usable: int) -> Round:
-    base = len(ctx) - 1  # == target.length
     prop = drafter.propose(ctx, k, params, rng) if k > 0 else EMPTY
+    return verify_chain(target, drafter, ctx, prop, usable_draft(prop, k, usable), params, rng, usable)
+
+
+def usable_draft(prop: Proposal, k: int, usable: int) -> list[int]:
+    """The proposal's first k tokens, cut at the first id past the usable vocabulary (never accepted)."""
     draft = prop.tokens[:k]
-    for i, t in enumerate(draft):  # ids past the usable vocabulary can never be accepted
+    for i, t in enumerate(draft):
         if not 0 <= t < usable:
-            draft = draft[:i]
-            break
+            return draft[:i]
+    return draft
+
+
+def verify_chain(target: ModelRunner, drafter: Proposer, ctx: list[int], prop: Proposal, draft: list[int],
+                 params: SamplingParams, rng: np.random.Generator, usable: int) -> Round:
+    """Verifies a chain of proposals (draft, from prop) in one target pass, accepts, rewinds."""
+    base = len(ctx) - 1  # == target.length
     rows = target.step([ctx[-1], *draft], n_logits=len(draft) + 1)  # [len(draft)+1, V]
     if params.greedy:
         n, nxt = accept_greedy(rows, draft, usable)

@@ -44,6 +44,10 @@ class ModelDrafter(CostedDrafter):
         self.scored = min(usable, runner.vocab_size)
         self.adaptive = adaptive and costs is not None
         self.tokens: list[int] = []  # exactly what the draft cache holds
+        # tree verification (engine/tree_round.py): with alts > 0 each proposal also records, per
+        # drafted position, the draft's next `alts` best tokens other than the one drafted
+        self.alts = 0
+        self.last_alts: list[list[tuple[int, float]]] = []
         mids = np.concatenate([[0.1], (_CONF_EDGES[:-1] + _CONF_EDGES[1:]) / 2, [0.995]])
         self.by_conf = [Beta(float(m) * 0.9) for m in mids]
         self.mean = Beta(0.6, weight=8.0)
@@ -102,6 +106,7 @@ class ModelDrafter(CostedDrafter):
             self.last_seconds = time.perf_counter() - t0
 
     def _draft(self, ctx, k, params, rng) -> Proposal:
+        self.last_alts = []
         if k <= 0 or len(ctx) + k - 1 > self.runner.max_len:
             return EMPTY
         row = self._sync(ctx)
@@ -115,6 +120,8 @@ class ModelDrafter(CostedDrafter):
             best_rate = 1.0 / (d + self.costs.verify(1))  # submitting nothing after one draft step
         for j in range(k):
             t, c, q = self._pick(row, params, rng)
+            if self.alts > 0:
+                self.last_alts.append(runner_ups(row[: self.scored], t, self.alts))
             if q is not None:
                 qs.append(q)
             tokens.append(t)
@@ -173,3 +180,13 @@ class ModelDrafter(CostedDrafter):
             ok = i < accepted
             self.by_conf[conf_bin(c)].add(ok, not ok)
             self.mean.add(ok, not ok)
+
+
+def runner_ups(row: np.ndarray, chosen: int, n: int) -> list[tuple[int, float]]:
+    """The n most likely tokens of a logits row other than `chosen`, with their (softmax)
+    probabilities, most likely first: tree verification's siblings of a drafted token."""
+    m = min(n + 1, row.shape[0])
+    top = np.argpartition(row, -m)[-m:]
+    top = top[np.argsort(row[top])[::-1]]
+    z = np.exp(row - row[top[0]]).sum()
+    return [(int(i), float(np.exp(row[i] - row[top[0]]) / z)) for i in top if i != chosen][:n]

@@ -26,8 +26,10 @@ from ..limits import DEFAULT_K_CAP, PREFILL_CHUNK
 from ..models.bundle import Bundle
 from . import build, selfdraft
 from .loop import Parts, PrefixCache, decode
-from .requests import Encoder, Request, cancel_fn, check_draft_mode, check_k, check_max_new_tokens, check_stop
+from .requests import (Encoder, Request, cancel_fn, check_draft_mode, check_k, check_max_new_tokens, check_stop,
+                       check_tree_mode)
 from .results import GenerationResult, Stream
+from .tree_round import TreeVerifier
 
 log = logging.getLogger("edgespec.engine")
 
@@ -35,7 +37,7 @@ log = logging.getLogger("edgespec.engine")
 class Engine:
     def __init__(self, bundle: Bundle, target: ModelRunner, draft: ModelRunner | None, tokenizer, *,
                  draft_mode: str = "auto", k: int | None = None, governor=None, memory_plan=None,
-                 prefill_chunk: int = PREFILL_CHUNK, self_runner=None):
+                 prefill_chunk: int = PREFILL_CHUNK, self_runner=None, tree: str = "auto"):
         self.bundle = bundle
         self.target = target
         self.draft_runner = draft
@@ -65,6 +67,9 @@ class Engine:
         if own is not None:
             self._drafters["self"] = own
         self._drafters["auto"] = AutoDrafter(self.costs, [d for d in (ngram, model, own) if d is not None])
+        check_tree_mode(tree)
+        self.tree_mode = tree
+        self._tree = TreeVerifier(self.costs, ngram, model)
         self._cache = PrefixCache()
         self._lock = threading.Lock()
         cfg = bundle.tokenizer_config()
@@ -78,7 +83,7 @@ class Engine:
     def open(cls, bundle: str | os.PathLike | Bundle, *, draft: str = "auto", k: int | None = None,
              max_len: int | None = None, providers=None, draft_providers=None, threads: int | None = None,
              device=None, memory_budget=None, power_budget=None, max_temp=None, verify: bool = True,
-             warmup: bool = True) -> "Engine":
+             warmup: bool = True, tree: str = "auto") -> "Engine":
         """Verifies the bundle (sha256 unless verify=False), plans memory, loads the models.
 
         draft: the default drafting mode of requests ("auto" | "model" | "ngram" | "self" | "none").
@@ -90,9 +95,11 @@ class Engine:
         a 2-core CPU), so the first request neither pays one-off allocations nor guesses costs.
         device: None (no board defaults), "auto" (this board, detected) or a profile name: its
         provider orders, threads, default memory budget and max_len fill what is left unset
-        (docs/edge.md, "What --device sets"); explicit options always win."""
+        (docs/edge.md, "What --device sets"); explicit options always win.
+        tree: the default tree verification of requests ("auto" | "on" | "off", docs/runtime.md)."""
         check_draft_mode(draft)
         check_k(k)
+        check_tree_mode(tree)
         # every edge option is checked before the bundle is read: a typo costs no model load
         edge = build.edge_options(device, providers, draft_providers, threads, memory_budget, power_budget, max_temp)
         providers, draft_providers, threads = edge["providers"], edge["draft_providers"], edge["threads"]
@@ -124,7 +131,9 @@ class Engine:
                                              threads=threads, shared_threads=True, profile=edge["profile"])
         governor = build.governor(edge, spinning=build.sessions_spin(plan.load_draft))
         eng = cls(b, target, draft_runner, b.load_tokenizer(), draft_mode=draft, k=k, governor=governor,
-                  memory_plan=plan, prefill_chunk=plan.prefill_chunk, self_runner=self_runner)
+                  memory_plan=plan, prefill_chunk=plan.prefill_chunk, self_runner=self_runner, tree=tree)
+        if tree == "on":
+            eng._check_tree_possible("on")
         if warmup and draft != "none":
             eng.warmup()
         return eng
@@ -151,9 +160,10 @@ class Engine:
     # -- the public calls -------------------------------------------------------------------------
     def generate(self, prompt: str | None = None, *, messages=None, max_new_tokens: int = 256,
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-                 stop=None, draft: str | None = None, k: int | None = None, cancel=None) -> GenerationResult:
+                 stop=None, draft: str | None = None, k: int | None = None, cancel=None,
+                 tree: str | None = None) -> GenerationResult:
         s = self.stream(prompt, messages=messages, max_new_tokens=max_new_tokens, temperature=temperature,
-                        top_p=top_p, top_k=top_k, seed=seed, stop=stop, draft=draft, k=k, cancel=cancel)
+                        top_p=top_p, top_k=top_k, seed=seed, stop=stop, draft=draft, k=k, cancel=cancel, tree=tree)
         for _ in s:
             pass
         assert s.result is not None
@@ -161,10 +171,13 @@ class Engine:
 
     def stream(self, prompt: str | None = None, *, messages=None, max_new_tokens: int = 256,
                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-               stop=None, draft: str | None = None, k: int | None = None, cancel=None) -> Stream:
+               stop=None, draft: str | None = None, k: int | None = None, cancel=None,
+               tree: str | None = None) -> Stream:
         """Validates and tokenizes now (bad input raises here, before anything runs); generation
-        runs as the stream is iterated."""
-        req = self._request(prompt, messages, max_new_tokens, temperature, top_p, top_k, seed, stop, draft, k, cancel)
+        runs as the stream is iterated. tree: "auto" | "on" | "off" (None: the engine's default),
+        tree verification of the drafts (docs/runtime.md)."""
+        req = self._request(prompt, messages, max_new_tokens, temperature, top_p, top_k, seed, stop, draft, k, cancel,
+                            tree)
         return Stream(self._run(req), len(req.ids))
 
     def count_tokens(self, prompt: str | None = None, *, messages=None) -> int:
@@ -202,8 +215,18 @@ class Engine:
             self._invalidate()
 
     # -- requests ---------------------------------------------------------------------------------
+    def _check_tree_possible(self, mode: str) -> None:
+        """tree="on" on a graph that cannot run trees is refused with the fix; "auto" just chains."""
+        if mode == "on" and not self.target.can_tree:
+            why = ("its graphs follow contract v1 (format_version 1): re-export the bundle with this "
+                   "edgespec (`edgespec export`) for tree verification"
+                   if not self.target.supports_tree else "the target does not run on the CPU provider "
+                   "(tree verification compacts the cache on the host)")
+            raise InvalidRequest(f"tree='on' is not possible with bundle {self.bundle.name}: {why}; "
+                                 "use tree='auto' or 'off'", param="tree")
+
     def _request(self, prompt, messages, max_new_tokens, temperature, top_p, top_k, seed, stop, draft, k,
-                 cancel) -> Request:
+                 cancel, tree=None) -> Request:
         check_max_new_tokens(max_new_tokens)
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         mode = self.draft_mode if draft is None else draft
@@ -217,11 +240,15 @@ class Engine:
             raise DraftUnavailable("draft='self' is not possible: the self-draft was not loaded (open the engine "
                                    "with draft='self')", param="draft")
         check_k(k)
+        tree = self.tree_mode if tree is None else tree
+        check_tree_mode(tree)
+        self._check_tree_possible(tree)
         stops = check_stop(stop)
         ids = self._encode(prompt, messages)
         if len(ids) >= self.max_len:
             raise PromptTooLong(len(ids), max_new_tokens, self.max_len)
-        return Request(ids, max_new_tokens, params, stops, mode, self.k if k is None else k, cancel_fn(cancel))
+        return Request(ids, max_new_tokens, params, stops, mode, self.k if k is None else k, cancel_fn(cancel),
+                       tree)
 
     def _drafter(self, mode: str, k: int | None) -> tuple[Drafter, int]:
         """The drafter and per-round proposal cap for a mode. k=None lets the drafter choose each
@@ -247,7 +274,7 @@ class Engine:
                 raise InvalidRequest("this engine is closed", param=None)
             drafter, k_cap = self._drafter(req.draft, req.k)
             parts = Parts(self.target, self.tokenizer, self.eos_ids, self.usable, self.prefill_chunk,
-                          free_drafter=self._drafters["ngram"], governor=self.governor)
+                          free_drafter=self._drafters["ngram"], governor=self.governor, tree=self._tree)
             try:
                 return (yield from decode(parts, req, drafter, k_cap, self._cache))
             except GeneratorExit:

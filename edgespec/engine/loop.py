@@ -20,6 +20,7 @@ from ..core.sampling import choose, make_rng
 from ..core.speculative import speculative_round
 from ..drafters.base import Drafter
 from .requests import Request
+from .tree_round import TreeVerifier
 from .results import GenerationResult, GenerationStats
 
 
@@ -54,6 +55,7 @@ class Parts:
     prefill_chunk: int
     free_drafter: Drafter  # what a "free drafts only" limit falls back to for a drafter that uses a model
     governor: Governor | None = None
+    tree: TreeVerifier | None = None  # runs the rounds when given (chain or tree, per req.tree)
 
 
 @dataclass
@@ -71,7 +73,9 @@ def decode(parts: Parts, req: Request, drafter: Drafter, k_cap: int,
     t0 = time.perf_counter()
     target, usable, params, gov = parts.target, parts.usable, req.params, parts.governor
     rng = make_rng(params.seed)
-    stats = GenerationStats(prompt_tokens=len(req.ids), drafter=req.draft)
+    stats = GenerationStats(prompt_tokens=len(req.ids), drafter=req.draft, tree=req.tree)
+    if parts.tree is not None:
+        parts.tree.begin()
     mark = gov.mark() if gov is not None else None
 
     # prefill only what the cache does not already hold (at least the last prompt token)
@@ -133,7 +137,11 @@ def decode(parts: Parts, req: Request, drafter: Drafter, k_cap: int,
             elif lim.drafting == "ngram" and drafter.uses_model:
                 round_drafter = parts.free_drafter
             pace = lim.pace_s
-        r = speculative_round(target, round_drafter, ctx, max(0, k), params, rng, usable)
+        if parts.tree is not None:  # a governor's fallback drafter runs chains
+            tree_mode = req.tree if round_drafter is drafter else "off"
+            r = parts.tree.round(target, round_drafter, ctx, max(0, k), params, rng, usable, tree_mode)
+        else:
+            r = speculative_round(target, round_drafter, ctx, max(0, k), params, rng, usable)
         ctx.extend(r.tokens)
         stats.target_passes += 1
         stats.rounds += 1
@@ -148,6 +156,10 @@ def decode(parts: Parts, req: Request, drafter: Drafter, k_cap: int,
     tail = text.finish()
     if tail:
         yield tail
+    if parts.tree is not None:
+        ts = parts.tree.stats
+        stats.tree_rounds, stats.tree_nodes, stats.tree_off_chain = ts.rounds, ts.nodes, ts.off_chain
+        stats.tree_shapes, stats.accepted_depth = dict(ts.shapes), dict(ts.accepted_depth)
     return _finish(gov, text.text, out, finish, stats, t0, t_first, mark)
 
 

@@ -7,7 +7,7 @@ from typing import Callable
 
 from ..core.sampling import SamplingParams
 from ..errors import InvalidRequest
-from ..limits import DRAFT_MODES, K_LIMIT, STOP_LIMIT
+from ..limits import DRAFT_MODES, K_LIMIT, STOP_LIMIT, TREE_MODES
 
 
 @dataclass
@@ -19,6 +19,7 @@ class Request:
     draft: str
     k: int | None
     cancel: Callable[[], bool]
+    tree: str = "off"  # "auto" | "on" | "off": tree verification (engine/tree_round.py)
 
 
 class Encoder:
@@ -64,6 +65,11 @@ def check_max_new_tokens(n) -> int:
 def check_draft_mode(mode) -> None:
     if mode not in DRAFT_MODES:
         raise InvalidRequest(f"unknown drafter {mode!r}: choose one of {', '.join(DRAFT_MODES)}", param="draft")
+
+
+def check_tree_mode(mode) -> None:
+    if mode not in TREE_MODES:
+        raise InvalidRequest(f"unknown tree mode {mode!r}: choose one of {', '.join(TREE_MODES)}", param="tree")
 
 
 def check_k(k) -> None:

@@ -10,7 +10,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     new_tokens: int = 0
     target_passes: int = 0  # target steps, the prefill counted once
-    drafted: int = 0  # proposals the target checked
+    drafted: int = 0  # proposals the target checked (a tree round counts its depth; tree_nodes has all nodes)
     accepted: int = 0
     acceptance_rate: float = 0.0  # accepted / drafted
     tokens_per_pass: float = 0.0  # new tokens / target passes (1.0 for the target alone)
@@ -23,6 +23,12 @@ class GenerationStats:
     cached_tokens: int = 0  # prompt tokens reused from the previous request's cache
     rounds: int = 0  # decode rounds (target passes after the prefill)
     rounds_by_source: dict[str, int] = field(default_factory=dict)  # "model" | "ngram" | "none" -> rounds
+    tree: str = "off"  # the tree mode the request ran with ("auto" | "on" | "off")
+    tree_rounds: int = 0  # rounds verified as a tree (engine/tree_round.py)
+    tree_nodes: int = 0  # tree nodes verified, roots included
+    tree_shapes: dict[str, int] = field(default_factory=dict)  # nodes per depth, e.g. "1-2" -> rounds
+    accepted_depth: dict[int, int] = field(default_factory=dict)  # tree rounds by accepted path depth
+    tree_off_chain: int = 0  # tree rounds whose accepted path left the drafter's own chain
 
     @property
     def tokens_per_second(self) -> float:

@@ -1,0 +1,292 @@
+"""A round of tree verification: chain proposal -> widened into a tree -> one target pass -> accept
+the longest path -> compact the caches.
+
+The round starts like a chain round (the drafter proposes, with its own adaptive length) and then
+widens the chain with candidates that cost no extra draft step:
+- the draft model's runners-up at each depth it drafted (its logits rows are already computed);
+- the n-gram drafter's alternative continuations (other earlier matches of the context's suffix).
+Merged into a trie (core/tree.py) they are verified in one target step: node i at cache row L+i and
+rotary position L+depth(i), seeing only its ancestors (graph contract v2). The accepted path's rows
+are then copied to rows L+1.. (`ModelRunner.compact`), so afterwards the target cache holds exactly
+ctx[:-1] again: the invariant of core/speculative.py. The draft model only ever ran the chain, so its
+cache holds ctx + chain tokens; it is rewound to its common prefix with the new context (the
+accepted path's draft rows are already contiguous: the draft never computed a side branch).
+
+Whether a round widens, and how much, is the cost model's call (`--tree auto`): each extra node has
+an estimated probability of being accepted (reaching it times the learned chance that a runner-up
+or an alternative copy is the target's token when the first candidate is not), and the tree is
+grown node by node, most likely first, only while expected tokens per second of verify (measured
+step costs by size, core/costmodel.py) go up; a tree must beat the plain chain by TREE_MIN_GAIN. On this
+2-core CPU a verify of 5 tokens costs ~1.8x a 1-token step, so trees stay small here; where verify
+is nearly flat (a GPU) the same rule grows them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ..core import tree as treelib
+from ..core.costmodel import CostModel
+from ..core.proposal import EMPTY, Proposal, common_prefix
+from ..core.runner import ModelRunner
+from ..core.sampling import SamplingParams
+from ..core.speculative import Round, usable_draft, verify_chain
+from ..drafters import AutoDrafter, Beta, Drafter, ModelDrafter, NgramDrafter
+DEFAULT_TREE_WIDTH = 4  # most children per node (the chain's token + runners-up / alternatives)
+MAX_TREE_NODES = 32  # root included: a verify of more rows than this never paid in any measurement
+TREE_MIN_GAIN = 0.05  # a tree must promise this much more than the chain it widens
+
+
+def ngram_alternatives(ctx: Sequence[int], k: int, width: int, max_n: int = 5) -> list[list[int]]:
+    """Up to `width` distinct continuations of up to k tokens that followed earlier occurrences of
+    the context's suffix, longest match first, then latest occurrence first."""
+    a = np.asarray(ctx, dtype=np.int64)
+    length = a.shape[0]
+    out: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+    if k <= 0 or width <= 0 or length < 2:
+        return out
+    for n in range(min(max_n, length - 1), 0, -1):
+        windows = sliding_window_view(a[: length - 1], n)
+        hits = np.flatnonzero((windows == a[length - n :]).all(axis=1))
+        for i in hits[::-1]:
+            cont = tuple(a[i + n : i + n + k].tolist())
+            if cont and cont not in seen:
+                seen.add(cont)
+                out.append(list(cont))
+                if len(out) >= width:
+                    return out
+    return out
+
+
+@dataclass
+class TreeStats:
+    """What tree verification did in a request (GenerationStats reads these)."""
+
+    rounds: int = 0  # rounds verified as a tree
+    nodes: int = 0  # tree nodes verified (roots included)
+    shapes: dict[str, int] = field(default_factory=dict)  # "1-2-1" -> rounds
+    accepted_depth: dict[int, int] = field(default_factory=dict)  # accepted path depth -> tree rounds
+    off_chain: int = 0  # tree rounds whose accepted path left the drafter's chain (what the tree bought)
+
+
+class TreeVerifier:
+    """Runs a round as a chain or a tree (see the module docstring); keeps the learned acceptance of
+    runners-up and alternative copies, which the auto decision needs."""
+
+    def __init__(self, costs: CostModel, ngram: NgramDrafter, model: ModelDrafter | None,
+                 width: int = DEFAULT_TREE_WIDTH):
+        if not 1 <= width <= 8:
+            raise ValueError(f"tree width must be 1..8, got {width}")
+        self.costs = costs
+        self.ngram = ngram
+        self.model = model
+        self.width = width
+        # P(a non-first child is the target's token | its parent was reached and the first child was
+        # not): priors low (a runner-up is right far less often than the draft's first choice)
+        self.alt = {"model-alt": Beta(0.15, weight=6.0), "ngram": Beta(0.15, weight=6.0)}
+        self.stats = TreeStats()
+
+    def begin(self) -> None:
+        self.stats = TreeStats()
+
+    # -- the round ----------------------------------------------------------------------------------
+    def round(self, target: ModelRunner, drafter: Drafter, ctx: list[int], k: int, params: SamplingParams,
+              rng: np.random.Generator, usable: int, mode: str) -> Round:
+        if mode == "off" or k <= 0 or not target.can_tree or self.width < 2:
+            prop = drafter.propose(ctx, k, params, rng) if k > 0 else EMPTY
+            return verify_chain(target, drafter, ctx, prop, usable_draft(prop, k, usable), params, rng, usable)
+        uses_model = drafter is self.model or isinstance(drafter, AutoDrafter)
+        if self.model is not None:
+            self.model.alts = self.width - 1 if uses_model else 0
+            self.model.last_alts = []
+        try:
+            prop = drafter.propose(ctx, k, params, rng)
+        finally:
+            if self.model is not None:
+                self.model.alts = 0
+        draft = usable_draft(prop, k, usable)
+        free = target.max_len - target.length  # rows the tree may use, root included
+        tree = self._widen(ctx, prop, draft, k, drafter, usable, min(free, MAX_TREE_NODES))
+        if mode == "auto":
+            tree = self._prune(tree, prop, draft)
+        if tree.is_chain():
+            return verify_chain(target, drafter, ctx, prop, draft, params, rng, usable)
+        return self._verify_tree(target, drafter, ctx, prop, draft, tree, params, rng, usable)
+
+    def _widen(self, ctx, prop: Proposal, draft: list[int], k: int, drafter: Drafter, usable: int,
+               max_nodes: int) -> treelib.Tree:
+        paths: list[tuple[list[int], list | None, str]] = []
+        q = None if prop.q is None else list(prop.q[: len(draft)])
+        paths.append((draft, q, prop.source))
+        alts = self.model.last_alts if (self.model is not None and prop.source == "model") else []
+        for j, ups in enumerate(alts[: len(draft)]):
+            for t, _p in ups[: self.width - 1]:
+                if 0 <= t < usable:
+                    paths.append((draft[:j] + [t], None, "model-alt"))
+        if isinstance(drafter, (NgramDrafter, AutoDrafter)):
+            for cont in ngram_alternatives(ctx, k, self.width):
+                cut = [t for t in cont]
+                for i, t in enumerate(cut):
+                    if not 0 <= t < usable:
+                        cut = cut[:i]
+                        break
+                if cut:
+                    paths.append((cut, None, "ngram"))
+        tree = treelib.from_paths(ctx[-1], paths, max_nodes=max_nodes)
+        return _cap_width(tree, self.width)
+
+    # -- cost model ---------------------------------------------------------------------------------
+    def reach(self, tree: treelib.Tree, prop: Proposal, draft: list[int]) -> list[float]:
+        """Estimated probability that each node is accepted (1 for the root)."""
+        chain_p = self._chain_acceptance(prop, len(draft))
+        p = [1.0] * len(tree)
+        first_of: dict[int, int] = {}
+        for i in range(1, len(tree)):
+            par = tree.parent[i]
+            if par not in first_of:  # the first child: the drafter's own candidate
+                first_of[par] = i
+                d = tree.depth[i]
+                if tree.source[i] == prop.source and d - 1 < len(chain_p):
+                    a = chain_p[d - 1]
+                else:  # an alternative copy continuing past its own first token
+                    a = self.ngram.next.mean
+                p[i] = p[par] * a
+            else:
+                f = first_of[par]
+                miss = max(0.0, 1.0 - p[f] / p[par]) if p[par] > 0 else 0.0
+                src = tree.source[i] if tree.source[i] in self.alt else "ngram"
+                p[i] = p[par] * miss * self.alt[src].mean
+        return p
+
+    def _chain_acceptance(self, prop: Proposal, n: int) -> list[float]:
+        """Per-depth acceptance of the drafter's chain, given the depth before was accepted."""
+        if prop.source == "model" and self.model is not None and prop.conf:
+            return [self.model.acceptance(c) for c in prop.conf[:n]]
+        if prop.source == "ngram":
+            first = self.ngram._first_estimate(prop.ngram).mean
+            return [first] + [self.ngram.next.mean] * (n - 1)
+        return [0.0] * n
+
+    def _prune(self, tree: treelib.Tree, prop: Proposal, draft: list[int]) -> treelib.Tree:
+        """The subtree (chain kept) with the best expected tokens per second, if it beats the chain
+        by TREE_MIN_GAIN; else the chain."""
+        p = self.reach(tree, prop, draft)
+        chain = {0}
+        node = 0
+        for t in draft:
+            nxt = next((c for c in tree.children(node) if tree.tokens[c] == t and tree.source[c] == prop.source), None)
+            if nxt is None:
+                break
+            chain.add(nxt)
+            node = nxt
+        d = self._draft_seconds(prop)
+        e = sum(p[i] for i in chain)
+        chain_rate = e / (d + self.costs.verify(len(chain)))
+        keep = set(chain)
+        best, best_keep = chain_rate, set(chain)
+        extra = sorted((i for i in range(len(tree)) if i not in chain), key=lambda i: -p[i])
+        added = True
+        while added:  # add the most likely node whose parent is in; keep the best size seen
+            added = False
+            for i in extra:
+                if i not in keep and tree.parent[i] in keep:
+                    keep.add(i)
+                    e += p[i]
+                    added = True
+                    rate = e / (d + self.costs.verify(len(keep)))
+                    if rate > best:
+                        best, best_keep = rate, set(keep)
+                    break
+        if best < chain_rate * (1.0 + TREE_MIN_GAIN):
+            best_keep = chain
+        return subtree(tree, best_keep)
+
+    def _draft_seconds(self, prop: Proposal) -> float:
+        if prop.source == "model" and self.model is not None:
+            return self.costs.draft_steps(self.model.last_sizes)
+        return 0.0
+
+    # -- verify -------------------------------------------------------------------------------------
+    def _verify_tree(self, target: ModelRunner, drafter: Drafter, ctx: list[int], prop: Proposal,
+                     draft: list[int], tree: treelib.Tree, params: SamplingParams, rng: np.random.Generator,
+                     usable: int) -> Round:
+        base = len(ctx) - 1  # == target.length; the root is ctx[-1], written at row base
+        rows = target.step_tree(tree.tokens, tree.depth, tree.ancestors())  # [N, V]
+        if params.greedy:
+            path, nxt = treelib.accept_greedy(rows, tree, usable)
+        else:
+            path, nxt = treelib.accept_sampled(rows, tree, params, rng, usable)
+        n = len(path) - 1
+        target.compact([base + i for i in path[1:]], base + 1)  # accepted rows -> contiguous
+        target.rewind(base + 1 + n)
+        accepted = tree.path_tokens(path[1:])
+        # the drafter's own chain: how much of it the accepted path kept (its learning signal)
+        on_chain = 0
+        while on_chain < min(n, len(draft)) and accepted[on_chain] == draft[on_chain] \
+                and tree.source[path[on_chain + 1]] == prop.source:
+            on_chain += 1
+        drafter.feedback(prop, on_chain, base + 1 + n)
+        if self.model is not None:  # its cache holds ctx + its chain: keep only what the new context has
+            new_ctx = ctx + accepted + [nxt]
+            keep = common_prefix(self.model.tokens, new_ctx)
+            if keep < len(self.model.tokens):
+                self.model.runner.rewind(keep)
+                del self.model.tokens[keep:]
+        self._learn(tree, path)
+        s = self.stats
+        shape = tree.shape()
+        s.rounds += 1
+        s.nodes += len(tree)
+        s.shapes[shape] = s.shapes.get(shape, 0) + 1
+        s.accepted_depth[n] = s.accepted_depth.get(n, 0) + 1
+        if n > on_chain:
+            s.off_chain += 1
+        # `drafted` of a tree round is its depth: the most tokens it could have accepted, so the
+        # acceptance rate keeps its chain meaning (accepted / acceptable); tree_nodes counts them all
+        return Round(accepted + [nxt], tree.max_depth, n, prop.source if prop.tokens else "ngram",
+                     tree_shape=shape, tree_nodes=len(tree))
+
+    def _learn(self, tree: treelib.Tree, path: list[int]) -> None:
+        """Scores the non-first children of every node the accepted path reached whose first child
+        was not accepted: hit for the accepted one, miss for the others."""
+        for j, node in enumerate(path):
+            kids = tree.children(node)
+            if len(kids) < 2:
+                continue
+            taken = path[j + 1] if j + 1 < len(path) else None
+            if taken == kids[0]:
+                continue
+            for c in kids[1:]:
+                src = tree.source[c] if tree.source[c] in self.alt else "ngram"
+                self.alt[src].add(c == taken, c != taken)
+
+
+def subtree(tree: treelib.Tree, keep: set[int]) -> treelib.Tree:
+    """The nodes in `keep` (closed under parent, root included), in their original order."""
+    order = [i for i in range(len(tree)) if i in keep]
+    index = {old: new for new, old in enumerate(order)}
+    return treelib.Tree([tree.tokens[i] for i in order],
+                        [index[tree.parent[i]] if tree.parent[i] >= 0 else -1 for i in order],
+                        [tree.depth[i] for i in order], [tree.q[i] for i in order],
+                        [tree.source[i] for i in order])
+
+
+def _cap_width(tree: treelib.Tree, width: int) -> treelib.Tree:
+    """Drops every child past the first `width` of its parent (and their subtrees)."""
+    keep: set[int] = set()
+    count: dict[int, int] = {}
+    for i in range(len(tree)):
+        par = tree.parent[i]
+        if par < 0:
+            keep.add(i)
+            continue
+        if par not in keep:
+            continue
+        count[par] = count.get(par, 0) + 1
+        if count[par] <= width:
+            keep.add(i)
+    return subtree(tree, keep) if len(keep) < len(tree) else tree
