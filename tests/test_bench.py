@@ -96,8 +96,40 @@ def test_modes_target_first_and_fixed_k_variants():
     assert ms[0].draft == "none" and not ms[0].speculative
 
 
+def test_tree_variants_of_the_modes():
+    ms = bench.parse_modes("auto,auto+tree,model+tree-auto", "3", has_draft=True)
+    assert [m.label for m in ms] == ["target", "auto", "auto+tree", "model+tree-auto", "model+tree-auto k=3"]
+    assert [m.tree for m in ms] == ["off", "off", "on", "auto", "auto"]
+    assert bench.split_tree("ngram+tree") == ("ngram", "on") and bench.split_tree("ngram") == ("ngram", "off")
+
+
+def test_a_tree_run_reports_its_trees_and_round_trips_through_json(tiny_bundle, tmp_path):
+    from edgespec.engine import Engine
+
+    prompts = prompt_sets.load_prompts("code")[2:4]
+    modes = bench.parse_modes("auto,auto+tree", None, has_draft=True)
+    eng = Engine.open(tiny_bundle, draft="auto", max_len=512)
+    try:
+        run = bench.run_bench(eng, prompts, modes, max_new_tokens=24, repeats=1)
+    finally:
+        eng.close()
+    chain = [s for s in run.samples if s.mode == "auto"]
+    tree = [s for s in run.samples if s.mode == "auto+tree"]
+    assert all(s.tree_rounds == 0 for s in chain) and sum(s.tree_rounds for s in tree) > 0
+    assert all(s.same_as_target for s in tree)
+    lines = bench_report.tree_lines(run)
+    assert len(lines) == 1 and lines[0].startswith("  auto+tree:") and "accepted depth" in lines[0]
+    path = tmp_path / "run.json"
+    bench_report.write_json(path, bench_report.report_json(run))
+    again = bench.load_run(path)
+    assert [m.label for m in again.modes] == ["target", "auto", "auto+tree"] and again.modes[2].tree == "on"
+    assert bench_report.tree_lines(again) == lines
+
+
 @pytest.mark.parametrize("modes, ks, err, msg", [
     ("target,beam", None, InvalidRequest, "unknown mode"),
+    ("target+tree", None, InvalidRequest, "unknown mode"),
+    ("auto+bush", None, InvalidRequest, "unknown mode"),
     ("target", None, InvalidRequest, "nothing to compare"),
     ("model", None, DraftUnavailable, "no draft model"),
     ("ngram", "2,x", InvalidRequest, "'x' is not an integer"),

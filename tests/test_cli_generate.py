@@ -28,6 +28,21 @@ def test_generate_streams_text_and_prints_stats(tiny_bundle, capsys, draft):
     assert "tok/s" in err and "TTFT" in err and f"drafter {draft}" in err and "finish" in err
 
 
+def test_generate_tree_on_gives_the_target_alone_text_and_reports_the_trees(tiny_bundle, capsys):
+    prompt = "one two three one two four one two three one two"
+    ref = Engine.open(tiny_bundle).generate(prompt, max_new_tokens=30, draft="none")
+    rc, out, err = run_cli(capsys, "generate", str(tiny_bundle), "-p", prompt, "--max-new-tokens", "30",
+                           "--draft", "auto", "--tree", "on", "--k", "4")
+    assert rc == 0 and out == ref.text + "\n"
+    assert "tree rounds" in err and "accepted depth" in err
+
+
+def test_generate_unknown_tree_mode(tiny_bundle, capsys):
+    with pytest.raises(SystemExit):
+        run_cli(capsys, "generate", str(tiny_bundle), "-p", "x", "--tree", "wide")
+    assert "invalid choice: 'wide'" in capsys.readouterr().err
+
+
 def test_generate_json(tiny_bundle, capsys):
     rc, out, _ = run_cli(capsys, "generate", str(tiny_bundle), "-p", "hello", "--chat", "--json",
                          "--max-new-tokens", "9", "--temperature", "0.7", "--top-p", "0.9", "--top-k", "50",

@@ -42,6 +42,11 @@ def test_good_chat_maps_to_engine_arguments():
     assert r.prompt_kwargs() == {"messages": [{"role": "user", "content": "hi"}]}
 
 
+def test_tree_is_passed_to_the_engine():
+    assert parse_chat(chat(tree="on"), LIMITS).engine_kwargs()["tree"] == "on"
+    assert "tree" not in parse_chat(chat(), LIMITS).engine_kwargs()
+
+
 def test_defaults_come_from_the_server_limits():
     r = parse_chat({"messages": MSG}, LIMITS)
     assert r.model == "tiny" and r.max_tokens == 20 and r.temperature == 0.0 and r.top_p == 1.0
@@ -124,6 +129,7 @@ def test_malformed_json(raw, contains):
     (chat(draft="magic"), "draft", "one of"),
     (chat(draft_k=0), "draft_k", ">= 1"),
     (chat(draft_k=99), "draft_k", "<= 16"),
+    (chat(tree="wide"), "tree", "one of auto, on, off"),
 ])
 def test_bad_chat_fields(body, param, contains):
     bad(parse_chat, body, param, contains=contains)

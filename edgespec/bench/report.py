@@ -289,6 +289,9 @@ def report_text(run: BenchRun, projections: Sequence = (), hw_list: Sequence = (
     line = measured_steps_line(bd)
     if line:
         parts.append(line)
+    tl = tree_lines(run)
+    if tl:
+        parts += ["", "tree verification (tree rounds of each mode, all prompts):", *tl]
     diffs = [s for s in run.samples if s.same_as_target is False]
     if diffs:
         worst = ", ".join(sorted({f"{s.prompt_id}/{s.mode}@{s.first_diff}" for s in diffs})[:8])
@@ -300,6 +303,24 @@ def report_text(run: BenchRun, projections: Sequence = (), hw_list: Sequence = (
     if projections:
         parts += ["", format_projection(projections, hw_list)]
     return "\n".join(parts)
+
+
+def tree_lines(run: BenchRun) -> list[str]:
+    """Per mode that verified trees: how many rounds, nodes per tree, accepted depth, and how many
+    rounds the tree bought (the accepted path left the drafter's own chain)."""
+    out = []
+    for m in run.modes:
+        ss = [s for s in run.samples if s.mode == m.label]
+        rounds = sum(getattr(s, "tree_rounds", 0) for s in ss)
+        if not rounds:
+            continue
+        all_rounds = sum(max(s.target_passes - 1, 0) for s in ss)
+        nodes = sum(s.tree_nodes for s in ss)
+        depth = sum(d * n for s in ss for d, n in s.accepted_depth.items())
+        off = sum(s.tree_off_chain for s in ss)
+        out.append(f"  {m.label}: {rounds} of {all_rounds} rounds were trees, {nodes / rounds:.1f} nodes each, "
+                   f"accepted depth {depth / rounds:.2f}, {off} rounds accepted a path off the drafter's chain")
+    return out
 
 
 # --- JSON --------------------------------------------------------------------------------------

@@ -31,6 +31,21 @@ from ..units import peak_rss_bytes
 from .prompts import Prompt
 
 MODES = ("target", "model", "ngram", "self", "auto")
+# a speculative mode with a tree suffix runs with tree verification: "auto+tree" (tree="on": always
+# a tree) or "auto+tree-auto" (tree="auto": a tree when the cost model says it pays); plain modes
+# run chains (tree="off"), so their numbers stay comparable with runs from before trees
+TREE_SUFFIX = {"on": "+tree", "auto": "+tree-auto"}
+
+
+def split_tree(name: str) -> tuple[str, str]:
+    """'auto+tree' -> ('auto', 'on'); 'auto+tree-auto' -> ('auto', 'auto'); 'auto' -> ('auto', 'off')."""
+    for tree, suffix in sorted(TREE_SUFFIX.items(), key=lambda kv: -len(kv[1])):
+        if name.endswith(suffix):
+            return name[: -len(suffix)], tree
+    return name, "off"
+
+
+PROMPT_KEYS = {"id", "category", "prompt", "messages", "max_new_tokens", "raw"}
 # decode steps hold at most K_LIMIT + 1 tokens; anything longer is a prompt being prefilled
 PREFILL_MIN_TOKENS = K_LIMIT + 2
 
@@ -42,10 +57,12 @@ class Mode:
 
     draft: str  # "none" | "model" | "ngram" | "self" | "auto"
     k: int | None = None
+    tree: str = "off"  # "off" (chains, as before trees existed) | "on" ("+tree") | "auto" ("+tree-auto")
 
     @property
     def label(self) -> str:
         base = "target" if self.draft == "none" else self.draft
+        base += TREE_SUFFIX.get(self.tree, "")
         return base if self.k is None else f"{base} k={self.k}"
 
     @property
@@ -58,13 +75,15 @@ def parse_modes(modes: str, ks: str | None, *, has_draft: bool) -> list[Mode]:
     speed-up is relative to it). Fixed-k variants are added for model and ngram (auto picks its own
     k each round by design)."""
     names = [m.strip() for m in modes.split(",") if m.strip()]
-    bad = [m for m in names if m not in MODES]
+    bad = [m for m in names if split_tree(m)[0] not in MODES or (split_tree(m)[1] != "off" and split_tree(m)[0] == "target")]
     if bad or not names:
-        raise InvalidRequest(f"--modes: unknown mode(s) {bad or modes!r}; choose from {', '.join(MODES)}", param="modes")
-    if "model" in names and not has_draft:
+        raise InvalidRequest(f"--modes: unknown mode(s) {bad or modes!r}; choose from {', '.join(MODES)} (a "
+                             "speculative one may end in +tree or +tree-auto)", param="modes")
+    bases = [split_tree(n)[0] for n in names]
+    if "model" in bases and not has_draft:
         raise DraftUnavailable("--modes model: the bundle has no draft model (use target,ngram,self,auto)",
                                param="modes")
-    if "model" in names and "self" in names:
+    if "model" in bases and "self" in bases:
         raise InvalidRequest("--modes: model and self need differently opened engines (the self-draft shares "
                              "unpacked weights with the target, docs/runtime.md): run them in two benches",
                              param="modes")
@@ -82,9 +101,10 @@ def parse_modes(modes: str, ks: str | None, *, has_draft: bool) -> list[Mode]:
     for name in names:
         if name == "target":
             continue
-        out.append(Mode(name))
-        if name in ("model", "ngram", "self"):
-            out += [Mode(name, k) for k in k_list]
+        base, tree = split_tree(name)
+        out.append(Mode(base, None, tree))
+        if base in ("model", "ngram", "self"):
+            out += [Mode(base, k, tree) for k in k_list]
     if len(out) == 1:
         raise InvalidRequest("--modes: nothing to compare with the target alone (add model, ngram or auto)",
                              param="modes")
@@ -159,6 +179,10 @@ class Sample:
     same_as_target: bool | None  # None for the target itself and when sampling
     first_diff: int | None  # index of the first token that differs from the target's
     rounds_by_source: dict[str, int] = field(default_factory=dict)
+    tree_rounds: int = 0  # rounds verified as a tree
+    tree_nodes: int = 0  # their nodes, roots included
+    tree_off_chain: int = 0  # tree rounds whose accepted path left the drafter's chain
+    accepted_depth: dict[int, int] = field(default_factory=dict)  # tree rounds by accepted depth
     target_steps: dict[int, list] = field(default_factory=dict)  # tokens/step -> [count, seconds]
     draft_steps: dict[int, list] = field(default_factory=dict)
     text: str = ""
@@ -242,7 +266,7 @@ def run_bench(
                 d_snap = _times_snapshot(_draft_runner(engine))
                 rss.start()
                 res = engine.generate(**p.request(), max_new_tokens=p.max_new_tokens or max_new_tokens,
-                                      temperature=temperature, seed=seed, draft=mode.draft, k=mode.k)
+                                      temperature=temperature, seed=seed, draft=mode.draft, k=mode.k, tree=mode.tree)
                 peak = rss.peak_mb()
                 st = res.stats
                 decode_s = max(st.total_s - st.ttft_s, 0.0)
@@ -255,6 +279,9 @@ def run_bench(
                     tokens_per_pass=st.tokens_per_pass, k_mean=st.k_mean, finish_reason=res.finish_reason,
                     peak_rss_mb=round(peak, 1), same_as_target=None, first_diff=None,
                     rounds_by_source=dict(getattr(st, "rounds_by_source", {}) or {}),
+                    tree_rounds=getattr(st, "tree_rounds", 0), tree_nodes=getattr(st, "tree_nodes", 0),
+                    tree_off_chain=getattr(st, "tree_off_chain", 0),
+                    accepted_depth=dict(getattr(st, "accepted_depth", {}) or {}),
                     target_steps=_times_delta(t_snap, _times_snapshot(engine.target)),
                     draft_steps=_times_delta(d_snap, _times_snapshot(_draft_runner(engine))),
                     text=res.text,
@@ -304,7 +331,7 @@ def _warm(engine, prompt: Prompt, modes: Sequence[Mode]) -> None:
         engine.warmup(k_max=max([4, *ks]))
     for m in modes:
         fresh_cache(engine)
-        engine.generate(**prompt.request(), max_new_tokens=8, draft=m.draft, k=m.k)
+        engine.generate(**prompt.request(), max_new_tokens=8, draft=m.draft, k=m.k, tree=m.tree)
 
 
 def run_meta(engine, **settings) -> dict[str, Any]:
@@ -364,11 +391,12 @@ def load_run(path: str | os.PathLike) -> BenchRun:
         modes = []
         for label in d["modes"]:
             base, _, k = label.partition(" k=")
-            modes.append(Mode("none" if base == "target" else base, int(k) if k else None))
+            base, tree = split_tree(base)
+            modes.append(Mode("none" if base == "target" else base, int(k) if k else None, tree))
         samples = []
         for s in d["samples"]:
             s = dict(s)
-            for key in ("target_steps", "draft_steps"):
+            for key in ("target_steps", "draft_steps", "accepted_depth"):
                 s[key] = {int(n): v for n, v in s.get(key, {}).items()}
             samples.append(Sample(**s))
         return BenchRun(meta=d["meta"], modes=modes, prompts=[Prompt(**x) for x in d["prompts"]], samples=samples)

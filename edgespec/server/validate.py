@@ -46,6 +46,7 @@ class GenRequest:
     include_usage: bool = False
     draft: str | None = None
     draft_k: int | None = None
+    tree: str | None = None  # "auto" | "on" | "off" (None: the engine's default)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def engine_kwargs(self) -> dict[str, Any]:
@@ -66,6 +67,8 @@ class GenRequest:
             kw["draft"] = self.draft
         if self.draft_k is not None:
             kw["k"] = self.draft_k
+        if self.tree is not None:
+            kw["tree"] = self.tree
         return kw
 
     def prompt_kwargs(self) -> dict[str, Any]:
@@ -213,6 +216,9 @@ def _common(body: Any, kind: str, limits: Limits) -> GenRequest:
     draft = body.get("draft")
     if draft is not None and draft not in DRAFT_MODES:
         raise bad_request(f"'draft' must be one of {', '.join(DRAFT_MODES)}, got {json.dumps(draft)[:40]}", param="draft")
+    tree = body.get("tree")
+    if tree is not None and tree not in ("auto", "on", "off"):
+        raise bad_request(f"'tree' must be one of auto, on, off, got {json.dumps(tree)[:40]}", param="tree")
     seed = body.get("seed")
     if seed is not None:
         seed = _int(body, "seed", lo=0, hi=2**63 - 1)
@@ -229,6 +235,7 @@ def _common(body: Any, kind: str, limits: Limits) -> GenRequest:
         include_usage=include_usage and stream,
         draft=draft,
         draft_k=_int(body, "draft_k", lo=1, hi=K_LIMIT, default=None),
+        tree=tree,
     )
 
 

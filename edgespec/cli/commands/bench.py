@@ -22,7 +22,8 @@ def register(sub) -> None:
                    help="code, chat, a .jsonl file, or several joined by commas (default: code)")
     p.add_argument("--modes", default=None,
                    help="comma-separated from target,model,ngram,self,auto (default: all the bundle supports but "
-                        "self; self and model need two runs)")
+                        "self; self and model need two runs); a speculative mode + '+tree' runs tree verification "
+                        "(tree on), + '+tree-auto' lets the cost model decide each round (e.g. auto,auto+tree)")
     p.add_argument("--k", default=None, metavar="K,K,...",
                    help="also run model, ngram and self with these fixed k (adaptive k is always run)")
     p.add_argument("--max-new-tokens", type=int, default=128)

@@ -22,6 +22,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "(target alone)")
     p.add_argument("--k", type=int, default=None, metavar="N",
                    help=f"proposals per round (1-{K_LIMIT}); default: chosen every round from measured costs")
+    p.add_argument("--tree", choices=("auto", "on", "off"), default="auto",
+                   help="tree verification: auto (a tree only when measured costs say it pays; default), on "
+                        "(always widen drafts into a tree), off (chains only)")
     p.add_argument("--max-len", type=int, default=None, metavar="N",
                    help="cache length in tokens, prompt + output (default: min(model context, 2048))")
     p.add_argument("--threads", type=int, default=None,
@@ -72,7 +75,8 @@ def open_engine(args: argparse.Namespace):
     from ...models.bundle import resolve_bundle
 
     return Engine.open(
-        resolve_bundle(args.bundle), draft=args.draft, k=args.k, max_len=args.max_len, providers=args.providers,
+        resolve_bundle(args.bundle), draft=args.draft, k=args.k, tree=args.tree, max_len=args.max_len,
+        providers=args.providers,
         draft_providers=args.draft_providers, threads=args.threads, device=args.device, memory_budget=args.memory_budget,
         power_budget=args.power_budget, max_temp=args.max_temp, verify=not args.no_verify,
     )
@@ -96,6 +100,10 @@ def stats_line(result) -> str:
         parts.append(f"drafter {s.drafter} (rounds: {mix})")
     else:
         parts.append(f"drafter {s.drafter}")
+    if s.tree_rounds:
+        depth = sum(d * n for d, n in s.accepted_depth.items()) / s.tree_rounds
+        parts.append(f"tree rounds {s.tree_rounds} ({s.tree_nodes / s.tree_rounds:.1f} nodes, accepted depth "
+                     f"{depth:.2f}, {s.tree_off_chain} off the chain)")
     if s.energy_j_per_token is not None:
         parts.append(f"{s.energy_j_per_token:.2f} J/token")
     parts.append(f"finish {result.finish_reason}")

@@ -98,6 +98,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "| self (the target with layers skipped; loaded only when chosen here, or by auto without a "
                      "draft model) | none (default auto) [EDGESPEC_DRAFT]")
     eng.add_argument("--k", type=int, help="tokens drafted per round (default: chosen by measured cost) [EDGESPEC_K]")
+    eng.add_argument("--tree", choices=("auto", "on", "off"),
+                     help="default tree verification of requests (a request may pass its own 'tree'): auto | on | "
+                     "off (default auto) [EDGESPEC_TREE]")
     eng.add_argument("--max-len", type=int, help="KV cache length in tokens (default: from the memory plan) "
                      "[EDGESPEC_MAX_LEN]")
     eng.add_argument("--memory-budget", metavar="SIZE", help="memory the engine may use, e.g. 3GiB: shrinks the "
@@ -145,6 +148,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     opts = {
         "draft": _pick(args.draft, "EDGESPEC_DRAFT"),
         "k": _pick(args.k, "EDGESPEC_K", int),
+        "tree": _pick(args.tree, "EDGESPEC_TREE"),
         "max_len": _pick(args.max_len, "EDGESPEC_MAX_LEN", int),
         "memory_budget": _pick(args.memory_budget, "EDGESPEC_MEMORY_BUDGET"),
         "power_budget": _pick(args.power_budget, "EDGESPEC_POWER_BUDGET"),
