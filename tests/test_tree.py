@@ -408,3 +408,16 @@ def test_reach_estimates_multiply_down_the_tree():
     assert p[0] == 1.0 and all(0.0 <= x <= 1.0 for x in p)
     for i in range(1, len(tree)):
         assert p[i] <= p[tree.parent[i]]  # a node is never likelier than its parent
+
+
+def test_past_the_measured_sizes_a_tree_costs_at_least_linear_per_token():
+    """Noisy points (9 tokens timed no dearer than 7) must not make a 15-node tree look cheap."""
+    noisy = {1: 0.050, 2: 0.055, 3: 0.070, 4: 0.080, 5: 0.13, 6: 0.18, 7: 0.163, 8: 0.235, 9: 0.165}
+    v = _verifier(lambda s: noisy.get(s, 0.0) or 0.05 * s)
+    v.costs.target = type(v.costs.target)()
+    for s, t in noisy.items():
+        for _ in range(3):
+            v.costs.target.add(s, t)
+    assert max(v.costs.measured()) == 9
+    assert v.verify_cost(15) >= 0.165 * 15 / 9 - 1e-12
+    assert v.verify_cost(5) == pytest.approx(v.costs.verify(5))  # inside the measured sizes: as measured

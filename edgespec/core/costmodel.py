@@ -132,6 +132,10 @@ class CostModel:
             return 0, base
         return best_k, best
 
+    def measured(self) -> dict[int, float]:
+        """Seconds of a target step by size, for the sizes timed at least twice (recent medians)."""
+        return self._points()
+
     # -- internals --------------------------------------------------------------------------------
     def _points(self) -> dict[int, float]:
         """Sizes timed at least twice (the first run of a shape pays one-off allocations)."""
