@@ -26,7 +26,7 @@ from ..limits import QUANTS
 FORMAT = "edgespec-bundle"
 FORMAT_VERSION = 2
 # Versions this edgespec reads. Version 2 is graph contract v2: every graph also takes per-token
-# `position_ids` and an additive `attention_bias` (docs/ARCHITECTURE.md), which tree verification
+# `position_ids` and an additive `attention_bias` (docs/graph-contract.md), which tree verification
 # needs. A version-1 bundle's graphs lack them: it runs in chain-only mode (`--tree on` is refused
 # with a line saying to re-export), so bundles exported before the bump keep working.
 READ_VERSIONS = (1, 2)
