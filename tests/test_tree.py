@@ -421,3 +421,23 @@ def test_past_the_measured_sizes_a_tree_costs_at_least_linear_per_token():
     assert max(v.costs.measured()) == 9
     assert v.verify_cost(15) >= 0.165 * 15 / 9 - 1e-12
     assert v.verify_cost(5) == pytest.approx(v.costs.verify(5))  # inside the measured sizes: as measured
+
+
+def test_verify_names_a_format_2_manifest_whose_graph_lacks_the_tree_inputs(tiny_bundle, bundle_copy):
+    """A manifest claiming contract v2 over a v1 graph is caught by `verify`, naming the fix."""
+    from edgespec.models.graphcheck import bundle_problems
+    from edgespec.models.manifest import verify_bundle
+
+    b = bundle_copy(tiny_bundle, "v2-claim")
+    downgrade_to_v1(b)
+    m = json.loads((b / "manifest.json").read_text())
+    m["format_version"] = 2
+    for facts in m["models"].values():
+        facts["position_ids"], facts["attention_bias"] = "position_ids", "attention_bias"
+    m["digest"] = content_digest(m)
+    (b / "manifest.json").write_text(json.dumps(m, indent=2))
+    manifest, problems = verify_bundle(b)
+    assert problems == []
+    lines = bundle_problems(b, manifest)
+    assert any("has no input 'position_ids' (graph contract v2): re-export" in x for x in lines), lines
+    assert bundle_problems(tiny_bundle, verify_bundle(tiny_bundle)[0]) == []

@@ -46,6 +46,15 @@ def dtype_problems(facts: ModelFacts, types: dict[str, str]) -> list[str]:
             out.append(f"{facts.path}: has no input or output {name!r}")
         elif got != dtype:
             out.append(f"{facts.path}: {name} is {got}, the manifest says {dtype}")
+    # graph contract v2 (format_version 2): the tree inputs, int64 positions and a bias of the cache's type
+    for name, dtype in ((facts.position_ids, "int64"), (facts.attention_bias, facts.kv_dtype)):
+        if name is None:
+            continue
+        got = types.get(name)
+        if got is None:
+            out.append(f"{facts.path}: has no input {name!r} (graph contract v2): re-export the bundle")
+        elif got != dtype:
+            out.append(f"{facts.path}: {name} is {got}, graph contract v2 says {dtype}")
     flavor = facts.graph_flavor()
     if flavor == "cuda" and facts.kv_dtype != "float16":
         out.append(f"{facts.path}: the cuda flavor needs a float16 KV cache (CUDA's GroupQueryAttention), "
