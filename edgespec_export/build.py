@@ -8,6 +8,7 @@ runtime binds both to one OrtValue). We drive it with three changes that keep th
 - its genai_config/tokenizer side outputs are skipped (the bundle writer owns those).
 Then `graph_edit.add_logits_to_keep` adds the input that limits logits to the last n positions, and
 `graph_edit.add_tree_inputs` the contract-v2 inputs (position_ids, attention_bias) tree verification needs.
+`graph_batch.add_padded_queries` lets one step carry several requests' rows of different lengths.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Any
 
 from edgespec.models.manifest import ModelFacts
 
+from .graph_batch import add_padded_queries
 from .graph_edit import ATTENTION_BIAS, LOGITS_TO_KEEP, POSITION_IDS, add_logits_to_keep, add_tree_inputs, logits_to_float32
 from .progress import NullProgress, Progress, trim_malloc
 from .quantize import QuantSettings, quantizable_nodes, quantize_graph
@@ -193,6 +195,7 @@ def build_graph(
     add_tree_inputs(onnx_path)  # graph contract v2: per-token positions + attention bias (tree verify)
     if flavor == "cuda":
         logits_to_float32(onnx_path)
+    add_padded_queries(onnx_path)  # batched verify of several requests (server --parallel)
     facts = facts_from_config(cfg, out_dir, quant=quant, block_size=block_size, accuracy_level=accuracy_level,
                               name=name, flavor=flavor)
     if quant in QUANT_BITS:

@@ -1,0 +1,247 @@
+"""One model, one session, a KV cache with a slot per concurrent request, written in place.
+
+The cache buffers are [N, kv_heads, MAX, head_dim] (N slots, fixed at load). Each slot has its own
+length L_b, rewound independently. A batched step feeds every slot the same number S of input
+tokens: slot b's real tokens (s_b of them, 0 for an idle slot) right-padded to S. The graph learns
+which tokens are real from the attention mask (export/graph_batch.py, "padded queries"):
+
+    mask[b] = 1 x (L_b + s_b), then one cell holding -(S - s_b) when the row is padded, then zeros
+
+so GroupQueryAttention reads L_b cached rows, writes s_b new ones at [L_b, L_b + s_b) and leaves the
+slot's other rows alone; an idle slot (s_b = 0) is unchanged. Without that graph edit onnxruntime
+refuses batched chunks over a cache, and the runner says so (`BatchUnsupported`).
+
+A step of one slot alone (a new request's prompt) runs on a [1, kv, MAX, hd] view of that slot's
+block of the buffers, so a prefill does not pay for the other N-1 rows. On CPU a slot's block is
+contiguous and an OrtValue made from the numpy view shares its memory; elsewhere single-slot steps
+go through the batched step with the other rows idle.
+
+Shapes: `step(rows)` rows {slot: tokens [s_b]} -> {slot: logits [s_b, V]} (copies);
+`step_one(slot, tokens, n_logits)` -> logits [n_logits, V] (a view of a reused buffer).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .errors import EdgespecError
+from .manifest import ModelFacts
+from .runner import CacheFull, StepTimes
+
+_NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+PADDED_QUERIES_KEY = "edgespec.padded_queries"  # graph metadata written by export/graph_batch.py
+
+
+class BatchUnsupported(EdgespecError):
+    """The bundle's graph cannot run batched steps over a cache (exported before batching)."""
+
+
+def graph_batches(session) -> bool:
+    """Whether the graph marks padded queries (export/graph_batch.py): needed for N > 1 slots."""
+    try:
+        meta = session.get_modelmeta().custom_metadata_map
+    except Exception:  # noqa: BLE001 - a provider without metadata: treat as old graph
+        return False
+    return meta.get(PADDED_QUERIES_KEY) == "1"
+
+
+@dataclass
+class BatchTimes:
+    """Step wall times by rows in the step (the batch size), each a StepTimes by tokens per row.
+    The cost model of a request in a batch of B reads `by_rows[B]`: a verify of k+1 tokens there
+    costs what a step of B rows x (k+1) tokens costs, which is what batching makes it cost."""
+
+    by_rows: dict[int, StepTimes] = field(default_factory=dict)
+
+    def table(self, rows: int) -> StepTimes:
+        t = self.by_rows.get(rows)
+        if t is None:
+            t = self.by_rows[rows] = StepTimes()
+        return t
+
+
+class BatchRunner:
+    def __init__(self, session, facts: ModelFacts, max_len: int, slots: int, *, device: str = "cpu",
+                 device_id: int = 0):
+        import onnxruntime as ort
+
+        if max_len < 2:
+            raise ValueError(f"max_len must be at least 2, got {max_len}")
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
+        if slots > 1 and not graph_batches(session):
+            raise BatchUnsupported(
+                "this bundle's graph cannot verify several requests in one pass (it was exported before "
+                "batching was supported): re-export it with this edgespec, or serve with --parallel 1")
+        self._ort = ort
+        self.session = session
+        self.facts = facts
+        self.max_len = int(max_len)
+        self.slots = slots
+        self.vocab_size = facts.vocab_size
+        self.lengths = [0] * slots  # tokens each slot's cache holds
+        self.times = BatchTimes()
+        self.device = device
+        self._has_logits_to_keep = facts.logits_to_keep is not None and facts.logits_to_keep in {
+            i.name for i in session.get_inputs()
+        }
+        kv_dtype = _NP_DTYPES[facts.kv_dtype]
+        # one spare position: a full row padded in a batched step needs a mask one wider than the
+        # cache (its padding mark's cell), and the operator wants the mask to fit the buffer
+        shape = (slots, facts.kv_heads, self.max_len + 1, facts.head_dim)
+        self._arrays: list[np.ndarray] = []  # CPU only: the numpy buffers the OrtValues share
+        self._kv: list = []  # in binding order: key_0, value_0, key_1, ...
+        for _ in range(facts.layers * 2):
+            if device == "cpu":
+                arr = np.zeros(shape, dtype=kv_dtype)
+                self._arrays.append(arr)
+                self._kv.append(ort.OrtValue.ortvalue_from_numpy(arr))
+            else:
+                self._kv.append(ort.OrtValue.ortvalue_from_shape_and_type(list(shape), kv_dtype, device, device_id))
+        self._logits_dtype = _NP_DTYPES[facts.logits_dtype]
+        self._logits: dict[tuple[int, int], tuple[np.ndarray, object]] = {}
+        self._binding = self._bind(self._kv)
+        self._slot_bindings: dict[int, object] = {}
+        self._slot_kv: dict[int, list] = {}  # keeps the views' OrtValues alive with their bindings
+
+    def _bind(self, kv: list):
+        b = self.session.io_binding()
+        f = self.facts
+        for i in range(f.layers):
+            k, v = kv[2 * i], kv[2 * i + 1]
+            b.bind_ortvalue_input(f.past_key % i, k)
+            b.bind_ortvalue_input(f.past_value % i, v)
+            b.bind_ortvalue_output(f.present_key % i, k)
+            b.bind_ortvalue_output(f.present_value % i, v)
+        return b
+
+    def _slot_binding(self, slot: int):
+        b = self._slot_bindings.get(slot)
+        if b is None:
+            views = [self._ort.OrtValue.ortvalue_from_numpy(a[slot : slot + 1]) for a in self._arrays]
+            self._slot_kv[slot] = views
+            b = self._slot_bindings[slot] = self._bind(views)
+        return b
+
+    def _logits_out(self, rows: int, n: int):
+        buf = self._logits.get((rows, n))
+        if buf is None:
+            arr = np.empty((rows, n, self.vocab_size), dtype=self._logits_dtype)
+            buf = (arr, self._ort.OrtValue.ortvalue_from_numpy(arr))
+            self._logits[(rows, n)] = buf
+        return buf
+
+    # -- state --------------------------------------------------------------------------------
+    def free(self, slot: int) -> int:
+        return self.max_len - self.lengths[slot]
+
+    def rewind(self, slot: int, length: int) -> None:
+        """Keeps the slot's first `length` positions (O(1): stale rows are never read)."""
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"cannot rewind slot {slot} holding {self.lengths[slot]} tokens to {length}")
+        self.lengths[slot] = length
+
+    def reset(self, slot: int | None = None) -> None:
+        for s in range(self.slots) if slot is None else (slot,):
+            self.lengths[s] = 0
+
+    def kv_bytes(self) -> int:
+        return self.facts.kv_bytes_per_token() * (self.max_len + 1) * self.slots
+
+    # -- steps ----------------------------------------------------------------------------------
+    def step_one(self, slot: int, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
+        """One slot alone (a prefill chunk): logits of its last n_logits tokens, [n_logits, V]."""
+        s = len(tokens)
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot} is not in [0, {self.slots})")
+        if s == 0:
+            raise ValueError("step needs at least one token")
+        if not 1 <= n_logits <= s:
+            raise ValueError(f"n_logits must be in [1, {s}], got {n_logits}")
+        if self.lengths[slot] + s > self.max_len:
+            raise CacheFull(f"{s} token(s) at position {self.lengths[slot]} do not fit a cache of {self.max_len}")
+        if self.device != "cpu" or self.slots == 1:
+            if self.slots == 1:
+                return self._run(self._binding, 1, [np.asarray(tokens)], [slot], n_logits)[0]
+            out = self.step({slot: tokens})[slot]
+            return out[s - n_logits :]
+        return self._run(self._slot_binding(slot), 1, [np.asarray(tokens)], [slot], n_logits)[0]
+
+    def _run(self, binding, rows: int, toks: list[np.ndarray], slots: list[int], n_logits: int) -> list[np.ndarray]:
+        """A single-row step on `binding` (one slot's view, or the whole cache when N == 1)."""
+        f = self.facts
+        (t,) = toks
+        s = t.shape[0]
+        length = self.lengths[slots[0]]
+        t0 = time.perf_counter()
+        binding.bind_cpu_input(f.input_ids, t.astype(np.int64).reshape(1, s))
+        binding.bind_cpu_input(f.attention_mask, np.ones((1, length + s), dtype=np.int64))
+        keep = n_logits if self._has_logits_to_keep else s
+        if self._has_logits_to_keep:
+            binding.bind_cpu_input(f.logits_to_keep, np.array([keep], dtype=np.int64))
+        arr, ov = self._logits_out(1, keep)
+        binding.bind_ortvalue_output(f.logits, ov)
+        self.session.run_with_iobinding(binding)
+        self.lengths[slots[0]] += s
+        self.times.table(1).add(s, time.perf_counter() - t0)
+        return [arr[0][keep - n_logits :]]
+
+    def step(self, rows: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
+        """One pass over every slot: slot b in `rows` appends its tokens and gets the logits of all
+        of them, [s_b, V] (a copy); slots not in `rows` are idle and unchanged. Raises CacheFull,
+        writing nothing, if a row does not fit."""
+        if not rows:
+            raise ValueError("a batched step needs at least one row")
+        S = 0
+        for slot, toks in rows.items():
+            if not 0 <= slot < self.slots:
+                raise ValueError(f"slot {slot} is not in [0, {self.slots})")
+            if len(toks) == 0:
+                raise ValueError(f"row for slot {slot} has no tokens")
+            if self.lengths[slot] + len(toks) > self.max_len:
+                raise CacheFull(f"{len(toks)} token(s) at position {self.lengths[slot]} of slot {slot} "
+                                f"do not fit a cache of {self.max_len}")
+            S = max(S, len(toks))
+        if self.slots == 1:
+            ((slot, toks),) = rows.items()
+            return {slot: self._run(self._binding, 1, [np.asarray(toks)], [slot], len(toks))[0].copy()}
+        n = self.slots
+        ids = np.zeros((n, S), dtype=np.int64)
+        real = [len(rows.get(b, ())) for b in range(n)]
+        # width: every row's ones, plus one cell for the padding mark where a row is padded
+        kept = [max(1, self.lengths[b] + real[b]) for b in range(n)]
+        width = max(k + (1 if real[b] < S else 0) for b, k in enumerate(kept))
+        mask = np.zeros((n, width), dtype=np.int64)
+        for b in range(n):
+            if real[b]:
+                ids[b, : real[b]] = rows[b]
+            # an empty idle slot still reports one cached row (the operator needs seqlens_k >= 0);
+            # with no real tokens it neither reads the result nor writes anything
+            mask[b, : kept[b]] = 1
+            if real[b] < S:
+                mask[b, kept[b]] = -(S - real[b])
+        t0 = time.perf_counter()
+        f = self.facts
+        bd = self._binding
+        bd.bind_cpu_input(f.input_ids, ids)
+        bd.bind_cpu_input(f.attention_mask, mask)
+        if self._has_logits_to_keep:
+            bd.bind_cpu_input(f.logits_to_keep, np.array([S], dtype=np.int64))
+        arr, ov = self._logits_out(n, S)
+        bd.bind_ortvalue_output(f.logits, ov)
+        self.session.run_with_iobinding(bd)
+        for b in rows:
+            self.lengths[b] += real[b]
+        self.times.table(len(rows)).add(S, time.perf_counter() - t0)
+        return {b: arr[b, : real[b]].copy() for b in rows}
+
+
+def load_batch_runner(path, facts: ModelFacts, max_len: int, slots: int, *, providers=None,
+                      threads: int | None = None, profile=None) -> BatchRunner:
+    from .providers import create_session
+
+    session, device = create_session(path, providers=providers, threads=threads, profile=profile)
+    return BatchRunner(session, facts, max_len, slots, device=device)

@@ -1,0 +1,115 @@
+"""BatchRunner: a batched step gives every row what that row's tokens would give alone."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.batch_runner import BatchRunner, BatchUnsupported, graph_batches
+from edgespec.bundle import Bundle
+from edgespec.runner import CacheFull, ModelRunner
+
+
+def _session(path):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+@pytest.fixture(scope="module")
+def target(tiny_bundle):
+    b = Bundle.open(tiny_bundle, verify=False)
+    return b.target, _session(b.model_path("target"))
+
+
+def _alone(facts, sess, prompt, steps, max_len):
+    """Logits of each step of one sequence on the plain runner: [prompt] then each of `steps`."""
+    r = ModelRunner(sess, facts, max_len)
+    out = [r.step(prompt, 1).copy()]
+    for s in steps:
+        out.append(r.step(s, len(s)).copy())
+    return out
+
+
+def test_exported_graphs_batch(target):
+    assert graph_batches(target[1])
+
+
+def test_batched_rows_match_rows_alone(target):
+    facts, sess = target
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 400, n).tolist() for n in (5, 11, 3)]
+    steps = [[[7, 8, 9], [4]], [[1], [2, 3, 4, 5]], [[6, 6], [9, 9, 9]]]
+    br = BatchRunner(sess, facts, 32, 4)
+    for b, p in enumerate(prompts):
+        br.step_one(b, p, 1)
+    for i in range(2):
+        got = br.step({b: steps[b][i] for b in range(3)})
+        for b in range(3):
+            ref = _alone(facts, sess, prompts[b], steps[b][: i + 1], 32)[-1]
+            np.testing.assert_allclose(got[b], ref, atol=1e-4)
+            assert br.lengths[b] == len(prompts[b]) + sum(len(s) for s in steps[b][: i + 1])
+    assert br.lengths[3] == 0  # never used: untouched
+
+
+def test_rewind_one_slot_leaves_the_others(target):
+    facts, sess = target
+    br = BatchRunner(sess, facts, 32, 2)
+    br.step_one(0, [1, 2, 3, 4], 1)
+    br.step_one(1, [5, 6, 7], 1)
+    br.step({0: [9, 9], 1: [8]})
+    br.rewind(0, 4)  # forget slot 0's two rows, keep slot 1's
+    got = br.step({0: [3], 1: [2]})
+    np.testing.assert_allclose(got[0], _alone(facts, sess, [1, 2, 3, 4], [[3]], 32)[-1], atol=1e-4)
+    np.testing.assert_allclose(got[1], _alone(facts, sess, [5, 6, 7], [[8], [2]], 32)[-1], atol=1e-4)
+    with pytest.raises(ValueError, match="cannot rewind"):
+        br.rewind(1, 99)
+
+
+def test_a_row_at_the_cache_limit(target):
+    """A slot filled to the last position while its neighbour pads: the mask is one wider than the cache."""
+    facts, sess = target
+    max_len = 12
+    br = BatchRunner(sess, facts, max_len, 2)
+    p0 = list(range(1, 11))  # 10 tokens: 2 positions left
+    br.step_one(0, p0, 1)
+    br.step_one(1, [4, 5], 1)
+    got = br.step({0: [3, 3], 1: [1, 2, 3]})  # slot 0 reaches exactly max_len, padded by one
+    assert br.lengths == [12, 5]
+    np.testing.assert_allclose(got[0], _alone(facts, sess, p0, [[3, 3]], max_len)[-1], atol=1e-4)
+    np.testing.assert_allclose(got[1], _alone(facts, sess, [4, 5], [[1, 2, 3]], max_len)[-1], atol=1e-4)
+    with pytest.raises(CacheFull):
+        br.step({0: [1], 1: [1]})
+    assert br.lengths == [12, 5]  # nothing written
+
+
+def test_bad_rows_are_refused(target):
+    facts, sess = target
+    br = BatchRunner(sess, facts, 8, 2)
+    with pytest.raises(ValueError, match="at least one row"):
+        br.step({})
+    with pytest.raises(ValueError, match="slot 5"):
+        br.step({5: [1]})
+    with pytest.raises(ValueError, match="no tokens"):
+        br.step({0: []})
+    with pytest.raises(ValueError, match="slots must be"):
+        BatchRunner(sess, facts, 8, 0)
+
+
+def test_an_old_graph_refuses_batching(tiny_bundle, tmp_path):
+    """A graph without the padded-queries edit (exported before batching) cannot batch: a clear error;
+    one slot still works (it is what the serial runner does)."""
+    import shutil
+
+    import onnx
+
+    b = Bundle.open(tiny_bundle, verify=False)
+    src = b.model_path("target")
+    m = onnx.load(str(src), load_external_data=False)
+    del m.metadata_props[:]
+    shutil.copy(src.parent / "model.onnx.data", tmp_path / "model.onnx.data")
+    onnx.save(m, str(tmp_path / "model.onnx"))
+    sess = _session(tmp_path / "model.onnx")
+    with pytest.raises(BatchUnsupported, match="re-export"):
+        BatchRunner(sess, b.target, 8, 2)
+    one = BatchRunner(sess, b.target, 8, 1)
+    assert one.step({0: [1, 2]})[0].shape == (2, b.target.vocab_size)
