@@ -1,0 +1,137 @@
+"""Continuous batching: each request gets exactly what it would get alone, whoever shares its rounds."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from edgespec.batch import BatchEngine
+from edgespec.engine import Engine
+from edgespec.errors import DraftUnavailable
+
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):",
+    "hello hello hello world",
+    "the quick brown fox jumps over the lazy dog. the quick brown",
+    "1 2 3 4 5 6 7 8 9 10 1 2 3",
+    "x",
+]
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_bundle):
+    eng = Engine.open(tiny_bundle, draft="none", verify=False, warmup=False)
+    yield eng
+    eng.close()
+
+
+def _alone(eng, **kw):
+    eng.reset_cache()
+    return eng.generate(**kw)
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_bundle):
+    return BatchEngine.open(tiny_bundle, parallel=3, draft="auto", max_len=160, verify=False)
+
+
+@pytest.mark.parametrize("draft,k", [("none", None), ("ngram", None), ("ngram", 3), ("auto", None)])
+def test_greedy_batch_equals_alone(batch, alone, draft, k):
+    reqs = [dict(prompt=p, max_new_tokens=24 + 7 * i, draft=draft, k=k) for i, p in enumerate(PROMPTS)]
+    got = batch.generate_many(reqs)  # 5 requests, 3 slots: two join as the first ones leave
+    for r, g in zip(reqs, got):
+        want = _alone(alone, prompt=r["prompt"], max_new_tokens=r["max_new_tokens"])
+        assert g.token_ids == want.token_ids, r
+        assert g.text == want.text
+        assert g.finish_reason == want.finish_reason
+    assert batch.active == 0 and batch.waiting == 0
+
+
+def test_requests_join_mid_generation(batch, alone):
+    """A request submitted while others are generating joins at the next round and changes nothing."""
+    first = batch.submit(PROMPTS[0], max_new_tokens=40, draft="ngram")
+    for _ in range(5):
+        batch.round()
+    assert first.result is None  # still generating when the next ones come in
+    later = [batch.submit(p, max_new_tokens=30, draft="none") for p in PROMPTS[1:3]]
+    while batch.round():
+        pass
+    assert first.wait(0).token_ids == _alone(alone, prompt=PROMPTS[0], max_new_tokens=40).token_ids
+    for p, t in zip(PROMPTS[1:3], later):
+        assert t.wait(0).token_ids == _alone(alone, prompt=p, max_new_tokens=30).token_ids
+    assert max(first.batch_sizes) >= 2  # it did share rounds
+
+
+def test_sampled_requests_keep_their_seeds(batch, alone):
+    reqs = [dict(prompt=p, max_new_tokens=20, temperature=0.9, top_p=0.95, seed=10 + i, draft=d, k=kk)
+            for i, (p, d, kk) in enumerate(zip(PROMPTS, ["none", "ngram", "none", "ngram", "none"],
+                                                [None, 2, None, 3, None]))]
+    got = batch.generate_many(reqs)
+    for r, g in zip(reqs, got):
+        want = _alone(alone, **r)
+        assert g.token_ids == want.token_ids, r
+
+
+def test_slots_at_the_cache_limit(tiny_bundle, alone):
+    """Requests that run into the end of their slot's cache end with cache_full, as alone."""
+    be = BatchEngine.open(tiny_bundle, parallel=2, max_len=48, verify=False, warmup=False)
+    small = Engine.open(tiny_bundle, draft="none", max_len=48, verify=False, warmup=False)
+    reqs = [dict(prompt=p, max_new_tokens=200, draft=d) for p, d in zip(PROMPTS[:3], ["ngram", "none", "auto"])]
+    got = be.generate_many(reqs)
+    for r, g in zip(reqs, got):
+        small.reset_cache()
+        want = small.generate(prompt=r["prompt"], max_new_tokens=200)
+        assert g.finish_reason == want.finish_reason == "cache_full"
+        assert g.token_ids == want.token_ids
+
+
+def test_prefix_reuse_lands_in_the_slot_holding_it(tiny_bundle, alone):
+    be = BatchEngine.open(tiny_bundle, parallel=3, max_len=160, verify=False, warmup=False)
+    a = be.generate_many([dict(prompt=PROMPTS[2], max_new_tokens=8, draft="none"),
+                          dict(prompt=PROMPTS[0], max_new_tokens=8, draft="none")])
+    turn2 = PROMPTS[0] + a[1].text + " more"
+    t = be.submit(turn2, max_new_tokens=8, draft="none")
+    while be.round():
+        pass
+    r = t.wait(0)
+    assert r.stats.cached_tokens >= len(be.engine.encode(PROMPTS[0]))
+    assert r.token_ids == _alone(alone, prompt=turn2, max_new_tokens=8).token_ids
+
+
+def test_cancel_frees_the_slot_and_the_others_finish(batch, alone):
+    stop = threading.Event()
+    victim = batch.submit(PROMPTS[1], max_new_tokens=60, draft="none", cancel=stop)
+    others = [batch.submit(p, max_new_tokens=25, draft="ngram") for p in (PROMPTS[0], PROMPTS[3])]
+    waiting = batch.submit(PROMPTS[4], max_new_tokens=10, draft="none")  # no slot until one frees
+    for _ in range(4):
+        batch.round()
+    assert waiting.result is None
+    stop.set()
+    while batch.round():
+        pass
+    assert victim.wait(0).finish_reason == "cancelled"
+    for p, t in zip((PROMPTS[0], PROMPTS[3]), others):
+        assert t.wait(0).token_ids == _alone(alone, prompt=p, max_new_tokens=25).token_ids
+    assert waiting.wait(0).token_ids == _alone(alone, prompt=PROMPTS[4], max_new_tokens=10).token_ids
+
+
+def test_worker_thread_and_streamed_deltas(batch, alone):
+    parts: dict[int, list[str]] = {0: [], 1: []}
+    th = threading.Thread(target=batch.run, daemon=True)
+    th.start()
+    try:
+        ts = [batch.submit(PROMPTS[i], max_new_tokens=20, draft="auto", on_delta=parts[i].append) for i in (0, 1)]
+        for i, t in enumerate(ts):
+            r = t.wait(60)
+            assert "".join(parts[i]) == r.text
+    finally:
+        batch.stop()
+        th.join(60)
+    assert not th.is_alive()
+
+
+def test_model_drafting_is_refused_in_a_batch(batch):
+    with pytest.raises(DraftUnavailable, match="not batched"):
+        batch.submit("x", draft="model")
+    with pytest.raises(DraftUnavailable):
+        BatchEngine.open("unused", parallel=2, draft="model")
