@@ -49,6 +49,26 @@ log = logging.getLogger("edgespec.batch")
 BATCH_PREFILL_CHUNK = 128  # prompt tokens per round while other requests are generating
 
 
+def auto_slots(bundle, *, max_len=None, device=None, memory_budget=None) -> int:
+    """`--parallel auto`: as many slots as the memory plan fits after the weights (memory.py's
+    slots_that_fit), at most memory.MAX_AUTO_SLOTS. The budget is the given one, else the device
+    profile's, else 80 % of what the kernel reports available now."""
+    from . import engine as E
+    from . import memory
+    from .bundle import Bundle
+
+    edge = E._edge_options(device, None, None, None, memory_budget, None, None)
+    b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, verify=False)
+    plan = E._memory_plan(b, max_len=max_len, want_draft=False, profile=edge["profile"], budget=edge["memory_budget"])
+    budget = plan.budget_bytes
+    if budget is None:
+        avail = memory.available_bytes()
+        if avail is None:
+            return 1
+        budget = int(avail * 0.8)
+    return memory.slots_that_fit(b, plan, budget)
+
+
 class SlotRunner:
     """One slot of a BatchRunner behind ModelRunner's interface: lets an Engine (tokenizer,
     validation, the serial loop) sit on the batched cache. Use it only while no batch runs."""
@@ -77,7 +97,7 @@ class SlotRunner:
         self.runner.reset(self.slot)
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: a scheduler keys its jobs by ticket
 class Ticket:
     """A request's handle. `on_delta(text)` is called from the batch thread for each text delta;
     `done` is set once `result` (or `error`) is there."""
@@ -85,6 +105,7 @@ class Ticket:
     id: int
     prompt_tokens: int
     on_delta: Callable[[str], None] | None = None
+    on_start: Callable[[], None] | None = None  # called when it takes a slot (its prompt starts being read)
     result: GenerationResult | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -196,7 +217,8 @@ class BatchEngine:
     # -- requests ---------------------------------------------------------------------------------
     def submit(self, prompt: str | None = None, *, messages=None, max_new_tokens: int = 256, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None, stop=None, draft: str | None = None,
-               k: int | None = None, cancel=None, on_delta: Callable[[str], None] | None = None) -> Ticket:
+               k: int | None = None, cancel=None, on_delta: Callable[[str], None] | None = None,
+               on_start: Callable[[], None] | None = None) -> Ticket:
         """Validates and tokenizes now (bad input raises here); the request joins at the next round."""
         if draft == "model":
             raise DraftUnavailable("draft='model' is not batched: use 'auto', 'ngram' or 'none' on a server with "
@@ -207,11 +229,22 @@ class BatchEngine:
             raise DraftUnavailable("draft='model' is not batched: use 'auto', 'ngram' or 'none'", param="draft")
         with self._cv:
             self._ids += 1
-            t = Ticket(self._ids, len(req.ids), on_delta)
+            t = Ticket(self._ids, len(req.ids), on_delta, on_start)
             a = _Active(t, req, t0=time.perf_counter())
             self._waiting.append(a)
             self._cv.notify_all()
         return t
+
+    def generate(self, prompt: str | None = None, **kw) -> GenerationResult:
+        """One request, run to its end on this thread (only while no worker thread runs rounds)."""
+        t = self.submit(prompt, **kw)
+        while self.round():
+            pass
+        return t.wait(0)
+
+    def close(self) -> None:
+        self.stop()
+        self.engine.close()
 
     def generate_many(self, requests: list[dict]) -> list[GenerationResult]:
         """Submits every request (dicts of submit's keyword arguments) and runs rounds until all end."""
@@ -284,6 +317,8 @@ class BatchEngine:
                 a.slot = slot
                 self._active[slot] = a
                 self._start(a)
+                if a.ticket.on_start is not None:
+                    a.ticket.on_start()
 
     def _start(self, a: _Active) -> None:
         req, eng = a.req, self.engine
@@ -432,6 +467,8 @@ class BatchEngine:
             st.tokens_per_pass = len(a.out) / st.target_passes
         if st.rounds:
             st.k_mean = st.drafted / st.rounds
+        if a.ticket.batch_sizes:
+            st.batch_size_mean = sum(a.ticket.batch_sizes) / len(a.ticket.batch_sizes)
         if len(a.out) > 1 and a.t_first and now > a.t_first:
             st.decode_tokens_per_second = (len(a.out) - 1) / (now - a.t_first)
         gov = self.engine.governor

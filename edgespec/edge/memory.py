@@ -300,6 +300,24 @@ def plan(
     raise err
 
 
+MAX_AUTO_SLOTS = 4  # --parallel auto stops here: past it each row's share of a pass grows, not the aggregate
+
+
+def slot_bytes(facts, max_len: int, *, verify_rows: int = 9) -> int:
+    """What one more concurrent request costs (server --parallel): its cache slot and its rows of
+    a batched verify's logits."""
+    return facts.kv_bytes_per_token() * (max_len + 1) + verify_rows * facts.vocab_size * 4
+
+
+def slots_that_fit(bundle, plan_: "MemoryPlan", budget_bytes: int, *, cap: int = MAX_AUTO_SLOTS) -> int:
+    """How many cache slots fit `budget_bytes` next to the weights: the plan (weights, one slot,
+    working memory) plus `slot_bytes` per extra slot; at least 1 (the plan itself was checked)."""
+    b = _open(bundle)
+    extra = budget_bytes - plan_.predicted_bytes
+    per = slot_bytes(b.target, plan_.max_len)
+    return max(1, min(cap, 1 + max(0, extra) // per))
+
+
 def _longest_fitting(b, draft: bool, floor: int, want: int, budget: int, chunk: int,
                      flavor: str | None = None) -> int | None:
     """Largest max_len in [floor, want] whose prediction fits (prediction grows with max_len), aligned

@@ -29,6 +29,7 @@ class GenerationStats:
     tree_shapes: dict[str, int] = field(default_factory=dict)  # nodes per depth, e.g. "1-2" -> rounds
     accepted_depth: dict[int, int] = field(default_factory=dict)  # tree rounds by accepted path depth
     tree_off_chain: int = 0  # tree rounds whose accepted path left the drafter's own chain
+    batch_size_mean: float = 1.0  # requests verified in the same pass, averaged over decode rounds (server --parallel)
 
     @property
     def tokens_per_second(self) -> float:

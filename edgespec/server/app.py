@@ -386,7 +386,8 @@ class GenerationEndpoint:
             g = lambda name: getattr(stats, name, None)  # noqa: E731
             fields += [("completion_tokens", g("new_tokens")), ("tok_s", g("decode_tokens_per_second")),
                        ("drafted", g("drafted")), ("accepted", g("accepted")), ("accept", g("acceptance_rate")),
-                       ("drafter", g("drafter")), ("finish", out.result.finish_reason)]
+                       ("drafter", g("drafter")), ("batch", g("batch_size_mean")),
+                       ("finish", out.result.finish_reason)]
         fields += [("ttft_s", ttft), ("queue_s", queue_s), ("total_s", total)]
         if out.error:
             fields.append(("error", out.error))
@@ -463,6 +464,8 @@ def create_app(state: ServerState) -> Starlette:
             "edgespec_queue_capacity": ("requests that may wait before 429", sched.max_queue),
             "edgespec_busy": ("1 while a request is generating", int(sched.running is not None)),
         }
+        if hasattr(sched, "gauges"):  # --parallel N: slots, active requests, batch size of the last round
+            gauges.update(sched.gauges())
         text = state.metrics.render(gauges, {"version": __version__, "model": state.model_id},
                                     governor=getattr(state.engine, "governor", None))
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")

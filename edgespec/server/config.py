@@ -35,6 +35,7 @@ class ServerConfig:
     ui: bool = False
     model_names: list[str] = field(default_factory=list)  # first one is the id /v1/models shows
     warmup: bool = True
+    parallel: int = 1  # requests generating at once (continuous batching when > 1)
     stall_grace: float = 60.0  # a job older than request_timeout + this means the worker is stuck
 
     def check(self) -> None:
@@ -46,6 +47,8 @@ class ServerConfig:
         for name in ("request_timeout", "drain_timeout"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name.replace('_', ' ')} must be > 0 seconds, got {getattr(self, name)}")
+        if isinstance(self.parallel, bool) or not isinstance(self.parallel, int) or not 1 <= self.parallel <= 64:
+            problems.append(f"parallel must be an integer from 1 to 64, got {self.parallel!r}")
         if self.max_body_bytes < 1024:
             problems.append(f"max body bytes must be >= 1024, got {self.max_body_bytes}")
         if self.max_tokens_limit < 1 or self.default_max_tokens < 1:

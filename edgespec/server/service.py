@@ -100,7 +100,12 @@ class Service:
         self.notifier = notifier or Notifier()
         self.hooks = hooks or Hooks.from_env()
         api_key = read_api_key(config.api_key_file)
-        self.scheduler = Scheduler(config.queue_size, token_delay=self.hooks.token_delay)
+        if config.parallel > 1:  # several requests at once: continuous batching
+            from .batch_scheduler import BatchScheduler
+
+            self.scheduler = BatchScheduler(config.queue_size, token_delay=self.hooks.token_delay)
+        else:
+            self.scheduler = Scheduler(config.queue_size, token_delay=self.hooks.token_delay)
         self.state = ServerState(config, self.scheduler, default_name=default_name, api_key=api_key)
         if config.ui and "/" not in self.state.static:
             raise ConfigError("--ui: the kiosk page is not installed (edgespec/static/index.html is missing)")

@@ -92,6 +92,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     lim.add_argument("--no-warmup", dest="warmup", action="store_false", default=None,
                      help="skip the warm-up generation before READY [EDGESPEC_WARMUP=0]")
 
+    lim.add_argument("--parallel", help="requests generating at once, verified together in one target pass "
+                     "(continuous batching); 'auto': as many as the memory plan fits, up to 4. Default 1: one at a "
+                     "time, the others queue. With more than 1 the draft model is not used (n-gram drafting is) "
+                     "[EDGESPEC_PARALLEL]")
+
     eng = p.add_argument_group("engine (passed to Engine.open)")
     eng.add_argument("--draft", choices=("auto", "model", "ngram", "self", "none"),
                      help="default drafting of requests (a request may pass its own 'draft'): auto | model | ngram "
@@ -140,6 +145,7 @@ def server_config(args: argparse.Namespace):
         ui=_pick(args.ui, "EDGESPEC_UI", _bool, False),
         model_names=list(names),
         warmup=_pick(args.warmup, "EDGESPEC_WARMUP", _bool, True),
+        parallel=1,  # set by run() once --parallel is resolved (auto needs the bundle)
     )
 
 
@@ -180,6 +186,25 @@ def _journal_logging() -> None:
         h.setFormatter(_JournalFormatter("%(name)s: %(message)s"))
 
 
+def _parallel(value, path, options) -> int:
+    """--parallel / EDGESPEC_PARALLEL: an integer, or 'auto' (the memory plan's slot count)."""
+    from ...server.config import ConfigError
+
+    raw = value if value is not None else _env("EDGESPEC_PARALLEL", str, "1")
+    if str(raw).strip().lower() == "auto":
+        from ...engine.batch import auto_slots
+
+        return auto_slots(path, max_len=options.get("max_len"), device=options.get("device"),
+                          memory_budget=options.get("memory_budget"))
+    try:
+        n = int(str(raw).strip())
+    except ValueError:
+        raise ConfigError(f"--parallel must be an integer or 'auto', got {raw!r}") from None
+    if not 1 <= n <= 64:
+        raise ConfigError(f"--parallel must be from 1 to 64, got {n}")
+    return n
+
+
 def run(args: argparse.Namespace) -> int:
     from ...errors import BundleNotFound, EdgespecError
 
@@ -199,7 +224,15 @@ def run(args: argparse.Namespace) -> int:
         options = engine_options(args)
         options.setdefault("device", "auto")  # like generate and chat: this board's defaults
 
+        parallel = _parallel(getattr(args, "parallel", None), path, options)
+        config.parallel = parallel
+
         def open_engine():
+            if parallel > 1:
+                from ...engine.batch import BatchEngine
+
+                opts = {k: v for k, v in options.items() if k != "draft_providers"}
+                return BatchEngine.open(path, parallel=parallel, **opts)
             from ...engine import Engine
 
             return Engine.open(path, **options)

@@ -1,0 +1,197 @@
+"""`edgespec serve --parallel N`: several clients generate at once through the real `openai` client,
+each getting exactly what the target alone writes; a disconnect, a timeout or SIGTERM with several
+requests active ends only what it should."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai", reason="the test extra is not installed (pip install .[test])")
+pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
+
+from edgespec.batch import BatchEngine  # noqa: E402
+from edgespec.engine import Engine  # noqa: E402
+from edgespec.server.config import ServerConfig  # noqa: E402
+from edgespec.server.sdnotify import Notifier  # noqa: E402
+from edgespec.server.service import Hooks, Service  # noqa: E402
+
+ASKS = ["Sort a list of pairs by the second item.", "hello hello hello", "Write fizzbuzz.", "1 2 3 1 2 3 1 2"]
+DEADLINE = 60.0
+
+
+def _msgs(text):
+    return [{"role": "user", "content": text}]
+
+
+class Running:
+    def __init__(self, bundle: Path, parallel: int = 3, token_delay: float = 0.0, **cfg):
+        cfg.setdefault("port", 0)
+        self.bundle = bundle
+        self.service = Service(ServerConfig(parallel=parallel, **cfg),
+                               lambda: BatchEngine.open(bundle, parallel=parallel, max_len=256, verify=False),
+                               default_name=bundle.name, notifier=Notifier(environ={}),
+                               hooks=Hooks(token_delay=token_delay))
+        self.thread = threading.Thread(target=self.service.run, daemon=True)
+        self.thread.start()
+        end = time.monotonic() + DEADLINE
+        while self.service.state.phase != "ready":
+            assert self.service.state.phase == "loading" and time.monotonic() < end, self.service.state.failure
+            time.sleep(0.02)
+        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.service.port}/v1", api_key="unused",
+                                    max_retries=0, timeout=DEADLINE)
+
+    def stop(self):
+        self.service._on_signal(signal.SIGTERM)
+        self.thread.join(DEADLINE)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_bundle):
+    eng = Engine.open(tiny_bundle, max_len=256, draft="none", verify=False)
+    yield eng
+    eng.close()
+
+
+def _ref(eng, text, n):
+    eng.reset_cache()
+    return eng.generate(messages=_msgs(text), max_new_tokens=n)
+
+
+def _wait(cond, what, timeout=DEADLINE):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_concurrent_openai_streams_equal_target_alone(tiny_bundle, alone):
+    r = Running(tiny_bundle, parallel=3)
+    try:
+        results: dict[int, str] = {}
+        barrier = threading.Barrier(len(ASKS))
+        drafts = ["none", "ngram", "auto", "ngram"]
+
+        def client(i):
+            barrier.wait(DEADLINE)
+            stream = r.client.chat.completions.create(model=r.bundle.name, messages=_msgs(ASKS[i]), max_tokens=30 + i,
+                                                      stream=True, extra_body={"draft": drafts[i]})
+            results[i] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(ASKS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(DEADLINE)
+        for i, text in enumerate(ASKS):
+            assert results[i] == _ref(alone, text, 30 + i).text, i
+        body = urllib_get(r.service.port, "/metrics")
+        assert "edgespec_slots 3" in body and "edgespec_batch_size" in body
+        # four requests, three slots: at least one round verified more than one request
+        resp = r.client.chat.completions.create(model=r.bundle.name, messages=_msgs(ASKS[0]), max_tokens=5)
+        assert resp.model_extra["edgespec"]["batch_size_mean"] >= 1.0
+    finally:
+        r.stop()
+
+
+def _open_stream(port, body):
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=DEADLINE)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return s
+
+
+def test_disconnect_frees_its_slot_while_the_others_finish(tiny_bundle, alone):
+    r = Running(tiny_bundle, parallel=3, token_delay=0.01, request_timeout=30)
+    try:
+        sched = r.service.scheduler
+        sock = _open_stream(r.service.port, {"messages": _msgs(ASKS[1]), "max_tokens": 200, "stream": True,
+                                             "draft": "none"})
+        got = b""
+        while got.count(b"data: ") < 3:
+            got += sock.recv(4096)
+        out = {}
+
+        def client(i):
+            resp = r.client.chat.completions.create(model=r.bundle.name, messages=_msgs(ASKS[i]), max_tokens=40,
+                                                    extra_body={"draft": "ngram"})
+            out[i] = resp.choices[0].message.content
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in (0, 2)]
+        for t in threads:
+            t.start()
+        _wait(lambda: sched.active == 3, "three requests in slots")
+        sock.close()  # the first client hangs up mid-stream
+        _wait(lambda: sched.active <= 2, "the hung-up request to leave its slot")
+        for t in threads:
+            t.join(DEADLINE)
+        for i in (0, 2):
+            assert out[i] == _ref(alone, ASKS[i], 40).text
+        body = urllib_get(r.service.port, "/metrics")
+        assert 'status="499"' in body
+    finally:
+        r.stop()
+
+
+def test_timeout_ends_one_request_and_the_other_finishes(tiny_bundle, alone):
+    # the long request needs ~200 rounds x 0.05 s, far past its 2 s; the short one needs 5 rounds
+    r = Running(tiny_bundle, parallel=2, token_delay=0.05, request_timeout=2.0)
+    out = {}
+
+    def long():
+        try:
+            r.client.chat.completions.create(model=r.bundle.name, messages=_msgs(ASKS[1]), max_tokens=1000,
+                                             extra_body={"draft": "none"})
+        except openai.APIStatusError as e:
+            out["long"] = e.status_code
+
+    def short():
+        resp = r.client.chat.completions.create(model=r.bundle.name, messages=_msgs(ASKS[2]), max_tokens=5,
+                                                extra_body={"draft": "ngram"})
+        out["short"] = resp.choices[0].message.content
+
+    try:
+        t1 = threading.Thread(target=long)
+        t1.start()
+        _wait(lambda: r.service.scheduler.active == 1, "the long request generating")
+        t2 = threading.Thread(target=short)
+        t2.start()
+        t1.join(DEADLINE), t2.join(DEADLINE)
+        assert out["long"] == 504
+        assert out["short"] == _ref(alone, ASKS[2], 5).text
+        _wait(lambda: r.service.scheduler.active == 0, "the timed-out request to leave its slot")
+    finally:
+        r.stop()
+
+
+def urllib_get(port, path):
+    import urllib.request
+
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10).read().decode()
+
+
+def test_sigterm_with_several_active_requests_lets_them_finish(tiny_bundle, alone):
+    r = Running(tiny_bundle, parallel=2, token_delay=0.01, drain_timeout=30)
+    out = {}
+
+    def client(i):
+        stream = r.client.chat.completions.create(model=r.bundle.name, messages=_msgs(ASKS[i]), max_tokens=40,
+                                                  stream=True, extra_body={"draft": "none"})
+        out[i] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in (0, 3)]
+    for t in threads:
+        t.start()
+    _wait(lambda: r.service.scheduler.active == 2, "two requests generating")
+    r.stop()  # SIGTERM: both are running, both finish (nothing lost)
+    for t in threads:
+        t.join(DEADLINE)
+    for i in (0, 3):
+        assert out[i] == _ref(alone, ASKS[i], 40).text
