@@ -15,7 +15,8 @@ from .. import __version__
 from ..errors import EdgespecError
 
 # (module under edgespec.cli.commands, in help order)
-COMMANDS = ("pull", "models", "export", "verify", "generate", "chat", "bench", "serve", "doctor", "plan", "quickstart")
+COMMANDS = ("pull", "models", "export", "verify", "generate", "chat", "bench", "loadtest", "serve", "doctor", "plan",
+            "quickstart")
 
 
 def build_parser() -> argparse.ArgumentParser:

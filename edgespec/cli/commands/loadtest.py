@@ -1,0 +1,50 @@
+"""`edgespec loadtest BUNDLE --concurrency 1,2,4`: concurrent streaming clients over the HTTP API,
+serial server against batched server, in one run (see edgespec/loadtest.py and docs/server.md)."""
+from __future__ import annotations
+
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "loadtest", help="N concurrent streaming clients against the serial and the batched server",
+        description="Serve the bundle in this process, first one request at a time (--parallel 1), then batched "
+                    "(--parallel = the largest concurrency level), and run the same streaming chat requests from "
+                    "N concurrent clients against each: aggregate tok/s, per-request tok/s, TTFT p50/p95.")
+    p.add_argument("bundle", help="bundle folder (or the name of one under $EDGESPEC_HOME/bundles)")
+    p.add_argument("--concurrency", default="1,2,4", help="client counts, comma-separated (default 1,2,4)")
+    p.add_argument("--draft", default="none,auto", help="drafting modes to run, comma-separated (default none,auto)")
+    p.add_argument("--prompts", default="code", help="prompt set(s) or .jsonl file(s), as in bench (default code)")
+    p.add_argument("--requests", type=int, default=8, help="requests per level: the set's first N (default 8)")
+    p.add_argument("--max-tokens", type=int, default=64, help="completion tokens per request (default 64)")
+    p.add_argument("--max-len", type=int, default=1024, help="KV cache length per slot (default 1024)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads per session")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..engine import _check_draft_mode
+    from ..errors import InvalidRequest
+    from ..loadtest import loadtest, parse_levels, report
+    from .generate import resolve_bundle
+
+    levels = parse_levels(args.concurrency)
+    drafts = [d.strip() for d in args.draft.split(",") if d.strip()]
+    for d in drafts:
+        _check_draft_mode(d)
+        if d == "model":
+            raise InvalidRequest("loadtest --draft model: the draft model is not batched; use auto, ngram or none",
+                                 param="draft")
+    opts = {"max_len": args.max_len, "verify": False}
+    if args.threads is not None:
+        opts["threads"] = args.threads
+    results = loadtest(resolve_bundle(args.bundle), levels=levels, drafts=drafts, prompts=args.prompts,
+                       requests=args.requests, max_tokens=args.max_tokens, engine_options=opts,
+                       progress=lambda r: print(f"  {r.server} draft={r.draft} clients={r.concurrency}: "
+                                                f"{r.aggregate_tps:.2f} tok/s aggregate", flush=True))
+    print(report(results))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump([r.to_dict() for r in results], f, indent=2)
+    return 0
