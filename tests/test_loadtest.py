@@ -1,0 +1,72 @@
+"""`edgespec loadtest` and the --parallel option: bad input is refused clearly; a tiny run reports
+both servers at every level; the memory planner counts slots."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from edgespec import memory
+from edgespec.bundle import Bundle
+from edgespec.errors import InvalidRequest
+from edgespec.loadtest import loadtest, parse_levels, report
+from edgespec.server.config import ConfigError, ServerConfig
+
+pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
+
+
+@pytest.mark.parametrize("text", ["", "0,1", "a,b", "1,65"])
+def test_bad_concurrency_levels(text):
+    with pytest.raises(InvalidRequest, match="concurrency"):
+        parse_levels(text)
+
+
+def test_levels_sorted_and_unique():
+    assert parse_levels("4,1,2,2") == [1, 2, 4]
+
+
+@pytest.mark.parametrize("value", ["0", "65", "many"])
+def test_bad_parallel_option(value, tiny_bundle):
+    from edgespec.commands.serve import _parallel
+
+    with pytest.raises(ConfigError, match="--parallel"):
+        _parallel(value, tiny_bundle, {})
+
+
+def test_parallel_in_the_server_config():
+    with pytest.raises(ConfigError, match="parallel"):
+        ServerConfig(parallel=0).check()
+    ServerConfig(parallel=4).check()
+
+
+def test_auto_parallel_counts_slots_in_the_budget(tiny_bundle):
+    from edgespec.commands.serve import _parallel
+
+    b = Bundle.open(tiny_bundle, verify=False)
+    plan = memory.plan(b, max_len=256, want_draft=False, budget_bytes=None)
+    per = memory.slot_bytes(b.target, 256)
+    assert memory.slots_that_fit(b, plan, plan.predicted_bytes) == 1  # nothing left after one slot
+    assert memory.slots_that_fit(b, plan, plan.predicted_bytes + 2 * per) == 3
+    assert memory.slots_that_fit(b, plan, plan.predicted_bytes + 100 * per) == memory.MAX_AUTO_SLOTS
+    budget = plan.predicted_bytes + per + per // 2
+    assert _parallel("auto", tiny_bundle, {"max_len": 256, "memory_budget": budget}) == 2
+
+
+def test_tiny_loadtest_reports_both_servers(tiny_bundle):
+    res = loadtest(tiny_bundle, levels=[1, 2], drafts=["none"], requests=3, max_tokens=6,
+                   engine_options={"max_len": 512, "verify": False})
+    assert [(r.server, r.concurrency) for r in res] == [("serial", 1), ("serial", 2), ("batched", 1), ("batched", 2)]
+    for r in res:
+        assert r.requests == 3 and r.tokens > 0 and r.aggregate_tps > 0 and r.ttft_p95 >= r.ttft_p50 > 0
+    assert all(r.batch_size_mean == 1.0 for r in res if r.server == "serial")
+    text = report(res)
+    assert "vs serial" in text and "batched" in text
+
+
+def test_loadtest_refuses_the_draft_model(tiny_bundle, capsys):
+    from edgespec.commands.loadtest import run
+
+    args = argparse.Namespace(bundle=str(tiny_bundle), concurrency="1", draft="model", prompts="code", requests=1,
+                              max_tokens=2, max_len=512, threads=None, json=None)
+    with pytest.raises(InvalidRequest, match="not batched"):
+        run(args)
