@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from edgespec.batch import BatchEngine
+from edgespec.engine.batch import BatchEngine
 from edgespec.engine import Engine
 from edgespec.errors import DraftUnavailable
 

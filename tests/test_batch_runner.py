@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.batch_runner import BatchRunner, BatchUnsupported, graph_batches
-from edgespec.bundle import Bundle
-from edgespec.runner import CacheFull, ModelRunner
+from edgespec.core.batch_runner import BatchRunner, BatchUnsupported, graph_batches
+from edgespec.models.bundle import Bundle
+from edgespec.core.runner import CacheFull, ModelRunner
 
 
 def _session(path):

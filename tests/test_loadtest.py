@@ -6,10 +6,10 @@ import argparse
 
 import pytest
 
-from edgespec import memory
-from edgespec.bundle import Bundle
+from edgespec.edge import memory
+from edgespec.models.bundle import Bundle
 from edgespec.errors import InvalidRequest
-from edgespec.loadtest import loadtest, parse_levels, report
+from edgespec.bench.loadtest import loadtest, parse_levels, report
 from edgespec.server.config import ConfigError, ServerConfig
 
 pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
@@ -27,7 +27,7 @@ def test_levels_sorted_and_unique():
 
 @pytest.mark.parametrize("value", ["0", "65", "many"])
 def test_bad_parallel_option(value, tiny_bundle):
-    from edgespec.commands.serve import _parallel
+    from edgespec.cli.commands.serve import _parallel
 
     with pytest.raises(ConfigError, match="--parallel"):
         _parallel(value, tiny_bundle, {})
@@ -40,7 +40,7 @@ def test_parallel_in_the_server_config():
 
 
 def test_auto_parallel_counts_slots_in_the_budget(tiny_bundle):
-    from edgespec.commands.serve import _parallel
+    from edgespec.cli.commands.serve import _parallel
 
     b = Bundle.open(tiny_bundle, verify=False)
     plan = memory.plan(b, max_len=256, want_draft=False, budget_bytes=None)
@@ -64,7 +64,7 @@ def test_tiny_loadtest_reports_both_servers(tiny_bundle):
 
 
 def test_loadtest_refuses_the_draft_model(tiny_bundle, capsys):
-    from edgespec.commands.loadtest import run
+    from edgespec.cli.commands.loadtest import run
 
     args = argparse.Namespace(bundle=str(tiny_bundle), concurrency="1", draft="model", prompts="code", requests=1,
                               max_tokens=2, max_len=512, threads=None, json=None)

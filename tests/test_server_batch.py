@@ -15,7 +15,7 @@ import pytest
 openai = pytest.importorskip("openai", reason="the test extra is not installed (pip install .[test])")
 pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
 
-from edgespec.batch import BatchEngine  # noqa: E402
+from edgespec.engine.batch import BatchEngine  # noqa: E402
 from edgespec.engine import Engine  # noqa: E402
 from edgespec.server.config import ServerConfig  # noqa: E402
 from edgespec.server.sdnotify import Notifier  # noqa: E402

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..core.batch_runner import BatchRunner
 from ..core.runner import ModelRunner
 from ..edge import devices, flavor, memory, providers as prov
 from ..edge import governor as gov
@@ -60,6 +61,26 @@ def _bundle_root(path: Path, facts: ModelFacts) -> Path | None:
     if len(path.parts) > len(rel) and path.parts[-len(rel):] == rel:
         return path.parents[len(rel) - 1]
     return None
+
+
+def load_batch_runner(path: Path, facts: ModelFacts, max_len: int, slots: int, *, providers=None,
+                      threads: int | None = None, profile=None) -> BatchRunner:
+    """The target with `slots` cache slots (server --parallel): one session, its own thread pool
+    (no draft model shares the cores with it)."""
+    session, device = prov.create_session(path, providers=providers, threads=threads, profile=profile)
+    return BatchRunner(session, facts, max_len, slots, device=device)
+
+
+def parallel_slots(b: Bundle, plan: memory.MemoryPlan) -> int:
+    """`--parallel auto`: the slots the plan's budget fits after the weights (at most
+    memory.MAX_AUTO_SLOTS); without a budget, 80 % of the memory available now is the budget."""
+    budget = plan.budget_bytes
+    if budget is None:
+        avail = memory.available_bytes()
+        if avail is None:
+            return 1
+        budget = int(avail * 0.8)
+    return memory.slots_that_fit(b, plan, budget)
 
 
 def edge_options(device, providers, draft_providers, threads, memory_budget, power_budget, max_temp) -> dict:

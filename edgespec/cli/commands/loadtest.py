@@ -24,15 +24,15 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..engine import _check_draft_mode
-    from ..errors import InvalidRequest
-    from ..loadtest import loadtest, parse_levels, report
-    from .generate import resolve_bundle
+    from ...bench.loadtest import loadtest, parse_levels, report
+    from ...engine.requests import check_draft_mode
+    from ...errors import InvalidRequest
+    from ...models.bundle import resolve_bundle
 
     levels = parse_levels(args.concurrency)
     drafts = [d.strip() for d in args.draft.split(",") if d.strip()]
     for d in drafts:
-        _check_draft_mode(d)
+        check_draft_mode(d)
         if d == "model":
             raise InvalidRequest("loadtest --draft model: the draft model is not batched; use auto, ngram or none",
                                  param="draft")

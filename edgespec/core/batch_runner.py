@@ -27,8 +27,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .errors import EdgespecError
-from .manifest import ModelFacts
+from ..errors import EdgespecError
+from ..models.manifest import ModelFacts
 from .runner import CacheFull, StepTimes
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -264,10 +264,3 @@ class BatchRunner:
         self.times.table(n).add(S, time.perf_counter() - t0)
         return {b: arr[b, : real[b]].copy() for b in rows}
 
-
-def load_batch_runner(path, facts: ModelFacts, max_len: int, slots: int, *, providers=None,
-                      threads: int | None = None, profile=None) -> BatchRunner:
-    from .providers import create_session
-
-    session, device = create_session(path, providers=providers, threads=threads, profile=profile)
-    return BatchRunner(session, facts, max_len, slots, device=device)

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 
 @dataclass
@@ -147,17 +147,17 @@ def run_clients(port: int, bodies: list[dict], concurrency: int, *, server: str,
 @contextmanager
 def serve(bundle: str | Path, *, parallel: int, engine_options: dict) -> Iterator[int]:
     """`edgespec serve` in this process on a free loopback port; yields the port."""
-    from .server.config import ServerConfig
-    from .server.sdnotify import Notifier
-    from .server.service import Hooks, Service
+    from ..server.config import ServerConfig
+    from ..server.sdnotify import Notifier
+    from ..server.service import Hooks, Service
 
     def open_engine():
         if parallel > 1:
-            from .batch import BatchEngine
+            from ..engine.batch import BatchEngine
 
             opts = {k: v for k, v in engine_options.items() if k != "draft_providers"}
             return BatchEngine.open(bundle, parallel=parallel, **opts)
-        from .engine import Engine
+        from ..engine import Engine
 
         return Engine.open(bundle, **engine_options)
 
@@ -192,7 +192,7 @@ def parse_levels(text: str) -> list[int]:
 
 def loadtest(bundle: str | Path, *, levels: list[int], drafts: list[str], prompts: str = "code", requests: int = 8,
              max_tokens: int = 64, engine_options: dict | None = None, progress=None) -> list[LoadResult]:
-    from .bench import load_prompts
+    from .prompts import load_prompts
 
     ps = load_prompts(prompts)[:requests]
     if requests < 1:

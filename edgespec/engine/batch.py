@@ -34,15 +34,20 @@ from typing import Callable
 
 import numpy as np
 
-from .batch_runner import BatchRunner
-from .costmodel import CostModel
-from .detokenize import TextStream
-from .drafters import EMPTY, AutoDrafter, Drafter, NgramDrafter, NoDrafter, common_prefix
-from .engine import DEFAULT_K_CAP, Engine, GenerationResult, GenerationStats, _Request
-from .errors import DraftUnavailable, InvalidRequest
-from .runner import StepTimes
-from .sampling import choose, make_rng
-from .speculative import accept_greedy, accept_sampled
+from ..core.batch_runner import BatchRunner
+from ..core.costmodel import CostModel
+from ..core.detokenize import TextStream
+from ..core.proposal import EMPTY, common_prefix
+from ..core.runner import StepTimes
+from ..core.sampling import choose, make_rng
+from ..core.speculative import accept_greedy, accept_sampled
+from ..drafters import AutoDrafter, Drafter, NgramDrafter, NoDrafter
+from ..errors import DraftUnavailable, InvalidRequest
+from ..limits import DEFAULT_K_CAP, DEFAULT_MAX_LEN
+from . import build
+from .engine import Engine
+from .requests import Request, check_draft_mode, check_k
+from .results import GenerationResult, GenerationStats
 
 log = logging.getLogger("edgespec.batch")
 
@@ -53,20 +58,13 @@ def auto_slots(bundle, *, max_len=None, device=None, memory_budget=None) -> int:
     """`--parallel auto`: as many slots as the memory plan fits after the weights (memory.py's
     slots_that_fit), at most memory.MAX_AUTO_SLOTS. The budget is the given one, else the device
     profile's, else 80 % of what the kernel reports available now."""
-    from . import engine as E
-    from . import memory
-    from .bundle import Bundle
+    from ..models.bundle import Bundle
 
-    edge = E._edge_options(device, None, None, None, memory_budget, None, None)
+    edge = build.edge_options(device, None, None, None, memory_budget, None, None)
     b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, verify=False)
-    plan = E._memory_plan(b, max_len=max_len, want_draft=False, profile=edge["profile"], budget=edge["memory_budget"])
-    budget = plan.budget_bytes
-    if budget is None:
-        avail = memory.available_bytes()
-        if avail is None:
-            return 1
-        budget = int(avail * 0.8)
-    return memory.slots_that_fit(b, plan, budget)
+    plan = build.memory_plan(b, max_len=max_len, want_draft=False, profile=edge["profile"],
+                             budget=edge["memory_budget"])
+    return build.parallel_slots(b, plan)
 
 
 class SlotRunner:
@@ -123,7 +121,7 @@ class Ticket:
 @dataclass
 class _Active:
     ticket: Ticket
-    req: _Request
+    req: Request
     slot: int = -1
     ctx: list[int] = field(default_factory=list)
     filled: int = 0  # prompt tokens in the slot's cache (prefill progress)
@@ -163,28 +161,23 @@ class BatchEngine:
              providers=None, threads: int | None = None, device=None, memory_budget=None, power_budget=None,
              max_temp=None, verify: bool = True, warmup: bool = True) -> "BatchEngine":
         """Loads the target with `parallel` cache slots (no draft model: see the module docstring)."""
-        from . import engine as E
-        from .batch_runner import load_batch_runner
-        from .bundle import Bundle
+        from ..models.bundle import Bundle
 
         if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
             raise InvalidRequest(f"parallel must be an integer >= 1, got {parallel!r}", param="parallel")
-        E._check_draft_mode(draft)
+        check_draft_mode(draft)
         if draft == "model":
             raise DraftUnavailable("draft='model' is not batched: with several slots use 'auto', 'ngram' or "
                                    "'none', or serve one client at a time (--parallel 1)", param="draft")
-        E._check_k(k)
-        edge = E._edge_options(device, providers, None, threads, memory_budget, power_budget, max_temp)
+        check_k(k)
+        edge = build.edge_options(device, providers, None, threads, memory_budget, power_budget, max_temp)
         b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, verify=verify)
-        plan = E._memory_plan(b, max_len=max_len, want_draft=False, profile=edge["profile"],
-                              budget=edge["memory_budget"])
-        if plan is not None:
-            max_len = plan.max_len
-        else:  # pragma: no cover - memory.plan always answers
-            max_len = min(max_len or E.DEFAULT_MAX_LEN, b.target.max_context)
-        runner = load_batch_runner(b.model_path("target"), b.target, max_len, parallel,
+        plan = build.memory_plan(b, max_len=max_len, want_draft=False, profile=edge["profile"],
+                                 budget=edge["memory_budget"])
+        max_len = plan.max_len
+        runner = build.load_batch_runner(b.model_path("target"), b.target, max_len, parallel,
                                    providers=edge["providers"], threads=edge["threads"], profile=edge["profile"])
-        governor = E._governor(edge, spinning=True)
+        governor = build.governor(edge, spinning=True)
         eng = Engine(b, SlotRunner(runner, 0), None, b.load_tokenizer(), draft_mode=draft, k=k,
                      governor=governor, memory_plan=plan)
         if warmup:
@@ -349,7 +342,7 @@ class BatchEngine:
         ng.cont.a, ng.cont.b = ev.cont.a, ev.cont.b
         if mode == "ngram":
             return ng, cap
-        return AutoDrafter(costs, ng, None), cap
+        return AutoDrafter(costs, [ng]), cap
 
     def _prefill_chunk(self, a: _Active) -> None:
         end = min(len(a.ctx), a.filled + self.prefill_chunk)
@@ -451,9 +444,9 @@ class BatchEngine:
             tail = a.text.finish()
             if tail and a.ticket.on_delta is not None:
                 a.ticket.on_delta(tail)
-        ng = getattr(a.drafter, "ngram", a.drafter)
-        if isinstance(ng, NgramDrafter):  # later requests start from what this one learned
-            self._ngram_evidence = ng
+        for ng in (a.drafter, *getattr(a.drafter, "sources", ())):
+            if isinstance(ng, NgramDrafter):  # later requests start from what this one learned
+                self._ngram_evidence = ng
         self._finish(a, finish)
 
     def _finish(self, a: _Active, finish: str) -> None:
