@@ -89,6 +89,11 @@ class BatchRunner:
             i.name for i in session.get_inputs()
         }
         kv_dtype = _NP_DTYPES[facts.kv_dtype]
+        names = {i.name for i in session.get_inputs()}
+        # graph contract v2 (tree verification) adds per-token positions and an attention bias; a
+        # batched step feeds each row's positions (L_b + j) and a zero bias
+        self._v2 = (getattr(facts, "position_ids", None) in names and getattr(facts, "attention_bias", None) in names)
+        self._bias_dtype = kv_dtype
         # one spare position: a full row padded in a batched step needs a mask one wider than the
         # cache (its padding mark's cell), and the operator wants the mask to fit the buffer
         shape = (slots, facts.kv_heads, self.max_len + 1, facts.head_dim)
@@ -203,6 +208,9 @@ class BatchRunner:
         t0 = time.perf_counter()
         binding.bind_cpu_input(f.input_ids, t.astype(np.int64).reshape(1, s))
         binding.bind_cpu_input(f.attention_mask, np.ones((1, length + s), dtype=np.int64))
+        if self._v2:
+            binding.bind_cpu_input(f.position_ids, np.arange(length, length + s, dtype=np.int64).reshape(1, s))
+            binding.bind_cpu_input(f.attention_bias, np.zeros((1, 1, s, length + s), dtype=self._bias_dtype))
         keep = n_logits if self._has_logits_to_keep else s
         if self._has_logits_to_keep:
             binding.bind_cpu_input(f.logits_to_keep, np.array([keep], dtype=np.int64))
@@ -254,6 +262,10 @@ class BatchRunner:
         bd = self._rows_binding(n) if self.device == "cpu" else self._binding
         bd.bind_cpu_input(f.input_ids, ids)
         bd.bind_cpu_input(f.attention_mask, mask)
+        if self._v2:
+            pos = np.asarray(self.lengths[:n], dtype=np.int64).reshape(n, 1) + np.arange(S, dtype=np.int64)
+            bd.bind_cpu_input(f.position_ids, pos)
+            bd.bind_cpu_input(f.attention_bias, np.zeros((1, 1, S, width), dtype=self._bias_dtype))
         if self._has_logits_to_keep:
             bd.bind_cpu_input(f.logits_to_keep, np.array([S], dtype=np.int64))
         arr, ov = self._logits_out(n, S)
