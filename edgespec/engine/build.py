@@ -65,9 +65,12 @@ def _bundle_root(path: Path, facts: ModelFacts) -> Path | None:
 
 def load_batch_runner(path: Path, facts: ModelFacts, max_len: int, slots: int, *, providers=None,
                       threads: int | None = None, profile=None) -> BatchRunner:
-    """The target with `slots` cache slots (server --parallel): one session, its own thread pool
-    (no draft model shares the cores with it)."""
-    session, device = prov.create_session(path, providers=providers, threads=threads, profile=profile)
+    """The target with `slots` cache slots (server --parallel): one session, no draft model."""
+    # on the process-wide pool like load_runner's sessions: an engine opened later in this process
+    # (a test, a bench) then finds the same thread setup whichever kind of engine came first
+    shared = prov.use_shared_thread_pool(threads) or prov.shared_pool_active()
+    session, device = prov.create_session(path, providers=providers, threads=threads, profile=profile,
+                                          shared_threads=shared)
     return BatchRunner(session, facts, max_len, slots, device=device)
 
 
