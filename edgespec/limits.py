@@ -6,7 +6,7 @@ engine and by the planner. Each lives here once, so they cannot drift apart.
 """
 from __future__ import annotations
 
-DRAFT_MODES = ("auto", "model", "ngram", "none")  # what a request's `draft` may name
+DRAFT_MODES = ("auto", "model", "suffix", "recycle", "ngram", "none")  # what a request's `draft` may name
 K_LIMIT = 16  # largest k a request may ask for (each verify row costs a full-vocabulary logits row)
 DEFAULT_K_CAP = 8  # adaptive k never proposes more than this per round
 DEFAULT_MAX_LEN = 2048  # cache length when neither the caller nor a device profile sets one

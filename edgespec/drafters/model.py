@@ -11,6 +11,7 @@ from ..core.costmodel import CostModel
 from ..core.proposal import EMPTY, Proposal, common_prefix
 from ..core.runner import ModelRunner
 from ..core.sampling import SamplingParams, probs, sample
+from ..errors import InvalidRequest
 from ..limits import PREFILL_CHUNK
 from .base import Beta
 from .costed import CostedDrafter
@@ -35,13 +36,22 @@ class ModelDrafter(CostedDrafter):
 
     name = "model"
 
-    def __init__(self, runner: ModelRunner, usable: int, costs: CostModel | None = None, *, adaptive: bool = True):
+    def __init__(self, runner: ModelRunner, usable: int, costs: CostModel | None = None, *, adaptive: bool = True,
+                 vocab_map: Sequence[int] | np.ndarray | None = None, eager_prefill: bool = False):
         super().__init__(costs)
         self.runner = runner
         self.usable = usable  # the target's vocabulary: q rows are this long
         # A draft may score only a prefix of the vocabulary (a pruned lm_head, see docs/speed.md):
         # it then proposes only those ids, and q is zero past them, which keeps sampling exact.
         self.scored = min(usable, runner.vocab_size)
+        # ... or any subset (`edgespec export --draft-vocab N`): logits row j scores token
+        # vocab_map[j]; proposals come only from the kept ids and q is renormalised over them
+        self.vocab_map = None if vocab_map is None else check_vocab_map(vocab_map, runner.vocab_size, usable)
+        if self.vocab_map is not None:
+            self.scored = runner.vocab_size
+        # False: the prompt is fed when a round first uses the draft, after the first token (the
+        # first token never waits for a drafter); True: with the target's prefill, in the TTFT
+        self.eager_prefill = eager_prefill
         self.adaptive = adaptive and costs is not None
         self.tokens: list[int] = []  # exactly what the draft cache holds
         mids = np.concatenate([[0.1], (_CONF_EDGES[:-1] + _CONF_EDGES[1:]) / 2, [0.995]])
@@ -61,9 +71,11 @@ class ModelDrafter(CostedDrafter):
         super().begin(ctx)
 
     def prefill(self, ctx: Sequence[int]) -> None:
-        """Feeds the prompt now (the engine does it with the target's prefill, so it counts as
-        prompt processing, not as a cost of the first rounds)."""
-        if len(ctx) <= self.runner.max_len:
+        """With eager_prefill, feeds the prompt now (with the target's prefill: in the time to first
+        token). By default it does nothing: `_sync` feeds the prompt on the first round that uses
+        the draft, so a request whose rounds never need it never pays for it, and the first token
+        never waits for it."""
+        if self.eager_prefill and len(ctx) <= self.runner.max_len:
             self._sync(ctx)
 
     def reset(self) -> None:
@@ -145,16 +157,21 @@ class ModelDrafter(CostedDrafter):
     def _pick(self, row: np.ndarray, params: SamplingParams, rng) -> tuple[int, float, np.ndarray | None]:
         """The draft's token from its logits row, the draft's probability for it, and (sampling
         only) the distribution q it was drawn from, [usable]."""
+        m = self.vocab_map
         if params.greedy:
             x = row[: self.scored]
-            t = int(np.argmax(x))
-            return t, float(1.0 / np.exp(x - x[t]).sum()), None
-        q = probs(row, params, self.scored)
-        t = sample(q, rng)
-        c = float(q[t])
+            j = int(np.argmax(x))
+            return (j if m is None else int(m[j])), float(1.0 / np.exp(x - x[j]).sum()), None
+        q = probs(row, params, self.scored)  # over the scored rows only: renormalised there
+        j = sample(q, rng)
+        c = float(q[j])
+        if m is not None:
+            full = np.zeros(self.usable)
+            full[m] = q
+            return int(m[j]), c, full
         if self.scored < self.usable:
             q = np.concatenate([q, np.zeros(self.usable - self.scored)])
-        return t, c, q
+        return j, c, q
 
     def _step(self, t: int) -> np.ndarray:
         row = self.runner.step([t], 1)[0]
@@ -173,3 +190,18 @@ class ModelDrafter(CostedDrafter):
             ok = i < accepted
             self.by_conf[conf_bin(c)].add(ok, not ok)
             self.mean.add(ok, not ok)
+
+
+def check_vocab_map(vocab_map, rows: int, usable: int) -> np.ndarray:
+    """A pruned draft's row -> token id map, checked: one distinct usable id per logits row."""
+    m = np.asarray(vocab_map)
+    if m.ndim != 1 or m.shape[0] != rows or not np.issubdtype(m.dtype, np.integer):
+        raise InvalidRequest(f"draft vocabulary map: expected {rows} integer ids (one per logits row), "
+                             f"got shape {m.shape} of {m.dtype}", param="draft")
+    m = m.astype(np.int64)
+    if rows and (m.min() < 0 or m.max() >= usable):
+        raise InvalidRequest(f"draft vocabulary map: ids must be in [0, {usable}), got {m.min()}..{m.max()}",
+                             param="draft")
+    if np.unique(m).size != rows:
+        raise InvalidRequest("draft vocabulary map: an id appears twice", param="draft")
+    return m

@@ -22,7 +22,8 @@ class GenerationStats:
     energy_j_per_token: float | None = None  # None without a power sensor
     cached_tokens: int = 0  # prompt tokens reused from the previous request's cache
     rounds: int = 0  # decode rounds (target passes after the prefill)
-    rounds_by_source: dict[str, int] = field(default_factory=dict)  # "model" | "ngram" | "none" -> rounds
+    rounds_by_source: dict[str, int] = field(default_factory=dict)  # "model" | "suffix" | ... | "none" -> rounds
+    accepted_by_source: dict[str, int] = field(default_factory=dict)  # source -> accepted proposals
 
     @property
     def tokens_per_second(self) -> float:

@@ -19,11 +19,12 @@ def register(sub) -> None:
     p.add_argument("bundle", help="bundle folder, or the name of one under $EDGESPEC_HOME/bundles (e.g. qwen-coder); "
                    "or a JSON file from an earlier --json: report, plot and project it again without measuring")
     p.add_argument("--prompts", default="code",
-                   help="code, chat, a .jsonl file, or several joined by commas (default: code)")
+                   help="code, chat, multiturn, heldout, a .jsonl file, or several joined by commas (default: code)")
     p.add_argument("--modes", default=None,
-                   help="comma-separated from target,model,ngram,auto (default: all the bundle supports)")
+                   help="comma-separated from target,model,ngram,suffix,recycle,auto (default: all the bundle "
+                   "supports)")
     p.add_argument("--k", default=None, metavar="K,K,...",
-                   help="also run model and ngram with these fixed k (adaptive k is always run)")
+                   help="also run model, ngram, suffix and recycle with these fixed k (adaptive k is always run)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); outputs are compared only then")
@@ -68,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
 
     b = Bundle.open(resolve_bundle(args.bundle), verify=not args.no_verify)
     if args.modes is None:
-        names = "target,model,ngram,auto" if b.draft is not None else "target,ngram,auto"
+        names = ("target,model,ngram,suffix,recycle,auto" if b.draft is not None
+                 else "target,ngram,suffix,recycle,auto")
     else:
         names = args.modes
     modes = bench.parse_modes(names, args.k, has_draft=b.draft is not None)

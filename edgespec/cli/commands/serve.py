@@ -12,6 +12,8 @@ import os
 import sys
 from typing import Any, Callable
 
+from ...limits import DRAFT_MODES
+
 # EX_CONFIG from sysexits.h: the unit's RestartPreventExitStatus=78 keeps systemd from restarting a
 # service that cannot start (bad bundle, bad option) in a loop
 EXIT_CONFIG = 78
@@ -93,8 +95,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="skip the warm-up generation before READY [EDGESPEC_WARMUP=0]")
 
     eng = p.add_argument_group("engine (passed to Engine.open)")
-    eng.add_argument("--draft", choices=("auto", "model", "ngram", "none"),
-                     help="default drafting of requests (a request may pass its own 'draft'): auto | model | ngram "
+    eng.add_argument("--draft", choices=DRAFT_MODES,
+                     help="default drafting of requests (a request may pass its own 'draft'): auto | model | suffix | recycle | ngram "
                      "| none (default auto) [EDGESPEC_DRAFT]")
     eng.add_argument("--k", type=int, help="tokens drafted per round (default: chosen by measured cost) [EDGESPEC_K]")
     eng.add_argument("--max-len", type=int, help="KV cache length in tokens (default: from the memory plan) "
