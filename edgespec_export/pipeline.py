@@ -52,6 +52,7 @@ class ExportOptions:
     # graph flavors to write, first one = each role's model.onnx (docs/export.md, "Flavors"):
     # ("cpu",) float32; ("cuda",) float16 for the CUDA provider; ("cpu", "cuda") both in one bundle
     eps: tuple[str, ...] = ("cpu",)
+    draft_vocab: int = 0  # keep the draft lm_head's rows for this many frequent tokens (0: all; prune_vocab.py)
 
 
 @dataclass
@@ -91,6 +92,8 @@ def validate_options(o: ExportOptions) -> None:
                 graph_flavor(q or o.quant, ep)
             except ValueError as e:
                 raise ExportError(f"{label} {q or o.quant} with --ep {ep}: {e}") from None
+    if isinstance(o.draft_vocab, bool) or not isinstance(o.draft_vocab, int) or o.draft_vocab < 0:
+        raise ExportError(f"--draft-vocab {o.draft_vocab!r}: must be a whole number of tokens (0 = keep all)")
     for label, v in (("--min-top1", o.min_top1), ("--draft-min-top1", o.draft_min_top1)):
         if v is not None and not 0.0 <= v <= 1.0:
             raise ExportError(f"{label} {v}: must be between 0 and 1")
@@ -234,11 +237,20 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
     _choose_self_draft(tmp, models["target"], ids, check.usable_vocab, progress, warn)
 
     tok = infos["target"]
+    pruned = None
+    if o.draft_vocab and "draft" in models:
+        pruned = _prune_draft_vocab(tmp, models["draft"], o.draft_vocab, check.usable_vocab, tok_paths["target"], ids,
+                                    [*tok.eos_ids, *tok.special_tokens.values(), *([tok.bos_id] if tok.bos_id is not None else [])],
+                                    progress)
+    elif o.draft_vocab:
+        warn("--draft-vocab is ignored: the bundle has no draft model")
     tokenizer = TokenizerFacts(
         files=list(TOKENIZER_FILES), usable_vocab=check.usable_vocab, bos_id=tok.bos_id, eos_ids=tok.eos_ids,
         pad_id=tok.pad_id, add_bos=tok.add_bos, chat_template=tok.chat_template, special_tokens=tok.special_tokens,
     )
     drafting = recommend_drafting(models, results)
+    if pruned is not None:
+        drafting["draft_vocab"] = pruned
     manifest = Manifest(
         name=o.name or out.name,
         models=models,
@@ -286,6 +298,34 @@ def _choose_self_draft(tmp: Path, facts: ModelFacts, ids: list[int], usable: int
             facts.self_draft = search_skip(tmp / cpu.path, cpu, ids, usable, progress=bar)
         except LayerSkipError as e:
             warn(f"no self-draft for this target: {e}")
+
+
+def _prune_draft_vocab(tmp: Path, facts: ModelFacts, n: int, usable: int, tokenizer_json: Path, parity_ids: list[int],
+                       always: list[int], progress: Progress) -> dict[str, Any]:
+    """Keeps the draft lm_head's rows for n frequent tokens (prune_vocab.py) and writes the row -> id
+    map next to the draft; facts are updated in place. Returns what the manifest records."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from .prune_vocab import CORPUS, VOCAB_MAP, choose_kept, prune_head, shipped_prompt_text
+
+    if n >= usable:
+        raise ExportError(f"--draft-vocab {n}: must be below the usable vocabulary ({usable}); 0 keeps every row")
+    if facts.flavors:
+        raise ExportError("--draft-vocab with more than one graph flavor (--ep cpu,cuda) is not supported yet: "
+                          "export one flavor per bundle")
+    tk = Tokenizer.from_file(str(tokenizer_json))
+    corpus = list(parity_ids)
+    for text in shipped_prompt_text():
+        corpus += tk.encode(text, add_special_tokens=False).ids
+    kept = choose_kept(n, usable, corpus_ids=corpus, always=always)
+    progress.note(f"draft vocabulary: keeping {n} of {usable} lm_head rows")
+    prune_head(tmp / facts.path, kept, facts.logits)
+    rel = f"{Path(facts.path).parent.as_posix()}/{VOCAB_MAP}"
+    np.save(tmp / rel, kept.astype(np.int32))
+    facts.vocab_size = int(kept.size)
+    facts.vocab_map = rel
+    return {"kept": int(kept.size), "of": usable, "map": rel, "corpus": CORPUS, "corpus_tokens": len(corpus)}
 
 
 def _threshold(role: str, quant: str, o: ExportOptions) -> float:

@@ -36,6 +36,12 @@ def _bundle(bundle_root: Path, name: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_pruned_bundle(bundle_root) -> Path:
+    """qwen-agree with the draft's lm_head pruned to 200 of 400 ids (export --draft-vocab 200)."""
+    return _bundle(bundle_root, "qwen-pruned")
+
+
+@pytest.fixture(scope="session")
 def tiny_bundle(bundle_root) -> Path:
     """fp32 Qwen2-shaped target + a draft that agrees often (target weights + 5 % noise)."""
     return _bundle(bundle_root, "qwen-agree")

@@ -10,9 +10,11 @@ from edgespec.core.runner import CacheFull, ModelRunner
 
 
 def _session(path):
-    import onnxruntime as ort
+    """Through edgespec's providers: a bare InferenceSession clashes with the process-wide thread
+    pool an engine opened by an earlier test may have set up."""
+    from edgespec.edge.providers import create_session, shared_pool_active
 
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return create_session(path, providers=["cpu"], shared_threads=shared_pool_active())[0]
 
 
 @pytest.fixture(scope="module")

@@ -355,3 +355,61 @@ def test_bench_on_a_bundle_without_draft_defaults_to_what_it_can(tiny_bundle_nod
                  "--project", "none", "--quiet"]) == 0
     text = capsys.readouterr().out
     assert "ngram" in text and "auto" in text and " model " not in text
+
+
+# --- multi-turn conversations and the held-out set (issue 12) --------------------------------------
+def test_multiturn_and_heldout_sets():
+    mt = prompt_sets.load_prompts("multiturn")
+    units = prompt_sets.prompt_units(mt)
+    assert len(units) >= 3 and all(len(u) >= 3 for u in units)
+    assert all(p.conversation for p in mt)
+    ho = prompt_sets.load_prompts("heldout")
+    assert len(ho) >= 8 and not any(p.conversation for p in ho)
+    assert not {p.id for p in mt} & {p.id for p in ho}
+
+
+def test_a_conversation_turn_holds_the_earlier_turns_and_answers():
+    p = prompt_sets.Prompt(id="t2", category="c", prompt="again, in German", conversation="x")
+    hist = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert p.request(hist) == {"messages": [*hist, {"role": "user", "content": "again, in German"}]}
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"prompt": "x", "conversation": ""}', "'conversation' must be a non-empty string"),
+    ('{"prompt": "x", "conversation": "c", "raw": true}', "'raw' cannot be used"),
+])
+def test_bad_conversation_lines(tmp_path, line, message):
+    f = tmp_path / "p.jsonl"
+    f.write_text(line + "\n")
+    with pytest.raises(InvalidRequest, match=message):
+        prompt_sets.load_prompts(str(f))
+
+
+def test_conversation_turns_run_in_order_from_one_reset(tiny_bundle):
+    """Each mode runs all turns of a conversation back to back, with one reset before the first:
+    the second turn's request holds the first answer, and the suffix index still holds the first
+    turn when the second runs (so a turn that repeats an answer can copy it)."""
+    from edgespec.engine import Engine
+
+    prompts = [prompt_sets.Prompt(id="c1", category="conv", prompt="def add(a, b):", conversation="c"),
+               prompt_sets.Prompt(id="c2", category="conv", prompt="Repeat that.", conversation="c"),
+               prompt_sets.Prompt(id="solo", category="solo", prompt="def mul(a, b):")]
+    modes = bench.parse_modes("target,suffix,auto", None, has_draft=True)
+    eng = Engine.open(tiny_bundle, draft="auto", max_len=512)
+    resets = []
+    orig = eng.reset_cache
+    eng.reset_cache = lambda: (resets.append(len(eng._suffix.index)), orig())[1]
+    try:
+        run = bench.run_bench(eng, prompts, modes, max_new_tokens=16, repeats=1, warmup=False)
+    finally:
+        eng.close()
+    order = [(s.prompt_id, s.mode) for s in run.samples]
+    for m in ("target", "suffix", "auto"):
+        assert order.index(("c1", m)) + 1 == order.index(("c2", m))
+    assert len(resets) == 2 * 3  # one per (unit, mode): not one per turn
+    c1 = {s.mode: s for s in run.samples if s.prompt_id == "c1"}
+    c2 = {s.mode: s for s in run.samples if s.prompt_id == "c2"}
+    for m in c2:
+        assert c2[m].prompt_tokens > c1[m].prompt_tokens + c1[m].new_tokens  # history included
+        assert c2[m].same_as_target in (None, True)
+    assert "suffix" in bench_report.report_text(run)

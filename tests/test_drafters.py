@@ -424,3 +424,17 @@ def test_ngram_match_that_continues_a_copied_span_has_its_own_estimate():
     ng.lookup(src + [0, 11, 12], 2)
     ng.lookup(src + [0, 11, 12, 13, 14, 15], 2)
     assert not ng.last_cont
+
+
+def test_beta_fading_keeps_some_evidence():
+    """A request start fades every estimate; a bin that sees no evidence for thousands of requests
+    must keep its mean (it once faded to 0/0: a ZeroDivisionError on a long-running server)."""
+    from edgespec.drafters.base import MIN_EVIDENCE, Beta
+
+    b = Beta(0.3)
+    for _ in range(5000):
+        b.fade(0.25)
+    assert b.mean == pytest.approx(0.3)
+    assert b.a + b.b == pytest.approx(MIN_EVIDENCE)
+    b.add(1, 0)
+    assert b.mean > 0.5  # new evidence moves it fast

@@ -20,10 +20,8 @@ import pytest
 from edgespec.engine import Engine
 from edgespec.core.sampling import SamplingParams, probs
 
+from helpers.lossless import MODES, check_greedy_lossless
 from helpers.stats import chi2_gof
-
-MODES = ["model", "ngram", "auto"]
-
 
 @pytest.fixture(scope="module")
 def engines(tiny_bundle, tiny_bundle_disagree, tiny_llama_bundle, tiny_cuda_bundle, tiny_cuda_bundle_disagree):
@@ -33,30 +31,6 @@ def engines(tiny_bundle, tiny_bundle_disagree, tiny_llama_bundle, tiny_cuda_bund
 
 
 SEEDS = {"agree": 0, "disagree": 1, "llama": 2, "cuda-agree": 3, "cuda-disagree": 4}
-
-
-def random_prompt(eng: Engine, rng: np.random.Generator, n_tokens: int) -> str:
-    """Text from random token ids (of the usable vocabulary, no special tokens)."""
-    ids = rng.integers(3, eng.usable, size=n_tokens).tolist()
-    text = eng.tokenizer.decode(ids)
-    return text if text.strip() else "x" + text
-
-
-def check_greedy_lossless(eng: Engine, seed: int, n_prompts: int, ks) -> None:
-    rng = np.random.default_rng(seed)
-    mismatches = []
-    drafted = 0
-    for i in range(n_prompts):
-        prompt = random_prompt(eng, rng, int(rng.integers(2, 40)))
-        ref = eng.generate(prompt, max_new_tokens=48, draft="none")
-        assert ref.stats.drafted == 0 and ref.stats.tokens_per_pass == pytest.approx(1.0)
-        for mode, k in itertools.chain(((m, None) for m in MODES), itertools.product(MODES, ks)):
-            r = eng.generate(prompt, max_new_tokens=48, draft=mode, k=k)
-            drafted += r.stats.drafted
-            if r.token_ids != ref.token_ids or r.text != ref.text or r.finish_reason != ref.finish_reason:
-                mismatches.append((i, mode, k, ref.token_ids, r.token_ids))
-    assert not mismatches, mismatches[:3]
-    assert drafted > 40 * n_prompts  # speculation really ran
 
 
 @pytest.mark.parametrize("name", list(SEEDS))
@@ -124,12 +98,17 @@ def test_greedy_with_chat_and_stop_strings(engines):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bundle", ["tiny_bundle_disagree", "tiny_cuda_bundle_disagree"])
-@pytest.mark.parametrize("tree", ["off", "on"])
-def test_sampling_on_tiny_onnx_matches_exact_target_distribution(request, bundle, tree):
+@pytest.mark.parametrize("bundle, mode, tree", [
+    ("tiny_bundle_disagree", "model", "off"), ("tiny_cuda_bundle_disagree", "model", "off"),
+    ("tiny_bundle_disagree", "model", "on"), ("tiny_cuda_bundle_disagree", "model", "on"),
+    ("tiny_bundle_disagree", "suffix", "off"), ("tiny_bundle_disagree", "recycle", "off"),
+    ("tiny_bundle_disagree", "auto", "off"), ("tiny_pruned_bundle", "model", "off")])
+def test_sampling_on_tiny_onnx_matches_exact_target_distribution(request, bundle, mode, tree):
     """Draws from the real ONNX models with top_k=3 (27 possible 3-token continuations), compared
-    with the exact probabilities computed from the target runner alone (fp32 and cuda flavor); with
-    tree="on" every round verifies the sampled chain plus the draft's runners-up (core/tree.py)."""
+    with the exact probabilities computed from the target runner alone (fp32 and cuda flavor). The
+    suffix index and the recycle table carry over from draw to draw (same prompt), so they do
+    propose; the pruned bundle's draft renormalises q over its kept ids; with tree="on" every round
+    verifies the sampled chain plus the draft's runners-up (core/tree.py)."""
     eng = Engine.open(request.getfixturevalue(bundle), max_len=64)
     params = SamplingParams(temperature=1.5, top_k=3)
     prompt = "def add(a, b):"
@@ -158,12 +137,14 @@ def test_sampling_on_tiny_onnx_matches_exact_target_distribution(request, bundle
     assert sum(exact.values()) == pytest.approx(1.0)
     n = 1200
     counts: dict = {}
-    trees = 0
+    drafted = trees = 0
     for seed in range(n):
-        r = eng.generate(prompt, max_new_tokens=3, temperature=1.5, top_k=3, seed=seed, draft="model", k=2,
-                         tree=tree)
+        r = eng.generate(prompt, max_new_tokens=3, temperature=1.5, top_k=3, seed=seed, draft=mode,
+                         k=None if mode == "auto" else 2, tree=tree)
+        drafted += r.stats.drafted
         trees += r.stats.tree_rounds
         key = tuple(r.token_ids)
         counts[key] = counts.get(key, 0) + 1
+    assert drafted > n // 4  # the drafter really proposed
     assert chi2_gof(counts, exact, n) > 1e-3
     assert (trees > n // 2) if tree == "on" else trees == 0

@@ -13,6 +13,7 @@ from edgespec.errors import InvalidRequest
 from edgespec.core.runner import StepTimes
 from edgespec.core.sampling import SamplingParams, choose, probs, sample
 from edgespec.core.speculative import speculative_round
+from edgespec.drafters import RecycleDrafter, SuffixDrafter, SuffixIndex
 
 from helpers.stats import chi2_gof, chi2_sf
 
@@ -169,7 +170,7 @@ def _exact_joint(table, prompt, params, n_tokens):
     return out
 
 
-def _spec_draws(t_table, d_table, params, drafter_kind, k, n_draws, n_tokens=3, seed=0):
+def _spec_draws(t_table, d_table, params, drafter_kind, k, n_draws, n_tokens=3, seed=0, vocab_map=None):
     """Runs the real speculative_round with fake runners n_draws times; counts the token sequences
     after the first (which the prefill samples from the target directly)."""
     prompt = [1, 3]
@@ -177,15 +178,23 @@ def _spec_draws(t_table, d_table, params, drafter_kind, k, n_draws, n_tokens=3, 
     rng = np.random.default_rng(seed)
     target = FakeRunner(t_table)
     draft_runner = FakeRunner(d_table)
+    index = SuffixIndex(capacity=4096)
+    recycle = RecycleDrafter(V, adaptive=False)
     for _ in range(n_draws):
         target.reset()
         row = target.step(prompt, 1)[0]
         ctx = prompt + [choose(row, params, V, rng)]
         if drafter_kind == "model":
-            drafter = ModelDrafter(draft_runner, V, adaptive=False)
+            drafter = ModelDrafter(draft_runner, V, adaptive=False, vocab_map=vocab_map)
             drafter.begin(ctx)
         elif drafter_kind == "ngram-fixed":
             drafter = _FixedProposer([ctx[-1]] * k)  # deterministic proposals: q one-hot
+        elif drafter_kind == "suffix":
+            drafter = SuffixDrafter(index, adaptive=False)  # one index across draws: it learns
+            drafter.begin(ctx)
+        elif drafter_kind == "recycle":
+            drafter = recycle  # one table across draws, filled from the verify rows
+            drafter.begin(ctx)
         else:
             drafter = NgramDrafter(adaptive=False)
         while len(ctx) < len(prompt) + n_tokens:
@@ -228,7 +237,7 @@ def test_speculative_sampling_matches_target_distribution(agree, pi):
     assert chi2_gof(counts, exact, n) > 1e-3
 
 
-@pytest.mark.parametrize("kind", ["ngram-fixed", "ngram"])
+@pytest.mark.parametrize("kind", ["ngram-fixed", "ngram", "suffix", "recycle"])
 def test_deterministic_proposals_use_one_hot_q(kind):
     params = SAMPLING[0]
     t, _ = _tables(True)
@@ -283,3 +292,92 @@ def test_a_draft_that_scores_part_of_the_vocabulary_stays_exact():
     n = 4000
     counts = _spec_draws(t, d, params, "model", k=3, n_draws=n, seed=21)
     assert chi2_gof(counts, _exact_joint(t, [1, 3], params, 3), n) > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["suffix", "recycle"])
+def test_free_drafters_really_propose_in_the_sampling_harness(kind):
+    """The chi-square tests above are only meaningful if the free drafters proposed (and had
+    tokens accepted and rejected) during them."""
+    params = SAMPLING[0]
+    t, _ = _tables(True)
+    seen = {"drafted": 0, "accepted": 0}
+    import edgespec.core.speculative as spec
+
+    orig = spec.speculative_round
+
+    def counting(*a, **kw):
+        r = orig(*a, **kw)
+        seen["drafted"] += r.drafted
+        seen["accepted"] += r.accepted
+        return r
+
+    g = globals()
+    g["speculative_round"] = counting
+    try:
+        _spec_draws(t, t, params, kind, k=2, n_draws=300, seed=4)
+    finally:
+        g["speculative_round"] = orig
+    assert seen["drafted"] > 100
+    assert 0 < seen["accepted"] < seen["drafted"]
+
+
+KEPT = [4, 0, 2]  # a pruned draft head: logits row j scores token KEPT[j] (not a prefix)
+
+
+def _pruned_draft(d):
+    return np.ascontiguousarray(d[..., KEPT])
+
+
+@pytest.mark.parametrize("pi", [0, 1], ids=["t1", "t0.7-k4-p0.9"])
+def test_a_pruned_draft_vocabulary_with_an_id_map_stays_exact(pi):
+    """`--draft-vocab`: the draft scores 3 of 5 ids through a row -> id map; q is renormalised over
+    the kept ids, and the sampled distribution is still the target's."""
+    params = SAMPLING[pi]
+    t, d = _tables(True)
+    n = 4000
+    counts = _spec_draws(t, _pruned_draft(d), params, "model", k=3, n_draws=n, seed=31 + pi, vocab_map=KEPT)
+    assert chi2_gof(counts, _exact_joint(t, [1, 3], params, 3), n) > 1e-3
+
+
+def test_a_pruned_draft_never_proposes_outside_the_kept_ids():
+    t, d = _tables(False)
+    rng = np.random.default_rng(0)
+    drafter = ModelDrafter(FakeRunner(_pruned_draft(d)), V, adaptive=False, vocab_map=KEPT)
+    for params in (SamplingParams(), *SAMPLING):
+        for i in range(200):
+            ctx = [int(x) for x in rng.integers(0, V, size=3)]
+            drafter.begin(ctx)
+            prop = drafter.propose(ctx, 3, params, rng)
+            assert set(prop.tokens) <= set(KEPT)
+            if prop.q is not None:
+                assert prop.q.shape == (len(prop.tokens), V)
+                assert np.allclose(prop.q.sum(axis=1), 1.0)
+                assert not prop.q[:, [1, 3]].any()
+
+
+def test_the_pruned_draft_check_can_fail():
+    """Negative control: the same harness catches a q that was not renormalised over the kept ids
+    (the kept rows' probabilities under the full head, here: half of each)."""
+    import edgespec.drafters.model as drafters
+
+    params = SAMPLING[0]
+    t, d = _tables(False)
+    orig = drafters.ModelDrafter._pick
+
+    def unnormalised(self, row, params, rng):
+        tok, c, q = orig(self, row, params, rng)
+        return tok, c, None if q is None else q * 0.5
+
+    drafters.ModelDrafter._pick = unnormalised
+    try:
+        counts = _spec_draws(t, _pruned_draft(d), params, "model", k=3, n_draws=3000, seed=5, vocab_map=KEPT)
+    finally:
+        drafters.ModelDrafter._pick = orig
+    assert chi2_gof(counts, _exact_joint(t, [1, 3], params, 3), 3000) < 1e-6
+
+
+@pytest.mark.parametrize("bad", [[4, 0], [4, 0, 0], [4, 0, 5], [-1, 0, 2], [[4, 0, 2]]])
+def test_a_bad_vocabulary_map_is_refused(bad):
+    t, d = _tables(True)
+    with pytest.raises(InvalidRequest, match="draft vocabulary map"):
+        ModelDrafter(FakeRunner(_pruned_draft(d)), V, vocab_map=bad)

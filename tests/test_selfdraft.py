@@ -24,8 +24,8 @@ from edgespec.models.bundle import Bundle
 from edgespec.models.layer_skip import LayerSkipError, check_skip, skip_layers
 from edgespec.models.manifest import MANIFEST_NAME, content_digest
 
-from test_lossless import random_prompt
-from test_sampling import chi2_gof
+from helpers.lossless import random_prompt
+from helpers.stats import chi2_gof
 
 onnx = pytest.importorskip("onnx")
 

@@ -330,7 +330,7 @@ def downgrade_to_v1(bundle: Path) -> None:
 
 
 def test_a_format_1_bundle_runs_chain_only_and_refuses_tree_on(tiny_bundle, bundle_copy):
-    from test_verify import verify
+    from helpers.cli import verify
 
     b = bundle_copy(tiny_bundle, "v1")
     downgrade_to_v1(b)

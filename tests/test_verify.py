@@ -4,24 +4,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from edgespec.models.bundle import Bundle
 from edgespec.cli.main import main
 from edgespec.errors import BundleCorrupt, BundleNotFound
-
-
-def verify(path: Path, *args: str) -> tuple[int, list[str]]:
-    """Runs `edgespec verify` in-process; returns (exit code, output lines)."""
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = main(["verify", str(path), *args])
-    return rc, out.getvalue().strip().splitlines()
+from edgespec.models.bundle import Bundle
+from helpers.cli import verify
 
 
 def test_a_fresh_bundle_verifies(tiny_bundle):

@@ -23,7 +23,9 @@ VARIANTS = {
     # both flavors in one bundle (model.onnx + model.cuda.onnx): the runtime's choice between them
     "qwen-both": ("qwen2", 0.05, "int8", ("cpu", "cuda")),
     "qwen-deep": ("qwen2", None, "fp32", ("cpu",), 6),  # 6 layers, no draft: self-speculative drafting
+    "qwen-pruned": ("qwen2", 0.05, "fp32"),  # qwen-agree with the draft's lm_head pruned (DRAFT_VOCAB)
 }
+DRAFT_VOCAB = {"qwen-pruned": 200}  # export --draft-vocab, per variant (of 400 usable ids)
 
 
 def build(name: str, root: Path) -> Path:
@@ -39,7 +41,8 @@ def build(name: str, root: Path) -> Path:
     target = make_tiny_model(src / "target", arch=arch, seed=0, layers=rest[1] if len(rest) > 1 else 2)
     draft = make_tiny_draft(target, src / "draft", noise=noise) if noise is not None else None
     # in-process (no child per model): these models are tiny and the fixtures must be quick
-    return export_bundle(target, out, draft=draft, quant=quant, isolate=False, eps=eps)
+    return export_bundle(target, out, draft=draft, quant=quant, isolate=False, eps=eps,
+                         draft_vocab=DRAFT_VOCAB.get(name, 0))
 
 
 def build_all(root: Path) -> dict[str, Path]:

@@ -6,12 +6,12 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import InvalidRequest
 
-PROMPT_SETS = ("code", "chat")
-PROMPT_KEYS = {"id", "category", "prompt", "messages", "max_new_tokens", "raw"}
+PROMPT_SETS = ("code", "chat", "multiturn", "heldout")
+PROMPT_KEYS = {"id", "category", "prompt", "messages", "max_new_tokens", "raw", "conversation"}
 
 
 @dataclass
@@ -23,18 +23,39 @@ class Prompt:
     max_new_tokens: int | None = None
     raw: bool = False
     set: str = ""  # which set or file it came from
+    conversation: str | None = None  # turns of one conversation share this (run in file order)
 
-    def request(self) -> dict[str, Any]:
-        """Keyword arguments for Engine.generate: the chat template unless the prompt is raw."""
-        if self.messages is not None:
-            return {"messages": self.messages}
-        if self.raw:
+    def turn(self) -> list[dict]:
+        """This prompt as chat messages."""
+        return list(self.messages) if self.messages is not None else [{"role": "user", "content": self.prompt}]
+
+    def request(self, history: Sequence[dict] = ()) -> dict[str, Any]:
+        """Keyword arguments for Engine.generate: the chat template unless the prompt is raw;
+        `history`: the earlier turns of its conversation (messages, answers included)."""
+        if self.raw and not history:
             return {"prompt": self.prompt}
-        return {"messages": [{"role": "user", "content": self.prompt}]}
+        return {"messages": [*history, *self.turn()]}
+
+
+def prompt_units(prompts: Sequence[Prompt]) -> list[list[Prompt]]:
+    """What runs without a reset in between: each prompt alone, or a conversation's turns in file
+    order (the unit sits where its first turn is)."""
+    units: list[list[Prompt]] = []
+    convs: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        if p.conversation is None:
+            units.append([p])
+        elif p.conversation in convs:
+            convs[p.conversation].append(p)
+        else:
+            convs[p.conversation] = [p]
+            units.append(convs[p.conversation])
+    return units
 
 
 def load_prompts(spec: str) -> list[Prompt]:
-    """`spec`: "code", "chat", a path to a .jsonl file, or several of these joined by commas.
+    """`spec`: "code", "chat", "multiturn", "heldout", a path to a .jsonl file, or several of these
+    joined by commas.
     Every problem in a file is reported with its line number; nothing runs on a bad file."""
     out: list[Prompt] = []
     for part in [p.strip() for p in spec.split(",") if p.strip()]:
@@ -101,13 +122,19 @@ def parse_prompts(text: str, source: str) -> list[Prompt]:
             problems.append(f"{where}: 'raw' must be true or false")
         if "raw" in d and has_m:
             problems.append(f"{where}: 'raw' applies to 'prompt' only")
+        conv = d.get("conversation")
+        if conv is not None and (not isinstance(conv, str) or not conv.strip()):
+            problems.append(f"{where}: 'conversation' must be a non-empty string")
+        elif conv is not None and d.get("raw"):
+            problems.append(f"{where}: a conversation's turns are chat messages: 'raw' cannot be used")
         pid = d.get("id", f"{Path(source).stem}-{n}")
         if not isinstance(pid, str) or not pid:
             problems.append(f"{where}: 'id' must be a non-empty string")
         if problems and problems[-1].startswith(where):
             continue
         prompts.append(Prompt(id=pid, category=cat, prompt=d.get("prompt"), messages=d.get("messages"),
-                              max_new_tokens=mnt, raw=bool(d.get("raw", False)), set=source))
+                              max_new_tokens=mnt, raw=bool(d.get("raw", False)), set=source,
+                              conversation=d.get("conversation")))
     if problems:
         raise InvalidRequest(f"{len(problems)} problem(s) in the prompts:\n  " + "\n  ".join(problems), param="prompts")
     if not prompts:

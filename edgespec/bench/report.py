@@ -280,6 +280,36 @@ def measured_steps_line(bd: Sequence[Breakdown]) -> str:
     return "measured step costs on this machine: " + ", ".join(parts)
 
 
+def by_source(run: BenchRun) -> list[tuple[str, dict[str, int], dict[str, int]]]:
+    """Per mode: decode rounds by where their proposals came from ("none": a plain step), and
+    accepted proposals by source: what each drafter contributed."""
+    out = []
+    for m in run.modes:
+        rounds: dict[str, int] = {}
+        acc: dict[str, int] = {}
+        for smp in run.samples:
+            if smp.mode != m.label:
+                continue
+            for k, v in smp.rounds_by_source.items():
+                rounds[k] = rounds.get(k, 0) + v
+            for k, v in smp.accepted_by_source.items():
+                acc[k] = acc.get(k, 0) + v
+        if m.speculative and rounds:
+            out.append((m.label, rounds, acc))
+    return out
+
+
+def format_by_source(rows) -> str:
+    cols = ["mode", "rounds by source (share)", "accepted tokens by source"]
+    lines = []
+    for label, rounds, acc in rows:
+        total = sum(rounds.values()) or 1
+        r = " ".join(f"{k} {v} ({100 * v / total:.0f}%)" for k, v in sorted(rounds.items(), key=lambda x: -x[1]))
+        a = " ".join(f"{k} {v}" for k, v in sorted(acc.items(), key=lambda x: -x[1])) or "-"
+        lines.append([label, r, a])
+    return _grid(cols, lines, right_from=len(cols))
+
+
 def report_text(run: BenchRun, projections: Sequence = (), hw_list: Sequence = (), *, per_prompt: bool = False) -> str:
     parts = [header(run), "", format_table(summarize(run, "category"))]
     if per_prompt:
@@ -292,6 +322,9 @@ def report_text(run: BenchRun, projections: Sequence = (), hw_list: Sequence = (
     tl = tree_lines(run)
     if tl:
         parts += ["", "tree verification (tree rounds of each mode, all prompts):", *tl]
+    src = by_source(run)
+    if src:
+        parts += ["", "what each drafter contributed (all prompts):", format_by_source(src)]
     diffs = [s for s in run.samples if s.same_as_target is False]
     if diffs:
         worst = ", ".join(sorted({f"{s.prompt_id}/{s.mode}@{s.first_diff}" for s in diffs})[:8])

@@ -13,7 +13,10 @@ StepTimes): the raw material for "where the time goes" and for the projection to
 Prompt files are JSON Lines, one prompt per line (see docs/bench.md):
     {"id": "code-write-1", "category": "write", "prompt": "Write a Python function ..."}
     {"id": "sys-1", "category": "answer", "messages": [{"role": "system", ...}, {"role": "user", ...}]}
-    optional: "max_new_tokens": int, "raw": true (send "prompt" as plain text, without the chat template)
+    optional: "max_new_tokens": int, "raw": true (send "prompt" as plain text, without the chat template),
+              "conversation": str (turns with the same conversation run in file order, each one's
+              request holding the earlier turns and the answers this mode gave them; the engine is
+              not reset between turns, so later turns can draw on what earlier ones left in it)
 """
 from __future__ import annotations
 
@@ -28,9 +31,10 @@ from typing import Any, Callable, Sequence
 from ..errors import DraftUnavailable, InvalidRequest
 from ..limits import K_LIMIT
 from ..units import peak_rss_bytes
-from .prompts import Prompt
+from .prompts import Prompt, prompt_units
 
-MODES = ("target", "model", "ngram", "self", "auto")
+MODES = ("target", "model", "ngram", "suffix", "recycle", "self", "auto")
+FIXED_K_MODES = ("model", "ngram", "suffix", "recycle", "self")  # --k adds "mode k=N" columns for these
 # a speculative mode with a tree suffix runs with tree verification: "auto+tree" (tree="on": always
 # a tree) or "auto+tree-auto" (tree="auto": a tree when the cost model says it pays); plain modes
 # run chains (tree="off"), so their numbers stay comparable with runs from before trees
@@ -44,8 +48,6 @@ def split_tree(name: str) -> tuple[str, str]:
             return name[: -len(suffix)], tree
     return name, "off"
 
-
-PROMPT_KEYS = {"id", "category", "prompt", "messages", "max_new_tokens", "raw"}
 # decode steps hold at most K_LIMIT + 1 tokens; anything longer is a prompt being prefilled
 PREFILL_MIN_TOKENS = K_LIMIT + 2
 
@@ -55,7 +57,7 @@ PREFILL_MIN_TOKENS = K_LIMIT + 2
 class Mode:
     """One column of the comparison: a drafting mode, adaptive (k=None) or with a fixed k."""
 
-    draft: str  # "none" | "model" | "ngram" | "self" | "auto"
+    draft: str  # "none" | "model" | "ngram" | "suffix" | "recycle" | "self" | "auto"
     k: int | None = None
     tree: str = "off"  # "off" (chains, as before trees existed) | "on" ("+tree") | "auto" ("+tree-auto")
 
@@ -103,10 +105,11 @@ def parse_modes(modes: str, ks: str | None, *, has_draft: bool) -> list[Mode]:
             continue
         base, tree = split_tree(name)
         out.append(Mode(base, None, tree))
-        if base in ("model", "ngram", "self"):
+        if base in FIXED_K_MODES:
             out += [Mode(base, k, tree) for k in k_list]
     if len(out) == 1:
-        raise InvalidRequest("--modes: nothing to compare with the target alone (add model, ngram or auto)",
+        raise InvalidRequest("--modes: nothing to compare with the target alone (add auto, suffix, recycle, "
+                             "ngram or model)",
                              param="modes")
     return out
 
@@ -183,6 +186,7 @@ class Sample:
     tree_nodes: int = 0  # their nodes, roots included
     tree_off_chain: int = 0  # tree rounds whose accepted path left the drafter's chain
     accepted_depth: dict[int, int] = field(default_factory=dict)  # tree rounds by accepted depth
+    accepted_by_source: dict[str, int] = field(default_factory=dict)
     target_steps: dict[int, list] = field(default_factory=dict)  # tokens/step -> [count, seconds]
     draft_steps: dict[int, list] = field(default_factory=dict)
     text: str = ""
@@ -237,7 +241,8 @@ def run_bench(
     """Runs every mode on every prompt `repeats` times, interleaved, on one open Engine.
 
     Order: for each repeat, for each prompt, all modes back to back, the mode order rotated by one
-    per (repeat, prompt) so no mode always runs first after a prompt change."""
+    per (repeat, prompt) so no mode always runs first after a prompt change. A conversation counts
+    as one prompt here: each mode runs all its turns in order, from one reset."""
     if repeats < 1:
         raise InvalidRequest(f"--repeats must be at least 1, got {repeats}", param="repeats")
     if max_new_tokens < 1:
@@ -254,44 +259,27 @@ def run_bench(
     samples: list[Sample] = []
     total = repeats * len(prompts) * len(modes)
     done = 0
+    units = prompt_units(prompts)
     for rep in range(repeats):
-        for pi, p in enumerate(prompts):
-            shift = (rep * len(prompts) + pi) % len(modes)
+        for ui, unit in enumerate(units):
+            shift = (rep * len(units) + ui) % len(modes)
             order = modes[shift:] + modes[:shift]
-            target_ids: list[int] | None = None
+            target_ids: dict[str, list[int]] = {}
             pending: list[tuple[Sample, list[int]]] = []
             for mode in order:
-                fresh_cache(engine)
-                t_snap = _times_snapshot(engine.target)
-                d_snap = _times_snapshot(_draft_runner(engine))
-                rss.start()
-                res = engine.generate(**p.request(), max_new_tokens=p.max_new_tokens or max_new_tokens,
-                                      temperature=temperature, seed=seed, draft=mode.draft, k=mode.k, tree=mode.tree)
-                peak = rss.peak_mb()
-                st = res.stats
-                decode_s = max(st.total_s - st.ttft_s, 0.0)
-                s = Sample(
-                    prompt_id=p.id, category=p.category, mode=mode.label, repeat=rep,
-                    new_tokens=st.new_tokens, prompt_tokens=st.prompt_tokens, ttft_s=st.ttft_s, decode_s=decode_s,
-                    decode_tps=st.decode_tokens_per_second, total_s=st.total_s, target_passes=st.target_passes,
-                    drafted=st.drafted, accepted=st.accepted,
-                    acceptance=(st.accepted / st.drafted) if st.drafted else None,
-                    tokens_per_pass=st.tokens_per_pass, k_mean=st.k_mean, finish_reason=res.finish_reason,
-                    peak_rss_mb=round(peak, 1), same_as_target=None, first_diff=None,
-                    rounds_by_source=dict(getattr(st, "rounds_by_source", {}) or {}),
-                    tree_rounds=getattr(st, "tree_rounds", 0), tree_nodes=getattr(st, "tree_nodes", 0),
-                    tree_off_chain=getattr(st, "tree_off_chain", 0),
-                    accepted_depth=dict(getattr(st, "accepted_depth", {}) or {}),
-                    target_steps=_times_delta(t_snap, _times_snapshot(engine.target)),
-                    draft_steps=_times_delta(d_snap, _times_snapshot(_draft_runner(engine))),
-                    text=res.text,
-                )
-                if mode.draft == "none":
-                    target_ids = list(res.token_ids)
-                pending.append((s, list(res.token_ids)))
+                fresh_cache(engine)  # once per prompt, or once per conversation: its turns follow on
+                history: list[dict] = []
+                for p in unit:
+                    s, ids, text = _one(engine, p, mode, rep, history, rss, max_new_tokens, temperature, seed)
+                    if p.conversation is not None:
+                        history += [*p.turn(), {"role": "assistant", "content": text}]
+                    if mode.draft == "none":
+                        target_ids[p.id] = ids
+                    pending.append((s, ids))
             for s, ids in pending:  # the target may have run after some modes: compare at the end
-                if s.mode != "target" and greedy and target_ids is not None:
-                    s.first_diff = _first_diff(ids, target_ids)
+                ref = target_ids.get(s.prompt_id)
+                if s.mode != "target" and greedy and ref is not None:
+                    s.first_diff = _first_diff(ids, ref)
                     s.same_as_target = s.first_diff is None
                 samples.append(s)
                 done += 1
@@ -307,6 +295,37 @@ def run_bench(
 def _draft_runner(engine):
     """The runner whose steps are the draft's: the draft model's, else the self-draft's."""
     return getattr(engine, "draft_runner", None) or getattr(engine, "self_runner", None)
+
+
+def _one(engine, p: Prompt, mode: Mode, rep: int, history: Sequence[dict], rss: PeakRSS, max_new_tokens: int,
+         temperature: float, seed: int | None) -> tuple[Sample, list[int], str]:
+    """One generation, measured."""
+    t_snap = _times_snapshot(engine.target)
+    d_snap = _times_snapshot(_draft_runner(engine))
+    rss.start()
+    res = engine.generate(**p.request(history), max_new_tokens=p.max_new_tokens or max_new_tokens,
+                          temperature=temperature, seed=seed, draft=mode.draft, k=mode.k, tree=mode.tree)
+    peak = rss.peak_mb()
+    st = res.stats
+    decode_s = max(st.total_s - st.ttft_s, 0.0)
+    s = Sample(
+        prompt_id=p.id, category=p.category, mode=mode.label, repeat=rep,
+        new_tokens=st.new_tokens, prompt_tokens=st.prompt_tokens, ttft_s=st.ttft_s, decode_s=decode_s,
+        decode_tps=st.decode_tokens_per_second, total_s=st.total_s, target_passes=st.target_passes,
+        drafted=st.drafted, accepted=st.accepted,
+        acceptance=(st.accepted / st.drafted) if st.drafted else None,
+        tokens_per_pass=st.tokens_per_pass, k_mean=st.k_mean, finish_reason=res.finish_reason,
+        peak_rss_mb=round(peak, 1), same_as_target=None, first_diff=None,
+        rounds_by_source=dict(getattr(st, "rounds_by_source", {}) or {}),
+        accepted_by_source=dict(getattr(st, "accepted_by_source", {}) or {}),
+        tree_rounds=getattr(st, "tree_rounds", 0), tree_nodes=getattr(st, "tree_nodes", 0),
+        tree_off_chain=getattr(st, "tree_off_chain", 0),
+        accepted_depth=dict(getattr(st, "accepted_depth", {}) or {}),
+        target_steps=_times_delta(t_snap, _times_snapshot(engine.target)),
+        draft_steps=_times_delta(d_snap, _times_snapshot(_draft_runner(engine))),
+        text=res.text,
+    )
+    return s, list(res.token_ids), res.text
 
 
 def check_fit(engine, prompts: Sequence[Prompt], max_new_tokens: int) -> None:

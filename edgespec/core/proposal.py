@@ -19,7 +19,7 @@ class Proposal:
     # Draft distributions the tokens were sampled from, [len(tokens), usable]; None means the
     # proposal is deterministic (greedy model drafts, n-gram): rejection sampling then uses q one-hot.
     q: np.ndarray | None = None
-    source: str = "none"  # "model" | "ngram" | "none"
+    source: str = "none"  # "model" | "suffix" | "recycle" | "ngram" | "none"
     conf: list[float] = field(default_factory=list)  # draft's probability of each token (model)
     ngram: int = 0  # length of the matched suffix (ngram)
 

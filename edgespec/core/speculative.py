@@ -55,6 +55,9 @@ def verify_chain(target: ModelRunner, drafter: Proposer, ctx: list[int], prop: P
         n, nxt = accept_sampled(rows, prop, draft, params, rng, usable)
     target.rewind(base + 1 + n)  # forget the rejected proposals' cache rows ...
     drafter.feedback(prop, n, base + 1 + n)  # ... and the drafter forgets its own the same way
+    observe = getattr(drafter, "observe", None)  # a bare Proposer (tests) may not have it
+    if observe is not None:
+        observe(rows[: n + 1], [ctx[-1], *draft[:n]])  # the rows of the final context only
     return Round(draft[:n] + [nxt], len(draft), n, prop.source)
 
 

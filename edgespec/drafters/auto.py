@@ -62,6 +62,14 @@ class AutoDrafter(DrafterBase):
         for s in self.sources:
             s.reset()
 
+    def forget(self) -> None:
+        for s in self.sources:
+            s.forget()
+
+    def observe(self, rows, tokens) -> None:
+        for s in self.sources:  # free sources learn from every verified row, used this round or not
+            s.observe(rows, tokens)
+
     def propose(self, ctx, k, params, rng) -> Proposal:
         self._used = None
         if k <= 0:

@@ -4,8 +4,10 @@
     prefill(ctx)                               prompt processing the drafter wants before decoding
     propose(ctx, k, params, rng) -> Proposal   at most k tokens that may follow ctx
     feedback(proposal, accepted, valid_len)    learn from the verdict; forget cache rows past valid_len
+    observe(rows, tokens)                      the target's verified logits rows (free candidates to keep)
     set_adaptive(on)                           choose k per round from measured costs, or use k as given
     reset()                                    forget any cache (the engine's caches were invalidated)
+    forget()                                   forget what earlier requests taught (Engine.reset_cache)
     uses_model                                 drafting costs model steps (a power limit may forbid it)
     quote(ctx, k) -> Quote | None              what drafting this round would buy, for `auto`
 
@@ -24,6 +26,7 @@ from ..core.proposal import EMPTY, Proposal
 from ..core.sampling import SamplingParams
 
 NEW_REQUEST_KEEP = 0.25  # weight of past requests' evidence when a request starts
+MIN_EVIDENCE = 1.0  # fading stops at one observation's worth of evidence
 
 
 @dataclass
@@ -57,9 +60,13 @@ class Drafter(Protocol):
 
     def feedback(self, proposal: Proposal, accepted: int, valid_len: int) -> None: ...
 
+    def observe(self, rows: np.ndarray, tokens: Sequence[int]) -> None: ...
+
     def set_adaptive(self, on: bool) -> None: ...
 
     def reset(self) -> None: ...
+
+    def forget(self) -> None: ...
 
     @property
     def uses_model(self) -> bool: ...
@@ -86,11 +93,20 @@ class DrafterBase:
         """`accepted` of proposal.tokens were accepted; the first `valid_len` tokens of the context
         are now final, so any cache rows past them are stale."""
 
+    def observe(self, rows: np.ndarray, tokens: Sequence[int]) -> None:
+        """The target's verified logits: rows[i] ([len(tokens), V]) is its prediction after
+        tokens[i], all in the final context (the round's last token and its accepted proposals).
+        The recycling drafter keeps the top candidates; the others ignore it."""
+
     def set_adaptive(self, on: bool) -> None:
         """Whether proposals are sized from measured costs each round (else k is used as given)."""
 
     def reset(self) -> None:
         """The engine's caches were invalidated: drop whatever cache this drafter keeps."""
+
+    def forget(self) -> None:
+        """Engine.reset_cache(): drop what earlier requests' text taught (an index, a table), so a
+        benchmark times every mode from the same start."""
 
     def quote(self, ctx: Sequence[int], k: int) -> Quote | None:
         return None
@@ -116,7 +132,12 @@ class Beta:
         return self.a / (self.a + self.b)
 
     def fade(self, keep: float) -> None:
-        """Keeps the estimate but weakens its evidence, so new evidence moves it faster."""
+        """Keeps the estimate but weakens its evidence, so new evidence moves it faster; never
+        below MIN_EVIDENCE (an estimate that sees no evidence for many requests, e.g. a rarely used
+        bin, must not fade to 0/0)."""
+        total = self.a + self.b
+        if total * keep < MIN_EVIDENCE:
+            keep = min(1.0, MIN_EVIDENCE / total) if total > 0 else 1.0
         self.a *= keep
         self.b *= keep
 

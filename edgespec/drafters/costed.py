@@ -73,8 +73,11 @@ class CostedDrafter(DrafterBase):
             # is costed as it would be if the drafter were used every round (CATCH_UP tokens): the
             # question the estimate answers is whether using it from now on pays.
             sizes = list(self.last_sizes)
-            if sizes and sizes[0] > 1:
-                sizes[0] = min(sizes[0], CATCH_UP)
+            i = 0
+            while i < len(sizes) and sizes[i] > 1:  # the catch-up (a prompt: one step per chunk)
+                sizes[i] = CATCH_UP if i == 0 else 0
+                i += 1
+            sizes = [x for x in sizes if x]
             self._round = (len(prop.tokens), self.costs.draft_steps(sizes))
         return prop
 

@@ -11,6 +11,7 @@ from ..core.costmodel import CostModel
 from ..core.proposal import EMPTY, Proposal, common_prefix
 from ..core.runner import ModelRunner
 from ..core.sampling import SamplingParams, probs, sample
+from ..errors import InvalidRequest
 from ..limits import PREFILL_CHUNK
 from .base import Beta
 from .costed import CostedDrafter
@@ -35,19 +36,29 @@ class ModelDrafter(CostedDrafter):
 
     name = "model"
 
-    def __init__(self, runner: ModelRunner, usable: int, costs: CostModel | None = None, *, adaptive: bool = True):
+    def __init__(self, runner: ModelRunner, usable: int, costs: CostModel | None = None, *, adaptive: bool = True,
+                 vocab_map: Sequence[int] | np.ndarray | None = None, eager_prefill: bool = False):
         super().__init__(costs)
         self.runner = runner
         self.usable = usable  # the target's vocabulary: q rows are this long
         # A draft may score only a prefix of the vocabulary (a pruned lm_head, see docs/speed.md):
         # it then proposes only those ids, and q is zero past them, which keeps sampling exact.
         self.scored = min(usable, runner.vocab_size)
+        # ... or any subset (`edgespec export --draft-vocab N`): logits row j scores token
+        # vocab_map[j]; proposals come only from the kept ids and q is renormalised over them
+        self.vocab_map = None if vocab_map is None else check_vocab_map(vocab_map, runner.vocab_size, usable)
+        if self.vocab_map is not None:
+            self.scored = runner.vocab_size
+        # False: the prompt is fed when a round first uses the draft, after the first token (the
+        # first token never waits for a drafter); True: with the target's prefill, in the TTFT
+        self.eager_prefill = eager_prefill
         self.adaptive = adaptive and costs is not None
         self.tokens: list[int] = []  # exactly what the draft cache holds
         # tree verification (engine/tree_round.py): with alts > 0 each proposal also records, per
         # drafted position, the draft's next `alts` best tokens other than the one drafted
         self.alts = 0
         self.last_alts: list[list[tuple[int, float]]] = []
+        self._picked_row = 0  # the logits row of the last token _pick chose
         mids = np.concatenate([[0.1], (_CONF_EDGES[:-1] + _CONF_EDGES[1:]) / 2, [0.995]])
         self.by_conf = [Beta(float(m) * 0.9) for m in mids]
         self.mean = Beta(0.6, weight=8.0)
@@ -65,9 +76,11 @@ class ModelDrafter(CostedDrafter):
         super().begin(ctx)
 
     def prefill(self, ctx: Sequence[int]) -> None:
-        """Feeds the prompt now (the engine does it with the target's prefill, so it counts as
-        prompt processing, not as a cost of the first rounds)."""
-        if len(ctx) <= self.runner.max_len:
+        """With eager_prefill, feeds the prompt now (with the target's prefill: in the time to first
+        token). By default it does nothing: `_sync` feeds the prompt on the first round that uses
+        the draft, so a request whose rounds never need it never pays for it, and the first token
+        never waits for it."""
+        if self.eager_prefill and len(ctx) <= self.runner.max_len:
             self._sync(ctx)
 
     def reset(self) -> None:
@@ -120,8 +133,10 @@ class ModelDrafter(CostedDrafter):
             best_rate = 1.0 / (d + self.costs.verify(1))  # submitting nothing after one draft step
         for j in range(k):
             t, c, q = self._pick(row, params, rng)
-            if self.alts > 0:
-                self.last_alts.append(runner_ups(row[: self.scored], t, self.alts))
+            if self.alts > 0:  # siblings by logits row; a pruned head's rows map back to token ids
+                alts = runner_ups(row[: self.scored], self._picked_row, self.alts)
+                m = self.vocab_map
+                self.last_alts.append(alts if m is None else [(int(m[i]), pr) for i, pr in alts])
             if q is not None:
                 qs.append(q)
             tokens.append(t)
@@ -152,16 +167,21 @@ class ModelDrafter(CostedDrafter):
     def _pick(self, row: np.ndarray, params: SamplingParams, rng) -> tuple[int, float, np.ndarray | None]:
         """The draft's token from its logits row, the draft's probability for it, and (sampling
         only) the distribution q it was drawn from, [usable]."""
+        m = self.vocab_map
         if params.greedy:
             x = row[: self.scored]
-            t = int(np.argmax(x))
-            return t, float(1.0 / np.exp(x - x[t]).sum()), None
-        q = probs(row, params, self.scored)
-        t = sample(q, rng)
-        c = float(q[t])
+            j = self._picked_row = int(np.argmax(x))
+            return (j if m is None else int(m[j])), float(1.0 / np.exp(x - x[j]).sum()), None
+        q = probs(row, params, self.scored)  # over the scored rows only: renormalised there
+        j = self._picked_row = sample(q, rng)
+        c = float(q[j])
+        if m is not None:
+            full = np.zeros(self.usable)
+            full[m] = q
+            return int(m[j]), c, full
         if self.scored < self.usable:
             q = np.concatenate([q, np.zeros(self.usable - self.scored)])
-        return t, c, q
+        return j, c, q
 
     def _step(self, t: int) -> np.ndarray:
         row = self.runner.step([t], 1)[0]
@@ -190,3 +210,18 @@ def runner_ups(row: np.ndarray, chosen: int, n: int) -> list[tuple[int, float]]:
     top = top[np.argsort(row[top])[::-1]]
     z = np.exp(row - row[top[0]]).sum()
     return [(int(i), float(np.exp(row[i] - row[top[0]]) / z)) for i in top if i != chosen][:n]
+
+
+def check_vocab_map(vocab_map, rows: int, usable: int) -> np.ndarray:
+    """A pruned draft's row -> token id map, checked: one distinct usable id per logits row."""
+    m = np.asarray(vocab_map)
+    if m.ndim != 1 or m.shape[0] != rows or not np.issubdtype(m.dtype, np.integer):
+        raise InvalidRequest(f"draft vocabulary map: expected {rows} integer ids (one per logits row), "
+                             f"got shape {m.shape} of {m.dtype}", param="draft")
+    m = m.astype(np.int64)
+    if rows and (m.min() < 0 or m.max() >= usable):
+        raise InvalidRequest(f"draft vocabulary map: ids must be in [0, {usable}), got {m.min()}..{m.max()}",
+                             param="draft")
+    if np.unique(m).size != rows:
+        raise InvalidRequest("draft vocabulary map: an id appears twice", param="draft")
+    return m

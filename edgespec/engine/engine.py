@@ -1,6 +1,6 @@
 """Engine: a bundle opened for generation — text in, text out, as the target alone would write it.
 
-    eng = Engine.open("bundles/qwen-coder")                    # draft="auto" | "model" | "ngram" | "none"
+    eng = Engine.open("bundles/qwen-coder")         # draft="auto" | "model" | "suffix" | "recycle" | "ngram" | "none"
     r = eng.generate("def fib(n):", max_new_tokens=64)
     for delta in eng.stream(messages=[{"role": "user", "content": "hi"}], temperature=0.7, seed=1): ...
 
@@ -20,7 +20,9 @@ from typing import Generator
 from ..core.costmodel import CostModel
 from ..core.runner import ModelRunner
 from ..core.sampling import SamplingParams
-from ..drafters import AutoDrafter, Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from ..drafters import (AutoDrafter, Drafter, ModelDrafter, NgramDrafter, NoDrafter, RecycleDrafter, SuffixDrafter,
+                        SuffixIndex)
+from ..drafters.suffix_index import DEFAULT_CAPACITY as SUFFIX_CAPACITY
 from ..errors import DraftUnavailable, InvalidRequest, PromptTooLong
 from ..limits import DEFAULT_K_CAP, PREFILL_CHUNK
 from ..models.bundle import Bundle
@@ -37,7 +39,8 @@ log = logging.getLogger("edgespec.engine")
 class Engine:
     def __init__(self, bundle: Bundle, target: ModelRunner, draft: ModelRunner | None, tokenizer, *,
                  draft_mode: str = "auto", k: int | None = None, governor=None, memory_plan=None,
-                 prefill_chunk: int = PREFILL_CHUNK, self_runner=None, tree: str = "auto"):
+                 prefill_chunk: int = PREFILL_CHUNK, self_runner=None, tree: str = "auto",
+                 suffix_capacity: int = SUFFIX_CAPACITY):
         self.bundle = bundle
         self.target = target
         self.draft_runner = draft
@@ -55,18 +58,24 @@ class Engine:
         self.costs = CostModel(target.times, draft.times if draft is not None else None)
         self.self_runner = self_runner  # the self-draft (engine/selfdraft.py), when loaded
         ngram = NgramDrafter(self.costs)
-        model = ModelDrafter(draft, self.usable, self.costs) if draft is not None else None
+        model = (ModelDrafter(draft, self.usable, self.costs, vocab_map=_draft_vocab_map(bundle))
+                 if draft is not None else None)
         own = None
         if self_runner is not None:
             from ..drafters.self import SelfDrafter
 
             own = SelfDrafter(self_runner, self.usable, CostModel(target.times, self_runner.times))
-        self._drafters: dict[str, Drafter] = {"none": NoDrafter(), "ngram": ngram}
+        # free drafters: the suffix index spans requests (bounded; reset_cache() clears it), the
+        # recycle table learns from the target's verify rows
+        self._suffix = SuffixDrafter(SuffixIndex(suffix_capacity), self.costs)
+        recycle = RecycleDrafter(self.usable, self.costs)
+        self._drafters: dict[str, Drafter] = {"none": NoDrafter(), "ngram": ngram, "suffix": self._suffix,
+                                              "recycle": recycle}
         if model is not None:
             self._drafters["model"] = model
         if own is not None:
             self._drafters["self"] = own
-        self._drafters["auto"] = AutoDrafter(self.costs, [d for d in (ngram, model, own) if d is not None])
+        self._drafters["auto"] = AutoDrafter(self.costs, [d for d in (self._suffix, recycle, model, own) if d is not None])
         check_tree_mode(tree)
         self.tree_mode = tree
         self._tree = TreeVerifier(self.costs, ngram, model)
@@ -83,14 +92,16 @@ class Engine:
     def open(cls, bundle: str | os.PathLike | Bundle, *, draft: str = "auto", k: int | None = None,
              max_len: int | None = None, providers=None, draft_providers=None, threads: int | None = None,
              device=None, memory_budget=None, power_budget=None, max_temp=None, verify: bool = True,
-             warmup: bool = True, tree: str = "auto") -> "Engine":
+             warmup: bool = True, tree: str = "auto", suffix_capacity: int = SUFFIX_CAPACITY) -> "Engine":
         """Verifies the bundle (sha256 unless verify=False), plans memory, loads the models.
 
-        draft: the default drafting mode of requests ("auto" | "model" | "ngram" | "self" | "none").
-        With "ngram" or "none" the draft model is not loaded at all (less memory, faster start).
-        "self" loads the self-draft instead (the target with layers skipped, on shared weights:
-        engine/selfdraft.py); only an engine opened with it serves draft="self" requests, and its
-        `auto` has the self-draft as one more option.
+        draft: the default drafting mode of requests ("auto" | "model" | "suffix" | "recycle" |
+        "ngram" | "self" | "none"). Without "auto" or "model" the draft model is not loaded at all
+        (less memory, faster start). "self" loads the self-draft instead (the target with layers
+        skipped, on shared weights: engine/selfdraft.py); only an engine opened with it serves
+        draft="self" requests, and its `auto` has the self-draft as one more option.
+        suffix_capacity: tokens the suffix index keeps across requests (4 bytes each; the oldest
+        are evicted).
         warmup: time the step sizes adaptive drafting chooses between once at open (about 1 s on
         a 2-core CPU), so the first request neither pays one-off allocations nor guesses costs.
         device: None (no board defaults), "auto" (this board, detected) or a profile name: its
@@ -131,7 +142,8 @@ class Engine:
                                              threads=threads, shared_threads=True, profile=edge["profile"])
         governor = build.governor(edge, spinning=build.sessions_spin(plan.load_draft))
         eng = cls(b, target, draft_runner, b.load_tokenizer(), draft_mode=draft, k=k, governor=governor,
-                  memory_plan=plan, prefill_chunk=plan.prefill_chunk, self_runner=self_runner, tree=tree)
+                  memory_plan=plan, prefill_chunk=plan.prefill_chunk, self_runner=self_runner, tree=tree,
+                  suffix_capacity=suffix_capacity)
         if tree == "on":
             eng._check_tree_possible("on")
         if warmup and draft != "none":
@@ -209,10 +221,13 @@ class Engine:
             self._invalidate()
 
     def reset_cache(self) -> None:
-        """Forgets what the caches hold, so the next request prefills its whole prompt (benchmarks
-        use this to time every mode from the same start). Waits for a running request."""
+        """Forgets what the caches hold, so the next request prefills its whole prompt, and what the
+        free drafters learned from earlier requests (the suffix index, the recycle table): benchmarks
+        use this to time every mode from the same start. Waits for a running request."""
         with self._lock:
             self._invalidate()
+            for d in self._drafters.values():
+                d.forget()
 
     # -- requests ---------------------------------------------------------------------------------
     def _check_tree_possible(self, mode: str) -> None:
@@ -274,7 +289,8 @@ class Engine:
                 raise InvalidRequest("this engine is closed", param=None)
             drafter, k_cap = self._drafter(req.draft, req.k)
             parts = Parts(self.target, self.tokenizer, self.eos_ids, self.usable, self.prefill_chunk,
-                          free_drafter=self._drafters["ngram"], governor=self.governor, tree=self._tree)
+                          free_drafter=self._suffix, governor=self.governor, tree=self._tree,
+                          on_end=self._suffix.record)
             try:
                 return (yield from decode(parts, req, drafter, k_cap, self._cache))
             except GeneratorExit:
@@ -289,6 +305,16 @@ class Engine:
         if token_id is None:
             return ""
         return self.tokenizer.id_to_token(token_id) or ""
+
+
+def _draft_vocab_map(bundle: Bundle):
+    """The pruned draft's logits row -> token id map (`export --draft-vocab`), or None."""
+    facts = bundle.manifest.models.get("draft")
+    if facts is None or not facts.vocab_map:
+        return None
+    import numpy as np
+
+    return np.load(bundle.root / facts.vocab_map, allow_pickle=False)
 
 
 def _token_text(v) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Generator, Protocol
+from typing import Callable, Generator, Protocol
 
 from ..core.detokenize import TextStream
 from ..core.proposal import common_prefix
@@ -56,6 +56,8 @@ class Parts:
     free_drafter: Drafter  # what a "free drafts only" limit falls back to for a drafter that uses a model
     governor: Governor | None = None
     tree: TreeVerifier | None = None  # runs the rounds when given (chain or tree, per req.tree)
+    # called with the request's whole text when it ends, whatever its mode (the suffix index records it)
+    on_end: Callable[[list[int]], None] | None = None
 
 
 @dataclass
@@ -92,7 +94,7 @@ def decode(parts: Parts, req: Request, drafter: Drafter, k_cap: int,
     stats.target_passes = 1
     drafter.begin(ctx)
     if k_cap > 0:
-        drafter.prefill(ctx)  # prompt processing for a draft model too: part of the TTFT
+        drafter.prefill(ctx)  # what a drafter wants before decoding (the draft model: nothing by default)
     first = choose(row, params, usable, rng)
     ctx.append(first)
     t_first = time.perf_counter()
@@ -102,57 +104,63 @@ def decode(parts: Parts, req: Request, drafter: Drafter, k_cap: int,
     out: list[int] = []
     finish = None
     pending = [first]
-    while True:
-        for t in pending:  # emit this round's tokens until a stop condition hits
-            if t in parts.eos_ids:
-                finish = "stop"
+    try:
+        while True:
+            for t in pending:  # emit this round's tokens until a stop condition hits
+                if t in parts.eos_ids:
+                    finish = "stop"
+                    break
+                out.append(t)
+                delta = text.push(t)
+                if delta:
+                    yield delta
+                if text.stopped:
+                    finish = "stop"
+                    break
+                if len(out) >= req.max_new_tokens:
+                    finish = "length"
+                    break
+            if finish:
                 break
-            out.append(t)
-            delta = text.push(t)
-            if delta:
-                yield delta
-            if text.stopped:
-                finish = "stop"
+            if req.cancel():
+                finish = "cancelled"
                 break
-            if len(out) >= req.max_new_tokens:
-                finish = "length"
+            free = target.max_len - target.length  # the newest token needs a slot, proposals one each
+            if free < 1:
+                finish = "cache_full"
                 break
-        if finish:
-            break
-        if req.cancel():
-            finish = "cancelled"
-            break
-        free = target.max_len - target.length  # the newest token needs a slot, proposals one each
-        if free < 1:
-            finish = "cache_full"
-            break
-        k = min(k_cap, free - 1, req.max_new_tokens - len(out) - 1)
-        round_drafter, pace = drafter, 0.0
-        if gov is not None:
-            lim = gov.limits()
-            if lim.max_k is not None:
-                k = min(k, lim.max_k)
-            if lim.drafting == "none":
-                k = 0
-            elif lim.drafting == "ngram" and drafter.uses_model:
-                round_drafter = parts.free_drafter
-            pace = lim.pace_s
-        if parts.tree is not None:  # a governor's fallback drafter runs chains
-            tree_mode = req.tree if round_drafter is drafter else "off"
-            r = parts.tree.round(target, round_drafter, ctx, max(0, k), params, rng, usable, tree_mode)
-        else:
-            r = speculative_round(target, round_drafter, ctx, max(0, k), params, rng, usable)
-        ctx.extend(r.tokens)
-        stats.target_passes += 1
-        stats.rounds += 1
-        stats.drafted += r.drafted
-        stats.accepted += r.accepted
-        stats.rounds_by_source[r.source] = stats.rounds_by_source.get(r.source, 0) + 1
-        if gov is not None:
-            gov.on_tokens(len(r.tokens))
-            if pace > 0:
-                time.sleep(pace)  # the governor's pacing: a deliberate pause, not a wait for anything
-        pending = r.tokens
+            k = min(k_cap, free - 1, req.max_new_tokens - len(out) - 1)
+            round_drafter, pace = drafter, 0.0
+            if gov is not None:
+                lim = gov.limits()
+                if lim.max_k is not None:
+                    k = min(k, lim.max_k)
+                if lim.drafting == "none":
+                    k = 0
+                elif lim.drafting == "ngram" and drafter.uses_model:
+                    round_drafter = parts.free_drafter
+                pace = lim.pace_s
+            if parts.tree is not None:  # a governor's fallback drafter runs chains
+                tree_mode = req.tree if round_drafter is drafter else "off"
+                r = parts.tree.round(target, round_drafter, ctx, max(0, k), params, rng, usable, tree_mode)
+            else:
+                r = speculative_round(target, round_drafter, ctx, max(0, k), params, rng, usable)
+            ctx.extend(r.tokens)
+            stats.target_passes += 1
+            stats.rounds += 1
+            stats.drafted += r.drafted
+            stats.accepted += r.accepted
+            stats.rounds_by_source[r.source] = stats.rounds_by_source.get(r.source, 0) + 1
+            if r.accepted:
+                stats.accepted_by_source[r.source] = stats.accepted_by_source.get(r.source, 0) + r.accepted
+            if gov is not None:
+                gov.on_tokens(len(r.tokens))
+                if pace > 0:
+                    time.sleep(pace)  # the governor's pacing: a deliberate pause, not a wait for anything
+            pending = r.tokens
+    finally:
+        if parts.on_end is not None:  # also when the stream is closed early: ctx is final text
+            parts.on_end(ctx)
     tail = text.finish()
     if tail:
         yield tail

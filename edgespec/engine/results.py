@@ -22,7 +22,8 @@ class GenerationStats:
     energy_j_per_token: float | None = None  # None without a power sensor
     cached_tokens: int = 0  # prompt tokens reused from the previous request's cache
     rounds: int = 0  # decode rounds (target passes after the prefill)
-    rounds_by_source: dict[str, int] = field(default_factory=dict)  # "model" | "ngram" | "none" -> rounds
+    rounds_by_source: dict[str, int] = field(default_factory=dict)  # "model" | "suffix" | ... | "none" -> rounds
+    accepted_by_source: dict[str, int] = field(default_factory=dict)  # source -> accepted proposals
     tree: str = "off"  # the tree mode the request ran with ("auto" | "on" | "off")
     tree_rounds: int = 0  # rounds verified as a tree (engine/tree_round.py)
     tree_nodes: int = 0  # tree nodes verified, roots included

@@ -101,6 +101,8 @@ class ModelFacts:
         for flavor, diff in self.flavors.items():
             out[flavor] = replace(self, flavor=flavor, flavors={}, **{k: v for k, v in diff.items() if k != "flavor"})
         return out
+    # a pruned lm_head (`export --draft-vocab`): an int32 .npy [vocab_size], logits row j -> token id
+    vocab_map: str | None = None
 
     def kv_bytes_per_token(self) -> int:
         """Bytes of KV cache one position costs: 2 (k and v) x layers x kv_heads x head_dim x dtype."""
@@ -223,6 +225,9 @@ def check_schema(d: Any) -> list[str]:
         if isinstance(p, str) and p not in d["files"]:
             problems.append(f"manifest.json: models.{role}.path {p!r} is not listed in 'files'")
         problems += _flavor_problems(role, facts, d["files"])
+        vm = facts.get("vocab_map")
+        if vm is not None and (not isinstance(vm, str) or vm not in d["files"]):
+            problems.append(f"manifest.json: models.{role}.vocab_map {vm!r} is not listed in 'files'")
     tok_required = _required_fields(TokenizerFacts)
     for f in sorted(tok_required - d["tokenizer"].keys()):
         problems.append(f"manifest.json: tokenizer.{f} is missing")

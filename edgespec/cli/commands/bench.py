@@ -19,13 +19,13 @@ def register(sub) -> None:
     p.add_argument("bundle", help="bundle folder, or the name of one under $EDGESPEC_HOME/bundles (e.g. qwen-coder); "
                    "or a JSON file from an earlier --json: report, plot and project it again without measuring")
     p.add_argument("--prompts", default="code",
-                   help="code, chat, a .jsonl file, or several joined by commas (default: code)")
+                   help="code, chat, multiturn, heldout, a .jsonl file, or several joined by commas (default: code)")
     p.add_argument("--modes", default=None,
-                   help="comma-separated from target,model,ngram,self,auto (default: all the bundle supports but "
-                        "self; self and model need two runs); a speculative mode + '+tree' runs tree verification "
-                        "(tree on), + '+tree-auto' lets the cost model decide each round (e.g. auto,auto+tree)")
+                   help="comma-separated from target,model,ngram,suffix,recycle,self,auto (default: all the bundle "
+                        "supports but self; self and model need two runs); a speculative mode + '+tree' runs tree "
+                        "verification (tree on), + '+tree-auto' lets the cost model decide each round (e.g. auto,auto+tree)")
     p.add_argument("--k", default=None, metavar="K,K,...",
-                   help="also run model, ngram and self with these fixed k (adaptive k is always run)")
+                   help="also run model, ngram, suffix, recycle and self with these fixed k (adaptive k is always run)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); outputs are compared only then")
@@ -70,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
     b = Bundle.open(resolve_bundle(args.bundle), verify=not args.no_verify)
     if args.modes is None:
-        names = "target,model,ngram,auto" if b.draft is not None else "target,ngram,auto"
+        names = ("target,model,ngram,suffix,recycle,auto" if b.draft is not None
+                 else "target,ngram,suffix,recycle,auto")
     else:
         names = args.modes
     modes = bench.parse_modes(names, args.k, has_draft=b.draft is not None)

@@ -47,6 +47,9 @@ def register(sub) -> None:
     p.add_argument("--draft-min-top1", type=float, metavar="F", help="the same for the draft (default: --min-top1)")
     p.add_argument("--force", action="store_true", help="write the bundle even when parity is below the threshold")
     p.add_argument("--parity-tokens", type=int, default=512, help="tokens of the parity text (default 512)")
+    p.add_argument("--draft-vocab", type=int, default=0, metavar="N",
+                   help="keep the draft lm_head's rows for the N most frequent tokens only: a cheaper draft step, "
+                   "the output unchanged (the target verifies); 0 = keep all (default). See docs/speed.md")
     p.add_argument("--in-process", action="store_true",
                    help="build the models in this process instead of one child each (uses more memory)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         quant=args.quant, draft_quant=args.draft_quant, block_size=args.block_size,
         accuracy_level=args.accuracy_level, head_bits=args.head_bits, overwrite=args.overwrite, name=args.name, max_context=args.max_context,
         min_top1=args.min_top1, draft_min_top1=args.draft_min_top1, force=args.force,
-        parity_tokens=args.parity_tokens, isolate=not args.in_process, eps=args.ep,
+        parity_tokens=args.parity_tokens, isolate=not args.in_process, eps=args.ep, draft_vocab=args.draft_vocab,
     )
     progress = TqdmProgress(enabled=not args.quiet and not args.json)
     summary = run_export(target, Path(args.out), draft=args.draft, options=options, progress=progress)

@@ -12,6 +12,8 @@ import os
 import sys
 from typing import Any, Callable
 
+from ...limits import DRAFT_MODES
+
 # EX_CONFIG from sysexits.h: the unit's RestartPreventExitStatus=78 keeps systemd from restarting a
 # service that cannot start (bad bundle, bad option) in a loop
 EXIT_CONFIG = 78
@@ -98,10 +100,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "[EDGESPEC_PARALLEL]")
 
     eng = p.add_argument_group("engine (passed to Engine.open)")
-    eng.add_argument("--draft", choices=("auto", "model", "ngram", "self", "none"),
-                     help="default drafting of requests (a request may pass its own 'draft'): auto | model | ngram "
-                     "| self (the target with layers skipped; loaded only when chosen here, or by auto without a "
-                     "draft model) | none (default auto) [EDGESPEC_DRAFT]")
+    eng.add_argument("--draft", choices=DRAFT_MODES,
+                     help="default drafting of requests (a request may pass its own 'draft'): auto | model | suffix "
+                     "| recycle | ngram | self (the target with layers skipped; loaded only when chosen here) | none "
+                     "(default auto) [EDGESPEC_DRAFT]")
     eng.add_argument("--k", type=int, help="tokens drafted per round (default: chosen by measured cost) [EDGESPEC_K]")
     eng.add_argument("--tree", choices=("auto", "on", "off"),
                      help="default tree verification of requests (a request may pass its own 'tree'): auto | on | "
