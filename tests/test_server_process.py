@@ -189,7 +189,8 @@ def test_hung_serving_loop_stops_the_watchdog_pings(proc, tiny_bundle):
 
 def _stream_in_background(p, body, out):
     def go():
-        req = urllib.request.Request(p.url("/v1/chat/completions"), data=json.dumps(body).encode(), method="POST")
+        req = urllib.request.Request(p.url("/v1/chat/completions"), data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
                 out["status"] = r.status
@@ -295,7 +296,8 @@ def test_environment_file_settings_and_journal_priorities(proc, tiny_bundle, tmp
     assert status == 401
     req = urllib.request.Request(p.url("/v1/chat/completions"), method="POST",
                                  data=json.dumps({"model": "alias", "messages": MSG}).encode(),
-                                 headers={"Authorization": "Bearer journal-0123456789abcdef"})
+                                 headers={"Authorization": "Bearer journal-0123456789abcdef",
+                                          "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as r:
         body = json.loads(r.read())
     assert body["model"] == "alias" and body["usage"]["completion_tokens"] == 3
