@@ -279,7 +279,8 @@ class Service:
         self.server.should_exit = True
 
     def _hang(self) -> None:
-        log.warning("test hook (SIGUSR2): blocking the event loop for good; the watchdog will fire")
+        log.warning("test hook (SIGUSR2): blocking the event loop for good after %d watchdog pings; the "
+                    "watchdog will fire", self.notifier.watchdog_sent)
         while True:
             time.sleep(3600)
 
