@@ -100,8 +100,16 @@ _text_only: dict[int, tuple[Any, Any]] = {}
 _text_only_lock = threading.Lock()
 
 
+_specials_of: dict[int, tuple[Any, list[str]]] = {}
+
+
 def _specials(tokenizer: Any) -> list[str]:
-    return [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special and t.content]
+    """The special tokens' strings (looked up once per tokenizer: Llama 3 has 256 of them)."""
+    hit = _specials_of.get(id(tokenizer))
+    if hit is None or hit[0] is not tokenizer:
+        found = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special and t.content]
+        hit = _specials_of[id(tokenizer)] = (tokenizer, found)
+    return hit[1]
 
 
 def _as_text_tokenizer(tokenizer: Any) -> Any:
