@@ -264,7 +264,7 @@ def model_problems(root: Path, role: str, facts: Any, listed: set[str]) -> list[
         say("logits", f"{where}.logits names output {facts.logits!r}, which the graph does not have")
     else:
         if logits.elem_type != facts.logits_dtype:
-            say("logits_dtype", f"{where}.logits_dtype is {facts.logits_dtype!r}, the graph's logits are {logits.elem_type}")
+            say("logits_dtype", f"{rel}: {facts.logits} is {logits.elem_type}, the manifest says {facts.logits_dtype}")
         if logits.dims and isinstance(logits.dims[-1], int) and logits.dims[-1] != facts.vocab_size:
             say("vocab_size", f"{where}.vocab_size is {facts.vocab_size}, the graph's logits have {logits.dims[-1]} rows")
     graph_layers = 0
@@ -280,7 +280,8 @@ def model_problems(root: Path, role: str, facts: Any, listed: set[str]) -> list[
                 say(pattern, f"{where}: the graph has no input {name!r}")
                 continue
             if t.elem_type != facts.kv_dtype:
-                say("kv_dtype", f"{where}.kv_dtype is {facts.kv_dtype!r}, the graph's cache input {name!r} is {t.elem_type}")
+                # worded as graphcheck.dtype_problems words it (verify --load reads the same from a session)
+                say("kv_dtype", f"{rel}: {name} is {t.elem_type}, the manifest says {facts.kv_dtype}")
             if len(t.dims) != 4:
                 say("cache_rank", f"{where}: cache input {name!r} has {len(t.dims)} dimensions, expected 4")
                 continue
@@ -288,6 +289,13 @@ def model_problems(root: Path, role: str, facts: Any, listed: set[str]) -> list[
                 say("kv_heads", f"{where}.kv_heads is {facts.kv_heads}, the graph's cache has {t.dims[1]} heads")
             if isinstance(t.dims[3], int) and t.dims[3] != facts.head_dim:
                 say("head_dim", f"{where}.head_dim is {facts.head_dim}, the graph's cache has head_dim {t.dims[3]}")
+    # the flavor rule, as graphcheck.dtype_problems states it (that check runs after this one, with onnx)
+    flavor = facts.graph_flavor() if hasattr(facts, "graph_flavor") else None
+    if flavor == "cuda" and facts.kv_dtype != "float16":
+        say("flavor", f"{rel}: the cuda flavor needs a float16 KV cache (CUDA's GroupQueryAttention), "
+                      f"the manifest says {facts.kv_dtype}")
+    if flavor == "cpu" and facts.kv_dtype != "float32":
+        say("flavor", f"{rel}: the cpu flavor has a float32 KV cache, the manifest says {facts.kv_dtype}")
     shape = io.attention_shape()
     if shape is not None:
         _, kv, head_dim = shape
