@@ -53,7 +53,7 @@ ISSUE_CASES = [
 FIELDS = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
           "stop", "stream", "stream_options", "n", "best_of", "presence_penalty", "frequency_penalty",
           "logit_bias", "tools", "functions", "tool_choice", "response_format", "draft", "draft_k", "logprobs",
-          "top_logprobs", "user", "messages[0]", "messages[0].role", "messages[0].content",
+          "top_logprobs", "user", "tree", "messages[0]", "messages[0].role", "messages[0].content",
           "messages[0].content[0]", "messages[0].content[0].text"]
 COMP_FIELDS = ["prompt", "echo", "suffix", "logprobs", "max_tokens", "stop"]
 
