@@ -19,6 +19,7 @@ import io
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,8 +46,11 @@ def call(fn: Callable[..., Any], *args, progress: Progress, isolate: bool = True
         if stats is not None:
             stats["peak_rss"] = peak_rss_bytes()
         return result
-    with tempfile.TemporaryDirectory(prefix="edgespec-export-", dir=log_dir) as tmp:
+    if log_dir is None:
+        clean_stale()
+    with tempfile.TemporaryDirectory(prefix=PREFIX, dir=log_dir) as tmp:
         job, result, log = Path(tmp) / "job.pkl", Path(tmp) / "result.pkl", Path(tmp) / "child.log"
+        (Path(tmp) / OWNER).write_text(str(os.getpid()))
         job.write_bytes(pickle.dumps((fn, args, kwargs)))
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         proc = subprocess.Popen(
@@ -84,6 +88,39 @@ def call(fn: Callable[..., Any], *args, progress: Progress, isolate: bool = True
         tail = "\n".join((stray + _tail(log))[-15:])
         hint = " (killed: out of memory?)" if code in (-signal.SIGKILL, 137) else ""
         raise ExportError(f"{what or 'export step'} died with exit code {code}{hint}" + (f":\n{tail}" if tail else ""))
+
+
+PREFIX = "edgespec-export-"
+OWNER = "owner.pid"  # the parent's pid: a folder whose owner is gone is a killed export's leftover
+
+
+def clean_stale(root: Path | None = None) -> list[Path]:
+    """Removes `<tmp>/edgespec-export-*` folders left by an export that was killed (SIGKILL, power
+    loss: no cleanup ran). Only those whose owner process is gone; returns what was removed.
+    The pipeline keeps its job folders under `<out>.partial/.work` instead, which the next export
+    of that bundle removes anyway; this covers other callers and older versions' leftovers."""
+    root = Path(root or tempfile.gettempdir())
+    removed = []
+    for d in root.glob(PREFIX + "*"):
+        try:
+            pid = int((d / OWNER).read_text().strip())
+        except (OSError, ValueError):
+            continue  # not ours to judge (an older version's folder has no owner file)
+        if pid == os.getpid() or _alive(pid):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, another user's
+    return True
 
 
 def _tail(log: Path) -> list[str]:

@@ -180,7 +180,7 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
     gguf = any(src.kind == "gguf" for src in sources.values())  # converting one is heavy: isolate it
     infos: dict[str, TokenizerInfo] = isolate.call(
         write_tokenizers, {role: (src, dests[role]) for role, src in sources.items()}, progress=progress,
-        isolate=o.isolate and gguf, what="tokenizers")
+        isolate=o.isolate and gguf, what="tokenizers", log_dir=work)
     for role, info in infos.items():
         for n in info.notes:
             progress.note(f"{role} tokenizer: {n}")
@@ -208,7 +208,9 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
                            usable_vocab=check.usable_vocab, head_bits=o.head_bits, ep=flavor, primary=n == 0)
             stats: dict = {}
             what = f"{role} export" + (f" ({flavor} flavor)" if len(o.eps) > 1 or flavor != "cpu" else "")
-            res = isolate.call(run_model_job, job, progress=progress, isolate=o.isolate, what=what, stats=stats)
+            # the child's job folder lives in <out>.partial/.work: a killed export leaves nothing in /tmp
+            res = isolate.call(run_model_job, job, progress=progress, isolate=o.isolate, what=what, stats=stats,
+                               log_dir=work)
             res["peak_rss"] = stats.get("peak_rss", 0)
             facts = ModelFacts(**res["facts"])
             threshold = _threshold(role, quants[role], o)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.models.bundle import Bundle
-from edgespec.errors import BundleCorrupt, TokenizerMismatch
+from edgespec.models.bundle import Bundle, compatibility_problems
+from edgespec.errors import BundleCorrupt
 from edgespec.models.manifest import Manifest, content_digest, verify_bundle
 
 
@@ -43,9 +43,14 @@ def test_manifest_round_trips_and_its_digest_covers_every_field(tiny_bundle):
 def test_draft_that_cannot_score_the_usable_vocabulary(tiny_bundle, bundle_copy):
     b = bundle_copy(tiny_bundle)
     rewrite_manifest(b, lambda d: d["models"]["draft"].update(vocab_size=300))
-    assert verify_bundle(b)[1] == []  # the files and digest are fine...
-    with pytest.raises(TokenizerMismatch, match="draft model scores 300 tokens but the tokenizer has 400"):
-        Bundle.open(b)  # ...but the runtime refuses the combination
+    # the files and digest are fine, but the graph's logits say 512 (tests/test_manifest_lies.py) ...
+    assert verify_bundle(b)[1] == ["draft/model.onnx: manifest models.draft.vocab_size is 300, the graph's logits have 512 rows"]
+    with pytest.raises(BundleCorrupt, match="vocab_size is 300"):
+        Bundle.open(b)
+    # ... and the combination itself is refused too (a graph whose logits width is symbolic)
+    m = Manifest.from_dict(json.loads((b / "manifest.json").read_text()))
+    assert compatibility_problems(m) == ["draft model scores 300 tokens but the tokenizer has 400: the bundle was "
+                                         "built from mismatched models"]
 
 
 def test_unknown_fields_are_named(tiny_bundle, bundle_copy):

@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -162,6 +161,7 @@ FAKE_BROWSER = """#!/bin/sh
 # records how the launcher started it, then stays up like a browser
 printf '%s\\n' "$@" > "{record}"
 ls -A "$(printf '%s\\n' "$@" | sed -n 's/^--user-data-dir=//p')" > "{record}.profile"
+: > "{record}.done"
 exec sleep 30
 """
 
@@ -179,20 +179,21 @@ def test_launcher_waits_for_the_page_then_starts_the_browser_with_a_fresh_profil
         for p in (fake, profile, profile / "left-over-from-last-run"):
             os.chown(p, NOBODY, NOBODY)
     server = FakeServer()
+    server.behaviour.page_status = 503  # up, but the page is not ready yet: the launcher must wait
     server.start()
     port = server.port
-    server.stop()  # not up yet: the launcher must wait
     url = f"http://127.0.0.1:{port}/?max_turns=3"
     env = launcher_env(home, DISPLAY=":99", EDGESPEC_KIOSK_URL=url, EDGESPEC_KIOSK_BROWSER=str(fake),
                        EDGESPEC_KIOSK_PROFILE=str(profile), EDGESPEC_KIOSK_FLAGS="--force-device-scale-factor=1.5")
     proc = subprocess.Popen(as_nobody(["sh", str(LAUNCHER)]), env=env, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(2.5)
+        # two refused probes seen by the server: the launcher is waiting, and it starts the browser only
+        # after a probe succeeds, so the browser cannot have started yet
+        server.wait_for(lambda: server.paths.count("/") >= 2, timeout=20, what="the launcher to probe twice")
         assert not record.exists(), "the browser started before the page answered"
         assert proc.poll() is None
-        server = FakeServer(port=port).start()
-        server.wait_for(record.exists, timeout=20, what="the launcher to start the browser")
-        time.sleep(0.3)
+        server.behaviour.page_status = 200
+        server.wait_for(Path(f"{record}.done").exists, timeout=20, what="the launcher to start the browser")
         args = record.read_text().split("\n")
         assert args[:2] == ["--kiosk", url]
         assert f"--user-data-dir={profile}" in args

@@ -94,7 +94,7 @@ def test_a_failing_governor_never_breaks_a_scrape():
 
 
 def test_metrics_endpoint_shows_the_engines_governor():
-    from test_server_http import FakeEngine, Server
+    from helpers.fake_server import FakeEngine, Server
 
     clock = Clock()
     eng = FakeEngine()

@@ -103,7 +103,7 @@ def test_concurrent_openai_streams_equal_target_alone(tiny_bundle, alone):
 def _open_stream(port, body):
     data = json.dumps(body).encode()
     s = socket.create_connection(("127.0.0.1", port), timeout=DEADLINE)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
     return s
 

@@ -206,8 +206,12 @@ def test_smollm2_streams_real_text():
         alone = r.client.chat.completions.create(
             model="smollm2", messages=[{"role": "user", "content": "Name three colours."}], max_tokens=32,
             extra_body={"draft": "none"})
-        # int4 with accuracy level 4: the verify kernel may flip a near-tie, so report rather than demand
-        agree = sum(a == b for a, b in zip(text, alone.choices[0].message.content)) / max(1, len(text))
-        print(f"smollm2 via server: {stats['decode_tokens_per_second']:.1f} tok/s, agreement with target alone {agree:.0%}")
+        # int4 with accuracy level 4: the verify kernel may flip a near-tie (docs/graph-contract.md), so
+        # token identity is not demanded; but both runs share the prompt's prefill, so the first word
+        # is the same, and a flip changes the text from some point on, not all of it
+        other = alone.choices[0].message.content
+        agree = sum(a == b for a, b in zip(text, other)) / max(1, len(text))
+        assert text.split()[0] == other.split()[0], (text, other)
+        assert agree >= 0.25, f"speculative and target-alone answers agree on only {agree:.0%}: {text!r} vs {other!r}"
     finally:
         r.stop()

@@ -1,6 +1,8 @@
 """Request validation: every bad field gets a 400 that names it; good bodies map to engine arguments."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from edgespec.server.apierror import APIError
@@ -163,3 +165,51 @@ def test_no_op_values_of_unsupported_features_are_accepted():
 
 def test_whole_number_floats_are_integers():
     assert parse_chat(chat(max_tokens=16.0), LIMITS).max_tokens == 16
+
+
+# --- the validation layer raises nothing but a 400 ---------------------------------------------------
+def test_nesting_is_limited_without_recursion():
+    from edgespec.server.validate import MAX_DEPTH
+
+    ok = {"a": 1}
+    for _ in range(MAX_DEPTH - 1):
+        ok = {"a": ok}
+    parse_json(json.dumps(ok).encode())
+    too_deep = b"[" * (MAX_DEPTH + 2) + b"]" * (MAX_DEPTH + 2)
+    with pytest.raises(APIError, match="nested too deeply") as e:
+        parse_json(too_deep)
+    assert e.value.status == 400
+    with pytest.raises(APIError, match="nested too deeply"):
+        parse_json(b"[" * 200_000 + b"]" * 200_000)  # beyond the interpreter's recursion limit
+
+
+def test_lone_surrogates_are_refused_naming_the_field():
+    with pytest.raises(APIError) as e:
+        parse_json(b'{"messages":[{"role":"user","content":"a\\ud800b"}]}')
+    assert e.value.status == 400 and e.value.param == "messages[0].content" and "surrogate" in e.value.message
+    parse_json('{"prompt":"\\ud83d\\ude00 a real pair"}'.encode())  # an escaped surrogate pair is one character
+
+
+def test_huge_numbers_are_400s():
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        bad(parse_chat, chat(**{name: 10**400}), name)
+    bad(parse_chat, chat(top_k=10**400), "top_k")
+    bad(parse_chat, chat(seed=10**400), "seed")
+
+
+def test_a_missed_case_is_still_a_400(monkeypatch, caplog):
+    from edgespec.server import validate
+
+    def broken(body, limits):
+        raise KeyError("a check that forgot a type")
+
+    monkeypatch.setattr(validate, "parse_chat", broken)
+    with pytest.raises(APIError) as e:
+        validate.parse_request("chat", b'{"messages": []}', LIMITS)
+    assert e.value.status == 400 and "KeyError" in e.value.message
+    assert "a specific check is missing" in caplog.text
+
+
+def test_role_of_any_type_is_a_400():
+    for role in (["user"], {"a": 1}, 1, None, True):
+        bad(parse_chat, chat(messages=[{"role": role, "content": "x"}]), "messages[0].role")

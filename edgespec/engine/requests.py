@@ -35,10 +35,11 @@ class Encoder:
     def __call__(self, prompt, messages) -> list[int]:
         if prompt is not None and messages is not None:
             raise InvalidRequest("pass either a prompt or messages, not both", param="prompt")
-        if messages is not None:
-            from ..core.chat import render
+        from ..core.chat import check_text, encode_chat
 
-            text = render(self.facts.chat_template, messages, bos_token=self.bos_text, eos_token=self.eos_text)
+        if messages is not None:  # message text never becomes control tokens (core.chat.encode_chat)
+            ids = encode_chat(self.tokenizer, self.facts.chat_template, messages,
+                              bos_token=self.bos_text, eos_token=self.eos_text)
         elif prompt is None:
             raise InvalidRequest("a prompt or messages are required", param="prompt")
         elif not isinstance(prompt, str):
@@ -46,8 +47,8 @@ class Encoder:
         elif not prompt:
             raise InvalidRequest("prompt is empty", param="prompt")
         else:
-            text = prompt
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+            check_text(prompt, "prompt")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
         tf = self.facts
         if tf.add_bos and tf.bos_id is not None and (not ids or ids[0] != tf.bos_id):
             ids = [tf.bos_id, *ids]

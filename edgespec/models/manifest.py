@@ -36,6 +36,7 @@ ROLES = ("target", "draft")
 FLAVORS = ("cpu", "cuda")  # graph flavors (ModelFacts.flavor)
 FLAVOR_FIELDS = ("path", "kv_dtype", "activation_dtype", "logits_dtype", "parity")  # what ModelFacts.flavors may set
 DTYPES = ("float32", "float16", "bfloat16")
+RUNTIME_TOKENIZER_FILES = ("tokenizer.json",)  # Bundle.load_tokenizer reads it
 
 
 @dataclass
@@ -231,9 +232,13 @@ def check_schema(d: Any) -> list[str]:
     tok_required = _required_fields(TokenizerFacts)
     for f in sorted(tok_required - d["tokenizer"].keys()):
         problems.append(f"manifest.json: tokenizer.{f} is missing")
-    for f in d["tokenizer"].get("files", []) or []:
+    tok_files = d["tokenizer"].get("files", []) or []
+    for f in tok_files:
         if f not in d["files"]:
             problems.append(f"manifest.json: tokenizer file {f!r} is not listed in 'files'")
+    for f in RUNTIME_TOKENIZER_FILES:
+        if f not in tok_files or f not in d["files"]:
+            problems.append(f"manifest.json: {f!r} is not listed (the runtime loads the tokenizer from it)")
     for rel, entry in d["files"].items():
         if not _safe_relpath(rel):
             problems.append(f"manifest.json: file path {rel!r} leaves the bundle folder")
@@ -329,6 +334,12 @@ def verify_bundle(root: str | os.PathLike, *, checksums: bool = True) -> tuple[M
             got = sha256_file(f)
             if got != entry["sha256"]:
                 problems.append(f"{rel}: sha256 {got[:16]}… does not match the manifest's {entry['sha256'][:16]}…")
+    if not problems:  # the facts against the graphs themselves (a digest can be recomputed after an edit)
+        from .graphfacts import model_problems
+
+        for role, facts in manifest.models.items():
+            for graph in facts.graphs().values():  # each flavor's graph (export --ep cpu,cuda)
+                problems += model_problems(root, role, graph, set(manifest.files))
     listed = set(manifest.files) | {MANIFEST_NAME}
     for f in sorted(root.rglob("*")):
         if f.is_file():

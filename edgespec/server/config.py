@@ -37,6 +37,18 @@ class ServerConfig:
     warmup: bool = True
     parallel: int = 1  # requests generating at once (continuous batching when > 1)
     stall_grace: float = 60.0  # a job older than request_timeout + this means the worker is stuck
+    # the request guard (guard.py) and slow-client limits (protocol.py); see docs/server.md "Security"
+    allowed_hosts: list[str] = field(default_factory=list)  # Host names besides the bound address and loopback
+    cors_origins: list[str] = field(default_factory=list)  # origins other than our own that may call the API
+    header_timeout: float = 10.0  # seconds for a request's headers, from its first byte (or the connection)
+    body_timeout: float = 30.0  # seconds for a request's body, from its headers; then 408
+    max_connections: int = 0  # open connections at most; 0: max(64, 4 x queue size)
+    max_connections_per_client: int = 0  # from one address; 0: half of max_connections
+
+    def connection_limits(self) -> tuple[int, int]:
+        """(total, per client address): one address may take half the slots, leaving the rest to others."""
+        total = self.max_connections or max(64, 4 * self.queue_size)
+        return total, self.max_connections_per_client or max(1, total // 2)
 
     def check(self) -> None:
         problems = []
@@ -44,11 +56,16 @@ class ServerConfig:
             problems.append(f"port must be 0..65535, got {self.port}")
         if self.queue_size < 0:
             problems.append(f"queue size must be >= 0, got {self.queue_size}")
-        for name in ("request_timeout", "drain_timeout"):
+        for name in ("request_timeout", "drain_timeout", "header_timeout", "body_timeout"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name.replace('_', ' ')} must be > 0 seconds, got {getattr(self, name)}")
         if isinstance(self.parallel, bool) or not isinstance(self.parallel, int) or not 1 <= self.parallel <= 64:
             problems.append(f"parallel must be an integer from 1 to 64, got {self.parallel!r}")
+        if self.max_connections < 0 or self.max_connections_per_client < 0:
+            problems.append("connection limits must be >= 0 (0: the default)")
+        for origin in self.cors_origins:
+            if origin != "*" and not origin.startswith(("http://", "https://")):
+                problems.append(f"CORS origin must be '*' or start with http:// or https://, got {origin!r}")
         if self.max_body_bytes < 1024:
             problems.append(f"max body bytes must be >= 1024, got {self.max_body_bytes}")
         if self.max_tokens_limit < 1 or self.default_max_tokens < 1:

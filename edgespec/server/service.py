@@ -53,7 +53,9 @@ class Hooks:
 
 def bind_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only when it sees it
+    # (protocol.py sets it again on each connection; see there why it matters)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -125,11 +127,15 @@ class Service:
         """Serves until SIGTERM/SIGINT; 0 after a clean drain. A load failure is raised again here."""
         import uvicorn
 
+        from .protocol import make_protocol
+
+        total, per_client = self.config.connection_limits()
         uv_config = uvicorn.Config(
             create_app(self.state), lifespan="off", log_config=None, access_log=False, use_colors=False,
-            server_header=False, http="h11", loop="asyncio", timeout_keep_alive=5,
-            # a flood of connections gets uvicorn's own 503 instead of exhausting file descriptors
-            limit_concurrency=max(64, 4 * self.config.queue_size),
+            server_header=False, loop="asyncio", timeout_keep_alive=5,
+            # header timeout, connection caps (a JSON 503 beyond them), TCP_NODELAY, JSON 400s
+            http=make_protocol(self.config.header_timeout, total, per_client),
+            limit_concurrency=total + 1,  # uvicorn's own plain 503, a backstop behind protocol.py's cap
             timeout_graceful_shutdown=int(self.config.drain_timeout + 5),
         )
         self.server = _Uvicorn.make(uv_config, self._on_signal)
@@ -273,7 +279,8 @@ class Service:
         self.server.should_exit = True
 
     def _hang(self) -> None:
-        log.warning("test hook (SIGUSR2): blocking the event loop for good; the watchdog will fire")
+        log.warning("test hook (SIGUSR2): blocking the event loop for good after %d watchdog pings; the "
+                    "watchdog will fire", self.notifier.watchdog_sent)
         while True:
             time.sleep(3600)
 

@@ -9,6 +9,7 @@ ignored: a client relying on it must find out.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -16,8 +17,12 @@ from typing import Any, Literal
 from ..limits import DRAFT_MODES, K_LIMIT
 from .apierror import APIError, bad_request
 
+log = logging.getLogger("edgespec.server")
+
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOP = 4
+MAX_DEPTH = 32  # JSON nesting a request may have: OpenAI bodies need 5 (messages[i].content[j].text)
+MAX_TOP_K = 1 << 31  # beyond any vocabulary; keeps the engine's integer arithmetic in range
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,10 @@ def _no_constants(name: str) -> Any:
 
 
 def parse_json(raw: bytes) -> Any:
-    """Strict JSON: Python's json module would accept NaN and Infinity, which no OpenAI client sends."""
+    """Strict JSON: Python's json module would accept NaN and Infinity, which no OpenAI client sends.
+    Nesting deeper than MAX_DEPTH and strings that are not valid Unicode (a lone surrogate written as
+    a \\ud800 escape) are refused here, so nothing after this point can recurse without bound or hand
+    the tokenizer a string it cannot encode."""
     if not raw.strip():
         raise bad_request("request body is empty; send a JSON object", code="invalid_json")
     try:
@@ -89,12 +97,54 @@ def parse_json(raw: bytes) -> Any:
     except UnicodeDecodeError as e:
         raise bad_request(f"request body is not UTF-8 ({e.reason} at byte {e.start})", code="invalid_json") from None
     try:
-        return json.loads(text, parse_constant=_no_constants)
+        body = json.loads(text, parse_constant=_no_constants)
+    except RecursionError:
+        raise bad_request(f"request body is nested too deeply (at most {MAX_DEPTH} levels)", code="invalid_json") from None
     except ValueError as e:
         raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    check_structure(body)
+    return body
+
+
+def check_structure(body: Any) -> None:
+    """Walks the parsed body without recursion: depth <= MAX_DEPTH, every string (keys included)
+    encodable as UTF-8. The error names the field as a path, e.g. messages[0].content."""
+    stack: list[tuple[Any, str, int]] = [(body, "", 0)]
+    while stack:
+        v, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise bad_request(f"request body is nested too deeply (at most {MAX_DEPTH} levels)",
+                              param=path or None, code="invalid_json")
+        if isinstance(v, str):
+            _check_text(v, path)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                _check_text(k, f"{path}.{k!a}" if path else f"{k!a}")
+                stack.append((x, f"{path}.{k}" if path else k, depth + 1))
+        elif isinstance(v, list):
+            stack.extend((x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v))
+
+
+def _check_text(s: str, path: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad_request(f"'{path or 'body'}' is not valid Unicode text (a lone surrogate \\u{ord(s[e.start]):04x} "
+                          f"at character {e.start})", param=path or None, code="invalid_text") from None
 
 
 # --- field checks: each raises a 400 naming the field -------------------------------------------------
+def _show(v: Any) -> str:
+    """A short, safe rendering of a client value for an error message (ints of any size: str() of a
+    5000-digit int raises ValueError in Python >= 3.11)."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 64:
+        return f"{'-' if v < 0 else ''}<{v.bit_length()}-bit integer>"
+    try:
+        return json.dumps(v)[:40]
+    except (ValueError, TypeError, RecursionError):
+        return f"<{_type_name(v)}>"
+
+
 def _type_name(v: Any) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
         type(v), "number" if isinstance(v, (int, float)) else type(v).__name__
@@ -108,11 +158,11 @@ def _int(body: dict, name: str, *, lo: int | None = None, hi: int | None = None,
     if isinstance(v, float) and v.is_integer():
         v = int(v)  # 16.0 is what some JavaScript clients send for 16
     if isinstance(v, bool) or not isinstance(v, int):
-        raise bad_request(f"'{name}' must be an integer, got {_type_name(v)} {json.dumps(v)[:40]}", param=name)
+        raise bad_request(f"'{name}' must be an integer, got {_type_name(v)} {_show(v)}", param=name)
     if lo is not None and v < lo:
-        raise bad_request(f"'{name}' must be >= {lo}, got {v}", param=name)
+        raise bad_request(f"'{name}' must be >= {lo}, got {_show(v)}", param=name)
     if hi is not None and v > hi:
-        raise bad_request(f"'{name}' must be <= {hi}, got {v}", param=name)
+        raise bad_request(f"'{name}' must be <= {hi}, got {_show(v)}", param=name)
     return v
 
 
@@ -121,8 +171,11 @@ def _number(body: dict, name: str, *, lo: float, hi: float, lo_open: bool = Fals
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise bad_request(f"'{name}' must be a number, got {_type_name(v)} {json.dumps(v)[:40]}", param=name)
-    v = float(v)
+        raise bad_request(f"'{name}' must be a number, got {_type_name(v)} {_show(v)}", param=name)
+    try:
+        v = float(v)
+    except OverflowError:  # a 400-digit integer
+        raise bad_request(f"'{name}' is out of range, must be in [{lo:g}, {hi:g}]", param=name) from None
     if not math.isfinite(v) or v > hi or v < lo or (lo_open and v == lo):
         left = "(" if lo_open else "["
         raise bad_request(f"'{name}' must be in {left}{lo:g}, {hi:g}], got {v:g}", param=name)
@@ -214,11 +267,11 @@ def _common(body: Any, kind: str, limits: Limits) -> GenRequest:
         raise bad_request("'stream_options' must be an object", param="stream_options")
     include_usage = bool(so and so.get("include_usage") is True)
     draft = body.get("draft")
-    if draft is not None and draft not in DRAFT_MODES:
-        raise bad_request(f"'draft' must be one of {', '.join(DRAFT_MODES)}, got {json.dumps(draft)[:40]}", param="draft")
+    if draft is not None and not (isinstance(draft, str) and draft in DRAFT_MODES):
+        raise bad_request(f"'draft' must be one of {', '.join(DRAFT_MODES)}, got {_show(draft)}", param="draft")
     tree = body.get("tree")
-    if tree is not None and tree not in ("auto", "on", "off"):
-        raise bad_request(f"'tree' must be one of auto, on, off, got {json.dumps(tree)[:40]}", param="tree")
+    if tree is not None and not (isinstance(tree, str) and tree in ("auto", "on", "off")):
+        raise bad_request(f"'tree' must be one of auto, on, off, got {_show(tree)}", param="tree")
     seed = body.get("seed")
     if seed is not None:
         seed = _int(body, "seed", lo=0, hi=2**63 - 1)
@@ -228,7 +281,7 @@ def _common(body: Any, kind: str, limits: Limits) -> GenRequest:
         max_tokens=_max_tokens(body, limits),
         temperature=_number(body, "temperature", lo=0.0, hi=2.0, default=limits.default_temperature),
         top_p=_number(body, "top_p", lo=0.0, hi=1.0, lo_open=True, default=1.0),
-        top_k=_int(body, "top_k", lo=0, default=0),
+        top_k=_int(body, "top_k", lo=0, hi=MAX_TOP_K, default=0),
         seed=seed,
         stop=_stop(body),
         stream=stream,
@@ -271,11 +324,11 @@ def parse_chat(body: Any, limits: Limits) -> GenRequest:
         if not isinstance(m, dict):
             raise bad_request(f"messages[{i}] must be an object, got {_type_name(m)}", param=f"messages[{i}]")
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             if role in ("tool", "function"):
                 raise bad_request(f"messages[{i}]: {role} messages are not supported (no tool calling)", param=f"messages[{i}].role")
             raise bad_request(
-                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {json.dumps(role)[:40]}",
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {_show(role)}",
                 param=f"messages[{i}].role",
             )
         out.append({"role": ROLES[role], "content": _content(m, i)})
@@ -313,3 +366,19 @@ def too_long(prompt_tokens: int, capacity: int, param: str = "messages") -> APIE
         param=param,
         code="context_length_exceeded",
     )
+
+
+def parse_request(kind: str, raw: bytes, limits: Limits) -> GenRequest:
+    """The one entry point for a request body: a GenRequest or an APIError with status 400, never
+    anything else. The checks above are meant to catch every bad input by name; this net turns a
+    case they missed into a 400 (and a log line that says which), not a 500 with a traceback."""
+    parse = parse_chat if kind == "chat" else parse_completion
+    try:
+        return parse(parse_json(raw), limits)
+    except APIError:
+        raise
+    except Exception as e:  # noqa: BLE001 - see the docstring: the caller's input, so the caller's error
+        log.warning("request body refused by the validation net (%s: %s); a specific check is missing",
+                    type(e).__name__, e)
+        raise bad_request(f"the request body could not be validated ({type(e).__name__})",
+                          code="invalid_request") from None

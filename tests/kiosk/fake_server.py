@@ -34,6 +34,7 @@ class Behaviour:
     error_after: int | None = None  # send an error chunk (`error`) after this many pieces
     max_prompt_chars: int | None = None  # above this: 400 context_length_exceeded
     ready: bool = True
+    page_status: int = 200  # what GET / answers (the kiosk launcher waits for a 200 before the browser starts)
     finish_reason: str = "stop"
     # the `edgespec` object of the last chunk, with the field names of the real server
     # (edgespec/server/shapes.py: GenerationStats as a dict plus the engine's finish_reason)
@@ -133,6 +134,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(503, {"status": "loading"})
         if path == "/v1/models":
             return self._json(200, {"object": "list", "data": [{"id": fake.model, "object": "model"}]})
+        if path == "/" and fake.behaviour.page_status != 200:
+            return self._json(fake.behaviour.page_status, {"error": {"message": "not yet", "type": "server_error"}})
         name = "index.html" if path == "/" else path.lstrip("/")
         file = STATIC / name
         if "/" in name or not file.is_file():

@@ -71,6 +71,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     net.add_argument("--model-name", action="append", metavar="NAME",
                      help="model id shown by /v1/models and accepted in requests (repeat for aliases; default: "
                      "the bundle folder's name) [EDGESPEC_MODEL_NAME, comma-separated]")
+    net.add_argument("--allowed-hosts", metavar="NAMES", type=_list,
+                     help="Host header names clients use besides the bound address, loopback and (when bound to "
+                     "all interfaces) IP addresses, comma-separated, e.g. kiosk.local; '*' turns the check off "
+                     "[EDGESPEC_ALLOWED_HOSTS]")
+    net.add_argument("--cors-origin", action="append", metavar="ORIGIN",
+                     help="a web origin other than the server's own whose pages may call the API, e.g. "
+                     "https://app.example (repeat for more; '*': any) [EDGESPEC_CORS_ORIGIN, comma-separated]")
     ui = net.add_mutually_exclusive_group()
     ui.add_argument("--ui", dest="ui", action="store_true", default=None,
                     help="serve the kiosk chat page at / [EDGESPEC_UI=1]")
@@ -91,6 +98,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "[EDGESPEC_DEFAULT_MAX_TOKENS]")
     lim.add_argument("--default-temperature", type=float, help="temperature when a request gives none (default 0: "
                      "greedy) [EDGESPEC_DEFAULT_TEMPERATURE]")
+    lim.add_argument("--header-timeout", type=float, help="seconds a client has to send a request's headers; then "
+                     "408 and the connection is closed (default 10) [EDGESPEC_HEADER_TIMEOUT]")
+    lim.add_argument("--body-timeout", type=float, help="seconds a client has to send a request's body after its "
+                     "headers; then 408 (default 30) [EDGESPEC_BODY_TIMEOUT]")
+    lim.add_argument("--max-connections", type=int, help="open connections at most (default max(64, 4 x queue "
+                     "size)) [EDGESPEC_MAX_CONNECTIONS]")
+    lim.add_argument("--max-connections-per-client", type=int, help="open connections from one address at most "
+                     "(default half of --max-connections) [EDGESPEC_MAX_CONNECTIONS_PER_CLIENT]")
     lim.add_argument("--no-warmup", dest="warmup", action="store_false", default=None,
                      help="skip the warm-up generation before READY [EDGESPEC_WARMUP=0]")
 
@@ -148,6 +163,12 @@ def server_config(args: argparse.Namespace):
         model_names=list(names),
         warmup=_pick(args.warmup, "EDGESPEC_WARMUP", _bool, True),
         parallel=1,  # set by run() once --parallel is resolved (auto needs the bundle)
+        allowed_hosts=_pick(args.allowed_hosts, "EDGESPEC_ALLOWED_HOSTS", _list, []),
+        cors_origins=list(args.cors_origin or _env("EDGESPEC_CORS_ORIGIN", _list, [])),
+        header_timeout=_pick(args.header_timeout, "EDGESPEC_HEADER_TIMEOUT", float, 10.0),
+        body_timeout=_pick(args.body_timeout, "EDGESPEC_BODY_TIMEOUT", float, 30.0),
+        max_connections=_pick(args.max_connections, "EDGESPEC_MAX_CONNECTIONS", int, 0),
+        max_connections_per_client=_pick(args.max_connections_per_client, "EDGESPEC_MAX_CONNECTIONS_PER_CLIENT", int, 0),
     )
 
 

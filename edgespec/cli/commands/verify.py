@@ -1,7 +1,9 @@
 """`edgespec verify BUNDLE`: is this bundle exactly what the exporter wrote?
 
 Runs the checks Bundle.open runs (schema, manifest digest, every file's size and sha256, no stray
-files, tokenizer/model compatibility) and prints one line per problem; exit 0 when there are none.
+files, the manifest's facts against the graphs themselves - input names, layer count, kv heads,
+head_dim, dtypes, weights files - and tokenizer/model compatibility) and prints one line per
+problem; exit 0 when there are none.
 `--load` also opens each graph with onnxruntime and runs one step, for a bundle that verifies but was
 built for a different runtime.
 """
@@ -16,7 +18,7 @@ from pathlib import Path
 def register(sub) -> None:
     p = sub.add_parser("verify", help="check a bundle's manifest, checksums and compatibility",
                        description="Check a bundle: manifest schema and digest, every file's size and sha256, "
-                       "no unlisted files, target/draft compatibility. One line per problem; exit 0 if none.")
+                       "no unlisted files, the manifest's facts against the graphs, target/draft compatibility. One line per problem; exit 0 if none.")
     p.add_argument("bundle", metavar="BUNDLE", help="bundle folder (or its manifest.json)")
     p.add_argument("--fast", action="store_true", help="check sizes only, not sha256 (seconds instead of minutes on a Pi)")
     p.add_argument("--load", action="store_true", help="also load each model with onnxruntime and run one step")

@@ -1,0 +1,323 @@
+"""The manifest's facts checked against the graphs themselves.
+
+The manifest digest is unkeyed: it catches damage, not an edit whose digest was recomputed. A manifest
+that says 29 layers, head_dim 65 or kv_dtype "int3" for a graph that has 28 layers, head_dim 64 and
+float32 caches would otherwise pass every check and fail deep inside onnxruntime (a GQA shape error,
+a KeyError) with a traceback. So `verify` and Bundle.open read each graph's inputs and outputs and
+compare: names, layer count, kv heads, head dim, cache and logits dtypes, logits width, and that the
+external weight files the graph points at are bundle files.
+
+The graph is read with a small protobuf reader here (ModelProto -> GraphProto -> ValueInfoProto /
+TensorProto's external_data), not the `onnx` package: the device runtime does not depend on onnx,
+and this reads only the few fields it needs, skipping weights without copying them (mmap).
+"""
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+# TensorProto.DataType numbers -> the names the manifest uses
+ELEM_TYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool", 10: "float16",
+              11: "float64", 16: "bfloat16"}
+KV_DTYPES = ("float32", "float16", "bfloat16")
+
+
+class GraphFormatError(ValueError):
+    """The file is not a readable ONNX model."""
+
+
+@dataclass
+class Tensor:
+    elem_type: str  # "float32", ... or "type<N>" for one not in ELEM_TYPES
+    dims: list[int | str | None]  # an int, a symbolic name, or None when unset
+
+
+@dataclass
+class Node:
+    op_type: str
+    inputs: list[str]
+    outputs: list[str]
+    ints: dict[str, int]  # the integer attributes
+
+
+@dataclass
+class GraphIO:
+    inputs: dict[str, Tensor] = field(default_factory=dict)
+    outputs: dict[str, Tensor] = field(default_factory=dict)
+    external_files: set[str] = field(default_factory=set)  # initializers' external_data locations
+    initializer_dims: dict[str, list[int]] = field(default_factory=dict)
+    nodes: list[Node] = field(default_factory=list)
+
+    def attention_shape(self) -> tuple[int, int, int | None] | None:
+        """(num_heads, kv_heads, head_dim) from the first GroupQueryAttention node: its attributes and
+        the width of the projection feeding its query (q alone, or q, k and v packed when the key
+        input is empty). head_dim is None when that width cannot be read. None: no such node."""
+        gqa = next((n for n in self.nodes if n.op_type == "GroupQueryAttention"), None)
+        if gqa is None or "num_heads" not in gqa.ints or "kv_num_heads" not in gqa.ints:
+            return None
+        heads, kv = gqa.ints["num_heads"], gqa.ints["kv_num_heads"]
+        width = self._width(gqa.inputs[0]) if gqa.inputs else None
+        packed = len(gqa.inputs) < 2 or not gqa.inputs[1]
+        per = heads + 2 * kv if packed else heads
+        head_dim = width // per if width and per and width % per == 0 else None
+        return heads, kv, head_dim
+
+    def _width(self, name: str) -> int | None:
+        """Last dimension of a MatMul/MatMulNBits output, looking through bias Adds and casts."""
+        producers = {o: n for n in self.nodes for o in n.outputs}
+        for _ in range(8):
+            node = producers.get(name)
+            if node is None:
+                return None
+            if node.op_type == "MatMulNBits":
+                return node.ints.get("N")
+            if node.op_type == "MatMul" and len(node.inputs) > 1:
+                dims = self.initializer_dims.get(node.inputs[1])
+                return dims[-1] if dims else None
+            if node.op_type in ("Add", "Cast", "Identity") and node.inputs:
+                name = next((i for i in node.inputs if i not in self.initializer_dims), node.inputs[0])
+                continue
+            return None
+        return None
+
+
+# --- protobuf wire format, read-only ---------------------------------------------------------------
+def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise GraphFormatError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 70:
+            raise GraphFormatError("varint too long")
+
+
+def _fields(buf: memoryview) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value): an int for varints, a memoryview for length-delimited
+    fields (not copied), None for fixed-width ones."""
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        key, pos = _varint(buf, pos)
+        num, wt = key >> 3, key & 7
+        if wt == 0:
+            v, pos = _varint(buf, pos)
+            yield num, wt, v
+        elif wt == 2:
+            n, pos = _varint(buf, pos)
+            if pos + n > end:
+                raise GraphFormatError("truncated field")
+            yield num, wt, buf[pos:pos + n]
+            pos += n
+        elif wt == 1:
+            pos += 8
+            yield num, wt, None
+        elif wt == 5:
+            pos += 4
+            yield num, wt, None
+        else:
+            raise GraphFormatError(f"unsupported wire type {wt}")
+
+
+def _text(v: memoryview) -> str:
+    return bytes(v).decode("utf-8", "replace")
+
+
+def _value_info(buf: memoryview) -> tuple[str, Tensor]:
+    name, tensor = "", Tensor("unknown", [])
+    for num, wt, v in _fields(buf):
+        if num == 1 and wt == 2:
+            name = _text(v)
+        elif num == 2 and wt == 2:  # TypeProto
+            for tnum, twt, tv in _fields(v):
+                if tnum == 1 and twt == 2:  # TypeProto.Tensor
+                    tensor = _tensor_type(tv)
+    return name, tensor
+
+
+def _tensor_type(buf: memoryview) -> Tensor:
+    elem, dims = 0, []
+    for num, wt, v in _fields(buf):
+        if num == 1 and wt == 0:
+            elem = v
+        elif num == 2 and wt == 2:  # TensorShapeProto
+            for snum, swt, sv in _fields(v):
+                if snum == 1 and swt == 2:  # Dimension
+                    d: int | str | None = None
+                    for dnum, dwt, dv in _fields(sv):
+                        if dnum == 1 and dwt == 0:
+                            d = dv
+                        elif dnum == 2 and dwt == 2:
+                            d = _text(dv)
+                    dims.append(d)
+    return Tensor(ELEM_TYPES.get(elem, f"type{elem}"), dims)
+
+
+def _node(buf: memoryview) -> Node:
+    node = Node("", [], [], {})
+    for num, wt, v in _fields(buf):
+        if num == 1 and wt == 2:
+            node.inputs.append(_text(v))
+        elif num == 2 and wt == 2:
+            node.outputs.append(_text(v))
+        elif num == 4 and wt == 2:
+            node.op_type = _text(v)
+        elif num == 5 and wt == 2:  # AttributeProto: name 1, i 3
+            name, value = None, None
+            for anum, awt, av in _fields(v):
+                if anum == 1 and awt == 2:
+                    name = _text(av)
+                elif anum == 3 and awt == 0:
+                    value = av - (1 << 64) if av >= 1 << 63 else av
+            if name is not None and value is not None:
+                node.ints[name] = value
+    return node
+
+
+def _tensor(buf: memoryview) -> tuple[str, list[int], str | None]:
+    """TensorProto: name (8), dims (1, packed or not), external_data (13) {key: 'location', value: file}."""
+    name, dims, location = "", [], None
+    for num, wt, v in _fields(buf):
+        if num == 8 and wt == 2:
+            name = _text(v)
+        elif num == 1 and wt == 0:
+            dims.append(v)
+        elif num == 1 and wt == 2:
+            pos = 0
+            while pos < len(v):
+                d, pos = _varint(v, pos)
+                dims.append(d)
+        elif num == 13 and wt == 2:
+            key = value = None
+            for enum, ewt, ev in _fields(v):
+                if enum == 1 and ewt == 2:
+                    key = _text(ev)
+                elif enum == 2 and ewt == 2:
+                    value = _text(ev)
+            if key == "location":
+                location = value
+    return name, dims, location
+
+
+def read_graph_io(path: Path) -> GraphIO:
+    """Inputs, outputs and external weight files of an ONNX model, without loading any weights."""
+    io = GraphIO()
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        if size == 0:
+            raise GraphFormatError("empty file")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            buf = memoryview(mm)
+            try:
+                graphs = [v for num, wt, v in _fields(buf) if num == 7 and wt == 2]  # ModelProto.graph
+                if not graphs:
+                    raise GraphFormatError("no graph in the file")
+                for num, wt, v in _fields(graphs[-1]):
+                    if num == 11 and wt == 2:
+                        name, t = _value_info(v)
+                        io.inputs[name] = t
+                    elif num == 12 and wt == 2:
+                        name, t = _value_info(v)
+                        io.outputs[name] = t
+                    elif num == 5 and wt == 2:  # initializer
+                        name, dims, loc = _tensor(v)
+                        io.initializer_dims[name] = dims
+                        if loc:
+                            io.external_files.add(loc)
+                    elif num == 1 and wt == 2:
+                        io.nodes.append(_node(v))
+                    del v
+                del graphs
+            finally:
+                buf.release()
+    return io
+
+
+# --- the manifest against the graph ------------------------------------------------------------------
+def model_problems(root: Path, role: str, facts: Any, listed: set[str]) -> list[str]:
+    """One line per fact of models.<role> the graph contradicts (empty: consistent). A wrong fact is
+    said once, however many layers or places show it."""
+    rel = facts.path
+    try:
+        io = read_graph_io(root / rel)
+    except (OSError, GraphFormatError) as e:
+        return [f"{rel}: not a readable ONNX graph ({e})"]
+    where = f"{rel}: manifest models.{role}"
+    found: dict[str, str] = {}  # fact -> the line that names it
+
+    def say(fact: str, line: str) -> None:
+        found.setdefault(fact, line)
+
+    for what, name in (("input_ids", facts.input_ids), ("attention_mask", facts.attention_mask),
+                       ("logits_to_keep", facts.logits_to_keep)):
+        if name and name not in io.inputs:
+            say(what, f"{where}.{what} names input {name!r}, which the graph does not have")
+    logits = io.outputs.get(facts.logits)
+    if logits is None:
+        say("logits", f"{where}.logits names output {facts.logits!r}, which the graph does not have")
+    else:
+        if logits.elem_type != facts.logits_dtype:
+            say("logits_dtype", f"{rel}: {facts.logits} is {logits.elem_type}, the manifest says {facts.logits_dtype}")
+        if logits.dims and isinstance(logits.dims[-1], int) and logits.dims[-1] != facts.vocab_size:
+            say("vocab_size", f"{where}.vocab_size is {facts.vocab_size}, the graph's logits have {logits.dims[-1]} rows")
+    graph_layers = 0
+    while _has(io.inputs, facts.past_key, graph_layers):
+        graph_layers += 1
+    if graph_layers != facts.layers:
+        say("layers", f"{where}.layers is {facts.layers}, the graph has {graph_layers} ({_pattern(facts.past_key)} inputs)")
+    for i in range(min(graph_layers, facts.layers)):
+        for pattern in (facts.past_key, facts.past_value):
+            name = _name(pattern, i)
+            t = io.inputs.get(name)
+            if t is None:
+                say(pattern, f"{where}: the graph has no input {name!r}")
+                continue
+            if t.elem_type != facts.kv_dtype:
+                # worded as graphcheck.dtype_problems words it (verify --load reads the same from a session)
+                say("kv_dtype", f"{rel}: {name} is {t.elem_type}, the manifest says {facts.kv_dtype}")
+            if len(t.dims) != 4:
+                say("cache_rank", f"{where}: cache input {name!r} has {len(t.dims)} dimensions, expected 4")
+                continue
+            if isinstance(t.dims[1], int) and t.dims[1] != facts.kv_heads:
+                say("kv_heads", f"{where}.kv_heads is {facts.kv_heads}, the graph's cache has {t.dims[1]} heads")
+            if isinstance(t.dims[3], int) and t.dims[3] != facts.head_dim:
+                say("head_dim", f"{where}.head_dim is {facts.head_dim}, the graph's cache has head_dim {t.dims[3]}")
+    # the flavor rule, as graphcheck.dtype_problems states it (that check runs after this one, with onnx)
+    flavor = facts.graph_flavor() if hasattr(facts, "graph_flavor") else None
+    if flavor == "cuda" and facts.kv_dtype != "float16":
+        say("flavor", f"{rel}: the cuda flavor needs a float16 KV cache (CUDA's GroupQueryAttention), "
+                      f"the manifest says {facts.kv_dtype}")
+    if flavor == "cpu" and facts.kv_dtype != "float32":
+        say("flavor", f"{rel}: the cpu flavor has a float32 KV cache, the manifest says {facts.kv_dtype}")
+    shape = io.attention_shape()
+    if shape is not None:
+        _, kv, head_dim = shape
+        if kv != facts.kv_heads:
+            say("kv_heads", f"{where}.kv_heads is {facts.kv_heads}, the graph's attention has {kv} kv heads")
+        if head_dim is not None and head_dim != facts.head_dim:
+            say("head_dim", f"{where}.head_dim is {facts.head_dim}, the graph's attention has head_dim {head_dim}")
+    folder = Path(rel).parent
+    for loc in sorted(io.external_files):
+        ext = (folder / loc).as_posix()
+        if ext not in listed:
+            say(f"file:{ext}", f"{rel}: its weights file {ext!r} is not listed in the manifest")
+    return list(found.values())
+
+
+def _name(pattern: str, i: int) -> str:
+    return pattern % i if "%d" in pattern else pattern
+
+
+def _pattern(pattern: str) -> str:
+    return pattern.replace("%d", "{i}")
+
+
+def _has(inputs: dict, pattern: str, i: int) -> bool:
+    return "%d" in pattern and (pattern % i) in inputs

@@ -1,0 +1,115 @@
+"""The small endpoints: /health, /ready, /v1/models, /metrics, the kiosk page and its files, and the
+JSON answers for unknown paths and wrong methods."""
+from __future__ import annotations
+
+import mimetypes
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+
+from .. import __version__
+from .access import check_auth
+from .apierror import APIError
+from .responses import error_response, json_response
+from .state import ServerState
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Endpoints:
+    """The handlers, bound to the shared state."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+
+    def counted(self, endpoint: str, fn: Handler) -> Handler:
+        """Wraps a plain handler: API errors become OpenAI bodies, every answer is counted."""
+
+        async def handler(request: Request) -> Response:
+            t0 = time.monotonic()
+            try:
+                resp = await fn(request)
+            except APIError as e:
+                resp = error_response(e)
+            self.state.metrics.observe_request(endpoint, resp.status_code, time.monotonic() - t0)
+            return resp
+
+        return handler
+
+    async def health(self, request: Request) -> Response:
+        return json_response({"status": "ok", "phase": self.state.phase, "version": __version__})
+
+    async def ready(self, request: Request) -> Response:
+        state = self.state
+        if state.phase == "ready":
+            return json_response({"status": "ready", "model": state.model_id})
+        body: dict[str, Any] = {"status": state.phase}
+        if state.failure:
+            body["error"] = state.failure
+        return json_response(body, 503, {"Retry-After": "5"} if state.phase == "loading" else None)
+
+    async def models(self, request: Request) -> Response:
+        check_auth(self.state, request.headers)
+        return json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        check_auth(self.state, request.headers)
+        name = request.path_params["name"]
+        if name not in self.state.names:
+            raise APIError(404, f"model {name!r} is not served here; this server serves {self.state.model_id!r}",
+                           param="model", code="model_not_found")
+        return json_response(self._model_card())
+
+    async def metrics(self, request: Request) -> Response:
+        state = self.state
+        check_auth(state, request.headers)
+        sched = state.scheduler
+        gauges = {
+            "edgespec_ready": ("1 when the model is loaded and requests are served", int(state.phase == "ready")),
+            "edgespec_queue_depth": ("requests waiting for the engine", sched.depth),
+            "edgespec_queue_capacity": ("requests that may wait before 429", sched.max_queue),
+            "edgespec_busy": ("1 while a request is generating", int(sched.running is not None)),
+        }
+        if hasattr(sched, "gauges"):  # --parallel N: slots, active requests, batch size of the last round
+            gauges.update(sched.gauges())
+        text = state.metrics.render(gauges, {"version": __version__, "model": state.model_id},
+                                    governor=getattr(state.engine, "governor", None))
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def index(self, request: Request) -> Response:
+        state = self.state
+        if "/" in state.static:
+            return _static(state.static["/"])
+        return json_response({
+            "service": "edgespec", "version": __version__, "model": state.model_id, "phase": state.phase,
+            "endpoints": ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /health",
+                          "GET /ready", "GET /metrics"],
+        })
+
+    async def static(self, request: Request) -> Response:
+        path = self.state.static.get(request.url.path)
+        if path is None:
+            raise HTTPException(404)
+        return _static(path)
+
+    async def on_http_error(self, request: Request, exc: Exception) -> Response:
+        code = getattr(exc, "status_code", 500)
+        if code == 405:
+            return error_response(APIError(405, f"method {request.method} is not allowed on {request.url.path}"))
+        if code == 404:
+            return error_response(APIError(404, f"no such endpoint: {request.method} {request.url.path}",
+                                           code="not_found"))
+        return error_response(APIError(code, str(getattr(exc, "detail", "error"))))
+
+    def _model_card(self) -> dict[str, Any]:
+        s = self.state
+        return {"id": s.model_id, "object": "model", "created": s.created, "owned_by": "edgespec"}
+
+
+def _static(path: Path) -> Response:
+    media = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return FileResponse(path, media_type=media, headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})

@@ -1,0 +1,149 @@
+"""The request guard: what keeps a web page from driving the API through a visitor's browser.
+
+Without an API key (the default on 127.0.0.1) the port answers anyone who can reach it. A browser on
+the device - the kiosk's own Chromium included - can reach it on behalf of any web page it shows:
+ * a cross-origin "simple" request (POST with Content-Type text/plain, no preflight) is sent as is;
+ * a DNS-rebinding site makes its own name resolve to 127.0.0.1 and is then "same-origin" to itself.
+So every request must pass, in this order (each refusal is an OpenAI-style JSON error):
+ 1. Host: the bound address, a loopback name, an IP literal when bound to every interface, or a
+    name from --allowed-hosts ("*" turns the check off). Rebinding needs a foreign name: refused (403).
+ 2. Origin, when the browser sends one: the server's own origin (the kiosk page), or one listed in
+    --cors-origin ("*": any). Anything else is refused (403); allowed origins get CORS headers and
+    their preflights (OPTIONS) answered.
+ 3. POST bodies must be Content-Type application/json (415): the one type no form or simple
+    cross-origin request can send without a preflight.
+Clients that are not browsers (curl, the openai package) send no Origin and are not affected, beyond
+having to name the JSON they send.
+"""
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from starlette.datastructures import Headers
+
+from .apierror import APIError
+from .responses import error_response
+
+PREFLIGHT_MAX_AGE = "600"
+ALLOWED_HEADERS = "authorization, content-type, accept, x-request-id"
+
+
+def _hostname(host_header: str) -> str:
+    """'Example.com:8000' -> 'example.com'; '[::1]:8000' -> '::1'."""
+    h = host_header.strip().lower()
+    if h.startswith("["):
+        return h[1:h.find("]")] if "]" in h else h
+    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+
+
+def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
+
+
+def _is_wildcard(host: str) -> bool:
+    return host in ("", "0.0.0.0", "::")
+
+
+class HostPolicy:
+    """Which Host header values name this server."""
+
+    def __init__(self, bound: str, allowed: list[str]):
+        self.bound = bound.strip("[]").lower()
+        self.any = "*" in allowed
+        self.names = {_hostname(a) for a in allowed if a != "*"}
+
+    def allows(self, host_header: str | None) -> bool:
+        if self.any:
+            return True
+        if not host_header:
+            return False
+        name = _hostname(host_header)
+        if name in self.names or name == self.bound or name == "localhost":
+            return True
+        ip = _ip(name)
+        if ip is None:
+            return False  # a name we were not told about: what DNS rebinding looks like
+        # an address literal cannot be rebound; when bound to one address, only that one (and loopback) is ours
+        return ip.is_loopback or _is_wildcard(self.bound)
+
+
+class Guard:
+    """ASGI middleware in front of the whole app (see the module docstring)."""
+
+    def __init__(self, app: Any, state: Any):
+        self.app = app
+        self.state = state
+        cfg = state.config
+        self.hosts = HostPolicy(cfg.host, list(cfg.allowed_hosts))
+        self.origins = {o.rstrip("/").lower() for o in cfg.cors_origins}
+        self.any_origin = "*" in self.origins
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        try:
+            cors = self.check(scope, headers)
+        except APIError as e:
+            self.state.metrics.observe_request("refused", e.status, 0.0)
+            await error_response(e)(scope, receive, send)
+            return
+        if cors is None:
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] == "OPTIONS":  # a preflight from an allowed origin
+            await _preflight(cors)(scope, receive, send)
+            return
+
+        async def send_with_cors(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *_cors_headers(cors)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
+
+    def check(self, scope: dict, headers: Headers) -> str | None:
+        """Raises the refusal, or returns the origin to answer with CORS headers (None: no CORS)."""
+        host = headers.get("host")
+        if not self.hosts.allows(host):
+            raise APIError(403, f"Host {(host or '')[:80]!r} is not a name of this server; add it with "
+                                "--allowed-hosts if clients really use it", code="host_not_allowed")
+        origin = headers.get("origin")
+        cors = None
+        if origin is not None:
+            o = origin.rstrip("/").lower()
+            same = o in (f"http://{(host or '').lower()}", f"https://{(host or '').lower()}")
+            if not same:
+                if not (self.any_origin or o in self.origins):
+                    raise APIError(403, f"cross-origin request from {origin[:80]!r} refused; allow the origin "
+                                        "with --cors-origin", code="origin_not_allowed")
+                cors = origin
+        if scope["method"] == "POST":
+            ctype = headers.get("content-type", "")
+            if ctype.split(";", 1)[0].strip().lower() != "application/json":
+                raise APIError(415, f"Content-Type must be application/json, got {ctype[:60]!r} "
+                                    "(curl: -H 'Content-Type: application/json')", code="unsupported_media_type")
+        return cors
+
+
+def _cors_headers(origin: str) -> list[tuple[bytes, bytes]]:
+    return [(b"access-control-allow-origin", origin.encode("latin-1", "replace")),
+            (b"vary", b"Origin"),
+            (b"access-control-expose-headers", b"x-request-id")]
+
+
+def _preflight(origin: str):
+    from starlette.responses import Response
+
+    resp = Response(status_code=204, headers={
+        "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+        "Access-Control-Allow-Headers": ALLOWED_HEADERS,
+        "Access-Control-Max-Age": PREFLIGHT_MAX_AGE,
+    })
+    resp.raw_headers.extend(_cors_headers(origin))
+    return resp

@@ -1,0 +1,221 @@
+"""The request guard (Host, Origin, Content-Type), slow clients (header and body timeouts, connection
+caps), uvicorn's own errors as JSON, and TCP_NODELAY (the keep-alive delay). Against the real stack
+with the fake engine; every wait has a deadline that fails loudly, nothing asserts a duration."""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+
+import pytest
+
+pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
+
+from edgespec.server.guard import HostPolicy  # noqa: E402
+from edgespec.server.service import bind_socket  # noqa: E402
+from helpers.fake_server import CHAT, assert_openai_error, chat_body, serve  # noqa: E402,F401
+
+BODY = json.dumps(chat_body()).encode()
+
+
+def raw_post(port, headers: dict, body: bytes = BODY):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.putrequest("POST", CHAT, skip_host="Host" in headers, skip_accept_encoding=True)
+    for k, v in headers.items():
+        conn.putheader(k, v)
+    conn.putheader("Content-Length", str(len(body)))
+    conn.endheaders(body)
+    resp = conn.getresponse()
+    raw = resp.read()
+    conn.close()
+    return resp.status, resp.headers, json.loads(raw) if raw else None
+
+
+def read_until_closed(sock: socket.socket, deadline_s: float = 15.0) -> bytes:
+    """Everything the server sends until it closes the connection. The socket timeout is a hang
+    guard: a server that never closes fails the test here, loudly."""
+    sock.settimeout(deadline_s)
+    data = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+    except socket.timeout:
+        pytest.fail(f"the server kept the connection open for {deadline_s:g} s; got {data[:200]!r}")
+
+
+def json_of(raw: bytes) -> tuple[int, dict]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    assert b"content-type: application/json" in head.lower(), head
+    return status, json.loads(body)
+
+
+# --- Host, Origin, Content-Type ---------------------------------------------------------------------
+def test_cross_origin_text_plain_post_is_refused(serve):
+    s = serve()
+    status, _, body = raw_post(s.port, {"Origin": "https://evil.example", "Content-Type": "text/plain"})
+    assert assert_openai_error(status, body, 403)["code"] == "origin_not_allowed"
+    status, _, body = raw_post(s.port, {"Origin": "https://evil.example", "Content-Type": "application/json"})
+    assert status == 403  # the origin alone is enough
+    assert s.service.scheduler.depth == 0 and not s.engine.runs  # nothing reached the engine
+
+
+def test_post_without_json_content_type_is_415(serve):
+    s = serve()
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        status, _, body = raw_post(s.port, {"Content-Type": ctype})
+        assert assert_openai_error(status, body, 415)["code"] == "unsupported_media_type"
+    status, _, body = raw_post(s.port, {})  # no Content-Type at all (a fetch() of a Blob)
+    assert status == 415
+    status, _, body = raw_post(s.port, {"Content-Type": "Application/JSON; charset=utf-8"})
+    assert status == 200
+
+
+def test_foreign_host_is_refused_and_allowed_hosts_admit_names(serve):
+    s = serve(allowed_hosts=["kiosk.local"])
+    json_ct = {"Content-Type": "application/json"}
+    status, _, body = raw_post(s.port, {"Host": f"rebind.evil.example:{s.port}", **json_ct})
+    assert assert_openai_error(status, body, 403)["code"] == "host_not_allowed"
+    assert s.get("/metrics")[0] == 200
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+    conn.request("GET", "/metrics", headers={"Host": "evil.example"})
+    assert conn.getresponse().status == 403  # reads are guarded too (a rebinding page could read them)
+    conn.close()
+    for host in (f"kiosk.local:{s.port}", f"localhost:{s.port}", f"127.0.0.1:{s.port}", "KIOSK.LOCAL"):
+        assert raw_post(s.port, {"Host": host, **json_ct})[0] == 200, host
+
+
+def test_host_policy():
+    local = HostPolicy("127.0.0.1", [])
+    assert local.allows("127.0.0.1:8000") and local.allows("localhost") and local.allows("[::1]:8000")
+    assert not local.allows("192.168.1.9:8000") and not local.allows("evil.example") and not local.allows(None)
+    every = HostPolicy("0.0.0.0", ["board.lan"])
+    assert every.allows("192.168.1.9:8000") and every.allows("[fe80::1]") and every.allows("board.lan:80")
+    assert not every.allows("evil.example:8000")
+    assert HostPolicy("127.0.0.1", ["*"]).allows("anything")
+
+
+def test_same_origin_kiosk_page_works_and_cors_origins_get_headers(serve):
+    s = serve(cors_origins=["https://dash.example"])
+    own = {"Origin": f"http://127.0.0.1:{s.port}", "Content-Type": "application/json"}
+    status, headers, body = raw_post(s.port, own)
+    assert status == 200 and "access-control-allow-origin" not in headers
+    status, headers, body = raw_post(s.port, {"Origin": "https://dash.example", "Content-Type": "application/json"})
+    assert status == 200 and headers["access-control-allow-origin"] == "https://dash.example"
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+    conn.request("OPTIONS", CHAT, headers={"Origin": "https://dash.example", "Access-Control-Request-Method": "POST",
+                                           "Access-Control-Request-Headers": "content-type, authorization"})
+    resp = conn.getresponse()
+    resp.read()
+    assert resp.status == 204 and "content-type" in resp.headers["access-control-allow-headers"]
+    assert resp.headers["access-control-allow-origin"] == "https://dash.example"
+    conn.close()
+    assert raw_post(s.port, {"Origin": "https://other.example", "Content-Type": "application/json"})[0] == 403
+
+
+def test_kiosk_page_and_its_fetches_pass_the_guard(serve):
+    s = serve(ui=True)
+    assert s.get("/")[0] == 200 and s.get("/app.js")[0] == 200
+    origin = f"http://127.0.0.1:{s.port}"
+    assert s.get("/ready", headers={"Origin": origin})[0] == 200
+    assert raw_post(s.port, {"Origin": origin, "Content-Type": "application/json",
+                             "Accept": "text/event-stream"})[0] == 200
+
+
+# --- uvicorn's own errors, as the API's JSON ------------------------------------------------------
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /health HTTP/1.1\r\n\r\n",  # no Host
+    # headers too large (h11 refuses more than 16 KiB of unfinished headers; all of it is read first,
+    # so the server's close is a FIN after the answer, not a reset that would swallow it)
+    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 20_000,
+    b"NOT HTTP AT ALL\r\n\r\n",
+])
+def test_malformed_requests_get_a_json_400(serve, request_bytes):
+    s = serve()
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    try:
+        sock.sendall(request_bytes)
+    except OSError:
+        pass  # the server may answer and close before the whole header flood is sent
+    status, body = json_of(read_until_closed(sock))
+    sock.close()
+    assert status == 400 and body["error"]["code"] == "invalid_http"
+    assert s.get("/health")[0] == 200
+
+
+# --- slow clients --------------------------------------------------------------------------------
+def test_half_sent_body_is_closed_while_a_real_client_is_served(serve):
+    s = serve(body_timeout=1.0, header_timeout=1.0)
+    slow = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(BODY)).encode() + b"\r\n\r\n" + BODY[: len(BODY) // 2])
+    status, _, ok = s.post(CHAT, chat_body())  # served while the slow one holds its connection
+    assert status == 200 and ok["choices"][0]["message"]["content"] == " w0 w1 w2 w3"
+    status, body = json_of(read_until_closed(slow))  # then the slow one is answered 408 and closed
+    slow.close()
+    assert status == 408 and body["error"]["code"] == "body_timeout"
+
+
+def test_unfinished_headers_are_closed(serve):
+    s = serve(header_timeout=1.0)
+    idle = socket.create_connection(("127.0.0.1", s.port), timeout=10)  # sends nothing at all
+    slow = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+    assert s.post(CHAT, chat_body())[0] == 200
+    for sock in (slow, idle):
+        status, body = json_of(read_until_closed(sock))
+        sock.close()
+        assert status == 408 and body["error"]["code"] == "header_timeout"
+
+
+def test_one_address_cannot_take_every_connection(serve):
+    s = serve(max_connections=8, max_connections_per_client=3)
+    hogs = []
+    try:
+        for _ in range(3):  # another address on the loopback net: a different client
+            c = socket.socket()
+            c.bind(("127.0.0.2", 0))
+            c.connect(("127.0.0.1", s.port))
+            hogs.append(c)
+        c = socket.socket()
+        c.bind(("127.0.0.2", 0))
+        c.connect(("127.0.0.1", s.port))
+        status, body = json_of(read_until_closed(c))
+        c.close()
+        assert status == 503 and body["error"]["code"] == "too_many_connections"
+        assert s.post(CHAT, chat_body())[0] == 200  # 127.0.0.1 still gets in
+    finally:
+        for c in hogs:
+            c.close()
+
+
+# --- keep-alive: TCP_NODELAY ------------------------------------------------------------------------
+def test_listening_socket_is_tcp_so_asyncio_sets_nodelay():
+    sock = bind_socket("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()
+
+
+def test_every_connection_has_tcp_nodelay(serve):
+    """The response is written in two sends (headers, then body). With Nagle on, the second waits for
+    the client's ACK of the first, which the client delays (~40 ms): a keep-alive request took 44 ms
+    instead of ~1 ms. So every accepted socket must have TCP_NODELAY."""
+    s = serve()
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+    for _ in range(3):  # one kept-alive connection, several requests
+        conn.request("POST", CHAT, body=BODY, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.status == 200 and not resp.will_close
+    conns = list(s.service.server.server_state.connections)
+    assert conns, "no open connection seen by the server"
+    for proto in conns:
+        sock = proto.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    conn.close()
