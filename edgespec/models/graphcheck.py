@@ -4,30 +4,26 @@ The runtime allocates the KV cache and the logits buffers from the manifest alon
 manifest that says float32 for a float16 graph fails at the first step with an onnxruntime type
 error far from the cause. `verify` checks it up front, one line per mismatch.
 
-Two readers: `onnx` (the graph's protobuf without its weights: milliseconds, but the `onnx` package
-is a workstation dependency) and an onnxruntime session's get_inputs()/get_outputs() (`verify
---load`, on a board). Both give {name: dtype}.
+Two readers: the graph file itself (graphfacts.read_graph_io: milliseconds, no onnx package) and an
+onnxruntime session's get_inputs()/get_outputs() (`verify --load`: what the runtime really sees).
+Both give {name: dtype}.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from .graphfacts import GraphFormatError, read_graph_io
 from .manifest import Manifest, ModelFacts
 
-_ONNX_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 7: "int64", 6: "int32"}
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
               "tensor(int64)": "int64", "tensor(int32)": "int32"}
 
 
-def io_types_onnx(path: Path) -> dict[str, str] | None:
-    """{input/output name: dtype} read with the onnx package, or None when it is not installed."""
-    try:
-        import onnx
-    except ImportError:
-        return None
-    m = onnx.load(str(path), load_external_data=False)
-    return {v.name: _ONNX_TYPES.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type))
-            for v in [*m.graph.input, *m.graph.output]}
+def io_types_graph(path: Path) -> dict[str, str]:
+    """{input/output name: dtype} from the graph file (graphfacts' reader: no onnx package, weights
+    not loaded)."""
+    io = read_graph_io(path)
+    return {n: t.elem_type for n, t in {**io.inputs, **io.outputs}.items()}
 
 
 def io_types_session(session) -> dict[str, str]:
@@ -65,12 +61,14 @@ def dtype_problems(facts: ModelFacts, types: dict[str, str]) -> list[str]:
 
 
 def bundle_problems(root: Path, manifest: Manifest) -> list[str]:
-    """Every graph of every model, checked with the onnx package (nothing when it is missing)."""
+    """Every graph of every model, checked from its file."""
     out = []
     for facts in manifest.models.values():
         for g in facts.graphs().values():
-            types = io_types_onnx(root / g.path)
-            if types is None:
-                return []
+            try:
+                types = io_types_graph(root / g.path)
+            except (OSError, GraphFormatError) as e:
+                out.append(f"{g.path}: cannot read the graph: {e}")
+                continue
             out += dtype_problems(g, types)
     return out
