@@ -1,5 +1,8 @@
 """Projection of a bench run to another board: "would speculation pay on a Jetson or a Pi?"
 
+(Over 450 lines: the board table, the step-cost model and the per-mode projection are one model and
+its data, read together when a figure is questioned.)
+
 What transfers from this machine and what does not:
 - acceptance, and so how many steps of each size a mode needs per generated token, depends on the
   models and the text, not on the device: it is *measured* here (the runners' step counts by number

@@ -1,5 +1,9 @@
 """Several requests at once: continuous batching with speculation over one BatchRunner.
 
+(Over 450 lines because one round is one piece: admitting, chunked prefill, per-request proposals,
+the shared verify and per-slot acceptance share the slots' state; split, each part would reach into
+the others' bookkeeping.)
+
     be = BatchEngine.open("bundles/qwen-coder", parallel=4)     # or BatchEngine(engine, runner)
     t1 = be.submit("def fib(n):", max_new_tokens=64)            # validated and tokenized now
     t2 = be.submit(messages=[...], temperature=0.7, seed=1)
