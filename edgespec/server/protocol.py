@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 from .config import ServerConfig
 from .metrics import Metrics
 from .scheduler import Scheduler
+from .served import ServedEngine
 from .validate import Limits
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -23,7 +23,7 @@ class ServerState:
         self.scheduler = scheduler
         self.metrics = Metrics()
         self.api_key = api_key
-        self.engine: Any = None
+        self.engine: ServedEngine | None = None
         self.phase = "loading"
         self.failure: str | None = None
         self.model_id = config.model_names[0] if config.model_names else default_name
@@ -32,7 +32,7 @@ class ServerState:
         self.created = int(time.time())
         self.static = static_files(STATIC_DIR) if config.ui else {}
 
-    def set_engine(self, engine: Any) -> None:
+    def set_engine(self, engine: ServedEngine) -> None:
         """Called once the engine is loaded and warm; from then on /ready is 200."""
         self.engine = engine
         name = getattr(engine, "model_name", None)

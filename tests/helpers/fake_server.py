@@ -6,16 +6,17 @@ from __future__ import annotations
 import http.client
 import json
 import signal
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
 
 import pytest
 
+from edgespec.engine.results import GenerationResult, GenerationStats
 from edgespec.errors import DraftUnavailable, PromptTooLong
 from edgespec.server.config import ServerConfig
 from edgespec.server.sdnotify import Notifier
+from edgespec.server.served import ServedEngine, ServedStream
 from edgespec.server.service import Hooks, Service
 
 
@@ -29,39 +30,21 @@ def wait_until(predicate, timeout=10.0, what="the condition"):
 
 
 # --- a fake engine with the Engine interface -------------------------------------------------------
-@dataclass
-class FakeStats:
-    prompt_tokens: int = 0
-    new_tokens: int = 0
-    target_passes: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    acceptance_rate: float = 0.0
-    decode_tokens_per_second: float = 0.0
-    ttft_s: float = 0.0
-    drafter: str = "fake"
-    energy_j_per_token: float | None = None
-
-
-@dataclass
-class FakeResult:
-    text: str
-    token_ids: list
-    finish_reason: str
-    stats: FakeStats
-
-
-class FakeStream:
+class FakeStream(ServedStream):
     def __init__(self, gen):
         self._gen = gen
-        self.result = None
+        self._result = None
 
     def __iter__(self):
-        self.result = yield from self._gen
+        self._result = yield from self._gen
+
+    @property
+    def result(self):
+        return self._result
 
 
 @dataclass
-class FakeEngine:
+class FakeEngine(ServedEngine):
     """Writes ' w0 w1 ...' one word per target pass; `delay` seconds per pass; checks `cancel` before
     each pass like the real Engine. Records what it was asked and how each run ended."""
 
@@ -108,10 +91,10 @@ class FakeEngine:
         finally:
             self.busy.clear()
         self.runs.append((kw, reason, len(out)))
-        stats = FakeStats(prompt_tokens=n, new_tokens=len(out), target_passes=len(out), drafted=2 * len(out),
-                          accepted=len(out), acceptance_rate=0.5, decode_tokens_per_second=123.0,
-                          energy_j_per_token=self.energy)
-        return FakeResult("".join(out), list(range(len(out))), reason, stats)
+        stats = GenerationStats(prompt_tokens=n, new_tokens=len(out), target_passes=len(out), drafted=2 * len(out),
+                                accepted=len(out), acceptance_rate=0.5, decode_tokens_per_second=123.0,
+                                drafter="fake", energy_j_per_token=self.energy)
+        return GenerationResult("".join(out), list(range(len(out))), reason, stats)
 
     def generate(self, prompt=None, **kw):
         s = self.stream(prompt, **kw)
