@@ -247,3 +247,17 @@ def test_the_memory_plan_counts_the_graph_the_runner_loads(tiny_both_flavors_bun
     assert on_cuda.breakdown["target_kv"] * 2 == on_cpu.breakdown["target_kv"]
     cuda_graph = b.target.graphs()["cuda"]
     assert on_cuda.breakdown["target_weights"] == int(1.32 * memory.graph_file_bytes(b, cuda_graph))
+
+
+def test_a_cuda_graph_is_refused_on_a_cpu_without_float16(monkeypatch):
+    """A Raspberry Pi 4 (Cortex-A72, no ARMv8.2 FP16) would die on an illegal instruction in the
+    float16 kernels: one clear line instead, and no override (it would crash)."""
+    assert flavor.cpu_runs_float16("x86_64") is True
+    assert flavor.cpu_runs_float16("aarch64", hwcap=0b11111111) is False  # fp asimd ... no asimdhp
+    assert flavor.cpu_runs_float16("aarch64", hwcap=1 << 10) is True  # Cortex-A76 / Orin's A78AE
+    cuda = facts(flavor="cuda", kv_dtype="float16")
+    monkeypatch.setattr(flavor, "cpu_runs_float16", lambda: False)
+    with pytest.raises(ProviderError, match="cannot run .*--ep cpu"):
+        flavor.check(cuda, "cpu", force=True)
+    monkeypatch.setattr(flavor, "cpu_runs_float16", lambda: True)
+    flavor.check(cuda, "cpu")  # allowed where the CPU can

@@ -17,6 +17,7 @@ import itertools
 import numpy as np
 import pytest
 
+from edgespec.edge.flavor import cpu_runs_float16
 from edgespec.engine import Engine
 from edgespec.core.sampling import SamplingParams, probs
 
@@ -24,30 +25,40 @@ from helpers.lossless import MODES, check_greedy_lossless
 from helpers.stats import chi2_gof
 
 @pytest.fixture(scope="module")
-def engines(tiny_bundle, tiny_bundle_disagree, tiny_llama_bundle, tiny_cuda_bundle, tiny_cuda_bundle_disagree):
-    return {name: Engine.open(path, max_len=256) for name, path in
-            (("agree", tiny_bundle), ("disagree", tiny_bundle_disagree), ("llama", tiny_llama_bundle),
-             ("cuda-agree", tiny_cuda_bundle), ("cuda-disagree", tiny_cuda_bundle_disagree))}
+def engines(request, tiny_bundle, tiny_bundle_disagree, tiny_llama_bundle):
+    """The fp32 bundles, and the cuda-flavored ones where this CPU runs float16 (not a Pi 4's A72)."""
+    paths = [("agree", tiny_bundle), ("disagree", tiny_bundle_disagree), ("llama", tiny_llama_bundle)]
+    if cpu_runs_float16():
+        paths += [("cuda-agree", request.getfixturevalue("tiny_cuda_bundle")),
+                  ("cuda-disagree", request.getfixturevalue("tiny_cuda_bundle_disagree"))]
+    return {name: Engine.open(path, max_len=256) for name, path in paths}
 
 
 SEEDS = {"agree": 0, "disagree": 1, "llama": 2, "cuda-agree": 3, "cuda-disagree": 4}
+NO_FP16 = "this CPU has no float16 arithmetic: the cuda flavor is refused here (tests/test_flavor.py)"
+
+
+def engine(engines, name):
+    if name not in engines:
+        pytest.skip(NO_FP16)
+    return engines[name]
 
 
 @pytest.mark.parametrize("name", list(SEEDS))
 def test_greedy_equals_target_alone_quick(engines, name):
-    check_greedy_lossless(engines[name], 10 + SEEDS[name], 2, (1, 3, 8))
+    check_greedy_lossless(engine(engines, name), 10 + SEEDS[name], 2, (1, 3, 8))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(SEEDS))
 def test_greedy_every_drafter_every_k_equals_target_alone(engines, name):
-    check_greedy_lossless(engines[name], SEEDS[name], 8, range(1, 9))
+    check_greedy_lossless(engine(engines, name), SEEDS[name], 8, range(1, 9))
 
 
 def test_cuda_flavored_bundle_really_runs_float16(engines):
     """The cuda-flavored engines above really run the float16 graph (not a float32 one)."""
     for name in ("cuda-agree", "cuda-disagree"):
-        eng = engines[name]
+        eng = engine(engines, name)
         for runner in (eng.target, eng.draft_runner):
             assert runner.facts.graph_flavor() == "cuda" and runner.facts.kv_dtype == "float16"
             assert runner._kv[0].data_type() == "tensor(float16)"
@@ -109,6 +120,8 @@ def test_sampling_on_tiny_onnx_matches_exact_target_distribution(request, bundle
     suffix index and the recycle table carry over from draw to draw (same prompt), so they do
     propose; the pruned bundle's draft renormalises q over its kept ids; with tree="on" every round
     verifies the sampled chain plus the draft's runners-up (core/tree.py)."""
+    if "cuda" in bundle and not cpu_runs_float16():
+        pytest.skip(NO_FP16)
     eng = Engine.open(request.getfixturevalue(bundle), max_len=64)
     params = SamplingParams(temperature=1.5, top_k=3)
     prompt = "def add(a, b):"
