@@ -117,7 +117,7 @@ if [ -z "$ROOT" ]; then
   say "verifying $BUNDLE"
   "$VENV/bin/python3" - "$BUNDLE" <<'EOF' || die "bundle $BUNDLE failed verification (see above); not installed"
 import sys
-from edgespec.bundle import Bundle
+from edgespec.models.bundle import Bundle
 from edgespec.errors import EdgespecError
 try:
     b = Bundle.open(sys.argv[1], verify=True)
