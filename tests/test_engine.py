@@ -244,7 +244,9 @@ def test_an_error_mid_generation_resets_the_cache(eng, fresh, monkeypatch):
 
     monkeypatch.setattr(eng.target, "step", failing)
     with pytest.raises(RuntimeError):
-        eng.generate("def add(a, b):", max_new_tokens=10)
+        # one target step per token (no drafting: the suffix index has seen this answer and could
+        # copy it in one pass), so the third step is always reached
+        eng.generate("def add(a, b):", max_new_tokens=10, draft="none")
     monkeypatch.undo()
     assert eng.target.length == 0 and eng.cached() == []
     r = eng.generate("class Stack:", max_new_tokens=12)
