@@ -273,6 +273,32 @@ def test_auto_probes_the_model_a_bounded_number_of_times_per_request():
         assert list(gaps) == [AutoDrafter.EXPLORE_EVERY * 2 ** i for i in range(len(gaps))]
 
 
+def test_auto_does_not_probe_a_cold_draft_cache():
+    """A probe must not pay a prompt prefill: while the draft's cache lacks more than PROBE_CATCH_UP
+    tokens (its prompt has not been fed: that happens when a round first uses it), the model is
+    not probed; it is used only if its estimate from earlier requests clears the margin."""
+    from edgespec.drafters.costed import PROBE_CATCH_UP
+
+    class ColdModel(StubModel):
+        cold = PROBE_CATCH_UP + 1
+
+        def catch_up(self, ctx):
+            return self.cold
+
+    cpu = CostModel(times(s1=0.07, s2=0.09, s3=0.11, s4=0.13, s5=0.15), times(s1=0.03, s2=0.035))
+    model = ColdModel(0.3)
+    auto = auto_with(cpu, NgramDrafter(cpu), model)
+    auto.begin([1, 2, 3])
+    picks = [auto.propose([1, 2, 3, 4, 5, 6], 4, GREEDY, None).source for _ in range(40)]
+    assert model.asked == 0 and set(picks) == {"none"}
+    model.cold = PROBE_CATCH_UP  # a catch-up within a request: probing resumes
+    picks = [auto.propose([1, 2, 3, 4, 5, 6], 4, GREEDY, None).source for _ in range(40)]
+    assert model.asked >= 1
+    model.cold = PROBE_CATCH_UP + 1  # cold again, but its rate now clears the margin: it is used
+    model.m_tokens, model.m_seconds = 3.0, 0.1
+    assert auto.propose([1, 2, 3, 4, 5, 6], 4, GREEDY, None).source == "model"
+
+
 def test_auto_needs_a_margin_before_it_drafts():
     cm = CostModel(times(s1=0.10, s2=0.12, s3=0.14))
     r0 = cm.target_alone_rate()

@@ -76,8 +76,9 @@ class AutoDrafter(DrafterBase):
             return EMPTY
         r0 = self.costs.target_alone_rate()
         best, best_rate, best_quote = None, r0, None
+        quotes = {}
         for s in self.sources:
-            q = s.quote(ctx, k)
+            q = quotes[s.name] = s.quote(ctx, k)
             if q is not None and q.rate >= r0 * (1.0 + q.min_gain) and q.rate > best_rate:
                 best, best_rate, best_quote = s, q.rate, q
         for s in self.sources:  # rounds since each probed source was last used
@@ -88,8 +89,10 @@ class AutoDrafter(DrafterBase):
                 p.used(self.EXPLORE_EVERY)
                 continue
             p.idle += 1
-            # probe instead of a plain step (a free round in hand is not given up for a probe)
-            if best is None and p.due(self.MAX_PROBES):
+            # probe instead of a plain step (a free round in hand is not given up for a probe), and
+            # only where the quote allows it (a cold draft cache would make the probe pay a prefill)
+            q = quotes.get(s.name)
+            if best is None and q is not None and q.probe and p.due(self.MAX_PROBES):
                 p.probed()
                 best, best_quote = s, None
         if best is None:

@@ -29,6 +29,11 @@ RATE_KEEP = 0.9  # per round: the weight of the earlier rounds in the rate estim
 # more than an n-gram's, since a wrong "yes" also pays for the draft steps.
 MODEL_MIN_GAIN = 0.15
 CATCH_UP = 2  # tokens a draft catch-up step holds when the drafter is used round after round
+# A probe may pay a catch-up of at most this many tokens. Beyond it the draft's cache is cold (its
+# prompt prefill has not run: it runs when a round first uses the draft, so the first token never
+# waits for it), and a probe would pay the whole prompt mid-decode to learn a rate that earlier
+# requests already estimate; a cold drafter is used only when that estimate clears its margin.
+PROBE_CATCH_UP = 64
 
 
 class CostedDrafter(DrafterBase):
@@ -53,6 +58,10 @@ class CostedDrafter(DrafterBase):
 
     def prior_acceptance(self) -> float:
         raise NotImplementedError
+
+    def catch_up(self, ctx: Sequence[int]) -> int:
+        """Tokens of ctx its cache would have to be fed before it can draft (0: no cache of its own)."""
+        return 0
 
     # -- the interface ----------------------------------------------------------------------------
     def begin(self, ctx) -> None:
@@ -109,4 +118,4 @@ class CostedDrafter(DrafterBase):
         using it can update, hence `probe`."""
         if self.costs is None:
             return None
-        return Quote(self.rate(), self.min_gain, None, probe=True)
+        return Quote(self.rate(), self.min_gain, None, probe=self.catch_up(ctx) <= PROBE_CATCH_UP)

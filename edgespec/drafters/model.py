@@ -96,6 +96,9 @@ class ModelDrafter(CostedDrafter):
     def prior_acceptance(self) -> float:
         return self.mean.mean
 
+    def catch_up(self, ctx: Sequence[int]) -> int:
+        return len(ctx) - common_prefix(self.tokens, ctx)
+
     # -- drafting ---------------------------------------------------------------------------------
     def _sync(self, ctx: Sequence[int]) -> np.ndarray:
         """Makes the draft cache hold ctx and returns the logits row predicting the next token."""

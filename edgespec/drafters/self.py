@@ -70,6 +70,9 @@ class SelfDrafter(ModelDrafter):
         for b in self.by_conf:
             b.a, b.b = b.a * 0.8, b.b + b.a * 0.2
 
+    def catch_up(self, ctx) -> int:
+        return 0  # it drafts on the target's own cache: nothing to feed first
+
     def begin(self, ctx) -> None:
         self.tokens = []
         CostedDrafter.begin(self, ctx)  # the rate bookkeeping; there is no cache of its own to rewind
