@@ -2,22 +2,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from edgespec.models.bundle import Bundle, compatibility_problems
 from edgespec.errors import BundleCorrupt
 from edgespec.models.manifest import Manifest, content_digest, verify_bundle
-
-
-def rewrite_manifest(bundle: Path, edit) -> None:
-    """Edits the manifest *and* re-signs its digest: a consistent manifest whose facts are wrong."""
-    p = bundle / "manifest.json"
-    d = json.loads(p.read_text())
-    edit(d)
-    d["digest"] = content_digest(d)
-    p.write_text(json.dumps(d, indent=2))
+from helpers.manifests import rewrite_manifest
 
 
 def test_facts_and_paths(tiny_bundle):

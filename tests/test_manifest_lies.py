@@ -3,25 +3,14 @@ edit). Each lie the probe found, and a few more, must be one clear line from `ve
 BundleCorrupt from the loader, and exit 78 from `serve` (so systemd does not restart it in a loop)."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from edgespec.cli.main import main
 from edgespec.errors import BundleCorrupt
 from edgespec.models.bundle import Bundle
 from edgespec.models.graphfacts import read_graph_io
-from edgespec.models.manifest import content_digest, verify_bundle
-
-
-def rewrite_manifest(bundle: Path, edit) -> None:
-    """Edits the manifest and recomputes its digest: consistent, signed, and wrong."""
-    p = bundle / "manifest.json"
-    d = json.loads(p.read_text())
-    edit(d)
-    d["digest"] = content_digest(d)
-    p.write_text(json.dumps(d, indent=2))
+from edgespec.models.manifest import verify_bundle
+from helpers.manifests import rewrite_manifest
 
 
 def _drop_tokenizer_json(d):
