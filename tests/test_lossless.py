@@ -19,9 +19,9 @@ import pytest
 
 from edgespec.edge.flavor import cpu_runs_float16
 from edgespec.engine import Engine
-from edgespec.core.sampling import SamplingParams, probs
+from edgespec.core.sampling import SamplingParams
 
-from helpers.lossless import MODES, check_greedy_lossless
+from helpers.lossless import MODES, check_greedy_lossless, exact_target_distribution
 from helpers.stats import chi2_gof
 
 @pytest.fixture(scope="module")
@@ -125,28 +125,7 @@ def test_sampling_on_tiny_onnx_matches_exact_target_distribution(request, bundle
     eng = Engine.open(request.getfixturevalue(bundle), max_len=64)
     params = SamplingParams(temperature=1.5, top_k=3)
     prompt = "def add(a, b):"
-    ids = eng.encode(prompt)
-    # exact joint of the next 3 tokens under target-alone sampling (a sequence ends at EOS, which
-    # the result's token_ids do not include)
-    runner = eng.target
-    exact: dict = {}
-
-    def walk(prefix: list[int], p: float) -> None:
-        runner.rewind(len(ids) - 1)
-        row = runner.step([*ids[-1:], *prefix], len(prefix) + 1)[-1]
-        dist = probs(row, params, eng.usable)
-        for t in np.flatnonzero(dist):
-            q = p * dist[t]
-            if int(t) in eng.eos_ids or len(prefix) == 2:
-                key = tuple(prefix) if int(t) in eng.eos_ids else (*prefix, int(t))
-                exact[key] = exact.get(key, 0.0) + q
-            else:
-                walk([*prefix, int(t)], q)
-
-    runner.reset()
-    runner.step(ids[:-1], 1)
-    walk([], 1.0)
-    eng.reset_cache()
+    exact = exact_target_distribution(eng, prompt, params)
     assert sum(exact.values()) == pytest.approx(1.0)
     n = 1200
     counts: dict = {}

@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from edgespec.core.sampling import SamplingParams, make_rng, probs
+from edgespec.core.sampling import SamplingParams, make_rng
 from edgespec.core.self_runner import PREPACK_CONFIG, SharedWeights
 from edgespec.core.speculative import speculative_round
 from edgespec.drafters.self import SelfDrafter, default_skip, skip_for
@@ -24,7 +24,7 @@ from edgespec.models.bundle import Bundle
 from edgespec.models.layer_skip import LayerSkipError, check_skip, skip_layers
 from edgespec.models.manifest import MANIFEST_NAME, content_digest
 
-from helpers.lossless import random_prompt
+from helpers.lossless import exact_target_distribution, random_prompt
 from helpers.stats import chi2_gof
 
 onnx = pytest.importorskip("onnx")
@@ -169,26 +169,7 @@ def test_sampling_matches_the_exact_target_distribution(tiny_deep_bundle):
     eng = Engine.open(tiny_deep_bundle, max_len=64, draft="self")
     params = SamplingParams(temperature=1.5, top_k=3)
     prompt = "def add(a, b):"
-    ids = eng.encode(prompt)
-    runner = eng.target
-    exact: dict = {}
-
-    def walk(prefix: list[int], p: float) -> None:
-        runner.rewind(len(ids) - 1)
-        row = runner.step([*ids[-1:], *prefix], len(prefix) + 1)[-1]
-        dist = probs(row, params, eng.usable)
-        for t in np.flatnonzero(dist):
-            q = p * dist[t]
-            if int(t) in eng.eos_ids or len(prefix) == 2:
-                key = tuple(prefix) if int(t) in eng.eos_ids else (*prefix, int(t))
-                exact[key] = exact.get(key, 0.0) + q
-            else:
-                walk([*prefix, int(t)], q)
-
-    runner.reset()
-    runner.step(ids[:-1], 1)
-    walk([], 1.0)
-    eng._invalidate()
+    exact = exact_target_distribution(eng, prompt, params)
     n = 1200
     counts: dict = {}
     for seed in range(n):

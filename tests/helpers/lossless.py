@@ -1,10 +1,13 @@
-"""The greedy lossless check, shared by test_lossless.py and test_draft_vocab.py."""
+"""Shared by the lossless tests: the greedy check, random prompts, and the exact target distribution
+the sampled tests compare against."""
 from __future__ import annotations
 
 import itertools
 
 import numpy as np
 import pytest
+
+from edgespec.core.sampling import probs
 
 MODES = ["model", "ngram", "suffix", "recycle", "auto"]
 
@@ -35,3 +38,30 @@ def check_greedy_lossless(eng, seed: int, n_prompts: int, ks, modes=MODES) -> No
     assert not mismatches, mismatches[:3]
     assert sum(drafted.values()) > 40 * n_prompts  # speculation really ran
     assert all(drafted.values()), drafted  # ... in every mode
+
+
+def exact_target_distribution(eng, prompt: str, params, depth: int = 3) -> dict[tuple[int, ...], float]:
+    """The exact joint probability of every continuation of up to `depth` tokens under target-alone
+    sampling with `params` (a sequence ends at EOS, which a result's token_ids do not include),
+    computed from the target runner itself. Leaves the engine's caches reset."""
+    ids = eng.encode(prompt)
+    runner = eng.target
+    exact: dict = {}
+
+    def walk(prefix: list[int], p: float) -> None:
+        runner.rewind(len(ids) - 1)
+        row = runner.step([*ids[-1:], *prefix], len(prefix) + 1)[-1]
+        dist = probs(row, params, eng.usable)
+        for t in np.flatnonzero(dist):
+            q = p * dist[t]
+            if int(t) in eng.eos_ids or len(prefix) == depth - 1:
+                key = tuple(prefix) if int(t) in eng.eos_ids else (*prefix, int(t))
+                exact[key] = exact.get(key, 0.0) + q
+            else:
+                walk([*prefix, int(t)], q)
+
+    runner.reset()
+    runner.step(ids[:-1], 1)
+    walk([], 1.0)
+    eng.reset_cache()
+    return exact
