@@ -104,25 +104,28 @@ def test_tree_variants_of_the_modes():
 
 
 def test_a_tree_run_reports_its_trees_and_round_trips_through_json(tiny_bundle, tmp_path):
+    """Fixed k (the model always proposes 2), so whether rounds draft does not depend on measured
+    costs: every drafted round of the +tree mode is a tree, none of the chain mode's."""
     from edgespec.engine import Engine
 
     prompts = prompt_sets.load_prompts("code")[2:4]
-    modes = bench.parse_modes("auto,auto+tree", None, has_draft=True)
+    modes = [m for m in bench.parse_modes("model,model+tree", "2", has_draft=True) if m.draft == "none" or m.k]
     eng = Engine.open(tiny_bundle, draft="auto", max_len=512)
     try:
         run = bench.run_bench(eng, prompts, modes, max_new_tokens=24, repeats=1)
     finally:
         eng.close()
-    chain = [s for s in run.samples if s.mode == "auto"]
-    tree = [s for s in run.samples if s.mode == "auto+tree"]
-    assert all(s.tree_rounds == 0 for s in chain) and sum(s.tree_rounds for s in tree) > 0
+    chain = [s for s in run.samples if s.mode == "model k=2"]
+    tree = [s for s in run.samples if s.mode == "model+tree k=2"]
+    assert chain and tree
+    assert all(s.tree_rounds == 0 for s in chain) and all(s.tree_rounds > 0 for s in tree)
     assert all(s.same_as_target for s in tree)
     lines = bench_report.tree_lines(run)
-    assert len(lines) == 1 and lines[0].startswith("  auto+tree:") and "accepted depth" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("  model+tree k=2:") and "accepted depth" in lines[0]
     path = tmp_path / "run.json"
     bench_report.write_json(path, bench_report.report_json(run))
     again = bench.load_run(path)
-    assert [m.label for m in again.modes] == ["target", "auto", "auto+tree"] and again.modes[2].tree == "on"
+    assert [m.label for m in again.modes] == ["target", "model k=2", "model+tree k=2"] and again.modes[2].tree == "on"
     assert bench_report.tree_lines(again) == lines
 
 
