@@ -526,7 +526,7 @@ def test_ui_off_by_default(serve):
 
 
 def test_ui_serves_package_files_only(serve):
-    files = static_files(__import__("edgespec.server.app", fromlist=["STATIC_DIR"]).STATIC_DIR)
+    files = static_files(__import__("edgespec.server.state", fromlist=["STATIC_DIR"]).STATIC_DIR)
     if "/" not in files:
         pytest.skip("the kiosk page (edgespec/static/index.html) is not in this checkout")
     s = serve(ui=True)

@@ -47,7 +47,7 @@ from ..core.sampling import choose, make_rng
 from ..core.speculative import accept_greedy, accept_sampled
 from ..drafters import AutoDrafter, Drafter, NgramDrafter, NoDrafter
 from ..errors import DraftUnavailable, InvalidRequest
-from ..limits import DEFAULT_K_CAP, DEFAULT_MAX_LEN
+from ..limits import DEFAULT_K_CAP
 from . import build
 from .engine import Engine
 from .requests import Request, check_draft_mode, check_k

@@ -13,9 +13,9 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
 from .endpoints import Endpoints
-from .generation import ANSWER_GRACE, CLIENT_CLOSED, GenerationEndpoint  # noqa: F401 (re-exported)
+from .generation import GenerationEndpoint
 from .guard import Guard
-from .state import STATIC_DIR, ServerState, static_files  # noqa: F401 (re-exported)
+from .state import ServerState
 
 
 def create_app(state: ServerState) -> Any:

@@ -11,7 +11,6 @@ so the HTTP side does not know which one it talks to. Differences:
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 

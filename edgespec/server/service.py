@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import EdgespecError, InvalidRequest
-from .app import ANSWER_GRACE, ServerState, create_app
+from .app import create_app
+from .generation import ANSWER_GRACE
+from .state import ServerState
 from .config import ConfigError, ServerConfig, read_api_key
 from .scheduler import SHUTDOWN, Scheduler
 from .sdnotify import Notifier, ping_interval
