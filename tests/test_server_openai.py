@@ -113,10 +113,11 @@ def test_completions_plain_and_streamed(server, engine_alone):
 
 @pytest.mark.parametrize("draft, k", [("none", None), ("model", 2)])
 def test_seeded_sampling_is_reproducible(server, draft, k):
-    """seed, draft and draft_k reach the engine. (Only drafting that proposes the same tokens every
-    time replays a seed exactly: adaptive n-gram/auto rounds depend on measured timings.)"""
+    """seed, draft, draft_k and tree reach the engine. (Only rounds whose shape depends on nothing
+    measured replay a seed exactly: adaptive k and tree="auto" choose from timings and learned
+    acceptance, which change from one request to the next.)"""
     def once(seed):
-        extra = {"draft": draft} if k is None else {"draft": draft, "draft_k": k}
+        extra = {"draft": draft} if k is None else {"draft": draft, "draft_k": k, "tree": "off"}
         return server.client.chat.completions.create(model=server.bundle.name, messages=MESSAGES, max_tokens=16,
                                                      temperature=0.9, top_p=0.95, seed=seed,
                                                      extra_body=extra).choices[0].message.content
