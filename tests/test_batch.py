@@ -5,6 +5,8 @@ import threading
 
 import pytest
 
+from edgespec.core.batch_runner import BatchTimes
+from edgespec.core.runner import StepTimes
 from edgespec.engine.batch import BatchEngine
 from edgespec.engine import Engine
 from edgespec.errors import DraftUnavailable
@@ -70,6 +72,55 @@ def test_sampled_requests_keep_their_seeds(batch, alone):
     for r, g in zip(reqs, got):
         want = _alone(alone, tree="off", **r)  # batched rounds are chains; a measured tree choice would
         assert g.token_ids == want.token_ids, r  # draw the seed's numbers in another order
+
+
+class _FrozenStep(StepTimes):
+    """A pass costs 10 ms at any width, whatever the machine is doing (adding times does nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        for s in range(1, 17):
+            for _ in range(2):
+                super().add(s, 0.01)
+
+    def add(self, n_tokens: int, seconds: float) -> None:
+        pass
+
+
+class _FlatTimes(BatchTimes):
+    def table(self, rows: int) -> StepTimes:
+        return self.by_rows.setdefault(rows, _FrozenStep())
+
+
+def test_adaptive_rows_are_cut_to_the_rounds_width(batch, alone, monkeypatch):
+    """The batch's width choice (round_shape.py) is applied: with the width pinned to 2, adaptive
+    rows carry at most one proposal, a client's fixed k is never cut (and sets the width), and every
+    output is still what the request gets alone."""
+    import edgespec.engine.batch as batch_mod
+
+    monkeypatch.setattr(batch_mod, "choose_width",
+                        lambda rows, pass_seconds: max([2] + [r.proposed + 1 for r in rows if r.fixed]))
+    monkeypatch.setattr(batch.runner, "times", _FlatTimes())  # every width costs the same: rows go wide
+    passes: list[list[int]] = []
+    orig = batch.runner.step
+    monkeypatch.setattr(batch.runner, "step", lambda rows: passes.append([len(t) for t in rows.values()])
+                        or orig(rows))
+
+    def run(reqs):
+        passes.clear()
+        for r, g in zip(reqs, batch.generate_many(reqs)):
+            assert g.token_ids == _alone(alone, prompt=r["prompt"], max_new_tokens=30).token_ids, r
+        return [w for p in passes for w in p]
+
+    widths = run([dict(prompt=PROMPTS[0], max_new_tokens=30, draft="ngram"),
+                  dict(prompt=PROMPTS[1], max_new_tokens=30, draft="auto"),
+                  dict(prompt=PROMPTS[2], max_new_tokens=30, draft="ngram")])
+    assert max(widths) == 2  # proposals were made, and cut to one
+    run([dict(prompt=PROMPTS[0], max_new_tokens=30, draft="ngram", k=4),
+         dict(prompt=PROMPTS[1], max_new_tokens=30, draft="ngram"),
+         dict(prompt=PROMPTS[2], max_new_tokens=30, draft="ngram")])
+    assert any(w > 2 for p in passes for w in p)  # the fixed-k row kept its length, and the
+    assert all(max(p) <= 5 for p in passes)  # others used at most the width it forced (paid anyway)
 
 
 def test_slots_at_the_cache_limit(tiny_bundle, alone):

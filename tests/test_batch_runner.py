@@ -53,6 +53,27 @@ def test_batched_rows_match_rows_alone(target):
     assert br.lengths[3] == 0  # never used: untouched
 
 
+def test_a_pass_over_high_slots_runs_only_their_block(target):
+    """Slots 0 and 1 idle, 2 and 3 active: the pass runs rows [2, 4) (timed as a 2-row pass), and each
+    row still gets what it gets alone; a later pass over 0 and 3 runs all four with 1 and 2 idle."""
+    facts, sess = target
+    prompts = {2: [5, 6, 7, 8], 3: [9, 10]}
+    br = BatchRunner(sess, facts, 32, 4)
+    for b, p in prompts.items():
+        br.step_one(b, p, 1)
+    assert br.pass_range([2, 3]) == (2, 4)
+    got = br.step({2: [11, 12], 3: [13]})
+    for b, toks in ((2, [11, 12]), (3, [13])):
+        np.testing.assert_allclose(got[b], _alone(facts, sess, prompts[b], [toks], 32)[-1], atol=1e-4)
+    assert br.times.table(2).count.get(2) == 1 and br.times.table(4).count == {}
+    assert br.lengths == [0, 0, 6, 3]
+    br.step_one(0, [1, 2], 1)
+    got = br.step({0: [3], 3: [14]})
+    np.testing.assert_allclose(got[0], _alone(facts, sess, [1, 2], [[3]], 32)[-1], atol=1e-4)
+    np.testing.assert_allclose(got[3], _alone(facts, sess, prompts[3], [[13], [14]], 32)[-1], atol=1e-4)
+    assert br.lengths == [3, 0, 6, 4] and br.times.table(4).count.get(1) == 1
+
+
 def test_rewind_one_slot_leaves_the_others(target):
     facts, sess = target
     br = BatchRunner(sess, facts, 32, 2)

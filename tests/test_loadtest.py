@@ -58,6 +58,9 @@ def test_tiny_loadtest_reports_both_servers(tiny_bundle):
     assert [(r.server, r.concurrency) for r in res] == [("serial", 1), ("serial", 2), ("batched", 1), ("batched", 2)]
     for r in res:
         assert r.requests == 3 and r.tokens > 0 and r.aggregate_tps > 0 and r.ttft_p95 >= r.ttft_p50 > 0
+        # prompt passes are left out of the decode figure: every request spent some time in one
+        assert all(c.prefill_s > 0 for c in r.runs) and r.decode_tps > 0
+        assert r.decode_tps == pytest.approx((r.tokens - r.requests) / (r.wall_s - sum(c.prefill_s for c in r.runs)))
     assert all(r.batch_size_mean == 1.0 for r in res if r.server == "serial")
     text = report(res)
     assert "vs serial" in text and "batched" in text

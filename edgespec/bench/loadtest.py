@@ -6,6 +6,10 @@ shared list by `concurrency` client threads (closed loop: a client sends its nex
 last one ended). Reported per (server, drafting, concurrency):
     aggregate tok/s   completion tokens of every request / wall time from the first request sent
                       to the last one finished (what the board delivers)
+    decode tok/s      the same without prompt reading: tokens after each request's first / (wall
+                      time - the time the board spent in prompt passes, summed over requests).
+                      Both servers read every prompt at the same cost, one prompt at a time, so
+                      this is the figure batching can change (it saves the fixed part of a step)
     per-request tok/s mean of each request's decode rate (what one user sees while streaming)
     TTFT p50 / p95    request sent -> first content chunk, queue wait included
 The servers run in this process on a free loopback port, one after the other (never both loaded).
@@ -33,6 +37,7 @@ class ClientRun:
     seconds: float
     decode_tps: float
     batch_size_mean: float = 1.0
+    prefill_s: float = 0.0
 
 
 @dataclass
@@ -44,6 +49,7 @@ class LoadResult:
     tokens: int = 0
     wall_s: float = 0.0
     aggregate_tps: float = 0.0
+    decode_tps: float = 0.0
     per_request_tps: float = 0.0
     ttft_p50: float = 0.0
     ttft_p95: float = 0.0
@@ -101,7 +107,8 @@ def stream_request(port: int, body: dict, timeout: float = 600.0) -> ClientRun:
         conn.close()
     seconds = time.perf_counter() - t0
     return ClientRun(ttft if ttft is not None else seconds, tokens, seconds,
-                     float(stats.get("decode_tokens_per_second") or 0.0), float(stats.get("batch_size_mean") or 1.0))
+                     float(stats.get("decode_tokens_per_second") or 0.0), float(stats.get("batch_size_mean") or 1.0),
+                     float(stats.get("prefill_s") or 0.0))
 
 
 def run_clients(port: int, bodies: list[dict], concurrency: int, *, server: str, draft: str) -> LoadResult:
@@ -137,6 +144,9 @@ def run_clients(port: int, bodies: list[dict], concurrency: int, *, server: str,
         raise errors[0]
     res = LoadResult(server, draft, concurrency, len(runs), sum(r.tokens for r in runs), wall, runs=runs)
     res.aggregate_tps = res.tokens / wall if wall > 0 else 0.0
+    decode_wall = wall - sum(r.prefill_s for r in runs)
+    decode_tokens = sum(max(0, r.tokens - 1) for r in runs)
+    res.decode_tps = decode_tokens / decode_wall if decode_wall > 0 else 0.0
     res.per_request_tps = statistics.fmean([r.decode_tps for r in runs]) if runs else 0.0
     ttfts = [r.ttft_s for r in runs]
     res.ttft_p50, res.ttft_p95 = _percentile(ttfts, 0.5), _percentile(ttfts, 0.95)
@@ -216,12 +226,17 @@ def loadtest(bundle: str | Path, *, levels: list[int], drafts: list[str], prompt
 
 def report(results: list[LoadResult]) -> str:
     serial = {(r.draft, r.concurrency): r for r in results if r.server == "serial"}
-    lines = [f"{'server':8} {'draft':6} {'clients':>7} {'agg tok/s':>9} {'vs serial':>9} {'req tok/s':>9} "
-             f"{'TTFT p50':>8} {'TTFT p95':>8} {'batch':>5} {'tokens':>6}"]
+    lines = [f"{'server':8} {'draft':6} {'clients':>7} {'agg tok/s':>9} {'vs serial':>9} {'decode tok/s':>12} "
+             f"{'vs serial':>9} {'req tok/s':>9} {'TTFT p50':>8} {'TTFT p95':>8} {'batch':>5} {'tokens':>6}"]
+
+    def ratio(x: float, base: float | None) -> str:
+        return f"{x / base:.2f}x" if base else "-"
+
     for r in results:
         base = serial.get((r.draft, r.concurrency))
-        ratio = f"{r.aggregate_tps / base.aggregate_tps:.2f}x" if base and base.aggregate_tps else "-"
-        lines.append(f"{r.server:8} {r.draft:6} {r.concurrency:>7} {r.aggregate_tps:>9.2f} {ratio:>9} "
-                     f"{r.per_request_tps:>9.2f} {r.ttft_p50:>7.2f}s {r.ttft_p95:>7.2f}s {r.batch_size_mean:>5.2f} "
-                     f"{r.tokens:>6}")
+        agg = ratio(r.aggregate_tps, base.aggregate_tps if base else None)
+        dec = ratio(r.decode_tps, base.decode_tps if base else None)
+        lines.append(f"{r.server:8} {r.draft:6} {r.concurrency:>7} {r.aggregate_tps:>9.2f} {agg:>9} "
+                     f"{r.decode_tps:>12.2f} {dec:>9} {r.per_request_tps:>9.2f} {r.ttft_p50:>7.2f}s "
+                     f"{r.ttft_p95:>7.2f}s {r.batch_size_mean:>5.2f} {r.tokens:>6}")
     return "\n".join(lines)

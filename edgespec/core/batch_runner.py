@@ -110,7 +110,7 @@ class BatchRunner:
         self._logits: dict[tuple[int, int], tuple[np.ndarray, object]] = {}
         self._binding = self._bind(self._kv)
         self._slot_bindings: dict[int, object] = {}
-        self._range_bindings: dict[int, object] = {slots: self._binding}
+        self._range_bindings: dict[tuple[int, int], object] = {}
         self._views: dict[tuple[int, int], list] = {}  # keeps the views' OrtValues alive with their bindings
 
     def _bind(self, kv: list):
@@ -137,12 +137,21 @@ class BatchRunner:
             b = self._slot_bindings[slot] = self._view_binding(slot, slot + 1)
         return b
 
-    def _rows_binding(self, n: int):
-        """Binding of slots [0, n): a batch whose highest active slot is n - 1 runs n rows."""
-        b = self._range_bindings.get(n)
+    def _range_binding(self, lo: int, hi: int):
+        """Binding of slots [lo, hi): a batch runs from its lowest active slot to its highest."""
+        if (lo, hi) == (0, self.slots):
+            return self._binding
+        b = self._range_bindings.get((lo, hi))
         if b is None:
-            b = self._range_bindings[n] = self._view_binding(0, n)
+            b = self._range_bindings[(lo, hi)] = self._view_binding(lo, hi)
         return b
+
+    def pass_range(self, slots) -> tuple[int, int]:
+        """The slots [lo, hi) a pass over these active slots runs (the idle ones between them
+        included): on the CPU the block from the lowest to the highest, elsewhere every slot."""
+        if self.device != "cpu":
+            return 0, self.slots
+        return min(slots), max(slots) + 1
 
     def _logits_out(self, rows: int, n: int):
         buf = self._logits.get((rows, n))
@@ -241,17 +250,19 @@ class BatchRunner:
             ((slot, toks),) = rows.items()
             binding = self._binding if self.slots == 1 else self._slot_binding(slot)
             return {slot: self._run(binding, 1, [np.asarray(toks)], [slot], len(toks))[0].copy()}
-        # rows [0, n): slots past the highest active one are left out of the pass (CPU views)
-        n = max(rows) + 1 if self.device == "cpu" else self.slots
+        # rows [lo, hi): slots outside the active block are left out of the pass (CPU views)
+        lo, hi = self.pass_range(rows)
+        n = hi - lo
         ids = np.zeros((n, S), dtype=np.int64)
-        real = [len(rows.get(b, ())) for b in range(n)]
+        real = [len(rows.get(lo + b, ())) for b in range(n)]
+        lengths = self.lengths[lo:hi]
         # width: every row's ones, plus one cell for the padding mark where a row is padded
-        kept = [max(1, self.lengths[b] + real[b]) for b in range(n)]
+        kept = [max(1, lengths[b] + real[b]) for b in range(n)]
         width = max(k + (1 if real[b] < S else 0) for b, k in enumerate(kept))
         mask = np.zeros((n, width), dtype=np.int64)
         for b in range(n):
             if real[b]:
-                ids[b, : real[b]] = rows[b]
+                ids[b, : real[b]] = rows[lo + b]
             # an empty idle slot still reports one cached row (the operator needs seqlens_k >= 0);
             # with no real tokens it neither reads the result nor writes anything
             mask[b, : kept[b]] = 1
@@ -259,11 +270,11 @@ class BatchRunner:
                 mask[b, kept[b]] = -(S - real[b])
         t0 = time.perf_counter()
         f = self.facts
-        bd = self._rows_binding(n) if self.device == "cpu" else self._binding
+        bd = self._range_binding(lo, hi)
         bd.bind_cpu_input(f.input_ids, ids)
         bd.bind_cpu_input(f.attention_mask, mask)
         if self._v2:
-            pos = np.asarray(self.lengths[:n], dtype=np.int64).reshape(n, 1) + np.arange(S, dtype=np.int64)
+            pos = np.asarray(lengths, dtype=np.int64).reshape(n, 1) + np.arange(S, dtype=np.int64)
             bd.bind_cpu_input(f.position_ids, pos)
             bd.bind_cpu_input(f.attention_bias, np.zeros((1, 1, S, width), dtype=self._bias_dtype))
         if self._has_logits_to_keep:
@@ -272,7 +283,7 @@ class BatchRunner:
         bd.bind_ortvalue_output(f.logits, ov)
         self.session.run_with_iobinding(bd)
         for b in rows:
-            self.lengths[b] += real[b]
+            self.lengths[b] += real[b - lo]
         self.times.table(n).add(S, time.perf_counter() - t0)
-        return {b: arr[b, : real[b]].copy() for b in rows}
+        return {b: arr[b - lo, : real[b - lo]].copy() for b in rows}
 

@@ -22,6 +22,9 @@ class Proposal:
     source: str = "none"  # "model" | "suffix" | "recycle" | "ngram" | "none"
     conf: list[float] = field(default_factory=list)  # draft's probability of each token (model)
     ngram: int = 0  # length of the matched suffix (ngram)
+    # the drafter's estimate that token j is accepted given all before it were (empty: none); a
+    # batched round reads it to choose how many tokens every row carries (engine/round_shape.py)
+    accept: list[float] = field(default_factory=list)
 
 
 EMPTY = Proposal()

@@ -132,7 +132,12 @@ class NgramDrafter(DrafterBase):
     def propose(self, ctx, k, params, rng) -> Proposal:
         tokens, n = self.lookup(ctx, k)
         use, _ = self.plan(tokens, n)
-        return Proposal(tokens[:use], None, "ngram", ngram=n) if use else EMPTY
+        return self._proposal(tokens[:use], n) if use else EMPTY
+
+    def _proposal(self, tokens: list[int], n: int) -> Proposal:
+        """With the estimates it was sized by: the first token's, then the span's continuation."""
+        accept = [self._first_estimate(n).mean] + [self.next.mean] * (len(tokens) - 1)
+        return Proposal(tokens, None, "ngram", ngram=n, accept=accept)
 
     def set_adaptive(self, on: bool) -> None:
         self.adaptive = on and self.costs is not None
@@ -143,6 +148,6 @@ class NgramDrafter(DrafterBase):
         use, rate = self.plan(tokens, n) if tokens else (0, 0.0)
         if not use:
             return None
-        return Quote(rate, self.min_gain, Proposal(tokens[:use], None, "ngram", ngram=n))
+        return Quote(rate, self.min_gain, self._proposal(tokens[:use], n))
 
 

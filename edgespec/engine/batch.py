@@ -17,8 +17,11 @@ A round (one call of `round()`):
 3. prefill: one chunk (at most `prefill_chunk` tokens) of the oldest request still reading its
    prompt, so the requests already generating keep streaming while a long prompt is read;
 4. decode: every generating request proposes (its own drafter, its own k from the cost model
-   priced at this batch size), one target pass verifies all their rows, and each request accepts
-   (speculative.py's accept functions, its own RNG) and rewinds its own slot.
+   priced at this batch size), the round's width is chosen for the batch as a whole (round_shape.py:
+   the pass is as wide as its longest row; adaptive rows are cut to the width with the most expected
+   tokens per second, which is no drafting when drafting does not pay), one target pass verifies all
+   their rows, and each request accepts (speculative.py's accept functions, its own RNG) and rewinds
+   its own slot.
 Requests join and leave between rounds. Every request in the batch gets the tokens it would get
 alone: greedy rows are the target's argmax whatever their neighbours, and a sampled request draws
 from its own seeded RNG in the same order as it would alone (with a fixed k or no drafting).
@@ -33,7 +36,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -52,6 +55,7 @@ from . import build
 from .engine import Engine
 from .requests import Request, check_draft_mode, check_k
 from .results import GenerationResult, GenerationStats
+from .round_shape import RowPlan, choose_width
 
 log = logging.getLogger("edgespec.batch")
 
@@ -350,7 +354,9 @@ class BatchEngine:
 
     def _prefill_chunk(self, a: _Active) -> None:
         end = min(len(a.ctx), a.filled + self.prefill_chunk)
+        t0 = time.perf_counter()
         row = self.runner.step_one(a.slot, a.ctx[a.filled : end], 1)[0]
+        a.stats.prefill_s += time.perf_counter() - t0
         a.filled = end
         if end < len(a.ctx):
             return
@@ -387,8 +393,8 @@ class BatchEngine:
         eng, usable = self.engine, self.engine.usable
         gov = eng.governor
         lim = gov.limits() if gov is not None else None
-        n_rows = max(a.slot for a in decoding) + 1  # the pass runs slots [0, n_rows)
-        table = self.runner.times.table(n_rows)
+        lo, hi = self.runner.pass_range([a.slot for a in decoding])
+        table = self.runner.times.table(hi - lo)
         rows: dict[int, list[int]] = {}
         props = {}
         for a in decoding:
@@ -409,7 +415,9 @@ class BatchEngine:
                     draft = draft[:i]
                     break
             props[a.slot] = (prop, draft)
-            rows[a.slot] = [a.ctx[-1], *draft]
+        self._shape(decoding, props, CostModel(table if table.count else self.runner.times.table(1)))
+        for a in decoding:
+            rows[a.slot] = [a.ctx[-1], *props[a.slot][1]]
         out = self.runner.step(rows)
         self.rounds += 1
         self.last_batch = len(decoding)
@@ -439,6 +447,17 @@ class BatchEngine:
             gov.on_tokens(n_tokens)
             if lim is not None and lim.pace_s > 0:
                 time.sleep(lim.pace_s)
+
+    def _shape(self, decoding: list[_Active], props: dict, costs: CostModel) -> None:
+        """Cuts the adaptive rows to the round's width (round_shape.py): the pass is as wide as its
+        longest row, so the width is chosen for the batch, not by each request alone."""
+        plans = [RowPlan(len(props[a.slot][1]), props[a.slot][0].accept or None, a.req.k is not None)
+                 for a in decoding]
+        keep = choose_width(plans, costs.verify) - 1
+        for a in decoding:
+            prop, draft = props[a.slot]
+            if a.req.k is None and len(draft) > keep:
+                props[a.slot] = (replace(prop, tokens=draft[:keep], accept=prop.accept[:keep]), draft[:keep])
 
     # -- leaving ------------------------------------------------------------------------------------
     def _end(self, a: _Active, finish: str) -> None:

@@ -89,8 +89,10 @@ def decode(parts: Parts, req: Request, drafter: Drafter, k_cap: int,
     if req.cancel():
         return _finish(gov, "", [], "cancelled", stats, t0, t0, mark)
     row = None
+    t_read = time.perf_counter()
     for i in range(reuse, len(ctx), parts.prefill_chunk):
         row = target.step(ctx[i : i + parts.prefill_chunk], 1)[0]
+    stats.prefill_s = time.perf_counter() - t_read
     stats.target_passes = 1
     drafter.begin(ctx)
     if k_cap > 0:
