@@ -216,3 +216,13 @@ def test_serve_takes_the_same_edge_options_and_defaults_to_this_board(tiny_bundl
     monkeypatch.setenv("EDGESPEC_DEVICE", "generic-x86_64")
     assert main(["serve", str(tiny_bundle), "--no-warmup"]) == 0
     assert seen["device"] == "generic-x86_64"
+
+
+def test_generate_suffix_capacity(tiny_bundle, capsys):
+    """--suffix-capacity reaches the engine: a small index still drafts losslessly; a bad one is one line."""
+    ref = Engine.open(tiny_bundle).generate("a b c a b c a b", max_new_tokens=16, draft="none")
+    rc, out, err = run_cli(capsys, "generate", str(tiny_bundle), "-p", "a b c a b c a b", "--max-new-tokens", "16",
+                           "--draft", "suffix", "--suffix-capacity", "64")
+    assert rc == 0 and out == ref.text + "\n"
+    rc, _, err = run_cli(capsys, "generate", str(tiny_bundle), "-p", "x", "--suffix-capacity", "8")
+    assert rc == 1 and "suffix index capacity must be an integer >= 16 tokens, got 8" in err

@@ -73,3 +73,15 @@ def test_loadtest_refuses_the_draft_model(tiny_bundle, capsys):
                               max_tokens=2, max_len=512, threads=None, json=None)
     with pytest.raises(InvalidRequest, match="not batched"):
         run(args)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--parallel", "2", "--suffix-capacity", "4096"], "--suffix-capacity applies to --parallel 1"),
+    (["--suffix-capacity", "8"], "suffix index capacity must be an integer >= 16 tokens, got 8"),
+])
+def test_serve_refuses_suffix_capacity_it_cannot_use(tiny_bundle, capsys, argv, message):
+    """Checked before the bundle loads: exit 78 (the unit does not restart) and one line."""
+    from edgespec.cli.main import main
+
+    assert main(["serve", str(tiny_bundle), *argv]) == 78
+    assert message in capsys.readouterr().err

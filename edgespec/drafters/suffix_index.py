@@ -53,13 +53,18 @@ class Chain:
 NO_CHAIN = Chain()
 
 
+def check_capacity(capacity) -> None:
+    """The index's size in tokens: an integer of at least 16 (else InvalidRequest naming it)."""
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 16:
+        raise InvalidRequest(f"suffix index capacity must be an integer >= 16 tokens, got {capacity!r}",
+                             param="suffix_capacity")
+
+
 class SuffixIndex:
     """Token text of recent documents, bounded; see the module docstring."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY, max_match: int = DEFAULT_MAX_MATCH):
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 16:
-            raise InvalidRequest(f"suffix index capacity must be an integer >= 16 tokens, got {capacity!r}",
-                                 param="suffix_capacity")
+        check_capacity(capacity)
         if isinstance(max_match, bool) or not isinstance(max_match, int) or max_match < 1:
             raise InvalidRequest(f"suffix index max_match must be an integer >= 1, got {max_match!r}",
                                  param="suffix_max_match")

@@ -27,6 +27,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "(always widen drafts into a tree), off (chains only)")
     p.add_argument("--max-len", type=int, default=None, metavar="N",
                    help="cache length in tokens, prompt + output (default: min(model context, 2048))")
+    p.add_argument("--suffix-capacity", type=int, default=None, metavar="TOKENS",
+                   help="tokens of earlier requests and answers the suffix index keeps for drafting (4 bytes "
+                        "each; the oldest are evicted; default 1048576 = 4 MB)")
     p.add_argument("--threads", type=int, default=None,
                    help="onnxruntime intra-op threads (default: the device profile's, else all cores)")
     p.add_argument("--providers", default=None,
@@ -79,6 +82,7 @@ def open_engine(args: argparse.Namespace):
         providers=args.providers,
         draft_providers=args.draft_providers, threads=args.threads, device=args.device, memory_budget=args.memory_budget,
         power_budget=args.power_budget, max_temp=args.max_temp, verify=not args.no_verify,
+        **({} if args.suffix_capacity is None else {"suffix_capacity": args.suffix_capacity}),
     )
 
 

@@ -125,6 +125,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "off (default auto) [EDGESPEC_TREE]")
     eng.add_argument("--max-len", type=int, help="KV cache length in tokens (default: from the memory plan) "
                      "[EDGESPEC_MAX_LEN]")
+    eng.add_argument("--suffix-capacity", type=int, metavar="TOKENS", help="tokens of earlier requests and "
+                     "answers the suffix index keeps for drafting (4 bytes each, the oldest evicted; default 1048576 "
+                     "= 4 MB; --parallel 1 only: batched requests draft from their own text) "
+                     "[EDGESPEC_SUFFIX_CAPACITY]")
     eng.add_argument("--memory-budget", metavar="SIZE", help="memory the engine may use, e.g. 3GiB: shrinks the "
                      "cache or drops the draft [EDGESPEC_MEMORY_BUDGET]")
     eng.add_argument("--power-budget", metavar="WATTS", help="e.g. 10W (needs a power sensor) [EDGESPEC_POWER_BUDGET]")
@@ -179,6 +183,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         "k": _pick(args.k, "EDGESPEC_K", int),
         "tree": _pick(args.tree, "EDGESPEC_TREE"),
         "max_len": _pick(args.max_len, "EDGESPEC_MAX_LEN", int),
+        "suffix_capacity": _pick(getattr(args, "suffix_capacity", None), "EDGESPEC_SUFFIX_CAPACITY", int),
         "memory_budget": _pick(args.memory_budget, "EDGESPEC_MEMORY_BUDGET"),
         "power_budget": _pick(args.power_budget, "EDGESPEC_POWER_BUDGET"),
         "max_temp": _pick(args.max_temp, "EDGESPEC_MAX_TEMP"),
@@ -228,6 +233,20 @@ def _parallel(value, path, options) -> int:
     return n
 
 
+def check_batched_options(parallel: int, options: dict[str, Any]) -> None:
+    """Checks engine options before the bundle loads: a bad suffix capacity, and options a batched
+    server (--parallel > 1) has no use for, are refused in one line rather than ignored."""
+    from ...server.config import ConfigError
+
+    from ...drafters.suffix_index import check_capacity
+
+    if "suffix_capacity" in options:
+        check_capacity(options["suffix_capacity"])  # before the bundle loads: the error is one line
+    if parallel > 1 and "suffix_capacity" in options:
+        raise ConfigError("--suffix-capacity applies to --parallel 1: a batched server's requests draft from "
+                          "their own text (per-request n-gram lookups), not from a shared suffix index")
+
+
 def run(args: argparse.Namespace) -> int:
     from ...errors import BundleNotFound, EdgespecError
 
@@ -249,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
 
         parallel = _parallel(getattr(args, "parallel", None), path, options)
         config.parallel = parallel
+        check_batched_options(parallel, options)
 
         def open_engine():
             if parallel > 1:
