@@ -85,3 +85,50 @@ def test_serve_refuses_suffix_capacity_it_cannot_use(tiny_bundle, capsys, argv, 
 
     assert main(["serve", str(tiny_bundle), *argv]) == 78
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("url", ["https://127.0.0.1:8080", "127.0.0.1:8080", "http://127.0.0.1", "http://:8080",
+                                 "http://127.0.0.1:99999", "http://127.0.0.1:8080/?x=1"])
+def test_bad_url(url):
+    from edgespec.bench.loadtest import parse_url
+
+    with pytest.raises(InvalidRequest, match="--url must look like"):
+        parse_url(url)
+
+
+def test_url_prefix_before_v1():
+    from edgespec.bench.loadtest import Target, parse_url
+
+    assert parse_url("http://localhost:8080") == Target("localhost", 8080, "")
+    assert parse_url("http://localhost:8080/v1/") == Target("localhost", 8080, "")
+    assert parse_url("http://10.0.0.2:80/llm/v1") == Target("10.0.0.2", 80, "/llm")
+
+
+def test_loadtest_of_a_running_server_by_url(tiny_bundle):
+    """--url measures a server that is already up (here an edgespec one; llama-server in docs/speed.md)."""
+    from edgespec.bench.loadtest import loadtest_url, serve
+
+    with serve(tiny_bundle, parallel=2, engine_options={"max_len": 512, "verify": False}) as port:
+        res = loadtest_url(f"http://127.0.0.1:{port}", levels=[1, 2], requests=3, max_tokens=5, label="other")
+    assert [(r.server, r.draft, r.concurrency) for r in res] == [("other", "server", 1), ("other", "server", 2)]
+    assert all(r.requests == 3 and r.tokens > 0 and r.aggregate_tps > 0 for r in res)
+    assert "other" in report(res)
+
+
+def test_loadtest_url_with_nobody_listening_and_bad_arguments(tiny_bundle, capsys):
+    import socket
+
+    from edgespec.cli.main import main
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nobody listens there now
+    from edgespec.bench.loadtest import loadtest_url
+
+    with pytest.raises(InvalidRequest, match=f"no server answers at http://127.0.0.1:{port}"):
+        loadtest_url(f"http://127.0.0.1:{port}", levels=[1], requests=1, max_tokens=2)
+    assert main(["loadtest", str(tiny_bundle), "--url", f"http://127.0.0.1:{port}"]) == 1
+    assert "not both" in capsys.readouterr().err
+    assert main(["loadtest"]) == 1
+    assert "needs a bundle to serve, or --url" in capsys.readouterr().err

@@ -13,6 +13,8 @@ last one ended). Reported per (server, drafting, concurrency):
     per-request tok/s mean of each request's decode rate (what one user sees while streaming)
     TTFT p50 / p95    request sent -> first content chunk, queue wait included
 The servers run in this process on a free loopback port, one after the other (never both loaded).
+With `--url` the same clients measure a server that is already running (llama.cpp's llama-server,
+say) instead: several runs with different --label values and one JSON file each compare them.
 """
 from __future__ import annotations
 
@@ -70,16 +72,48 @@ def _percentile(xs: list[float], q: float) -> float:
     return xs[i]
 
 
-def stream_request(port: int, body: dict, timeout: float = 600.0) -> ClientRun:
-    """One streaming chat request over plain HTTP; returns what the client saw."""
+@dataclass(frozen=True)
+class Target:
+    """Where the clients send their requests: a loopback port, or a server given by URL."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    prefix: str = ""  # path before /v1/...
+
+
+def parse_url(url: str) -> Target:
+    """`http://HOST:PORT` (an optional path prefix before /v1) of an OpenAI-compatible server."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError:
+        port, u = None, None
+    if u is None or u.scheme != "http" or not u.hostname or port is None or u.query or u.fragment:
+        raise InvalidRequest(f"--url must look like http://127.0.0.1:8080 (plain http, host and port), got {url!r}",
+                             param="url")
+    prefix = u.path.rstrip("/")
+    if prefix.endswith("/v1"):
+        prefix = prefix[:-3]
+    return Target(u.hostname, port, prefix)
+
+
+def stream_request(target: int | Target, body: dict, timeout: float = 600.0) -> ClientRun:
+    """One streaming chat request over plain HTTP; returns what the client saw. Tokens are the
+    server's `usage.completion_tokens`, else the content chunks counted (one token each, as
+    llama.cpp's server streams them)."""
+    t = target if isinstance(target, Target) else Target(port=target)
     data = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn = http.client.HTTPConnection(t.host, t.port, timeout=timeout)
     t0 = time.perf_counter()
     ttft = None
     tokens = 0
+    chunks = 0
     stats: dict = {}
     try:
-        conn.request("POST", "/v1/chat/completions", body=data, headers={"Content-Type": "application/json"})
+        conn.request("POST", t.prefix + "/v1/chat/completions", body=data,
+                     headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
             raise RuntimeError(f"the server answered {resp.status}: {resp.read()[:300]!r}")
@@ -97,8 +131,10 @@ def stream_request(port: int, body: dict, timeout: float = 600.0) -> ClientRun:
                 if "error" in msg:
                     raise RuntimeError(f"the stream ended with an error: {msg['error']}")
                 for c in msg.get("choices") or []:
-                    if (c.get("delta") or {}).get("content") and ttft is None:
-                        ttft = time.perf_counter() - t0
+                    if (c.get("delta") or {}).get("content"):
+                        chunks += 1
+                        if ttft is None:
+                            ttft = time.perf_counter() - t0
                 if msg.get("usage"):
                     tokens = msg["usage"].get("completion_tokens", tokens)
                 if msg.get("edgespec"):
@@ -106,12 +142,13 @@ def stream_request(port: int, body: dict, timeout: float = 600.0) -> ClientRun:
     finally:
         conn.close()
     seconds = time.perf_counter() - t0
+    tokens = tokens or chunks
     return ClientRun(ttft if ttft is not None else seconds, tokens, seconds,
                      float(stats.get("decode_tokens_per_second") or 0.0), float(stats.get("batch_size_mean") or 1.0),
                      float(stats.get("prefill_s") or 0.0))
 
 
-def run_clients(port: int, bodies: list[dict], concurrency: int, *, server: str, draft: str) -> LoadResult:
+def run_clients(port: int | Target, bodies: list[dict], concurrency: int, *, server: str, draft: str) -> LoadResult:
     """`concurrency` client threads work through `bodies` (closed loop)."""
     todo = list(reversed(bodies))
     lock = threading.Lock()
@@ -221,6 +258,32 @@ def loadtest(bundle: str | Path, *, levels: list[int], drafts: list[str], prompt
                     out.append(r)
                     if progress:
                         progress(r)
+    return out
+
+
+def loadtest_url(url: str, *, levels: list[int], prompts: str = "code", requests: int = 8, max_tokens: int = 64,
+                 label: str = "external", progress=None) -> list[LoadResult]:
+    """The same clients against a server already running at `url` (llama.cpp's llama-server, another
+    edgespec): no draft field is sent, the server drafts as it was started. Its prompt time is not
+    known here, so its decode tok/s equals its aggregate."""
+    from .prompts import load_prompts
+
+    target = parse_url(url)
+    if requests < 1:
+        raise InvalidRequest("--requests must be >= 1", param="requests")
+    bodies = [{**p.request(), "max_tokens": max_tokens, "temperature": 0} for p in load_prompts(prompts)[:requests]]
+    if any("prompt" in b for b in bodies):
+        raise InvalidRequest("loadtest sends chat requests: raw prompts are not supported", param="prompts")
+    try:
+        stream_request(target, {**bodies[0], "max_tokens": 4})  # warm the path; fail early and clearly
+    except OSError as e:
+        raise InvalidRequest(f"no server answers at {url}: {e}", param="url") from None
+    out = []
+    for c in levels:
+        r = run_clients(target, bodies, c, server=label, draft="server")
+        out.append(r)
+        if progress:
+            progress(r)
     return out
 
 
