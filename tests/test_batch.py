@@ -9,7 +9,7 @@ from edgespec.core.batch_runner import BatchTimes
 from edgespec.core.runner import StepTimes
 from edgespec.engine.batch import BatchEngine
 from edgespec.engine import Engine
-from edgespec.errors import DraftUnavailable
+from edgespec.errors import DraftUnavailable, InvalidRequest
 
 PROMPTS = [
     "def add(a, b):\n    return a + b\n\ndef add(a, b):",
@@ -37,7 +37,8 @@ def batch(tiny_bundle):
     return BatchEngine.open(tiny_bundle, parallel=3, draft="auto", max_len=160, verify=False)
 
 
-@pytest.mark.parametrize("draft,k", [("none", None), ("ngram", None), ("ngram", 3), ("auto", None)])
+@pytest.mark.parametrize("draft,k", [("none", None), ("ngram", None), ("ngram", 3), ("suffix", None), ("suffix", 5),
+                                     ("auto", None)])
 def test_greedy_batch_equals_alone(batch, alone, draft, k):
     reqs = [dict(prompt=p, max_new_tokens=24 + 7 * i, draft=draft, k=k) for i, p in enumerate(PROMPTS)]
     got = batch.generate_many(reqs)  # 5 requests, 3 slots: two join as the first ones leave
@@ -181,8 +182,60 @@ def test_worker_thread_and_streamed_deltas(batch, alone):
     assert not th.is_alive()
 
 
-def test_model_drafting_is_refused_in_a_batch(batch):
-    with pytest.raises(DraftUnavailable, match="not batched"):
-        batch.submit("x", draft="model")
+@pytest.mark.parametrize("mode", ["model", "self", "recycle"])
+def test_drafters_of_one_request_at_a_time_are_refused_in_a_batch(batch, mode):
+    with pytest.raises(DraftUnavailable, match=f"draft='{mode}' is not batched"):
+        batch.submit("x", draft=mode)
     with pytest.raises(DraftUnavailable):
-        BatchEngine.open("unused", parallel=2, draft="model")
+        BatchEngine.open("unused", parallel=2, draft=mode)
+
+
+def test_tree_on_is_refused_in_a_batch_and_chains_run(batch, alone):
+    with pytest.raises(InvalidRequest, match="tree='on' is not batched"):
+        batch.submit("x", tree="on")
+    with pytest.raises(InvalidRequest, match="unknown tree mode"):
+        batch.submit("x", tree="sideways")
+    with pytest.raises(InvalidRequest, match="tree='on' is not batched"):
+        BatchEngine.open("unused", parallel=2, tree="on")
+    for tree in ("auto", "off"):
+        got = batch.generate(PROMPTS[0], max_new_tokens=12, tree=tree, draft="ngram")
+        assert got.token_ids == _alone(alone, prompt=PROMPTS[0], max_new_tokens=12).token_ids
+
+
+def test_suffix_history_lets_a_request_copy_an_earlier_answer(tiny_bundle, alone):
+    """A finished request's prompt and answer join the shared history: the same question asked
+    again (in another slot, while a different request runs beside it) is drafted from the earlier
+    answer, and both outputs are still what each request gets alone."""
+    be = BatchEngine.open(tiny_bundle, parallel=2, max_len=160, verify=False, warmup=False)
+    prompt = "x y z w"
+    first = be.generate(prompt, max_new_tokens=40, draft="suffix", k=8)
+    tickets = [be.submit(PROMPTS[3], max_new_tokens=40, draft="suffix", k=8),
+               be.submit(prompt, max_new_tokens=40, draft="suffix", k=8)]
+    while be.round():
+        pass
+    other, again = (t.wait(0) for t in tickets)
+    want = _alone(alone, prompt=prompt, max_new_tokens=40).token_ids
+    assert first.token_ids == again.token_ids == want
+    assert other.token_ids == _alone(alone, prompt=PROMPTS[3], max_new_tokens=40).token_ids
+    # the repeat's proposals came from the history: nearly every one accepted, far above the first
+    assert again.stats.accepted >= 0.8 * (len(want) - 1) and again.stats.accepted > first.stats.accepted
+    be.reset_cache()  # and forgotten on reset: the repeat drafts only from its own text again
+    assert be.generate(prompt, max_new_tokens=40, draft="suffix", k=8).stats.accepted == first.stats.accepted
+    be.close()
+
+
+def test_reset_cache_forgets_slots_and_evidence_and_waits_for_no_one(tiny_bundle, alone):
+    be = BatchEngine.open(tiny_bundle, parallel=2, max_len=160, verify=False, warmup=False)
+    first = be.generate(PROMPTS[0], max_new_tokens=8, draft="ngram")
+    again = be.generate(PROMPTS[0], max_new_tokens=8, draft="ngram")
+    assert again.stats.cached_tokens > 0  # the slot held the prompt
+    be.reset_cache()
+    fresh = be.generate(PROMPTS[0], max_new_tokens=8, draft="ngram")
+    assert fresh.stats.cached_tokens == 0 and fresh.token_ids == first.token_ids
+    t = be.submit(PROMPTS[1], max_new_tokens=4)  # waiting: a reset now would pull its slot away
+    with pytest.raises(InvalidRequest, match="while requests are running"):
+        be.reset_cache()
+    while be.round():
+        pass
+    assert t.wait(0).token_ids == _alone(alone, prompt=PROMPTS[1], max_new_tokens=4).token_ids
+    be.close()

@@ -8,7 +8,7 @@ import pytest
 
 from edgespec.edge import memory
 from edgespec.models.bundle import Bundle
-from edgespec.errors import InvalidRequest
+from edgespec.errors import DraftUnavailable, InvalidRequest
 from edgespec.bench.loadtest import loadtest, parse_levels, report
 from edgespec.server.config import ConfigError, ServerConfig
 
@@ -71,15 +71,17 @@ def test_loadtest_refuses_the_draft_model(tiny_bundle, capsys):
 
     args = argparse.Namespace(bundle=str(tiny_bundle), concurrency="1", draft="model", prompts="code", requests=1,
                               max_tokens=2, max_len=512, threads=None, json=None)
-    with pytest.raises(InvalidRequest, match="not batched"):
+    with pytest.raises(DraftUnavailable, match="not batched"):
         run(args)
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--parallel", "2", "--suffix-capacity", "4096"], "--suffix-capacity applies to --parallel 1"),
+    (["--parallel", "2", "--suffix-capacity", "8"], "suffix index capacity must be an integer >= 16 tokens, got 8"),
     (["--suffix-capacity", "8"], "suffix index capacity must be an integer >= 16 tokens, got 8"),
+    (["--parallel", "2", "--draft", "recycle"], "draft='recycle' is not batched"),
+    (["--parallel", "2", "--draft", "model"], "draft='model' is not batched"),
 ])
-def test_serve_refuses_suffix_capacity_it_cannot_use(tiny_bundle, capsys, argv, message):
+def test_serve_refuses_engine_options_before_loading(tiny_bundle, capsys, argv, message):
     """Checked before the bundle loads: exit 78 (the unit does not restart) and one line."""
     from edgespec.cli.main import main
 
@@ -108,8 +110,8 @@ def test_loadtest_of_a_running_server_by_url(tiny_bundle):
     """--url measures a server that is already up (here an edgespec one; llama-server in docs/speed.md)."""
     from edgespec.bench.loadtest import loadtest_url, serve
 
-    with serve(tiny_bundle, parallel=2, engine_options={"max_len": 512, "verify": False}) as port:
-        res = loadtest_url(f"http://127.0.0.1:{port}", levels=[1, 2], requests=3, max_tokens=5, label="other")
+    with serve(tiny_bundle, parallel=2, engine_options={"max_len": 512, "verify": False}) as served:
+        res = loadtest_url(f"http://127.0.0.1:{served.port}", levels=[1, 2], requests=3, max_tokens=5, label="other")
     assert [(r.server, r.draft, r.concurrency) for r in res] == [("other", "server", 1), ("other", "server", 2)]
     assert all(r.requests == 3 and r.tokens > 0 and r.aggregate_tps > 0 for r in res)
     assert "other" in report(res)

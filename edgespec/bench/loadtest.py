@@ -191,9 +191,23 @@ def run_clients(port: int | Target, bodies: list[dict], concurrency: int, *, ser
     return res
 
 
+@dataclass
+class Served:
+    """A server run by `serve`: its port, and its engine (to forget what earlier levels taught)."""
+
+    port: int
+    engine: Any
+
+    def forget(self) -> None:
+        """Empties the engine's caches and what its drafters learned (the suffix index, the recycle
+        table, n-gram estimates), between levels: every level sends the same prompts, and a server
+        that had answered them before would copy its own earlier answers."""
+        self.engine.reset_cache()
+
+
 @contextmanager
-def serve(bundle: str | Path, *, parallel: int, engine_options: dict) -> Iterator[int]:
-    """`edgespec serve` in this process on a free loopback port; yields the port."""
+def serve(bundle: str | Path, *, parallel: int, engine_options: dict) -> Iterator[Served]:
+    """`edgespec serve` in this process on a free loopback port."""
     from ..server.config import ServerConfig
     from ..server.sdnotify import Notifier
     from ..server.service import Hooks, Service
@@ -220,7 +234,7 @@ def serve(bundle: str | Path, *, parallel: int, engine_options: dict) -> Iterato
             raise RuntimeError("the server did not become ready within 900 s")
         time.sleep(0.05)
     try:
-        yield svc.port
+        yield Served(svc.port, svc.state.engine)
     finally:
         svc._on_signal(signal.SIGTERM)
         th.join(120)
@@ -251,10 +265,11 @@ def loadtest(bundle: str | Path, *, levels: list[int], drafts: list[str], prompt
             raise InvalidRequest("loadtest sends chat requests: raw prompts are not supported", param="prompts")
         opts = {**(engine_options or {}), "draft": draft}
         for server, parallel in (("serial", 1), ("batched", max(levels))):
-            with serve(bundle, parallel=parallel, engine_options=opts) as port:
-                stream_request(port, {**bodies[0], "max_tokens": 4})  # warm the whole request path
+            with serve(bundle, parallel=parallel, engine_options=opts) as served:
+                stream_request(served.port, {**bodies[0], "max_tokens": 4})  # warm the whole request path
                 for c in levels:
-                    r = run_clients(port, bodies, c, server=server, draft=draft)
+                    served.forget()
+                    r = run_clients(served.port, bodies, c, server=server, draft=draft)
                     out.append(r)
                     if progress:
                         progress(r)
@@ -265,7 +280,8 @@ def loadtest_url(url: str, *, levels: list[int], prompts: str = "code", requests
                  label: str = "external", progress=None) -> list[LoadResult]:
     """The same clients against a server already running at `url` (llama.cpp's llama-server, another
     edgespec): no draft field is sent, the server drafts as it was started. Its prompt time is not
-    known here, so its decode tok/s equals its aggregate."""
+    known here, so its decode tok/s equals its aggregate. Its caches cannot be emptied from here:
+    for levels that do not profit from earlier ones, restart it and run one level at a time."""
     from .prompts import load_prompts
 
     target = parse_url(url)

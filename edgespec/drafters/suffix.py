@@ -120,7 +120,10 @@ class SuffixDrafter(DrafterBase):
         return plan_chain(self.costs, [b.mean for b in self.betas(chain)], self.min_gain)
 
     def proposal(self, chain: Chain, k: int) -> Proposal:
-        return Proposal(chain.tokens[:k], None, self.name, ngram=chain.matched) if k else EMPTY
+        if not k:
+            return EMPTY
+        accept = [b.mean for b in self.betas(chain)[:k]]  # per token, given the ones before
+        return Proposal(chain.tokens[:k], None, self.name, ngram=chain.matched, accept=accept)
 
     def propose(self, ctx, k, params, rng) -> Proposal:
         if k <= 0:

@@ -75,6 +75,14 @@ class SuffixIndex:
         self._end = 1  # buf[:end] is the text; buf[0] == SEP
         self.evicted = 0  # tokens dropped so far (tests and stats)
 
+    def copy(self) -> "SuffixIndex":
+        """An independent index holding the same text (a batched request drafts from its own copy
+        of the history plus its own text, so requests running side by side never interleave)."""
+        twin = SuffixIndex(self.capacity, self.max_match)
+        twin._buf[: self._end] = self._buf[: self._end]
+        twin._end = self._end
+        return twin
+
     # -- size -------------------------------------------------------------------------------------
     def __len__(self) -> int:
         """Tokens held (separators included), never more than capacity."""

@@ -26,9 +26,11 @@ Requests join and leave between rounds. Every request in the batch gets the toke
 alone: greedy rows are the target's argmax whatever their neighbours, and a sampled request draws
 from its own seeded RNG in the same order as it would alone (with a fixed k or no drafting).
 
-Drafting in a batch: "ngram" and "none" per request, and "auto" choosing between n-gram and
-nothing per request. The draft model has one cache and is not batched: with several slots it is
-not loaded, and `draft="model"` is refused (serve one client at a time for it).
+Drafting in a batch (batch_drafters.py): "none", "ngram", "suffix" (a shared history of finished
+requests plus the request's own text) and "auto" choosing between the suffix index and nothing, each
+request with its own drafters. The draft model has one cache and is not batched: with several slots
+it is not loaded, and `draft="model"` (like "self" and "recycle") is refused (serve one client at a
+time for it).
 """
 from __future__ import annotations
 
@@ -48,13 +50,14 @@ from ..core.proposal import EMPTY, common_prefix
 from ..core.runner import StepTimes
 from ..core.sampling import choose, make_rng
 from ..core.speculative import accept_greedy, accept_sampled
-from ..drafters import AutoDrafter, Drafter, NgramDrafter, NoDrafter
-from ..errors import DraftUnavailable, InvalidRequest
-from ..limits import DEFAULT_K_CAP
+from ..drafters import Drafter, NoDrafter
+from ..drafters.suffix_index import DEFAULT_CAPACITY as SUFFIX_CAPACITY
+from ..errors import InvalidRequest
 from . import build
 from .engine import Engine
 from .requests import Request, check_draft_mode, check_k
 from .results import GenerationResult, GenerationStats
+from .batch_drafters import BatchDrafters, check_batched_mode, check_batched_tree
 from .round_shape import RowPlan, choose_width
 
 log = logging.getLogger("edgespec.batch")
@@ -148,7 +151,8 @@ class _Active:
 
 
 class BatchEngine:
-    def __init__(self, engine: Engine, runner: BatchRunner, *, prefill_chunk: int = BATCH_PREFILL_CHUNK):
+    def __init__(self, engine: Engine, runner: BatchRunner, *, prefill_chunk: int = BATCH_PREFILL_CHUNK,
+                 suffix_capacity: int = SUFFIX_CAPACITY):
         self.engine = engine
         self.runner = runner
         self.slots = runner.slots
@@ -161,22 +165,23 @@ class BatchEngine:
         self._stopping = False
         self.rounds = 0
         self.last_batch = 0  # rows in the last decode round (for /metrics)
-        self._ngram_evidence = NgramDrafter(None)  # shared priors new requests' n-gram drafters start from
+        self._drafters = BatchDrafters(suffix_capacity)  # each request's drafters, and what they share
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
     def open(cls, bundle, *, parallel: int, draft: str = "auto", k: int | None = None, max_len: int | None = None,
              providers=None, threads: int | None = None, device=None, memory_budget=None, power_budget=None,
-             max_temp=None, verify: bool = True, warmup: bool = True) -> "BatchEngine":
-        """Loads the target with `parallel` cache slots (no draft model: see the module docstring)."""
+             max_temp=None, verify: bool = True, warmup: bool = True,
+             suffix_capacity: int = SUFFIX_CAPACITY, tree: str = "auto") -> "BatchEngine":
+        """Loads the target with `parallel` cache slots (no draft model: see the module docstring).
+        suffix_capacity: tokens of finished requests the shared suffix history keeps (batch_drafters.py)."""
         from ..models.bundle import Bundle
 
         if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
             raise InvalidRequest(f"parallel must be an integer >= 1, got {parallel!r}", param="parallel")
         check_draft_mode(draft)
-        if draft == "model":
-            raise DraftUnavailable("draft='model' is not batched: with several slots use 'auto', 'ngram' or "
-                                   "'none', or serve one client at a time (--parallel 1)", param="draft")
+        check_batched_mode(draft)
+        check_batched_tree(tree)
         check_k(k)
         edge = build.edge_options(device, providers, None, threads, memory_budget, power_budget, max_temp)
         b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, verify=verify)
@@ -186,11 +191,13 @@ class BatchEngine:
         runner = build.load_batch_runner(b.model_path("target"), b.target, max_len, parallel,
                                    providers=edge["providers"], threads=edge["threads"], profile=edge["profile"])
         governor = build.governor(edge, spinning=True)
+        # the engine validates and tokenizes; batched requests draft with BatchDrafters, so its own
+        # suffix index is the smallest there is
         eng = Engine(b, SlotRunner(runner, 0), None, b.load_tokenizer(), draft_mode=draft, k=k,
-                     governor=governor, memory_plan=plan)
+                     governor=governor, memory_plan=plan, suffix_capacity=16)
         if warmup:
             runner.warmup()
-        return cls(eng, runner)
+        return cls(eng, runner, suffix_capacity=suffix_capacity)
 
     @property
     def max_len(self) -> int:
@@ -219,15 +226,14 @@ class BatchEngine:
     def submit(self, prompt: str | None = None, *, messages=None, max_new_tokens: int = 256, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None, stop=None, draft: str | None = None,
                k: int | None = None, cancel=None, on_delta: Callable[[str], None] | None = None,
-               on_start: Callable[[], None] | None = None) -> Ticket:
-        """Validates and tokenizes now (bad input raises here); the request joins at the next round."""
-        if draft == "model":
-            raise DraftUnavailable("draft='model' is not batched: use 'auto', 'ngram' or 'none' on a server with "
-                                   "several slots (--parallel > 1)", param="draft")
+               on_start: Callable[[], None] | None = None, tree: str | None = None) -> Ticket:
+        """Validates and tokenizes now (bad input raises here); the request joins at the next round.
+        Batched rounds are chains: tree "auto" and "off" run them, "on" is refused."""
+        check_batched_mode(draft)
+        check_batched_tree(tree)
         req = self.engine._request(prompt, messages, max_new_tokens, temperature, top_p, top_k, seed, stop, draft,
                                    k, cancel)
-        if req.draft == "model":
-            raise DraftUnavailable("draft='model' is not batched: use 'auto', 'ngram' or 'none'", param="draft")
+        check_batched_mode(req.draft)
         with self._cv:
             self._ids += 1
             t = Ticket(self._ids, len(req.ids), on_delta, on_start)
@@ -264,6 +270,16 @@ class BatchEngine:
                 if self._stopping and not self._waiting and not self._active:
                     return
             self.round()
+
+    def reset_cache(self) -> None:
+        """Engine.reset_cache for the batch: every slot's cache and the n-gram evidence earlier
+        requests left are forgotten. Only between requests: refused while any is admitted or waiting."""
+        with self._cv:
+            if self._active or self._waiting:
+                raise InvalidRequest("reset_cache() while requests are running: wait for them to end", param=None)
+            self.runner.reset()
+            self._cached = [[] for _ in range(self.slots)]
+            self._drafters.forget()
 
     def stop(self) -> None:
         """The worker returns once every admitted and waiting request has ended."""
@@ -334,23 +350,7 @@ class BatchEngine:
         self._cached[a.slot] = a.ctx  # the slot holds ctx[:length] from here on
         a.filled = reuse
         a.costs = CostModel(self.runner.times.table(1))
-        a.drafter, a.k_cap = self._drafter(req.draft, req.k, a.costs)
-
-    def _drafter(self, mode: str, k: int | None, costs: CostModel) -> tuple[Drafter, int]:
-        """Each request its own drafter (its own n-gram estimates), starting from what earlier
-        requests taught the shared evidence."""
-        if mode == "none":
-            return NoDrafter(), 0
-        cap = DEFAULT_K_CAP if k is None else k
-        ng = NgramDrafter(costs, adaptive=k is None)
-        ev = self._ngram_evidence
-        for n, beta in ev.first.items():
-            ng.first[n].a, ng.first[n].b = beta.a, beta.b
-        ng.next.a, ng.next.b = ev.next.a, ev.next.b
-        ng.cont.a, ng.cont.b = ev.cont.a, ev.cont.b
-        if mode == "ngram":
-            return ng, cap
-        return AutoDrafter(costs, [ng]), cap
+        a.drafter, a.k_cap = self._drafters.for_request(req.draft, req.k, a.costs)
 
     def _prefill_chunk(self, a: _Active) -> None:
         end = min(len(a.ctx), a.filled + self.prefill_chunk)
@@ -467,9 +467,7 @@ class BatchEngine:
             tail = a.text.finish()
             if tail and a.ticket.on_delta is not None:
                 a.ticket.on_delta(tail)
-        for ng in (a.drafter, *getattr(a.drafter, "sources", ())):
-            if isinstance(ng, NgramDrafter):  # later requests start from what this one learned
-                self._ngram_evidence = ng
+        self._drafters.finished(a.drafter, a.ctx)  # later requests draft from its text and estimates
         self._finish(a, finish)
 
     def _finish(self, a: _Active, finish: str) -> None:

@@ -29,6 +29,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ...bench.loadtest import loadtest, loadtest_url, parse_levels
+    from ...engine.batch_drafters import check_batched_mode
     from ...engine.requests import check_draft_mode
     from ...errors import InvalidRequest
     from ...models.bundle import resolve_bundle
@@ -45,9 +46,7 @@ def run(args) -> int:
     drafts = [d.strip() for d in args.draft.split(",") if d.strip()]
     for d in drafts:
         check_draft_mode(d)
-        if d == "model":
-            raise InvalidRequest("loadtest --draft model: the draft model is not batched; use auto, ngram or none",
-                                 param="draft")
+        check_batched_mode(d)  # every mode runs on the batched server too
     opts = {"max_len": args.max_len, "verify": False}
     if args.threads is not None:
         opts["threads"] = args.threads

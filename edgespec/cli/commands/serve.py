@@ -233,18 +233,17 @@ def _parallel(value, path, options) -> int:
     return n
 
 
-def check_batched_options(parallel: int, options: dict[str, Any]) -> None:
-    """Checks engine options before the bundle loads: a bad suffix capacity, and options a batched
-    server (--parallel > 1) has no use for, are refused in one line rather than ignored."""
-    from ...server.config import ConfigError
-
+def check_engine_options(parallel: int, options: dict[str, Any]) -> None:
+    """Checks engine options before the bundle loads, so a mistake is one line and exit 78 rather
+    than a failed load: the suffix capacity, and a drafting mode a batched server cannot run."""
     from ...drafters.suffix_index import check_capacity
+    from ...engine.batch_drafters import check_batched_mode, check_batched_tree
 
     if "suffix_capacity" in options:
-        check_capacity(options["suffix_capacity"])  # before the bundle loads: the error is one line
-    if parallel > 1 and "suffix_capacity" in options:
-        raise ConfigError("--suffix-capacity applies to --parallel 1: a batched server's requests draft from "
-                          "their own text (per-request n-gram lookups), not from a shared suffix index")
+        check_capacity(options["suffix_capacity"])
+    if parallel > 1:
+        check_batched_mode(options.get("draft"))
+        check_batched_tree(options.get("tree"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -268,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
 
         parallel = _parallel(getattr(args, "parallel", None), path, options)
         config.parallel = parallel
-        check_batched_options(parallel, options)
+        check_engine_options(parallel, options)
 
         def open_engine():
             if parallel > 1:
