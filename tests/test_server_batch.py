@@ -76,7 +76,7 @@ def test_concurrent_openai_streams_equal_target_alone(tiny_bundle, alone):
     try:
         results: dict[int, str] = {}
         barrier = threading.Barrier(len(ASKS))
-        drafts = ["none", "ngram", "auto", "ngram"]
+        drafts = ["none", "ngram", "auto", "suffix"]
 
         def client(i):
             barrier.wait(DEADLINE)
@@ -96,6 +96,12 @@ def test_concurrent_openai_streams_equal_target_alone(tiny_bundle, alone):
         # four requests, three slots: at least one round verified more than one request
         resp = r.client.chat.completions.create(model=r.bundle.name, messages=_msgs(ASKS[0]), max_tokens=5)
         assert resp.model_extra["edgespec"]["batch_size_mean"] >= 1.0
+        # what a batch cannot run is the client's 400 naming the field, never a 500
+        for extra, param in (({"tree": "on"}, "tree"), ({"draft": "recycle"}, "draft"), ({"draft": "self"}, "draft")):
+            with pytest.raises(openai.BadRequestError) as e:
+                r.client.chat.completions.create(model=r.bundle.name, messages=_msgs("x"), max_tokens=3,
+                                                 extra_body=extra)
+            assert e.value.body["param"] == param and "not batched" in e.value.body["message"]
     finally:
         r.stop()
 

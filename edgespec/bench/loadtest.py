@@ -280,7 +280,7 @@ def loadtest_url(url: str, *, levels: list[int], prompts: str = "code", requests
                  label: str = "external", progress=None) -> list[LoadResult]:
     """The same clients against a server already running at `url` (llama.cpp's llama-server, another
     edgespec): no draft field is sent, the server drafts as it was started. Its prompt time is not
-    known here, so its decode tok/s equals its aggregate. Its caches cannot be emptied from here:
+    known here, so its decode tok/s counts the whole wall time. Its caches cannot be emptied from here:
     for levels that do not profit from earlier ones, restart it and run one level at a time."""
     from .prompts import load_prompts
 
