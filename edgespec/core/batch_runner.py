@@ -287,3 +287,30 @@ class BatchRunner:
         self.times.table(n).add(S, time.perf_counter() - t0)
         return {b: arr[b - lo, : real[b - lo]].copy() for b in rows}
 
+
+class SlotRunner:
+    """One slot of a BatchRunner behind ModelRunner's interface: lets an Engine (tokenizer,
+    validation, the serial loop) sit on the batched cache. Use it only while no batch runs."""
+
+    def __init__(self, runner: BatchRunner, slot: int = 0):
+        self.runner, self.slot = runner, slot
+        self.max_len = runner.max_len
+        self.vocab_size = runner.vocab_size
+        self.times: StepTimes = runner.times.table(1)
+
+    @property
+    def length(self) -> int:
+        return self.runner.lengths[self.slot]
+
+    @property
+    def free(self) -> int:
+        return self.runner.free(self.slot)
+
+    def step(self, tokens, n_logits: int = 1) -> np.ndarray:
+        return self.runner.step_one(self.slot, tokens, n_logits)
+
+    def rewind(self, length: int) -> None:
+        self.runner.rewind(self.slot, length)
+
+    def reset(self) -> None:
+        self.runner.reset(self.slot)

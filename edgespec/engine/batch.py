@@ -1,9 +1,5 @@
 """Several requests at once: continuous batching with speculation over one BatchRunner.
 
-(Over 450 lines because one round is one piece: admitting, chunked prefill, per-request proposals,
-the shared verify and per-slot acceptance share the slots' state; split, each part would reach into
-the others' bookkeeping.)
-
     be = BatchEngine.open("bundles/qwen-coder", parallel=4)     # or BatchEngine(engine, runner)
     t1 = be.submit("def fib(n):", max_new_tokens=64)            # validated and tokenized now
     t2 = be.submit(messages=[...], temperature=0.7, seed=1)
@@ -43,11 +39,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.batch_runner import BatchRunner
+from ..core.batch_runner import BatchRunner, SlotRunner
 from ..core.costmodel import CostModel
 from ..core.detokenize import TextStream
 from ..core.proposal import EMPTY, common_prefix
-from ..core.runner import StepTimes
 from ..core.sampling import choose, make_rng
 from ..core.speculative import accept_greedy, accept_sampled
 from ..drafters import Drafter, NoDrafter
@@ -58,6 +53,7 @@ from .engine import Engine
 from .requests import Request, check_draft_mode, check_k
 from .results import GenerationResult, GenerationStats
 from .batch_drafters import BatchDrafters, check_batched_mode, check_batched_tree
+from .batch_ticket import Ticket
 from .round_shape import RowPlan, choose_width
 
 log = logging.getLogger("edgespec.batch")
@@ -76,57 +72,6 @@ def auto_slots(bundle, *, max_len=None, device=None, memory_budget=None) -> int:
     plan = build.memory_plan(b, max_len=max_len, want_draft=False, profile=edge["profile"],
                              budget=edge["memory_budget"])
     return build.parallel_slots(b, plan)
-
-
-class SlotRunner:
-    """One slot of a BatchRunner behind ModelRunner's interface: lets an Engine (tokenizer,
-    validation, the serial loop) sit on the batched cache. Use it only while no batch runs."""
-
-    def __init__(self, runner: BatchRunner, slot: int = 0):
-        self.runner, self.slot = runner, slot
-        self.max_len = runner.max_len
-        self.vocab_size = runner.vocab_size
-        self.times: StepTimes = runner.times.table(1)
-
-    @property
-    def length(self) -> int:
-        return self.runner.lengths[self.slot]
-
-    @property
-    def free(self) -> int:
-        return self.runner.free(self.slot)
-
-    def step(self, tokens, n_logits: int = 1) -> np.ndarray:
-        return self.runner.step_one(self.slot, tokens, n_logits)
-
-    def rewind(self, length: int) -> None:
-        self.runner.rewind(self.slot, length)
-
-    def reset(self) -> None:
-        self.runner.reset(self.slot)
-
-
-@dataclass(eq=False)  # compared and hashed by identity: a scheduler keys its jobs by ticket
-class Ticket:
-    """A request's handle. `on_delta(text)` is called from the batch thread for each text delta;
-    `done` is set once `result` (or `error`) is there."""
-
-    id: int
-    prompt_tokens: int
-    on_delta: Callable[[str], None] | None = None
-    on_start: Callable[[], None] | None = None  # called when it takes a slot (its prompt starts being read)
-    result: GenerationResult | None = None
-    error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    batch_sizes: list[int] = field(default_factory=list)  # rows verified with it, per decode round
-
-    def wait(self, timeout: float | None = None) -> GenerationResult:
-        if not self.done.wait(timeout):
-            raise TimeoutError(f"request {self.id} did not finish within {timeout} s")
-        if self.error is not None:
-            raise self.error
-        assert self.result is not None
-        return self.result
 
 
 @dataclass
