@@ -12,5 +12,8 @@ K_LIMIT = 16  # largest k a request may ask for (each verify row costs a full-vo
 DEFAULT_K_CAP = 8  # adaptive k never proposes more than this per round
 DEFAULT_MAX_LEN = 2048  # cache length when neither the caller nor a device profile sets one
 PREFILL_CHUNK = 512  # tokens per prefill step: bounds activation memory on long prompts
+# tokens the suffix index keeps (4 MB of int32): the drafter's bound, and per running request of a
+# batched server (each drafts from its own copy) a share of the memory plan's slot cost
+SUFFIX_CAPACITY = 1 << 20
 QUANTS = ("int4", "int8", "fp16", "fp32")  # weight precisions a bundle's model may have
 STOP_LIMIT = 16  # stop strings per request

@@ -29,9 +29,10 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import InvalidRequest
+from ..limits import SUFFIX_CAPACITY
 
 SEP = -1
-DEFAULT_CAPACITY = 1 << 20  # tokens: 4 MB of int32
+DEFAULT_CAPACITY = SUFFIX_CAPACITY  # tokens: 4 MB of int32 (limits.py)
 DEFAULT_MAX_MATCH = 32  # longest suffix matched; longer matches are no rarer in practice, just slower
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BudgetError, InvalidRequest
-from ..limits import DEFAULT_MAX_LEN, PREFILL_CHUNK
+from ..limits import DEFAULT_MAX_LEN, PREFILL_CHUNK, SUFFIX_CAPACITY
 from ..models.bundle import Bundle
 from ..units import format_size, measure_rss
 
@@ -303,10 +303,11 @@ def plan(
 MAX_AUTO_SLOTS = 4  # --parallel auto stops here: past it each row's share of a pass grows, not the aggregate
 
 
-def slot_bytes(facts, max_len: int, *, verify_rows: int = 9) -> int:
-    """What one more concurrent request costs (server --parallel): its cache slot and its rows of
-    a batched verify's logits."""
-    return facts.kv_bytes_per_token() * (max_len + 1) + verify_rows * facts.vocab_size * 4
+def slot_bytes(facts, max_len: int, *, verify_rows: int = 9, suffix_tokens: int = SUFFIX_CAPACITY) -> int:
+    """What one more concurrent request costs (server --parallel): its cache slot, its rows of a
+    batched verify's logits, and its copy of the suffix history it drafts from (int32 tokens)."""
+    return (facts.kv_bytes_per_token() * (max_len + 1) + verify_rows * facts.vocab_size * 4
+            + (suffix_tokens + 1) * 4)
 
 
 def slots_that_fit(bundle, plan_: "MemoryPlan", budget_bytes: int, *, cap: int = MAX_AUTO_SLOTS) -> int:
