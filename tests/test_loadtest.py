@@ -83,6 +83,7 @@ def test_loadtest_refuses_the_draft_model(tiny_bundle, capsys):
     (["--suffix-capacity", "8"], "suffix index capacity must be an integer >= 16 tokens, got 8"),
     (["--parallel", "2", "--draft", "recycle"], "draft='recycle' is not batched"),
     (["--parallel", "2", "--draft", "model"], "draft='model' is not batched"),
+    (["--parallel", "2", "--tree", "on"], "tree='on' is not batched"),
 ])
 def test_serve_refuses_engine_options_before_loading(tiny_bundle, capsys, argv, message):
     """Checked before the bundle loads: exit 78 (the unit does not restart) and one line."""
