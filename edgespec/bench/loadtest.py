@@ -148,7 +148,7 @@ def stream_request(target: int | Target, body: dict, timeout: float = 600.0) -> 
                      float(stats.get("prefill_s") or 0.0))
 
 
-def run_clients(port: int | Target, bodies: list[dict], concurrency: int, *, server: str, draft: str) -> LoadResult:
+def run_clients(target: int | Target, bodies: list[dict], concurrency: int, *, server: str, draft: str) -> LoadResult:
     """`concurrency` client threads work through `bodies` (closed loop)."""
     todo = list(reversed(bodies))
     lock = threading.Lock()
@@ -162,7 +162,7 @@ def run_clients(port: int | Target, bodies: list[dict], concurrency: int, *, ser
                     return
                 body = todo.pop()
             try:
-                r = stream_request(port, body)
+                r = stream_request(target, body)
             except BaseException as e:  # noqa: BLE001 - reported after the threads end
                 with lock:
                     errors.append(e)
@@ -251,28 +251,49 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
-def loadtest(bundle: str | Path, *, levels: list[int], drafts: list[str], prompts: str = "code", requests: int = 8,
-             max_tokens: int = 64, engine_options: dict | None = None, progress=None) -> list[LoadResult]:
+def chat_bodies(prompts: str, requests: int, max_tokens: int, **extra) -> list[dict]:
+    """The prompt set's first `requests` prompts as greedy streaming chat request bodies."""
     from .prompts import load_prompts
 
-    ps = load_prompts(prompts)[:requests]
     if requests < 1:
         raise InvalidRequest("--requests must be >= 1", param="requests")
+    bodies = [{**p.request(), "max_tokens": max_tokens, "temperature": 0, **extra}
+              for p in load_prompts(prompts)[:requests]]
+    if any("prompt" in b for b in bodies):
+        raise InvalidRequest("loadtest sends chat requests: raw prompts are not supported", param="prompts")
+    return bodies
+
+
+def warm(target: int | Target, bodies: list[dict]) -> None:
+    """One short request first: the whole request path is warm before anything is timed."""
+    stream_request(target, {**bodies[0], "max_tokens": 4})
+
+
+def run_levels(target: int | Target, bodies: list[dict], levels: list[int], *, server: str, draft: str,
+               before_level=None, progress=None) -> list[LoadResult]:
+    """Every concurrency level in turn (`before_level` runs before each)."""
+    out = []
+    for c in levels:
+        if before_level is not None:
+            before_level()
+        r = run_clients(target, bodies, c, server=server, draft=draft)
+        out.append(r)
+        if progress:
+            progress(r)
+    return out
+
+
+def loadtest(bundle: str | Path, *, levels: list[int], drafts: list[str], prompts: str = "code", requests: int = 8,
+             max_tokens: int = 64, engine_options: dict | None = None, progress=None) -> list[LoadResult]:
     out: list[LoadResult] = []
     for draft in drafts:
-        bodies = [{**p.request(), "max_tokens": max_tokens, "temperature": 0, "draft": draft} for p in ps]
-        if any("prompt" in b for b in bodies):
-            raise InvalidRequest("loadtest sends chat requests: raw prompts are not supported", param="prompts")
+        bodies = chat_bodies(prompts, requests, max_tokens, draft=draft)
         opts = {**(engine_options or {}), "draft": draft}
         for server, parallel in (("serial", 1), ("batched", max(levels))):
             with serve(bundle, parallel=parallel, engine_options=opts) as served:
-                stream_request(served.port, {**bodies[0], "max_tokens": 4})  # warm the whole request path
-                for c in levels:
-                    served.forget()
-                    r = run_clients(served.port, bodies, c, server=server, draft=draft)
-                    out.append(r)
-                    if progress:
-                        progress(r)
+                warm(served.port, bodies)
+                out += run_levels(served.port, bodies, levels, server=server, draft=draft,
+                                  before_level=served.forget, progress=progress)
     return out
 
 
@@ -282,25 +303,13 @@ def loadtest_url(url: str, *, levels: list[int], prompts: str = "code", requests
     edgespec): no draft field is sent, the server drafts as it was started. Its prompt time is not
     known here, so its decode tok/s counts the whole wall time. Its caches cannot be emptied from here:
     for levels that do not profit from earlier ones, restart it and run one level at a time."""
-    from .prompts import load_prompts
-
     target = parse_url(url)
-    if requests < 1:
-        raise InvalidRequest("--requests must be >= 1", param="requests")
-    bodies = [{**p.request(), "max_tokens": max_tokens, "temperature": 0} for p in load_prompts(prompts)[:requests]]
-    if any("prompt" in b for b in bodies):
-        raise InvalidRequest("loadtest sends chat requests: raw prompts are not supported", param="prompts")
+    bodies = chat_bodies(prompts, requests, max_tokens)
     try:
-        stream_request(target, {**bodies[0], "max_tokens": 4})  # warm the path; fail early and clearly
+        warm(target, bodies)
     except OSError as e:
         raise InvalidRequest(f"no server answers at {url}: {e}", param="url") from None
-    out = []
-    for c in levels:
-        r = run_clients(target, bodies, c, server=label, draft="server")
-        out.append(r)
-        if progress:
-            progress(r)
-    return out
+    return run_levels(target, bodies, levels, server=label, draft="server", progress=progress)
 
 
 def report(results: list[LoadResult]) -> str:

@@ -62,6 +62,11 @@ class BatchTimes:
             t = self.by_rows[rows] = StepTimes()
         return t
 
+    def pricing(self, rows: int) -> StepTimes:
+        """The table a pass of `rows` rows is priced from: its own, or one row's until it has run."""
+        t = self.table(rows)
+        return t if t.count else self.table(1)
+
 
 class BatchRunner:
     def __init__(self, session, facts: ModelFacts, max_len: int, slots: int, *, device: str = "cpu",
@@ -109,7 +114,6 @@ class BatchRunner:
         self._logits_dtype = _NP_DTYPES[facts.logits_dtype]
         self._logits: dict[tuple[int, int], tuple[np.ndarray, object]] = {}
         self._binding = self._bind(self._kv)
-        self._slot_bindings: dict[int, object] = {}
         self._range_bindings: dict[tuple[int, int], object] = {}
         self._views: dict[tuple[int, int], list] = {}  # keeps the views' OrtValues alive with their bindings
 
@@ -130,12 +134,6 @@ class BatchRunner:
         views = [self._ort.OrtValue.ortvalue_from_numpy(a[lo:hi]) for a in self._arrays]
         self._views[(lo, hi)] = views
         return self._bind(views)
-
-    def _slot_binding(self, slot: int):
-        b = self._slot_bindings.get(slot)
-        if b is None:
-            b = self._slot_bindings[slot] = self._view_binding(slot, slot + 1)
-        return b
 
     def _range_binding(self, lo: int, hi: int):
         """Binding of slots [lo, hi): a batch runs from its lowest active slot to its highest."""
@@ -206,7 +204,7 @@ class BatchRunner:
                 return self._run(self._binding, 1, [np.asarray(tokens)], [slot], n_logits)[0]
             out = self.step({slot: tokens})[slot]
             return out[s - n_logits :]
-        return self._run(self._slot_binding(slot), 1, [np.asarray(tokens)], [slot], n_logits)[0]
+        return self._run(self._range_binding(slot, slot + 1), 1, [np.asarray(tokens)], [slot], n_logits)[0]
 
     def _run(self, binding, rows: int, toks: list[np.ndarray], slots: list[int], n_logits: int) -> list[np.ndarray]:
         """A single-row step on `binding` (one slot's view, or the whole cache when N == 1)."""
@@ -248,7 +246,7 @@ class BatchRunner:
             S = max(S, len(toks))
         if len(rows) == 1 and (self.device == "cpu" or self.slots == 1):
             ((slot, toks),) = rows.items()
-            binding = self._binding if self.slots == 1 else self._slot_binding(slot)
+            binding = self._range_binding(slot, slot + 1)  # the whole cache when there is one slot
             return {slot: self._run(binding, 1, [np.asarray(toks)], [slot], len(toks))[0].copy()}
         # rows [lo, hi): slots outside the active block are left out of the pass (CPU views)
         lo, hi = self.pass_range(rows)

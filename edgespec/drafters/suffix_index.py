@@ -32,7 +32,6 @@ from ..errors import InvalidRequest
 from ..limits import SUFFIX_CAPACITY
 
 SEP = -1
-DEFAULT_CAPACITY = SUFFIX_CAPACITY  # tokens: 4 MB of int32 (limits.py)
 DEFAULT_MAX_MATCH = 32  # longest suffix matched; longer matches are no rarer in practice, just slower
 
 
@@ -64,7 +63,7 @@ def check_capacity(capacity) -> None:
 class SuffixIndex:
     """Token text of recent documents, bounded; see the module docstring."""
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY, max_match: int = DEFAULT_MAX_MATCH):
+    def __init__(self, capacity: int = SUFFIX_CAPACITY, max_match: int = DEFAULT_MAX_MATCH):
         check_capacity(capacity)
         if isinstance(max_match, bool) or not isinstance(max_match, int) or max_match < 1:
             raise InvalidRequest(f"suffix index max_match must be an integer >= 1, got {max_match!r}",

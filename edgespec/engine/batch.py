@@ -46,8 +46,8 @@ from ..core.proposal import EMPTY, common_prefix
 from ..core.sampling import choose, make_rng
 from ..core.speculative import accept_greedy, accept_sampled
 from ..drafters import Drafter, NoDrafter
-from ..drafters.suffix_index import DEFAULT_CAPACITY as SUFFIX_CAPACITY
 from ..errors import InvalidRequest
+from ..limits import SUFFIX_CAPACITY
 from . import build
 from .engine import Engine
 from .requests import Request, check_draft_mode, check_k
@@ -339,11 +339,11 @@ class BatchEngine:
         gov = eng.governor
         lim = gov.limits() if gov is not None else None
         lo, hi = self.runner.pass_range([a.slot for a in decoding])
-        table = self.runner.times.table(hi - lo)
+        table = self.runner.times.pricing(hi - lo)
         rows: dict[int, list[int]] = {}
         props = {}
         for a in decoding:
-            a.costs.target = table if table.count else self.runner.times.table(1)
+            a.costs.target = table
             free = self.runner.free(a.slot)
             k = min(a.k_cap, free - 1, a.req.max_new_tokens - len(a.out) - 1)
             drafter = a.drafter
@@ -360,7 +360,7 @@ class BatchEngine:
                     draft = draft[:i]
                     break
             props[a.slot] = (prop, draft)
-        self._shape(decoding, props, CostModel(table if table.count else self.runner.times.table(1)))
+        self._shape(decoding, props, CostModel(table))
         for a in decoding:
             rows[a.slot] = [a.ctx[-1], *props[a.slot][1]]
         out = self.runner.step(rows)

@@ -24,9 +24,9 @@ from typing import Sequence
 from ..core.costmodel import CostModel
 from ..drafters import AutoDrafter, Drafter, NgramDrafter, NoDrafter
 from ..drafters.suffix import SuffixDrafter
-from ..drafters.suffix_index import DEFAULT_CAPACITY, SuffixIndex
+from ..drafters.suffix_index import SuffixIndex
 from ..errors import DraftUnavailable, InvalidRequest
-from ..limits import DEFAULT_K_CAP
+from ..limits import DEFAULT_K_CAP, SUFFIX_CAPACITY
 from .requests import check_tree_mode
 
 BATCHED_MODES = ("none", "ngram", "suffix", "auto")
@@ -43,14 +43,15 @@ def check_batched_mode(mode: str | None) -> None:
 def check_batched_tree(tree: str | None) -> None:
     """Batched rounds verify chains: tree "auto" (which may always choose a chain) and "off" run,
     "on" is refused rather than silently ignored."""
-    check_tree_mode("auto" if tree is None else tree)
+    if tree is not None:
+        check_tree_mode(tree)
     if tree == "on":
         raise InvalidRequest("tree='on' is not batched: with several slots (--parallel > 1) rounds verify chains; "
                              "use tree 'auto' or 'off', or serve one client at a time (--parallel 1)", param="tree")
 
 
 class BatchDrafters:
-    def __init__(self, suffix_capacity: int = DEFAULT_CAPACITY):
+    def __init__(self, suffix_capacity: int = SUFFIX_CAPACITY):
         self.history = SuffixIndex(suffix_capacity)
         self._ngram = NgramDrafter(None)  # the last finished request's n-gram estimates
         self._suffix_acc = None  # ... and its suffix acceptance table

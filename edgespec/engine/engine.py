@@ -22,9 +22,8 @@ from ..core.runner import ModelRunner
 from ..core.sampling import SamplingParams
 from ..drafters import (AutoDrafter, Drafter, ModelDrafter, NgramDrafter, NoDrafter, RecycleDrafter, SuffixDrafter,
                         SuffixIndex)
-from ..drafters.suffix_index import DEFAULT_CAPACITY as SUFFIX_CAPACITY
 from ..errors import DraftUnavailable, InvalidRequest, PromptTooLong
-from ..limits import DEFAULT_K_CAP, PREFILL_CHUNK
+from ..limits import DEFAULT_K_CAP, PREFILL_CHUNK, SUFFIX_CAPACITY
 from ..models.bundle import Bundle
 from . import build, selfdraft
 from .loop import Parts, PrefixCache, decode

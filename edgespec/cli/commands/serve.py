@@ -127,7 +127,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "[EDGESPEC_MAX_LEN]")
     eng.add_argument("--suffix-capacity", type=int, metavar="TOKENS", help="tokens of earlier requests and "
                      "answers the suffix index keeps for drafting (4 bytes each, the oldest evicted; default 1048576 "
-                     "= 4 MB; --parallel 1 only: batched requests draft from their own text) "
+                     "= 4 MB; with --parallel the shared history of finished requests, plus one copy per running "
+                     "request) "
                      "[EDGESPEC_SUFFIX_CAPACITY]")
     eng.add_argument("--memory-budget", metavar="SIZE", help="memory the engine may use, e.g. 3GiB: shrinks the "
                      "cache or drops the draft [EDGESPEC_MEMORY_BUDGET]")
