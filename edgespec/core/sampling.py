@@ -114,6 +114,17 @@ def _nucleus(p: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
     return q / q.sum(), idx
 
 
+def without(p: np.ndarray, q: np.ndarray | None, x: int) -> np.ndarray:
+    """What rejection sampling draws from after rejecting draft token x (unnormalised):
+    max(0, p - q), or for a deterministic proposal (q None, one-hot on x) p with x removed. The
+    chain's first rejection and each rejected sibling of a tree node use it."""
+    if q is None:
+        r = p.copy()
+        r[x] = 0.0
+        return r
+    return np.maximum(p - q, 0.0)
+
+
 def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     """One draw from a probability vector (inverse CDF: one uniform per draw, reproducible)."""
     c = np.cumsum(p)

@@ -16,7 +16,7 @@ import numpy as np
 
 from .proposal import EMPTY, Proposal, Proposer
 from .runner import ModelRunner
-from .sampling import SamplingParams, greedy_tokens, probs, sample
+from .sampling import SamplingParams, greedy_tokens, probs, sample, without
 
 
 @dataclass
@@ -83,11 +83,7 @@ def accept_sampled(rows: np.ndarray, prop: Proposal, draft: list[int], params: S
         qx = 1.0 if q is None else float(q[x])
         if rng.random() * qx < p[x]:
             continue
-        if q is None:
-            resid = p.copy()
-            resid[x] = 0.0
-        else:
-            resid = np.maximum(p - q, 0.0)
+        resid = without(p, q, x)
         if resid.sum() <= 0.0:  # only when p == q up to rounding, where rejection cannot happen
             resid = p
         return i, sample(resid, rng)

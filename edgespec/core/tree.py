@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import SamplingParams, greedy_tokens, probs, sample
+from .sampling import SamplingParams, greedy_tokens, probs, sample, without
 
 
 @dataclass
@@ -165,11 +165,7 @@ def accept_sampled(rows: np.ndarray, tree: Tree, params: SamplingParams, rng: np
             if rng.random() * qx < r[x]:
                 accepted = c
                 break
-            if q is None:
-                r = r.copy()
-                r[x] = 0.0
-            else:
-                r = np.maximum(r - q, 0.0)
+            r = without(r, q, x)
             total = r.sum()
             if total <= 0.0:  # only when r == q up to rounding, where rejection cannot happen
                 r = probs(rows[node], params, usable)

@@ -1,5 +1,6 @@
 """What the free drafters (suffix index, recycled candidates) share: scoring their lookups against what
-the target verified, and choosing how many of a lookup's tokens pay.
+the target verified, choosing how many of a lookup's tokens pay, and proposing and quoting from a
+lookup.
 
 A free drafter's lookup costs no model step, so it can run every round whether or not its proposal
 is used, and every lookup is scored against the tokens the target then produced: the acceptance
@@ -10,7 +11,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..core.costmodel import CostModel
-from .base import Beta
+from ..core.proposal import EMPTY, Proposal
+from .base import Beta, DrafterBase, Quote
 
 
 def plan_chain(costs: CostModel | None, accs: Sequence[float], min_gain: float) -> tuple[int, float]:
@@ -59,3 +61,24 @@ class LookupScorer:
             betas[j].add(ok, not ok)
             if not ok:
                 break
+
+
+class FreeLookupDrafter(DrafterBase):
+    """propose and quote for a drafter whose lookup is free. A subclass gives `lookup(ctx, k)` (what
+    it found, scored next round), `plan(found)` ((tokens worth proposing, expected tokens per second);
+    0 tokens when nothing was found), `proposal(found, n)` and `min_gain`."""
+
+    min_gain: float
+
+    def propose(self, ctx, k, params, rng) -> Proposal:
+        if k <= 0:
+            return EMPTY
+        found = self.lookup(ctx, k)
+        use, _ = self.plan(found)
+        return self.proposal(found, use)
+
+    def quote(self, ctx: Sequence[int], k: int) -> Quote | None:
+        """The lookup is free, so the quote carries the proposal itself (None when nothing pays)."""
+        found = self.lookup(ctx, k)
+        use, rate = self.plan(found)
+        return Quote(rate, self.min_gain, self.proposal(found, use)) if use else None

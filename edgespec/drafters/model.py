@@ -196,7 +196,11 @@ class ModelDrafter(CostedDrafter):
         if valid_len < len(self.tokens):
             self.runner.rewind(valid_len)
             del self.tokens[valid_len:]
-        if proposal.source != "model" or not proposal.tokens:
+        self._judge(proposal, accepted)
+
+    def _judge(self, proposal, accepted: int) -> None:
+        """Scores this drafter's own proposal: acceptance by confidence bin, and overall."""
+        if proposal.source != self.name or not proposal.tokens:
             return
         judged = proposal.conf[: accepted + 1]  # tokens after the first rejection were never judged
         for i, c in enumerate(judged):

@@ -22,8 +22,8 @@ import numpy as np
 from ..core.costmodel import CostModel
 from ..core.proposal import EMPTY, Proposal
 from ..errors import InvalidRequest
-from .base import NEW_REQUEST_KEEP, Beta, DrafterBase, Quote
-from .lookup import LookupScorer, plan_chain
+from .base import NEW_REQUEST_KEEP, Beta
+from .lookup import FreeLookupDrafter, LookupScorer, plan_chain
 from .ngram import NGRAM_MIN_GAIN
 
 RECYCLE_WIDTH = 4
@@ -31,7 +31,7 @@ RECYCLE_MARGIN = 3.0  # logits below the best: e^-3 = 5 % of its probability at 
 _DEPTH_PRIOR = (0.3, 0.35, 0.4, 0.4, 0.45, 0.45, 0.5, 0.5)
 
 
-class RecycleDrafter(DrafterBase):
+class RecycleDrafter(FreeLookupDrafter):
     """Proposals from the table of the target's earlier top candidates; see the module docstring."""
 
     name = "recycle"
@@ -120,15 +120,3 @@ class RecycleDrafter(DrafterBase):
 
     def proposal(self, tokens: list[int], k: int) -> Proposal:
         return Proposal(tokens[:k], None, self.name) if k else EMPTY
-
-    def propose(self, ctx, k, params, rng) -> Proposal:
-        if k <= 0:
-            return EMPTY
-        tokens = self.lookup(ctx, k)
-        use, _ = self.plan(tokens)
-        return self.proposal(tokens, use)
-
-    def quote(self, ctx: Sequence[int], k: int) -> Quote | None:
-        tokens = self.lookup(ctx, k)
-        use, rate = self.plan(tokens) if tokens else (0, 0.0)
-        return Quote(rate, self.min_gain, self.proposal(tokens, use)) if use else None

@@ -19,7 +19,7 @@ from ..core.self_runner import SelfRunner
 from ..errors import DraftUnavailable
 from ..models.manifest import ModelFacts
 from .costed import CostedDrafter
-from .model import ModelDrafter, conf_bin
+from .model import ModelDrafter
 
 log = logging.getLogger("edgespec.drafters.self")
 
@@ -104,10 +104,4 @@ class SelfDrafter(ModelDrafter):
 
     def learn(self, proposal, accepted, valid_len) -> None:
         self.tokens = []  # the rows it wrote are the verify's now
-        if proposal.source != self.name or not proposal.tokens:
-            return
-        judged = proposal.conf[: accepted + 1]  # tokens after the first rejection were never judged
-        for i, c in enumerate(judged):
-            ok = i < accepted
-            self.by_conf[conf_bin(c)].add(ok, not ok)
-            self.mean.add(ok, not ok)
+        self._judge(proposal, accepted)

@@ -20,8 +20,8 @@ import numpy as np
 
 from ..core.costmodel import CostModel
 from ..core.proposal import EMPTY, Proposal
-from .base import NEW_REQUEST_KEEP, Beta, DrafterBase, Quote
-from .lookup import LookupScorer, plan_chain
+from .base import NEW_REQUEST_KEEP, Beta
+from .lookup import FreeLookupDrafter, LookupScorer, plan_chain
 from .ngram import NGRAM_MIN_GAIN
 from .suffix_index import Chain, SuffixIndex
 
@@ -42,7 +42,7 @@ def _freq_bin(freq: float, support: int) -> int:
     return 1 if freq < 0.5 else 2 if freq < 0.8 else 3
 
 
-class SuffixDrafter(DrafterBase):
+class SuffixDrafter(FreeLookupDrafter):
     """Free proposals from the suffix index; see the module docstring."""
 
     name = "suffix"
@@ -124,16 +124,3 @@ class SuffixDrafter(DrafterBase):
             return EMPTY
         accept = [b.mean for b in self.betas(chain)[:k]]  # per token, given the ones before
         return Proposal(chain.tokens[:k], None, self.name, ngram=chain.matched, accept=accept)
-
-    def propose(self, ctx, k, params, rng) -> Proposal:
-        if k <= 0:
-            return EMPTY
-        chain = self.lookup(ctx, k)
-        use, _ = self.plan(chain)
-        return self.proposal(chain, use)
-
-    def quote(self, ctx: Sequence[int], k: int) -> Quote | None:
-        """The lookup is free, so the quote carries the proposal itself (None when nothing pays)."""
-        chain = self.lookup(ctx, k)
-        use, rate = self.plan(chain) if chain.tokens else (0, 0.0)
-        return Quote(rate, self.min_gain, self.proposal(chain, use)) if use else None
