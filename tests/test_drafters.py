@@ -2,12 +2,14 @@
 the adaptive drafters make from measured costs."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
 from edgespec.models.bundle import Bundle
 from edgespec.core.costmodel import CostModel, expected_tokens, expected_tokens_chain
-from edgespec.drafters import (AutoDrafter, Beta, CostedDrafter, DrafterBase, ModelDrafter, NgramDrafter, Proposal,
+from edgespec.drafters import (EMPTY, AutoDrafter, Beta, CostedDrafter, DrafterBase, ModelDrafter, NgramDrafter, Proposal,
                                Quote, common_prefix, ngram_lookup)
 from edgespec.drafters.model import conf_bin
 from edgespec.engine.build import load_runner
@@ -353,6 +355,9 @@ class SimModel(CostedDrafter):
         self.seen = min(self.seen, len(ctx))
         super().begin(ctx)
 
+    def catch_up(self, ctx):
+        return len(ctx) - self.seen
+
     def draft(self, ctx, k, params, rng):
         self.last_sizes = [max(1, len(ctx) - self.seen)]
         toks = []
@@ -377,9 +382,14 @@ def simulate(costs: CostModel, truth, prompt, a_model, *, seed=0, rounds_max=10_
     every step; returns (tokens per second, the same for the target alone, rounds by source)."""
     rng = np.random.default_rng(seed)
     model = None if a_model is None else SimModel(truth, a_model, rng, costs)
-    if model is not None:
-        model.prompt_len = len(prompt)
     auto = auto_with(costs, NgramDrafter(costs), model)
+    return simulate_request(auto, model, costs, truth, prompt, rng, rounds_max=rounds_max)
+
+
+def simulate_request(auto, model, costs, truth, prompt, rng, *, rounds_max=10_000):
+    """One request of `simulate` on drafters that may have served earlier ones."""
+    if model is not None:
+        model.truth, model.prompt_len = truth, len(prompt)
     ctx, pos, seconds, by = list(prompt), 0, 0.0, {}
     auto.begin(ctx)
     while pos < len(truth) - 1 and rounds_max:
@@ -430,6 +440,53 @@ def test_auto_finds_the_gain_where_there_is_one():
     gpu = CostModel(times(**GPU), times(s1=0.003, s2=0.0031, s3=0.0032))
     rate, base, by = simulate(gpu, truth, prompt, 0.85)
     assert rate >= 1.5 * base and by["model"] > 100, by
+
+
+def test_auto_weighs_a_cold_drafts_prompt_against_the_reply_left():
+    """A draft model that pays once caught up (1.25x on this cost curve) is first used in a request
+    only where its prompt prefill is paid back within the reply: after a short prompt, yes; after a
+    2000-token prompt (4 s of draft prefill against ~2.7 s saved over a 128-token reply), no. Without
+    the catch-up in its quote auto paid that prefill and ran at 0.88x the target alone."""
+    rng = np.random.default_rng(3)
+    costs = CostModel(times(**CPU), times(s1=0.02, s2=0.024, s3=0.028, s97=0.2))
+    model = SimModel([], 0.8, rng, costs)
+    auto = auto_with(costs, NgramDrafter(costs), model)
+    model.mean = Beta(0.8, weight=50)  # its long-run acceptance is known from earlier requests
+    for _ in range(2):  # short prompts: the model is used and pays
+        model.seen = 0
+        rate, base, by = simulate_request(auto, model, costs, rng.integers(1000, 10**6, 128).tolist(),
+                                          rng.integers(1000, 10**6, 40).tolist(), rng)
+        assert rate >= 1.1 * base and by.get("model", 0) > 20, by
+    warm = copy.deepcopy((auto, model))
+    model.seen = 0
+    long_prompt = rng.integers(1000, 10**6, 2000).tolist()
+    rate, base, by = simulate_request(auto, model, costs, rng.integers(1000, 10**6, 128).tolist(), long_prompt, rng)
+    assert rate >= 0.97 * base and "model" not in by, by
+    # the same prompt where recent replies ran ~2000 tokens: a long reply ahead pays the prefill back
+    auto, model = warm
+    model.seen, model.reply_tokens = 0, 2000.0
+    rate, base, by = simulate_request(auto, model, costs, rng.integers(1000, 10**6, 1000).tolist(), long_prompt, rng)
+    assert rate >= 1.1 * base and by.get("model", 0) > 100, by
+
+
+def test_costed_drafter_learns_how_long_replies_run():
+    from edgespec.drafters.costed import REPLY_KEEP, REPLY_PRIOR
+
+    model = StubModel(0.8, CostModel(times(s1=0.1, s2=0.12), times(s1=0.02)))
+    assert model.reply_tokens == REPLY_PRIOR
+    model.begin(list(range(50)))
+    model.feedback(EMPTY, 0, 51)
+    model.feedback(EMPTY, 0, 60)  # the reply ran 10 tokens
+    model.begin(list(range(30)))
+    assert model.reply_tokens == pytest.approx(REPLY_PRIOR * REPLY_KEEP + 10 * (1 - REPLY_KEEP))
+    # the catch-up is spread over what is left of the expected reply, never less than this round
+    model.m_tokens, model.m_seconds = 2.0, 0.1
+    model.catch_up = lambda ctx: 400
+    early = model.quote(list(range(31)), 4).rate
+    late = model.quote(list(range(31 + 200)), 4).rate
+    assert 0 < late < early < model.rate()
+    model.catch_up = lambda ctx: 2
+    assert model.quote(list(range(31)), 4).rate == pytest.approx(model.rate())
 
 
 def test_ngram_match_that_continues_a_copied_span_has_its_own_estimate():

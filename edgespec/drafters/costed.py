@@ -22,6 +22,7 @@ import numpy as np
 from ..core.costmodel import CostModel
 from ..core.proposal import Proposal
 from ..core.sampling import SamplingParams
+from ..limits import PREFILL_CHUNK
 from .base import NEW_REQUEST_KEEP, DrafterBase, Quote
 
 RATE_KEEP = 0.9  # per round: the weight of the earlier rounds in the rate estimate
@@ -34,6 +35,11 @@ CATCH_UP = 2  # tokens a draft catch-up step holds when the drafter is used roun
 # waits for it), and a probe would pay the whole prompt mid-decode to learn a rate that earlier
 # requests already estimate; a cold drafter is used only when that estimate clears its margin.
 PROBE_CATCH_UP = 64
+# A reply's length before any has been seen (the CLI's and bench's default max_new_tokens), and the
+# weight of the earlier replies in the running estimate, per request. The estimate is the horizon
+# over which a catch-up is paid back (CostedDrafter.quote).
+REPLY_PRIOR = 128
+REPLY_KEEP = 0.75
 
 
 class CostedDrafter(DrafterBase):
@@ -45,6 +51,9 @@ class CostedDrafter(DrafterBase):
         self.last_sizes: list[int] = []  # tokens per draft step the last proposal ran (catch-up first)
         self.m_tokens, self.m_seconds = 0.0, 0.0  # recent rounds: expected tokens, seconds (weighted)
         self._round: tuple[int, float] | None = None  # (proposals, draft seconds) of this round
+        self.reply_tokens = float(REPLY_PRIOR)  # a reply's length, recent requests weighted
+        self._prompt_len: int | None = None  # this request's prompt, and the furthest final length
+        self._final_len = 0  # its rounds reached (valid_len): the reply's length when the next begins
 
     # -- hooks ------------------------------------------------------------------------------------
     def draft(self, ctx: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Proposal:
@@ -65,6 +74,10 @@ class CostedDrafter(DrafterBase):
 
     # -- the interface ----------------------------------------------------------------------------
     def begin(self, ctx) -> None:
+        if self._prompt_len is not None:
+            reply = max(0, self._final_len - self._prompt_len)
+            self.reply_tokens = self.reply_tokens * REPLY_KEEP + reply * (1.0 - REPLY_KEEP)
+        self._prompt_len = self._final_len = len(ctx)
         if self.costs is not None:
             # start from the old rate, pulled toward what the long-run acceptance predicts for a
             # one-token proposal (one round's worth of evidence): a new text may suit the draft
@@ -91,6 +104,7 @@ class CostedDrafter(DrafterBase):
         return prop
 
     def feedback(self, proposal, accepted, valid_len) -> None:
+        self._final_len = max(self._final_len, valid_len)
         if self._round is not None:
             n, seconds = self._round
             self._round = None
@@ -115,7 +129,30 @@ class CostedDrafter(DrafterBase):
 
     def quote(self, ctx: Sequence[int], k: int) -> Quote | None:
         """No proposal (that would cost the draft steps): the rate of its recent rounds, which only
-        using it can update, hence `probe`."""
+        using it can update, hence `probe`, less what its pending catch-up costs (catch_up_rate)."""
         if self.costs is None:
             return None
-        return Quote(self.rate(), self.min_gain, None, probe=self.catch_up(ctx) <= PROBE_CATCH_UP)
+        pending = self.catch_up(ctx)
+        return Quote(self.catch_up_rate(ctx, k, pending), self.min_gain, None, probe=pending <= PROBE_CATCH_UP)
+
+    def catch_up_rate(self, ctx: Sequence[int], k: int, pending: int) -> float:
+        """The rate of its rounds over the rest of this reply, counting the catch-up it must run
+        first: `pending` tokens its cache lacks (a whole prompt when it has not run in this request)
+        beyond the CATCH_UP tokens a round always feeds. Paid once, that catch-up is spread over the
+        tokens the reply is expected still to need (the recent replies' length less what this one has
+        written, at least the k + 1 tokens of this round), so R tokens cost R / rate + catch-up seconds.
+
+        Why: the rate alone prices a round as if the drafter were already caught up. A draft
+        model first used in a request must first read the prompt (a 200-token prompt costs the 0.5B
+        draft ~0.6 s on the 2-core dev CPU, some 15 target steps) and on a short reply that prefill
+        costs more than the draft's rounds save; on a long one it is paid back."""
+        rate = self.rate()
+        if pending <= CATCH_UP or rate <= 0:
+            return rate
+        chunks = [PREFILL_CHUNK] * (pending // PREFILL_CHUNK) + [pending % PREFILL_CHUNK]
+        extra = self.costs.draft_steps([c for c in chunks if c]) - self.costs.draft_steps([CATCH_UP])
+        if extra <= 0:
+            return rate
+        written = len(ctx) - (self._prompt_len if self._prompt_len is not None else len(ctx))
+        remaining = max(self.reply_tokens - written, k + 1.0)
+        return remaining / (remaining / rate + extra)
