@@ -301,6 +301,42 @@ def test_auto_does_not_probe_a_cold_draft_cache():
     assert auto.propose([1, 2, 3, 4, 5, 6], 4, GREEDY, None).source == "model"
 
 
+class Overpromise(DrafterBase):
+    """A free drafter whose quote promises `a` acceptance per token of a 3-token proposal."""
+
+    def __init__(self, name, costs, a):
+        self.name, self.costs, self.a, self.min_gain = name, costs, a, 0.10
+
+    def quote(self, ctx, k):
+        e = expected_tokens(3, self.a)
+        return Quote(e / self.costs.verify(4), self.min_gain, Proposal([7, 8, 9], None, self.name))
+
+
+def test_auto_discounts_a_free_source_whose_quotes_do_not_come_true():
+    """A source quoting 90 % acceptance whose chosen rounds then see nothing accepted loses auto's
+    trust within a few rounds and is no longer used; one whose quotes come true keeps full trust, and
+    reset_cache (forget) restores it."""
+    cm = CostModel(times(s1=0.10, s2=0.11, s3=0.12, s4=0.13))
+    liar = Overpromise("recycle", cm, 0.9)
+    auto = AutoDrafter(cm, [liar])
+    picks = []
+    for _ in range(30):
+        p = auto.propose([1, 2, 3], 4, GREEDY, None)
+        picks.append(p.source)
+        auto.feedback(p, 0, 4)
+    assert picks[:3] == ["recycle"] * 3 and picks[-10:] == ["none"] * 10, picks
+    assert auto.trust("recycle") < 0.3
+    auto.forget()
+    assert auto.trust("recycle") == 1.0
+    honest = Overpromise("suffix", cm, 0.9)
+    auto = AutoDrafter(cm, [honest])
+    for _ in range(30):
+        p = auto.propose([1, 2, 3], 4, GREEDY, None)
+        assert p.source == "suffix"
+        auto.feedback(p, 3, 7)  # every token accepted: more than the quote promised
+    assert auto.trust("suffix") == 1.0
+
+
 def test_auto_needs_a_margin_before_it_drafts():
     cm = CostModel(times(s1=0.10, s2=0.12, s3=0.14))
     r0 = cm.target_alone_rate()
