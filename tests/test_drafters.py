@@ -276,13 +276,14 @@ def test_auto_probes_the_model_a_bounded_number_of_times_per_request():
 
 
 def test_auto_does_not_probe_a_cold_draft_cache():
-    """A probe must not pay a prompt prefill: while the draft's cache lacks more than PROBE_CATCH_UP
-    tokens (its prompt has not been fed: that happens when a round first uses it), the model is
-    not probed; it is used only if its estimate from earlier requests clears the margin."""
-    from edgespec.drafters.costed import PROBE_CATCH_UP
+    """A probe must not pay a prompt prefill or a long catch-up: while feeding the tokens the draft's
+    cache lacks would cost more than PROBE_CATCH_UP_STEPS target steps beyond a round's usual
+    catch-up, the model is not probed; it is used only if its estimate (with that catch-up priced in)
+    clears the margin."""
+    from edgespec.drafters.costed import PROBE_CATCH_UP_STEPS
 
     class ColdModel(StubModel):
-        cold = PROBE_CATCH_UP + 1
+        cold = 400
 
         def catch_up(self, ctx):
             return self.cold
@@ -291,12 +292,16 @@ def test_auto_does_not_probe_a_cold_draft_cache():
     model = ColdModel(0.3)
     auto = auto_with(cpu, NgramDrafter(cpu), model)
     auto.begin([1, 2, 3])
-    picks = [auto.propose([1, 2, 3, 4, 5, 6], 4, GREEDY, None).source for _ in range(40)]
-    assert model.asked == 0 and set(picks) == {"none"}
-    model.cold = PROBE_CATCH_UP  # a catch-up within a request: probing resumes
+    # the cost bound in tokens on this curve: 12 tokens cost < 1 target step more than 2, 13 more
+    assert model.catch_up_extra(12) <= PROBE_CATCH_UP_STEPS * cpu.verify(1) < model.catch_up_extra(13)
+    for cold in (400, 13):
+        model.cold = cold
+        picks = [auto.propose([1, 2, 3, 4, 5, 6], 4, GREEDY, None).source for _ in range(40)]
+        assert model.asked == 0 and set(picks) == {"none"}
+    model.cold = 12  # a short catch-up within a request: probing resumes
     picks = [auto.propose([1, 2, 3, 4, 5, 6], 4, GREEDY, None).source for _ in range(40)]
     assert model.asked >= 1
-    model.cold = PROBE_CATCH_UP + 1  # cold again, but its rate now clears the margin: it is used
+    model.cold = 400  # cold again, but its rate now clears the margin even with the prefill paid
     model.m_tokens, model.m_seconds = 3.0, 0.1
     assert auto.propose([1, 2, 3, 4, 5, 6], 4, GREEDY, None).source == "model"
 

@@ -30,11 +30,15 @@ RATE_KEEP = 0.9  # per round: the weight of the earlier rounds in the rate estim
 # more than an n-gram's, since a wrong "yes" also pays for the draft steps.
 MODEL_MIN_GAIN = 0.15
 CATCH_UP = 2  # tokens a draft catch-up step holds when the drafter is used round after round
-# A probe may pay a catch-up of at most this many tokens. Beyond it the draft's cache is cold (its
-# prompt prefill has not run: it runs when a round first uses the draft, so the first token never
-# waits for it), and a probe would pay the whole prompt mid-decode to learn a rate that earlier
-# requests already estimate; a cold drafter is used only when that estimate clears its margin.
-PROBE_CATCH_UP = 64
+# A probe may pay a catch-up costing at most this many 1-token target steps beyond a round's usual
+# one (measured step costs). Beyond it the draft's cache is cold: its prompt prefill has not run (it
+# runs when a round first uses the draft, so the first token never waits for it), or many plain rounds
+# have passed since it last ran, and a probe would pay that mid-decode to learn a rate that earlier
+# requests already estimate; a cold drafter is used only when that estimate, with the catch-up priced
+# in (catch_up_rate), clears its margin. Bounded by cost, not tokens: on the 2-core dev CPU a 60-token
+# catch-up of the 0.5B draft costs ~5 target steps (four such probes were 10 % of a short chat reply),
+# on a GPU about one.
+PROBE_CATCH_UP_STEPS = 1.0
 # A reply's length before any has been seen (the CLI's and bench's default max_new_tokens), and the
 # weight of the earlier replies in the running estimate, per request. The estimate is the horizon
 # over which a catch-up is paid back (CostedDrafter.quote).
@@ -133,7 +137,15 @@ class CostedDrafter(DrafterBase):
         if self.costs is None:
             return None
         pending = self.catch_up(ctx)
-        return Quote(self.catch_up_rate(ctx, k, pending), self.min_gain, None, probe=pending <= PROBE_CATCH_UP)
+        probe = self.catch_up_extra(pending) <= PROBE_CATCH_UP_STEPS * self.costs.verify(1)
+        return Quote(self.catch_up_rate(ctx, k, pending), self.min_gain, None, probe=probe)
+
+    def catch_up_extra(self, pending: int) -> float:
+        """Seconds a catch-up of `pending` tokens costs beyond the CATCH_UP tokens a round always feeds."""
+        if pending <= CATCH_UP:
+            return 0.0
+        chunks = [PREFILL_CHUNK] * (pending // PREFILL_CHUNK) + [pending % PREFILL_CHUNK]
+        return max(0.0, self.costs.draft_steps([c for c in chunks if c]) - self.costs.draft_steps([CATCH_UP]))
 
     def catch_up_rate(self, ctx: Sequence[int], k: int, pending: int) -> float:
         """The rate of its rounds over the rest of this reply, counting the catch-up it must run
@@ -147,11 +159,8 @@ class CostedDrafter(DrafterBase):
         draft ~0.6 s on the 2-core dev CPU, some 15 target steps) and on a short reply that prefill
         costs more than the draft's rounds save; on a long one it is paid back."""
         rate = self.rate()
-        if pending <= CATCH_UP or rate <= 0:
-            return rate
-        chunks = [PREFILL_CHUNK] * (pending // PREFILL_CHUNK) + [pending % PREFILL_CHUNK]
-        extra = self.costs.draft_steps([c for c in chunks if c]) - self.costs.draft_steps([CATCH_UP])
-        if extra <= 0:
+        extra = self.catch_up_extra(pending)
+        if extra <= 0 or rate <= 0:
             return rate
         written = len(ctx) - (self._prompt_len if self._prompt_len is not None else len(ctx))
         remaining = max(self.reply_tokens - written, k + 1.0)
