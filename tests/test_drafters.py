@@ -292,6 +292,11 @@ def test_auto_does_not_probe_a_cold_draft_cache():
     model = ColdModel(0.3)
     auto = auto_with(cpu, NgramDrafter(cpu), model)
     auto.begin([1, 2, 3])
+    # its first look in an engine pays the cold catch-up once: its rate is a prior until a round ran
+    picks = [auto.propose([1, 2, 3, 4, 5, 6], 4, GREEDY, None) for _ in range(3)]
+    assert [p.source for p in picks] == ["none", "none", "model"]
+    auto.feedback(picks[-1], 0, 6)
+    model.asked = 0
     # the cost bound in tokens on this curve: 12 tokens cost < 1 target step more than 2, 13 more
     assert model.catch_up_extra(12) <= PROBE_CATCH_UP_STEPS * cpu.verify(1) < model.catch_up_extra(13)
     for cold in (400, 13):

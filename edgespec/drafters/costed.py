@@ -41,7 +41,7 @@ CATCH_UP = 2  # tokens a draft catch-up step holds when the drafter is used roun
 PROBE_CATCH_UP_STEPS = 1.0
 # A reply's length before any has been seen (the CLI's and bench's default max_new_tokens), and the
 # weight of the earlier replies in the running estimate, per request. The estimate is the horizon
-# over which a catch-up is paid back (CostedDrafter.quote).
+# over which a catch-up is paid back (CostedDrafter.catch_up_rate).
 REPLY_PRIOR = 128
 REPLY_KEEP = 0.75
 
@@ -56,6 +56,7 @@ class CostedDrafter(DrafterBase):
         self.m_tokens, self.m_seconds = 0.0, 0.0  # recent rounds: expected tokens, seconds (weighted)
         self._round: tuple[int, float] | None = None  # (proposals, draft seconds) of this round
         self.reply_tokens = float(REPLY_PRIOR)  # a reply's length, recent requests weighted
+        self.rounds_seen = 0  # rounds it has drafted in this engine (0: its rate is still the prior)
         self._prompt_len: int | None = None  # this request's prompt, and the furthest final length
         self._final_len = 0  # its rounds reached (valid_len): the reply's length when the next begins
 
@@ -112,6 +113,7 @@ class CostedDrafter(DrafterBase):
         if self._round is not None:
             n, seconds = self._round
             self._round = None
+            self.rounds_seen += 1
             # expected yield from the confidences as calibrated *before* this verdict is learned
             self.m_tokens = self.m_tokens * RATE_KEEP + self.expected_yield(proposal)
             self.m_seconds = self.m_seconds * RATE_KEEP + seconds + self.costs.verify(n + 1)
@@ -136,9 +138,11 @@ class CostedDrafter(DrafterBase):
         using it can update, hence `probe`, less what its pending catch-up costs (catch_up_rate)."""
         if self.costs is None:
             return None
-        pending = self.catch_up(ctx)
-        probe = self.catch_up_extra(pending) <= PROBE_CATCH_UP_STEPS * self.costs.verify(1)
-        return Quote(self.catch_up_rate(ctx, k, pending), self.min_gain, None, probe=probe)
+        extra = self.catch_up_extra(self.catch_up(ctx))
+        # the first look in an engine may pay a cold catch-up once: until a round has run, its rate is
+        # a prior from the dev machine's ratios, which must not decide for good that it never pays
+        probe = self.rounds_seen == 0 or extra <= PROBE_CATCH_UP_STEPS * self.costs.verify(1)
+        return Quote(self.catch_up_rate(ctx, k, extra), self.min_gain, None, probe=probe)
 
     def catch_up_extra(self, pending: int) -> float:
         """Seconds a catch-up of `pending` tokens costs beyond the CATCH_UP tokens a round always feeds."""
@@ -147,10 +151,10 @@ class CostedDrafter(DrafterBase):
         chunks = [PREFILL_CHUNK] * (pending // PREFILL_CHUNK) + [pending % PREFILL_CHUNK]
         return max(0.0, self.costs.draft_steps([c for c in chunks if c]) - self.costs.draft_steps([CATCH_UP]))
 
-    def catch_up_rate(self, ctx: Sequence[int], k: int, pending: int) -> float:
+    def catch_up_rate(self, ctx: Sequence[int], k: int, extra: float) -> float:
         """The rate of its rounds over the rest of this reply, counting the catch-up it must run
-        first: `pending` tokens its cache lacks (a whole prompt when it has not run in this request)
-        beyond the CATCH_UP tokens a round always feeds. Paid once, that catch-up is spread over the
+        first: `extra` seconds (catch_up_extra) of feeding the tokens its cache lacks (a whole prompt
+        when it has not run in this request) beyond a round's usual catch-up. Paid once, that catch-up is spread over the
         tokens the reply is expected still to need (the recent replies' length less what this one has
         written, at least the k + 1 tokens of this round), so R tokens cost R / rate + catch-up seconds.
 
@@ -159,7 +163,6 @@ class CostedDrafter(DrafterBase):
         draft ~0.6 s on the 2-core dev CPU, some 15 target steps) and on a short reply that prefill
         costs more than the draft's rounds save; on a long one it is paid back."""
         rate = self.rate()
-        extra = self.catch_up_extra(pending)
         if extra <= 0 or rate <= 0:
             return rate
         written = len(ctx) - (self._prompt_len if self._prompt_len is not None else len(ctx))
