@@ -280,7 +280,7 @@ def test_auto_does_not_probe_a_cold_draft_cache():
     cache lacks would cost more than PROBE_CATCH_UP_STEPS target steps beyond a round's usual
     catch-up, the model is not probed; it is used only if its estimate (with that catch-up priced in)
     clears the margin."""
-    from edgespec.drafters.costed import PROBE_CATCH_UP_STEPS
+    from edgespec.drafters.costed import FIRST_LOOK_ROUNDS, PROBE_CATCH_UP_STEPS
 
     class ColdModel(StubModel):
         cold = 400
@@ -292,10 +292,13 @@ def test_auto_does_not_probe_a_cold_draft_cache():
     model = ColdModel(0.3)
     auto = auto_with(cpu, NgramDrafter(cpu), model)
     auto.begin([1, 2, 3])
-    # its first look in an engine pays the cold catch-up once: its rate is a prior until a round ran
+    # its first looks in an engine pay the cold catch-up: its rate is mostly the prior until
+    # FIRST_LOOK_ROUNDS rounds have run
     picks = [auto.propose([1, 2, 3, 4, 5, 6], 4, GREEDY, None) for _ in range(3)]
     assert [p.source for p in picks] == ["none", "none", "model"]
     auto.feedback(picks[-1], 0, 6)
+    assert model.rounds_seen == 1
+    model.rounds_seen = FIRST_LOOK_ROUNDS
     model.asked = 0
     # the cost bound in tokens on this curve: 12 tokens cost < 1 target step more than 2, 13 more
     assert model.catch_up_extra(12) <= PROBE_CATCH_UP_STEPS * cpu.verify(1) < model.catch_up_extra(13)

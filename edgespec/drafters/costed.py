@@ -39,6 +39,7 @@ CATCH_UP = 2  # tokens a draft catch-up step holds when the drafter is used roun
 # catch-up of the 0.5B draft costs ~5 target steps (four such probes were 10 % of a short chat reply),
 # on a GPU about one.
 PROBE_CATCH_UP_STEPS = 1.0
+FIRST_LOOK_ROUNDS = 8  # rounds an engine's draft must have run before cold probes stop
 # A reply's length before any has been seen (the CLI's and bench's default max_new_tokens), and the
 # weight of the earlier replies in the running estimate, per request. The estimate is the horizon
 # over which a catch-up is paid back (CostedDrafter.catch_up_rate).
@@ -56,7 +57,7 @@ class CostedDrafter(DrafterBase):
         self.m_tokens, self.m_seconds = 0.0, 0.0  # recent rounds: expected tokens, seconds (weighted)
         self._round: tuple[int, float] | None = None  # (proposals, draft seconds) of this round
         self.reply_tokens = float(REPLY_PRIOR)  # a reply's length, recent requests weighted
-        self.rounds_seen = 0  # rounds it has drafted in this engine (0: its rate is still the prior)
+        self.rounds_seen = 0  # rounds it has drafted in this engine (few: its rate is mostly the prior)
         self._prompt_len: int | None = None  # this request's prompt, and the furthest final length
         self._final_len = 0  # its rounds reached (valid_len): the reply's length when the next begins
 
@@ -139,9 +140,10 @@ class CostedDrafter(DrafterBase):
         if self.costs is None:
             return None
         extra = self.catch_up_extra(self.catch_up(ctx))
-        # the first look in an engine may pay a cold catch-up once: until a round has run, its rate is
-        # a prior from the dev machine's ratios, which must not decide for good that it never pays
-        probe = self.rounds_seen == 0 or extra <= PROBE_CATCH_UP_STEPS * self.costs.verify(1)
+        # its first looks in an engine may pay a cold catch-up: until FIRST_LOOK_ROUNDS rounds have run,
+        # its rate is mostly a prior from the dev machine's ratios, which must not decide for good
+        # that it never pays (a rate estimate that stays under the margin would never be tested)
+        probe = self.rounds_seen < FIRST_LOOK_ROUNDS or extra <= PROBE_CATCH_UP_STEPS * self.costs.verify(1)
         return Quote(self.catch_up_rate(ctx, k, extra), self.min_gain, None, probe=probe)
 
     def catch_up_extra(self, pending: int) -> float:
