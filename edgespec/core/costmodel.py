@@ -14,6 +14,7 @@ to ratios measured on the dev machine (docs/speed.md, "Step costs") for sizes no
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
@@ -37,6 +38,16 @@ def expected_tokens(k: int, a: float) -> float:
     if a >= 1.0:
         return float(k + 1)
     return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def chain_tokens(accs: Iterable[float]) -> float:
+    """Tokens a round yields from a chain whose proposal j is accepted with probability accs[j]
+    given all before it were: 1 + a0 + a0 a1 + ... (the 1 is the target's own bonus/correction)."""
+    e, p = 1.0, 1.0
+    for a in accs:
+        p *= a
+        e += p
+    return e
 
 
 def expected_tokens_chain(a_first: float, a_next: float, k: int) -> float:

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..core.costmodel import CostModel
+from ..core.costmodel import CostModel, chain_tokens
 from ..core.proposal import Proposal
 from ..core.sampling import SamplingParams
 from ..limits import PREFILL_CHUNK
@@ -122,11 +122,7 @@ class CostedDrafter(DrafterBase):
 
     def expected_yield(self, proposal: Proposal) -> float:
         """Expected tokens from one of its proposals: 1 + sum over j of P(first j all accepted)."""
-        e, p = 1.0, 1.0
-        for c in proposal.conf if proposal.source == self.name else ():
-            p *= self.acceptance(c)
-            e += p
-        return e
+        return chain_tokens(self.acceptance(c) for c in (proposal.conf if proposal.source == self.name else ()))
 
     def rate(self) -> float:
         """Expected tokens per second of one of its rounds, from its recent rounds."""
@@ -156,9 +152,10 @@ class CostedDrafter(DrafterBase):
     def catch_up_rate(self, ctx: Sequence[int], k: int, extra: float) -> float:
         """The rate of its rounds over the rest of this reply, counting the catch-up it must run
         first: `extra` seconds (catch_up_extra) of feeding the tokens its cache lacks (a whole prompt
-        when it has not run in this request) beyond a round's usual catch-up. Paid once, that catch-up is spread over the
-        tokens the reply is expected still to need (the recent replies' length less what this one has
-        written, at least the k + 1 tokens of this round), so R tokens cost R / rate + catch-up seconds.
+        when it has not run in this request) beyond a round's usual catch-up. Paid once, that catch-up
+        is spread over the tokens the reply is expected still to need (the recent replies' length less
+        what this one has written, at least the k + 1 tokens of this round), so R tokens cost
+        R / rate + catch-up seconds.
 
         Why: the rate alone prices a round as if the drafter were already caught up. A draft
         model first used in a request must first read the prompt (a 200-token prompt costs the 0.5B

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from ..core.costmodel import chain_tokens
+
 UNKNOWN_ACCEPT = 0.5  # per-token acceptance assumed for a proposal that carries no estimate
 WIDTH_MIN_GAIN = 0.05
 
@@ -36,13 +38,9 @@ class RowPlan:
 
 def expected_tokens(row: RowPlan, j: int) -> float:
     """Tokens the row yields with its first j proposals verified: 1 + a0 + a0 a1 + ..."""
-    j = min(j, row.proposed)
-    e, p = 1.0, 1.0
-    for i in range(j):
-        a = row.accept[i] if row.accept is not None and i < len(row.accept) else UNKNOWN_ACCEPT
-        p *= min(1.0, max(0.0, float(a)))
-        e += p
-    return e
+    known = list(row.accept or ())
+    accs = (known[i] if i < len(known) else UNKNOWN_ACCEPT for i in range(min(j, row.proposed)))
+    return chain_tokens(min(1.0, max(0.0, float(a))) for a in accs)
 
 
 def choose_width(rows: Sequence[RowPlan], pass_seconds: Callable[[int], float],
