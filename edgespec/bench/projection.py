@@ -39,6 +39,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
+from ..core.costmodel import expected_tokens
 from ..errors import InvalidRequest
 
 GB = 1e9
@@ -334,10 +335,6 @@ def acceptance_estimate(work: dict[str, ModeWork]) -> tuple[float, str, ModeWork
     if a is None:
         return None
     return a, "(from adaptive 'model': optimistic; run with --k 4 to measure it at fixed k)", w
-
-
-def expected_tokens(k: int, a: float) -> float:
-    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
 # --- the projection -------------------------------------------------------------------------------
