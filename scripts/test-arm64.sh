@@ -33,7 +33,7 @@ export ARM64_PIP_PACKAGES=${ARM64_PIP_PACKAGES:-"onnxruntime numpy tokenizers on
 # 1. tiny bundles, built here (x86_64, torch) and keyed by the code that writes them
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 [ -x "$PY" ] || PY=python3
-key=$(cat edgespec_export/*.py edgespec/models/manifest.py tests/tiny_bundles.py 2>/dev/null | sha256sum | cut -c1-12)
+key=$(cat export/edgespec_export/*.py edgespec/models/manifest.py tests/tiny_bundles.py 2>/dev/null | sha256sum | cut -c1-12)
 BUNDLES=${EDGESPEC_ARM64_BUNDLES:-$CACHE/tiny-bundles-$key}
 if [ ! -e "$BUNDLES/.complete" ]; then
   log "building tiny bundles in $BUNDLES"

@@ -22,7 +22,7 @@ def bundle_root(tmp_path_factory) -> Path:
     pre = os.environ.get("EDGESPEC_TEST_BUNDLES")
     if pre:
         return Path(pre)
-    pytest.importorskip("torch", reason="building test bundles needs the export extra (pip install .[export])")
+    pytest.importorskip("torch", reason="building test bundles needs the export extra (pip install ./export)")
     return tmp_path_factory.mktemp("bundles")
 
 

@@ -34,9 +34,11 @@ def test_every_board_of_the_issue_has_a_profile():
 
 def test_profile_files_are_consistent():
     seen_aliases: dict[str, str] = {}
-    for f in sorted(devices.profile_dir().glob("*.json")):
+    files = devices.profile_files()
+    assert [f.name for f in files] == sorted(p.name for p in (Path(__file__).parents[1] / "devices").glob("*.json"))
+    for f in files:
         d = json.loads(f.read_text())
-        assert d["id"] == f.stem
+        assert d["id"] == f.name.removesuffix(".json")
         p = devices.DeviceProfile.from_dict(d)
         assert p.arch in ("aarch64", "x86_64")
         assert p.providers and p.draft_providers and "cpu" in p.providers

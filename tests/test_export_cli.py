@@ -83,7 +83,7 @@ def test_missing_workstation_extra_is_one_clear_line(tmp_path, monkeypatch, caps
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
     assert main(["export", str(tmp_path / "m.gguf"), "-o", str(tmp_path / "b")]) == 1
     err = capsys.readouterr().err
-    assert "the exporter needs the workstation extra (torch missing)" in err and "edgespec[export]" in err
+    assert "the exporter needs the workstation extra (torch missing)" in err and "pip install ./export" in err
 
 
 @pytest.mark.slow
@@ -102,3 +102,14 @@ def test_gguf_pair_through_the_cli(tmp_path, pair):
     m, problems = verify_bundle(out)
     assert problems == [] and "dropped 112 padding tokens" in " ".join(m.extra["tokenizer_notes"]["target"])
     assert set(m.extra["peak_rss_bytes_by_model"]) == {"target", "draft"}
+
+
+def test_runtime_without_the_export_half_names_the_install(monkeypatch, capsys):
+    """A device install (`pip install .` at the root) has no `edgespec.commands` entry point for export:
+    `edgespec export ...` is still a command, and it answers with the one line that installs the half."""
+    import edgespec.cli.main as cli
+
+    monkeypatch.setattr(cli, "entry_points", lambda group: [])
+    assert cli.main(["export", "model.gguf", "-o", "out", "--quant", "int4"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["edgespec export: error: the export half of edgespec is not installed: " + cli.PLUGGED["export"]]

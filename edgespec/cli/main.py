@@ -1,6 +1,9 @@
 """`edgespec` command line: one subcommand per module in edgespec/cli/commands/.
 
-Each command module defines `register(subparsers)`, which adds its parser and sets `func`.
+Each command module defines `register(subparsers)`, which adds its parser and sets `func`. Commands
+that live in another distribution (`edgespec export`, in export/) register through the
+`edgespec.commands` entry point; when that half is not installed, its name still answers, with the
+line that installs it.
 Command modules import heavy things (onnxruntime, torch, the server) inside their functions, so
 `edgespec --help` and every command start fast.
 """
@@ -10,12 +13,13 @@ import argparse
 import importlib
 import logging
 import sys
+from importlib.metadata import entry_points
 
 from .. import __version__
 from ..errors import EdgespecError
 
 # (module under edgespec.cli.commands, in help order)
-COMMANDS = ("pull", "models", "export", "verify", "generate", "chat", "bench", "loadtest", "serve", "doctor", "plan",
+COMMANDS = ("pull", "models", "verify", "generate", "chat", "bench", "loadtest", "serve", "doctor", "plan",
             "quickstart")
 
 
@@ -29,7 +33,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f".commands.{name}", __package__).register(sub)
+    plugged = {ep.name: ep for ep in entry_points(group="edgespec.commands")}
+    for name, install in PLUGGED.items():
+        if name in plugged:
+            plugged[name].load()(sub)
+        else:
+            _missing(sub, name, install)
     return ap
+
+
+# Commands another distribution provides, and how to install it when it is absent.
+PLUGGED = {"export": "pip install torch==2.13.0 && pip install ./export   (in the edgespec source tree; "
+                     "./scripts/quickstart.sh does both)"}
+
+
+def _missing(sub, name: str, install: str) -> None:
+    p = sub.add_parser(name, help=f"(not installed: {install})", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+
+    def run(_args) -> int:
+        raise EdgespecError(f"the {name} half of edgespec is not installed: {install}")
+
+    p.set_defaults(func=run)
 
 
 def main(argv: list[str] | None = None) -> int:

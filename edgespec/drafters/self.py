@@ -2,7 +2,7 @@
 itself. No second model, no second tokenizer, no second copy of the weights (core/self_runner.py).
 
 The layers to skip: the exporter's measured choice, stored in the manifest
-(`models.target.self_draft = {"skip": [...], "acceptance": ..., ...}`, edgespec_export/self_search.py),
+(`models.target.self_draft = {"skip": [...], "acceptance": ..., ...}`, export/edgespec_export/self_search.py),
 or, for a bundle exported before that field existed, `default_skip` (docs/runtime.md).
 """
 from __future__ import annotations

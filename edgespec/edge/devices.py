@@ -1,5 +1,6 @@
 """Device profiles: what edgespec knows about a board (memory, bandwidth, cores, providers, power
-modes, sensor rules, default threads and budgets), one JSON file per board under edge/profiles/, and
+modes, sensor rules, default threads and budgets), one JSON file per board in the top-level devices/ folder (shipped as the runtime's package data
+`edgespec/devices`, a link to it in the source tree, and read through importlib.resources only), and
 detection of the board it is running on.
 
 Detection reads <root>/proc/device-tree/model (Jetson, Raspberry Pi), <root>/etc/nv_tegra_release
@@ -16,6 +17,7 @@ import platform
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,6 @@ from .memory import meminfo
 from .providers import ProfileOrder
 
 GIB = 1 << 30
-PROFILE_DIR = Path(__file__).parent / "profiles"  # package data: one JSON file per board
 # /proc/cpuinfo "CPU part" of the ARM cores these boards use
 ARM_PARTS = {"0xd03": "Cortex-A53", "0xd07": "Cortex-A57", "0xd08": "Cortex-A72", "0xd0b": "Cortex-A76",
              "0xd0c": "Neoverse-N1", "0xd41": "Cortex-A78", "0xd42": "Cortex-A78AE", "0xd4b": "Cortex-A78C"}
@@ -95,19 +96,23 @@ class DeviceProfile:
         }
 
 
-def profile_dir() -> Path:
-    if PROFILE_DIR.is_dir() and any(PROFILE_DIR.glob("*.json")):
-        return PROFILE_DIR
-    raise FileNotFoundError(f"no device profiles found in {PROFILE_DIR}")
+def profile_files() -> list:
+    """The board profiles, one JSON resource per board, sorted by name. A runtime installed without its
+    package data is broken, not merely unconfigured: say so instead of detecting nothing."""
+    folder = resources.files("edgespec") / "devices"
+    found = sorted((f for f in folder.iterdir() if f.name.endswith(".json")), key=lambda f: f.name) if folder.is_dir() else []
+    if not found:
+        raise FileNotFoundError(f"no device profiles found in {folder} (the package data edgespec/devices)")
+    return found
 
 
 @lru_cache(maxsize=1)
 def _load_all() -> dict[str, DeviceProfile]:
     out: dict[str, DeviceProfile] = {}
-    for f in sorted(profile_dir().glob("*.json")):
+    for f in profile_files():
         d = json.loads(f.read_text(encoding="utf-8"))
         p = DeviceProfile.from_dict(d)
-        if p.id != f.stem:
+        if p.id != f.name.removesuffix(".json"):
             raise ValueError(f"{f}: id {p.id!r} does not match the file name")
         out[p.id] = p
     return out

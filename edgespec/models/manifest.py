@@ -1,6 +1,6 @@
 """The bundle's manifest: one JSON file that describes and checksums everything else in the bundle.
 
-Both halves use this module: `edgespec_export/` writes a manifest, the device runtime reads and checks it.
+Both halves use this module: `export/edgespec_export/` writes a manifest, the device runtime reads and checks it.
 Keeping the schema in one place means a bundle the exporter writes is, by construction, one the
 runtime can read, and `verify` and `Bundle.open` run the very same checks.
 
@@ -84,7 +84,7 @@ class ModelFacts:
     flavors: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # target only, optional: the layers `draft="self"` skips, chosen at export by a measured search
-    # ({"skip": [7, 9, ...], "acceptance": 0.61, "cost_ratio": 0.74, ...}, edgespec_export/self_search.py).
+    # ({"skip": [7, 9, ...], "acceptance": 0.61, "cost_ratio": 0.74, ...}, export/edgespec_export/self_search.py).
     # Absent (bundles from before it existed): the runtime uses drafters/self.py default_skip.
     self_draft: dict[str, Any] | None = None
 

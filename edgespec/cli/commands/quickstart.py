@@ -114,7 +114,7 @@ def export(target: Path, draft: Path | None, out: Path, quant: str, fingerprint:
         from edgespec_export.progress import TqdmProgress
     except ImportError as e:
         raise ExportError(f"exporting needs the export extra ({e.name} is missing): "
-                          "pip install torch==2.13.0 && pip install 'edgespec[export]'") from None
+                          "pip install torch==2.13.0 && pip install ./export") from None
     out.parent.mkdir(parents=True, exist_ok=True)
     say(f"exporting {target.name}" + (f" + {draft.name}" if draft else "") + f" -> {out} (once; several minutes)")
     t0 = time.monotonic()

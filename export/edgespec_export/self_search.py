@@ -118,6 +118,6 @@ def search_skip(model_path: Path, facts: ModelFacts, ids: Sequence[int], usable:
     if best is None or dflt["expected_speedup"] > best["expected_speedup"]:
         best = dflt
     out = dict(best)
-    out.update(method="screen+greedy (edgespec_export/self_search.py)", calibration_tokens=len(ids),
+    out.update(method="screen+greedy (export/edgespec_export/self_search.py)", calibration_tokens=len(ids),
                evaluations=len(cache), default=dflt)
     return out

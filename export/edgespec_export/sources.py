@@ -206,7 +206,7 @@ def _gguf_file(path: Path, spec: str, role: str) -> Source:
     try:
         from gguf import GGUFReader
     except ImportError as e:  # pragma: no cover - part of the export extra
-        raise ExportError("reading .gguf files needs the `gguf` package: pip install 'edgespec[export]'") from e
+        raise ExportError("reading .gguf files needs the `gguf` package: pip install ./export") from e
     if not _has_gguf_magic(path):
         raise ExportError(f"{role} source {spec}: not a GGUF file (it does not start with 'GGUF')")
     try:
@@ -277,7 +277,7 @@ def _hub(spec: str, role: str, progress: Progress) -> Source:
         from huggingface_hub import constants, snapshot_download
         from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
     except ImportError as e:  # pragma: no cover - transformers depends on it
-        raise ExportError("hub ids need huggingface_hub: pip install 'edgespec[export]'") from e
+        raise ExportError("hub ids need huggingface_hub: pip install ./export") from e
     local = _cached_snapshot(spec)
     if local is not None:
         return _hf_folder(local, spec, role, kind="hub")

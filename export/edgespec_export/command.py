@@ -1,7 +1,8 @@
 """`edgespec export`: target (+ draft) -> a verified int4/int8/fp16/fp32 ONNX bundle.
 
-Needs the workstation extra (`pip install 'edgespec[export]'`): torch, transformers and
-onnxruntime-genai are imported only when the command runs.
+Lives in the export half (the `edgespec-export` distribution under export/), which registers it with
+the runtime's CLI through the `edgespec.commands` entry point: the device runtime never imports it.
+torch, transformers and onnxruntime-genai are imported only when the command runs.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import argparse
 import json
 import sys
 
-from ...limits import QUANTS
+from edgespec.limits import QUANTS
 
 
 def register(sub) -> None:
@@ -58,7 +59,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...errors import ExportError
+    from edgespec.errors import ExportError
 
     target = args.target_opt or args.source
     if args.target_opt and args.source and args.target_opt != args.source:
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise ExportError(
             f"the exporter needs the workstation extra ({', '.join(missing)} missing): "
-            "pip install torch==2.13.0 && pip install 'edgespec[export]'"
+            "pip install torch==2.13.0 && pip install ./export  (from the edgespec source tree)"
         )
     from edgespec_export.pipeline import ExportOptions, run_export
     from edgespec_export.progress import TqdmProgress
@@ -117,7 +118,7 @@ def _params(n: int) -> str:
 
 
 def print_summary(s, out) -> None:
-    from ...units import format_bytes
+    from edgespec.units import format_bytes
 
     m = s.manifest
     print(f"bundle {s.path}  ({format_bytes(s.total_bytes)}, {len(m.files)} files, verified)", file=out)
