@@ -6,11 +6,11 @@ engine and by the planner. Each lives here once, so they cannot drift apart.
 """
 from __future__ import annotations
 
-DRAFT_MODES = ("auto", "model", "suffix", "recycle", "ngram", "self", "none")  # what a request's `draft` may name
+# the drafting modes are a table of their own: drafters/modes.py (one row per drafter)
 TREE_MODES = ("auto", "on", "off")  # what a request's `tree` may name (tree verification)
 K_LIMIT = 16  # largest k a request may ask for (each verify row costs a full-vocabulary logits row)
 DEFAULT_K_CAP = 8  # adaptive k never proposes more than this per round
-DEFAULT_MAX_LEN = 2048  # cache length when neither the caller nor a device profile sets one
+DEFAULT_MAX_LEN = 2048  # cache length when neither the caller, the bundle (export --max-context) nor a device profile sets one (edge/memory.py default_max_len)
 PREFILL_CHUNK = 512  # tokens per prefill step: bounds activation memory on long prompts
 # tokens the suffix index keeps (4 MB of int32): the drafter's bound, and per running request of a
 # batched server (each drafts from its own copy) a share of the memory plan's slot cost

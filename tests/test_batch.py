@@ -146,7 +146,7 @@ def test_prefix_reuse_lands_in_the_slot_holding_it(tiny_bundle, alone):
     while be.round():
         pass
     r = t.wait(0)
-    assert r.stats.cached_tokens >= len(be.engine.encode(PROMPTS[0]))
+    assert r.stats.cached_tokens >= len(be.encode(PROMPTS[0]))
     assert r.token_ids == _alone(alone, prompt=turn2, max_new_tokens=8).token_ids
 
 

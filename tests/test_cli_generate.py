@@ -8,6 +8,7 @@ import pytest
 
 from edgespec import Engine
 from edgespec.cli.main import main
+from edgespec.edge.providers import CPU
 
 
 def run_cli(capsys, *argv, stdin: str | None = None, monkeypatch=None):
@@ -155,26 +156,32 @@ def test_edge_options_bad_values_are_one_clear_line(tiny_bundle, capsys, monkeyp
 
 
 def test_generate_edge_options_reach_the_engine(tiny_bundle, capsys, monkeypatch):
-    """Every edge option is passed on as given; --device defaults to auto (this board's defaults)."""
-    seen = {}
-    real = Engine.open.__func__
-
-    def spy(cls, bundle, **kw):
-        seen.update(kw)
-        return real(cls, bundle, **kw)
-
-    monkeypatch.setattr(Engine, "open", classmethod(spy))
+    """Every edge option reaches the engine's settings, parsed once; --device defaults to auto (this
+    board's defaults)."""
+    seen = settings_spy(monkeypatch)
     rc, out, err = run_cli(capsys, "generate", str(tiny_bundle), "-p", "def add(a, b):", "--max-new-tokens", "8",
                            "--draft", "model", "--providers", "cpu", "--draft-providers", "cpu", "--threads", "2",
                            "--memory-budget", "2GiB", "--power-budget", "10W", "--max-temp", "80C")
     assert rc == 0, err
-    assert {k: seen[k] for k in ("providers", "draft_providers", "threads", "memory_budget", "power_budget",
-                                 "max_temp", "device")} == {
-        "providers": "cpu", "draft_providers": "cpu", "threads": 2, "memory_budget": "2GiB",
-        "power_budget": "10W", "max_temp": "80C", "device": "auto"}
+    s = seen["settings"]
+    assert (s.draft, s.providers, s.draft_providers, s.threads, s.memory_budget, s.power_budget_w, s.max_temp_c,
+            s.device) == ("model", (CPU,), (CPU,), 2, 2 << 30, 10.0, 80.0, "auto")
     rc, _, err = run_cli(capsys, "generate", str(tiny_bundle), "-p", "x", "--max-new-tokens", "2",
                          "--device", "generic-x86_64")
-    assert rc == 0 and seen["device"] == "generic-x86_64"
+    assert rc == 0 and seen["settings"].device == "generic-x86_64"
+
+
+def settings_spy(monkeypatch) -> dict:
+    """Records the Settings each Engine is built from (the real engine is still built)."""
+    seen: dict = {}
+    real = Engine.from_plan.__func__
+
+    def spy(cls, plan):
+        seen["settings"] = plan.settings
+        return real(cls, plan)
+
+    monkeypatch.setattr(Engine, "from_plan", classmethod(spy))
+    return seen
 
 
 def test_generate_with_draft_on_the_cpu_is_lossless(tiny_bundle, capsys):
@@ -199,23 +206,16 @@ def test_serve_takes_the_same_edge_options_and_defaults_to_this_board(tiny_bundl
             opened["engine"].close()
             return 0
 
-    seen = {}
-    real = Engine.open.__func__
-
-    def spy(cls, bundle, **kw):
-        seen.clear()
-        seen.update(kw)
-        return real(cls, bundle, **kw)
-
+    seen = settings_spy(monkeypatch)
     monkeypatch.setattr(service_mod, "Service", FakeService)
-    monkeypatch.setattr(Engine, "open", classmethod(spy))
     for name in ("EDGESPEC_DEVICE", "EDGESPEC_PROVIDERS", "EDGESPEC_DRAFT_PROVIDERS", "EDGESPEC_THREADS"):
         monkeypatch.delenv(name, raising=False)
     assert main(["serve", str(tiny_bundle), "--draft-providers", "cpu", "--threads", "2", "--no-warmup"]) == 0
-    assert seen["device"] == "auto" and seen["draft_providers"] == "cpu" and seen["threads"] == 2
+    s = seen["settings"]
+    assert (s.device, s.draft_providers, s.threads) == ("auto", (CPU,), 2)
     monkeypatch.setenv("EDGESPEC_DEVICE", "generic-x86_64")
     assert main(["serve", str(tiny_bundle), "--no-warmup"]) == 0
-    assert seen["device"] == "generic-x86_64"
+    assert seen["settings"].device == "generic-x86_64"
 
 
 def test_generate_suffix_capacity(tiny_bundle, capsys):

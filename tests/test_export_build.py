@@ -222,3 +222,20 @@ def test_8bit_embedding_quantizer_against_onnxruntime(tmp_path):
     step = np.abs(emb[idx]).reshape(4, 2, 32).max(axis=2) / 127
     assert np.all(np.abs(out - emb[idx]).reshape(4, 2, 32) <= step[..., None] / 2 + 1e-6)
     assert np.all(out[1] == 0)
+
+
+def test_engine_cache_length_defaults_to_the_exported_max_context(tmp_path):
+    """`export --max-context N` is the runtime's default cache length (manifest.defaults["max_len"]),
+    capped by a board's profile; an explicit max_len still wins."""
+    from edgespec.edge import devices
+    from edgespec.engine import Engine
+
+    b = export(make_tiny_model(tmp_path / "src"), tmp_path / "b", quant="fp32", max_context=96).path
+    assert Bundle.open(b).manifest.defaults == {"max_len": 96}
+    eng = Engine.open(b, draft="none", warmup=False)
+    assert eng.max_len == eng.target.max_len == 96  # not the 2048 of limits, not the model's 512
+    assert Engine.open(b, draft="none", warmup=False, device="generic-x86_64").max_len == 96  # board: 2048
+    assert Engine.open(b, draft="none", warmup=False, max_len=200).max_len == 200
+    small = devices.get("rpi4")
+    small.default_max_len = 64
+    assert Engine.open(b, draft="none", warmup=False, device=small).max_len == 64  # the board's cap

@@ -142,12 +142,13 @@ def fake_cuda(monkeypatch):
         return _SessionOn(real(path, so, providers=[CPU]), names[0])
 
     class Recorder:
-        def __init__(self, session, facts, max_len, *, device="cpu", device_id=0):
+        def __init__(self, session, facts, max_len, *args, device="cpu", device_id=0):
             made.append((session._real._model_path if hasattr(session._real, "_model_path") else None, facts, device))
 
     monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, CPU])
     monkeypatch.setattr(ort, "InferenceSession", session)
     monkeypatch.setattr(runner_mod, "ModelRunner", Recorder)
+    monkeypatch.setattr(runner_mod, "BatchRunner", Recorder)  # (..., slots, device=): serve --parallel
     monkeypatch.delenv(flavor.FORCE_ENV, raising=False)
     return made
 
@@ -261,3 +262,37 @@ def test_a_cuda_graph_is_refused_on_a_cpu_without_float16(monkeypatch):
         flavor.check(cuda, "cpu", force=True)
     monkeypatch.setattr(flavor, "cpu_runs_float16", lambda: True)
     flavor.check(cuda, "cpu")  # allowed where the CPU can
+
+
+# --- one flavor choice on every path (issue 19) ----------------------------------------------------
+def test_batch_engine_refuses_a_cpu_graph_on_cuda(tiny_bundle_nodraft, fake_cuda):
+    """`serve --parallel N` opens its graph through the same choice as Engine: the same refusal."""
+    from edgespec.engine.batch import BatchEngine
+
+    with pytest.raises(ProviderError, match=r"is the cpu flavor .* re-export with `edgespec export \.\.\. --ep cuda`"):
+        BatchEngine.open(tiny_bundle_nodraft, parallel=2, providers="cuda,cpu", verify=False, warmup=False)
+
+
+def test_batch_engine_loads_the_cuda_graph_on_cuda(tiny_both_flavors_bundle, fake_cuda):
+    """With both flavors, the batched runner gets the cuda graph on CUDA, as load_runner does."""
+    b = Bundle.open(tiny_both_flavors_bundle)
+    runner_mod.load_batch_runner(b.model_path("target"), b.target, 32, 2, providers="cuda,cpu")
+    (_, f, device), = fake_cuda
+    assert device == "cuda" and f.path == "target/model.cuda.onnx" and f.kv_dtype == "float16"
+
+
+def test_plan_counts_the_graph_the_engine_loads(tiny_both_flavors_bundle, monkeypatch):
+    """`edgespec plan` on a board whose profile puts CUDA first plans the cuda graph (float16 KV: half
+    the cpu graph's), the one Engine.open would load there."""
+    from edgespec.edge import devices
+    from edgespec.engine import build
+
+    b = Bundle.open(tiny_both_flavors_bundle)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, CPU])
+    orin = devices.engine_defaults(devices.get("orin-nano"))["providers"]
+    on_orin = build.memory_plan(b, max_len=256, want_draft=False, profile=None, budget=None, providers=orin)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CPU])
+    here = build.memory_plan(b, max_len=256, want_draft=False, profile=None, budget=None, providers=orin)
+    assert on_orin.breakdown["target_kv"] * 2 == here.breakdown["target_kv"]
+    assert flavor.planned(b.target, orin, [CUDA, CPU]).path == "target/model.cuda.onnx"
+    assert flavor.planned(b.target, orin, [CPU]).path == "target/model.onnx"

@@ -28,9 +28,10 @@ def test_levels_sorted_and_unique():
 @pytest.mark.parametrize("value", ["0", "65", "many"])
 def test_bad_parallel_option(value, tiny_bundle):
     from edgespec.cli.commands.serve import _parallel
+    from edgespec.engine.settings import Settings
 
     with pytest.raises(ConfigError, match="--parallel"):
-        _parallel(value, tiny_bundle, {})
+        _parallel(value, tiny_bundle, Settings())
 
 
 def test_parallel_in_the_server_config():
@@ -41,6 +42,7 @@ def test_parallel_in_the_server_config():
 
 def test_auto_parallel_counts_slots_in_the_budget(tiny_bundle):
     from edgespec.cli.commands.serve import _parallel
+    from edgespec.engine.settings import Settings
 
     b = Bundle.open(tiny_bundle, verify=False)
     plan = memory.plan(b, max_len=256, want_draft=False, budget_bytes=None)
@@ -52,7 +54,7 @@ def test_auto_parallel_counts_slots_in_the_budget(tiny_bundle):
     assert memory.slots_that_fit(b, plan, plan.predicted_bytes + 2 * per) == 3
     assert memory.slots_that_fit(b, plan, plan.predicted_bytes + 100 * per) == memory.MAX_AUTO_SLOTS
     budget = plan.predicted_bytes + per + per // 2
-    assert _parallel("auto", tiny_bundle, {"max_len": 256, "memory_budget": budget}) == 2
+    assert _parallel("auto", tiny_bundle, Settings.of(max_len=256, memory_budget=budget)) == 2
 
 
 def test_tiny_loadtest_reports_both_servers(tiny_bundle):

@@ -282,7 +282,7 @@ def test_bench_modes_take_self_with_fixed_k_and_refuse_it_with_model():
 
 
 def test_server_accepts_draft_self():
-    from edgespec.limits import DRAFT_MODES
+    from edgespec.drafters.modes import NAMES as DRAFT_MODES
 
     assert "self" in DRAFT_MODES
 

@@ -41,6 +41,7 @@ from typing import Any, Iterable, Sequence
 
 from ..core.costmodel import expected_tokens
 from ..errors import InvalidRequest
+from ..limits import DEFAULT_MAX_LEN
 
 GB = 1e9
 
@@ -370,7 +371,7 @@ class Projection:
         return d
 
 
-def project(work: dict[str, ModeWork], costs: dict[str, ModelCost], hw: Hardware, *, max_len: int = 2048,
+def project(work: dict[str, ModeWork], costs: dict[str, ModelCost], hw: Hardware, *, max_len: int = DEFAULT_MAX_LEN,
             k_max: int = 8, need_bytes: int | None = None) -> Projection:
     """Projects every mode in `work` (which must include "target") to `hw`. `need_bytes`: the memory
     planner's estimate for the run's engine (else weights + KV at max_len, plus 15 %)."""

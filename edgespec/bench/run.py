@@ -28,13 +28,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..drafters import modes as drafting
 from ..errors import DraftUnavailable, InvalidRequest
 from ..limits import K_LIMIT
 from ..units import peak_rss_bytes
 from .prompts import Prompt, prompt_units
 
-MODES = ("target", "model", "ngram", "suffix", "recycle", "self", "auto")
-FIXED_K_MODES = ("model", "ngram", "suffix", "recycle", "self")  # --k adds "mode k=N" columns for these
+# the drafting modes' table (drafters/modes.py), with the target alone ("none") named "target"
+MODES = ("target", *(m.name for m in drafting.MODES if m.name != "none"))
+FIXED_K_MODES = tuple(m.name for m in drafting.MODES if m.fixed_k)  # --k adds "mode k=N" columns for these
 # a speculative mode with a tree suffix runs with tree verification: "auto+tree" (tree="on": always
 # a tree) or "auto+tree-auto" (tree="auto": a tree when the cost model says it pays); plain modes
 # run chains (tree="off"), so their numbers stay comparable with runs from before trees
@@ -57,7 +59,7 @@ PREFILL_MIN_TOKENS = K_LIMIT + 2
 class Mode:
     """One column of the comparison: a drafting mode, adaptive (k=None) or with a fixed k."""
 
-    draft: str  # "none" | "model" | "ngram" | "suffix" | "recycle" | "self" | "auto"
+    draft: str  # a drafting mode's name (drafters/modes.py); "none" is the target alone
     k: int | None = None
     tree: str = "off"  # "off" (chains, as before trees existed) | "on" ("+tree") | "auto" ("+tree-auto")
 
@@ -74,8 +76,7 @@ class Mode:
 
 def parse_modes(modes: str, ks: str | None, *, has_draft: bool) -> list[Mode]:
     """'target,model,ngram,auto' and '2,4,8' -> modes; the target alone always comes first (every
-    speed-up is relative to it). Fixed-k variants are added for model and ngram (auto picks its own
-    k each round by design)."""
+    speed-up is relative to it). Fixed-k variants are added for the FIXED_K_MODES."""
     names = [m.strip() for m in modes.split(",") if m.strip()]
     bad = [m for m in names if split_tree(m)[0] not in MODES or (split_tree(m)[1] != "off" and split_tree(m)[0] == "target")]
     if bad or not names:
@@ -85,9 +86,10 @@ def parse_modes(modes: str, ks: str | None, *, has_draft: bool) -> list[Mode]:
     if "model" in bases and not has_draft:
         raise DraftUnavailable("--modes model: the bundle has no draft model (use target,ngram,self,auto)",
                                param="modes")
-    if "model" in bases and "self" in bases:
-        raise InvalidRequest("--modes: model and self need differently opened engines (the self-draft shares "
-                             "unpacked weights with the target, docs/runtime.md): run them in two benches",
+    with_runner = [b for b in dict.fromkeys(bases) if b != "target" and drafting.get(b).runner]
+    if len({drafting.get(b).runner for b in with_runner}) > 1:
+        raise InvalidRequest(f"--modes: {' and '.join(with_runner)} need differently opened engines (the self-draft "
+                             "shares unpacked weights with the target, docs/runtime.md): run them in two benches",
                              param="modes")
     k_list: list[int] = []
     if ks:
@@ -112,6 +114,12 @@ def parse_modes(modes: str, ks: str | None, *, has_draft: bool) -> list[Mode]:
                              "ngram or model)",
                              param="modes")
     return out
+
+
+def engine_mode(modes: Sequence[Mode]) -> str:
+    """The engine's mode: the table's first that loads every runner the modes need, else "ngram"."""
+    needed = {r for m in modes for r in drafting.get(m.draft).loads}
+    return next(row.name for row in drafting.MODES if needed <= set(row.loads)) if needed else "ngram"
 
 
 # --- measuring ------------------------------------------------------------------------------------

@@ -5,19 +5,33 @@
 - `ModelDrafter`  (model.py)  the small draft model on its own KV cache, adaptive from its confidence.
 - `SuffixDrafter` (suffix.py) the suffix index (suffix_index.py) over this and earlier requests.
 - `RecycleDrafter`(recycle.py) the target's own top candidates per token, kept from verify rows.
+- `SelfDrafter`   (self.py)   the target with layers skipped.
 - `AutoDrafter`   (auto.py)   per round, the source (or none) promising the most tokens per second.
 
-The interface they all implement is `base.Drafter` (a Protocol); the engine uses nothing else.
-"""
-from ..core.proposal import EMPTY, Proposal, common_prefix
-from .auto import AutoDrafter
-from .base import Beta, Drafter, DrafterBase, NoDrafter, Quote
-from .costed import CostedDrafter
-from .model import ModelDrafter
-from .ngram import NgramDrafter, ngram_lookup, ngram_match
-from .recycle import RecycleDrafter
-from .suffix import SuffixDrafter
-from .suffix_index import SuffixIndex
+The interface they all implement is `base.Drafter` (a Protocol); the engine uses nothing else. Which
+modes exist, and how the engine builds each, is the table in modes.py (one row per drafter).
 
-__all__ = ["EMPTY", "AutoDrafter", "Beta", "CostedDrafter", "Drafter", "DrafterBase", "ModelDrafter", "NgramDrafter", "NoDrafter",
-           "Proposal", "RecycleDrafter", "SuffixDrafter", "SuffixIndex", "Quote", "common_prefix", "ngram_lookup", "ngram_match"]
+The names below are imported on first use (PEP 562), so that reading the mode table (the CLI's help
+texts) does not import numpy and every drafter.
+"""
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {
+    "EMPTY": "..core.proposal", "Proposal": "..core.proposal", "common_prefix": "..core.proposal",
+    "AutoDrafter": ".auto", "Beta": ".base", "Drafter": ".base", "DrafterBase": ".base", "NoDrafter": ".base",
+    "Quote": ".base", "CostedDrafter": ".costed", "ModelDrafter": ".model", "NgramDrafter": ".ngram",
+    "ngram_lookup": ".ngram", "ngram_match": ".ngram", "RecycleDrafter": ".recycle", "SuffixDrafter": ".suffix",
+    "SuffixIndex": ".suffix_index",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidRequest
+from ..limits import DEFAULT_MAX_LEN
 from .memory import meminfo
 from .providers import ProfileOrder
 
@@ -76,7 +77,7 @@ class DeviceProfile:
             memory_bytes=gib(d.get("memory_gib")), memory_reserve_bytes=gib(d.get("memory_reserve_gib")),
             bandwidth_gbs=d.get("bandwidth_gbs"), cpu_cores=cpu.get("cores"), cpu_model=cpu.get("model"),
             providers=list(d.get("providers") or ["cpu"]), draft_providers=list(d.get("draft_providers") or ["cpu"]),
-            default_threads=d.get("default_threads"), default_max_len=int(d.get("default_max_len") or 2048),
+            default_threads=d.get("default_threads"), default_max_len=int(d.get("default_max_len") or DEFAULT_MAX_LEN),
             gpu=d.get("gpu"), memory_shared_with_gpu=bool(d.get("memory_shared_with_gpu")),
             power_modes=list(d.get("power_modes") or []), supply_w=d.get("supply_w"),
             default_power_budget_w=d.get("default_power_budget_w"), max_temp_c=d.get("max_temp_c"),

@@ -12,14 +12,18 @@ flavor is tested on machines without a GPU. An ARM core without the ARMv8.2 half
 instructions (a Raspberry Pi 4's Cortex-A72) cannot: onnxruntime's float16 kernels die there with an
 illegal instruction, so that case is refused with one line instead.
 
-Pure functions over names, so tests fake the provider list without a GPU.
+`planned` and `open_session` are the one choice every path makes: the serial engine's runners, the
+batched engine's (`serve --parallel N`), the memory plan and `edgespec plan` (which count the graph the
+engine will load), `plan --measure` (an engine opened the same way). The rest are pure functions over
+names, so tests fake the provider list without a GPU.
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import platform
-from typing import Iterable
+from pathlib import Path
+from typing import Callable, Iterable
 
 from ..errors import ProviderError
 from ..models.manifest import ModelFacts
@@ -90,3 +94,46 @@ def check(facts: ModelFacts, device: str, *, force: bool | None = None) -> None:
             f"{facts.path} is the cpu flavor (float32 attention and KV cache), which the CUDA provider cannot "
             f"run on the GPU: re-export with `edgespec export ... --ep cuda` (or --ep cpu,cuda), run with "
             f"--providers cpu, or set {FORCE_ENV}=1 to run it anyway with its attention on the CPU")
+
+
+def planned(facts: ModelFacts, providers=None, available: Iterable[str] | None = None) -> ModelFacts:
+    """The graph an engine will load for this provider order (before any session exists): what the
+    memory plan counts and `edgespec plan` shows. `available`: this onnxruntime's providers."""
+    from .providers import normalize
+
+    if available is None:
+        import onnxruntime as ort
+
+        available = ort.get_available_providers()
+    return choose(facts, first_usable(normalize(providers), available))
+
+
+def open_session(facts: ModelFacts, path: Path, providers, create: Callable, *, force: bool | None = None):
+    """Opens the graph of the flavor the provider runs, and refuses what `check` refuses. Returns
+    (graph facts, session, device).
+
+    `path`: the model's graph in its bundle (root / facts.path); a graph outside a bundle is opened as is.
+    `create(path, providers) -> (session, device)` makes the session (edge/providers.create_session
+    with the caller's threads and pools). With a cpu and a cuda graph, the cuda one is tried when CUDA
+    comes first in the order; when that session ends up on the CPU anyway (the GPU provider failed),
+    the cpu graph is loaded instead."""
+    from .providers import CPU
+
+    root = _bundle_root(Path(path), facts)
+    graphs = facts.graphs() if root is not None else {facts.graph_flavor(): facts}
+    chosen = planned(facts, providers) if root is not None else facts
+    session, device = create(root / chosen.path if root is not None else Path(path), providers)
+    got = flavor_for_device(device)
+    if got != chosen.graph_flavor() and got in graphs:
+        chosen = graphs[got]
+        session, device = create(root / chosen.path, [CPU])
+    check(chosen, device, force=force)
+    return chosen, session, device
+
+
+def _bundle_root(path: Path, facts: ModelFacts) -> Path | None:
+    """The bundle folder `path` (= root / facts.path) is in, or None for a graph outside a bundle."""
+    rel = Path(facts.path).parts
+    if len(path.parts) > len(rel) and path.parts[-len(rel):] == rel:
+        return path.parents[len(rel) - 1]
+    return None

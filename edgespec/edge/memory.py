@@ -209,6 +209,17 @@ def predict_device(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int
     return parts
 
 
+def default_max_len(bundle, profile=None) -> int:
+    """The cache length when none is asked for (the one place this default is decided): the bundle's
+    own, written by export (`--max-context`, manifest.defaults["max_len"]), else DEFAULT_MAX_LEN;
+    capped by the board's profile (`default_max_len`: what its memory and speed make sensible)."""
+    defaults = getattr(getattr(bundle, "manifest", None), "defaults", None) or {}
+    want = defaults.get("max_len")
+    want = int(want) if isinstance(want, int) and not isinstance(want, bool) and want >= 2 else DEFAULT_MAX_LEN
+    board = getattr(profile, "default_max_len", None)
+    return min(want, int(board)) if board else want
+
+
 def plan(
     bundle,
     *,
@@ -222,7 +233,8 @@ def plan(
 ) -> MemoryPlan:
     """Chooses max_len and whether to load the draft so the prediction fits `budget_bytes`.
 
-    `max_len=None` takes the device profile's default (else 2048), capped at the model's context.
+    `max_len=None` takes default_max_len (the bundle's export default, capped by the board's), capped
+    at the model's context.
     `budget_bytes=None` takes the profile's default budget; with neither, nothing is shrunk.
     Raises BudgetError, with the numbers, when even the target alone at the floor length is too big.
     """
@@ -232,7 +244,7 @@ def plan(
     if b.draft is not None:
         context = min(context, b.draft.max_context)
     if max_len is None:
-        want_len = int(getattr(profile, "default_max_len", None) or DEFAULT_MAX_LEN)
+        want_len = default_max_len(b, profile)
     else:
         if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
             raise InvalidRequest(f"max_len must be an integer >= 2, got {max_len!r}", param="max_len")

@@ -1,6 +1,6 @@
 """Several requests at once: continuous batching with speculation over one BatchRunner.
 
-    be = BatchEngine.open("bundles/qwen-coder", parallel=4)     # or BatchEngine(engine, runner)
+    be = BatchEngine.open("bundles/qwen-coder", parallel=4)     # any Settings field (engine/settings.py)
     t1 = be.submit("def fib(n):", max_new_tokens=64)            # validated and tokenized now
     t2 = be.submit(messages=[...], temperature=0.7, seed=1)
     while be.round(): pass                                      # or be.run(): a worker thread
@@ -22,11 +22,14 @@ Requests join and leave between rounds. Every request in the batch gets the toke
 alone: greedy rows are the target's argmax whatever their neighbours, and a sampled request draws
 from its own seeded RNG in the same order as it would alone (with a fixed k or no drafting).
 
-Drafting in a batch (batch_drafters.py): "none", "ngram", "suffix" (a shared history of finished
-requests plus the request's own text) and "auto" choosing between the suffix index and nothing, each
-request with its own drafters. The draft model has one cache and is not batched: with several slots
-it is not loaded, and `draft="model"` (like "self" and "recycle") is refused (serve one client at a
-time for it).
+Drafting in a batch (batch_drafters.py): the modes drafters/modes.py marks batched ("none", "ngram",
+"suffix": a shared history of finished requests plus the request's own text, and "auto" choosing
+between the suffix index and nothing), each request with its own drafters. The draft model has one
+cache and is not batched: with several slots it is not loaded, and `draft="model"` (like "self" and
+"recycle") is refused (serve one client at a time for it).
+
+Requests are parsed by the same RequestParser as the serial engine's, and each round's tokens pass
+through the same stop/emit step (loop.Emitter).
 """
 from __future__ import annotations
 
@@ -41,18 +44,19 @@ import numpy as np
 
 from ..core.batch_runner import BatchRunner, SlotRunner
 from ..core.costmodel import CostModel
-from ..core.detokenize import TextStream
 from ..core.proposal import EMPTY, common_prefix
 from ..core.sampling import choose, make_rng
 from ..core.speculative import accept_greedy, accept_sampled
 from ..drafters import Drafter, NoDrafter
 from ..errors import InvalidRequest
-from ..limits import SUFFIX_CAPACITY
+from ..limits import PREFILL_CHUNK
 from . import build
-from .engine import Engine
-from .requests import Request, check_draft_mode, check_k
+from .build import Plan
+from .loop import Emitter, finish_stats
+from .requests import Request, RequestParser, Vocabulary
 from .results import GenerationResult, GenerationStats
-from .batch_drafters import BatchDrafters, check_batched_mode, check_batched_tree
+from .batch_drafters import BatchDrafters
+from .settings import Settings
 from .batch_ticket import Ticket
 from .round_shape import RowPlan, choose_width
 
@@ -61,17 +65,15 @@ log = logging.getLogger("edgespec.batch")
 BATCH_PREFILL_CHUNK = 128  # prompt tokens per round while other requests are generating
 
 
-def auto_slots(bundle, *, max_len=None, device=None, memory_budget=None) -> int:
+def auto_slots(bundle, settings: Settings | None = None, **options) -> int:
     """`--parallel auto`: as many slots as the memory plan fits after the weights (memory.py's
     slots_that_fit), at most memory.MAX_AUTO_SLOTS. The budget is the given one, else the device
     profile's, else 80 % of what the kernel reports available now."""
-    from ..models.bundle import Bundle
+    import dataclasses
 
-    edge = build.edge_options(device, None, None, None, memory_budget, None, None)
-    b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, verify=False)
-    plan = build.memory_plan(b, max_len=max_len, want_draft=False, profile=edge["profile"],
-                             budget=edge["memory_budget"])
-    return build.parallel_slots(b, plan)
+    s = settings if settings is not None else Settings.of(**options)
+    p = build.plan(dataclasses.replace(s, draft="none", parallel=1, verify=False), bundle)
+    return build.parallel_slots(p.bundle, p.memory)
 
 
 @dataclass
@@ -81,8 +83,7 @@ class _Active:
     slot: int = -1
     ctx: list[int] = field(default_factory=list)
     filled: int = 0  # prompt tokens in the slot's cache (prefill progress)
-    out: list[int] = field(default_factory=list)
-    text: TextStream | None = None
+    emit: Emitter | None = None  # the stop/emit step, from the first token on
     stats: GenerationStats = field(default_factory=GenerationStats)
     rng: np.random.Generator | None = None
     drafter: Drafter = field(default_factory=NoDrafter)
@@ -96,12 +97,18 @@ class _Active:
 
 
 class BatchEngine:
-    def __init__(self, engine: Engine, runner: BatchRunner, *, prefill_chunk: int = BATCH_PREFILL_CHUNK,
-                 suffix_capacity: int = SUFFIX_CAPACITY):
-        self.engine = engine
+    def __init__(self, plan: Plan, runner: BatchRunner, *, governor=None, prefill_chunk: int = BATCH_PREFILL_CHUNK):
+        """The batched engine over a BatchRunner already loaded for `plan` (BatchEngine.open loads it)."""
+        self.settings = plan.settings
+        self.bundle = plan.bundle
         self.runner = runner
         self.slots = runner.slots
-        self.prefill_chunk = max(1, min(prefill_chunk, engine.prefill_chunk))
+        self.governor = governor
+        self.memory_plan = plan.memory
+        self.model_name = plan.bundle.name
+        self.prefill_chunk = max(1, min(prefill_chunk, plan.memory.prefill_chunk or PREFILL_CHUNK))
+        self.vocab = Vocabulary.of(plan.bundle, plan.bundle.load_tokenizer(), runner.vocab_size)
+        self._parse = RequestParser(self.vocab, runner.max_len, plan.settings, unavailable=lambda mode: None)
         self._cached: list[list[int]] = [[] for _ in range(self.slots)]  # what each slot's cache holds
         self._waiting: deque[_Active] = deque()
         self._active: dict[int, _Active] = {}  # slot -> request
@@ -110,54 +117,43 @@ class BatchEngine:
         self._stopping = False
         self.rounds = 0
         self.last_batch = 0  # rows in the last decode round (for /metrics)
-        self._drafters = BatchDrafters(suffix_capacity)  # each request's drafters, and what they share
+        # each request's drafters, and what they share
+        self._drafters = BatchDrafters(plan.settings.suffix_capacity)
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
-    def open(cls, bundle, *, parallel: int, draft: str = "auto", k: int | None = None, max_len: int | None = None,
-             providers=None, threads: int | None = None, device=None, memory_budget=None, power_budget=None,
-             max_temp=None, verify: bool = True, warmup: bool = True,
-             suffix_capacity: int = SUFFIX_CAPACITY, tree: str = "auto") -> "BatchEngine":
+    def open(cls, bundle, settings: Settings | None = None, **options) -> "BatchEngine":
         """Loads the target with `parallel` cache slots (no draft model: see the module docstring).
+        `settings`, or its fields as keywords (engine/settings.py; `parallel` is required);
         suffix_capacity: tokens of finished requests the shared suffix history keeps (batch_drafters.py)."""
-        from ..models.bundle import Bundle
+        if settings is None:
+            if "parallel" not in options:
+                raise TypeError("BatchEngine.open: parallel= is required")
+            settings = Settings.of(**options)
+        elif options:
+            raise TypeError("BatchEngine.open: pass either settings or keyword options, not both")
+        return cls.from_plan(build.plan(settings, bundle))
 
-        if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
-            raise InvalidRequest(f"parallel must be an integer >= 1, got {parallel!r}", param="parallel")
-        check_draft_mode(draft)
-        check_batched_mode(draft)
-        check_batched_tree(tree)
-        check_k(k)
-        edge = build.edge_options(device, providers, None, threads, memory_budget, power_budget, max_temp)
-        b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, verify=verify)
-        plan = build.memory_plan(b, max_len=max_len, want_draft=False, profile=edge["profile"],
-                                 budget=edge["memory_budget"])
-        max_len = plan.max_len
-        runner = build.load_batch_runner(b.model_path("target"), b.target, max_len, parallel,
-                                   providers=edge["providers"], threads=edge["threads"], profile=edge["profile"])
-        governor = build.governor(edge, spinning=True)
-        # the engine validates and tokenizes; batched requests draft with BatchDrafters, so its own
-        # suffix index is the smallest there is
-        eng = Engine(b, SlotRunner(runner, 0), None, b.load_tokenizer(), draft_mode=draft, k=k,
-                     governor=governor, memory_plan=plan, suffix_capacity=16)
-        if warmup:
+    @classmethod
+    def from_plan(cls, p: Plan) -> "BatchEngine":
+        s, b = p.settings, p.bundle
+        runner = build.load_batch_runner(b.model_path("target"), b.target, p.max_len, s.parallel,
+                                         providers=p.providers, threads=p.threads, profile=p.profile,
+                                         deterministic=s.deterministic)
+        if s.warmup:
             runner.warmup()
-        return cls(eng, runner, suffix_capacity=suffix_capacity)
+        return cls(p, runner, governor=build.governor(p, spinning=True))
 
     @property
     def max_len(self) -> int:
         return self.runner.max_len
 
-    @property
-    def model_name(self) -> str:
-        return self.engine.model_name
-
-    @property
-    def governor(self):
-        return self.engine.governor
-
     def count_tokens(self, prompt=None, *, messages=None) -> int:
-        return self.engine.count_tokens(prompt, messages=messages)
+        return len(self.vocab.encode(prompt, messages))
+
+    def encode(self, prompt=None, *, messages=None) -> list[int]:
+        """The token ids a request with this prompt or these messages starts from (as Engine.encode)."""
+        return self.vocab.encode(prompt, messages)
 
     @property
     def active(self) -> int:
@@ -174,11 +170,8 @@ class BatchEngine:
                on_start: Callable[[], None] | None = None, tree: str | None = None) -> Ticket:
         """Validates and tokenizes now (bad input raises here); the request joins at the next round.
         Batched rounds are chains: tree "auto" and "off" run them, "on" is refused."""
-        check_batched_mode(draft)
-        check_batched_tree(tree)
-        req = self.engine._request(prompt, messages, max_new_tokens, temperature, top_p, top_k, seed, stop, draft,
-                                   k, cancel)
-        check_batched_mode(req.draft)
+        req = self._parse(prompt, messages, max_new_tokens, temperature, top_p, top_k, seed, stop, draft, k, cancel,
+                          tree)
         with self._cv:
             self._ids += 1
             t = Ticket(self._ids, len(req.ids), on_delta, on_start)
@@ -196,7 +189,8 @@ class BatchEngine:
 
     def close(self) -> None:
         self.stop()
-        self.engine.close()
+        if self.governor is not None:
+            self.governor.close()
 
     def generate_many(self, requests: list[dict]) -> list[GenerationResult]:
         """Submits every request (dicts of submit's keyword arguments) and runs rounds until all end."""
@@ -283,10 +277,10 @@ class BatchEngine:
                     a.ticket.on_start()
 
     def _start(self, a: _Active) -> None:
-        req, eng = a.req, self.engine
+        req = a.req
         a.rng = make_rng(req.params.seed)
         a.stats = GenerationStats(prompt_tokens=len(req.ids), drafter=req.draft)
-        gov = eng.governor
+        gov = self.governor
         a.mark = gov.mark() if gov is not None and hasattr(gov, "mark") else None
         reuse = min(common_prefix(self._cached[a.slot], req.ids), len(req.ids) - 1, self.runner.lengths[a.slot])
         a.stats.cached_tokens = reuse
@@ -307,36 +301,30 @@ class BatchEngine:
             return
         a.stats.target_passes = 1
         a.drafter.begin(a.ctx)
-        first = choose(row, a.req.params, self.engine.usable, a.rng)
+        first = choose(row, a.req.params, self.vocab.usable, a.rng)
         a.ctx.append(first)
         a.t_first = time.perf_counter()
         a.stats.ttft_s = a.t_first - a.t0
-        a.text = TextStream(self.engine.tokenizer, a.req.ids, a.req.stop)
+        a.emit = Emitter(self.vocab.tokenizer, a.req, self.vocab.eos_ids)
         a.decoding = True
         self._emit(a, [first])
 
     # -- decoding ---------------------------------------------------------------------------------
     def _emit(self, a: _Active, tokens: list[int]) -> None:
-        """Streams a round's tokens until a stop condition; ends the request when one hits."""
-        eng = self.engine
-        for t in tokens:
-            if t in eng.eos_ids:
-                return self._end(a, "stop")
-            a.out.append(t)
-            delta = a.text.push(t)
-            if delta and a.ticket.on_delta is not None:
+        """Streams a round's tokens until a stop condition (loop.Emitter, the serial loop's step too);
+        ends the request when one hits."""
+        for delta in a.emit.push(tokens):
+            if a.ticket.on_delta is not None:
                 a.ticket.on_delta(delta)
-            if a.text.stopped:
-                return self._end(a, "stop")
-            if len(a.out) >= a.req.max_new_tokens:
-                return self._end(a, "length")
+        if a.emit.finish:
+            return self._end(a, a.emit.finish)
         if self.runner.free(a.slot) < 1:  # the newest token needs a position
             return self._end(a, "cache_full")
         return None
 
     def _decode_round(self, decoding: list[_Active]) -> None:
-        eng, usable = self.engine, self.engine.usable
-        gov = eng.governor
+        usable = self.vocab.usable
+        gov = self.governor
         lim = gov.limits() if gov is not None else None
         lo, hi = self.runner.pass_range([a.slot for a in decoding])
         table = self.runner.times.pricing(hi - lo)
@@ -345,7 +333,7 @@ class BatchEngine:
         for a in decoding:
             a.costs.target = table
             free = self.runner.free(a.slot)
-            k = min(a.k_cap, free - 1, a.req.max_new_tokens - len(a.out) - 1)
+            k = min(a.k_cap, free - 1, a.req.max_new_tokens - len(a.emit.out) - 1)
             drafter = a.drafter
             if lim is not None:
                 if lim.max_k is not None:
@@ -408,36 +396,20 @@ class BatchEngine:
     def _end(self, a: _Active, finish: str) -> None:
         if a.slot in self._active and self._active[a.slot] is a:
             del self._active[a.slot]
-        if a.text is not None:
-            tail = a.text.finish()
+        if a.emit is not None:
+            tail = a.emit.tail()
             if tail and a.ticket.on_delta is not None:
                 a.ticket.on_delta(tail)
         self._drafters.finished(a.drafter, a.ctx)  # later requests draft from its text and estimates
         self._finish(a, finish)
 
     def _finish(self, a: _Active, finish: str) -> None:
-        now = time.perf_counter()
-        st = a.stats
-        st.new_tokens = len(a.out)
-        st.total_s = now - a.t0
-        if st.drafted:
-            st.acceptance_rate = st.accepted / st.drafted
-        if st.target_passes:
-            st.tokens_per_pass = len(a.out) / st.target_passes
-        if st.rounds:
-            st.k_mean = st.drafted / st.rounds
+        out = a.emit.out if a.emit is not None else []
+        st = finish_stats(a.stats, len(out), a.t0, a.t_first, self.governor, a.mark)
         if a.ticket.batch_sizes:
             st.batch_size_mean = sum(a.ticket.batch_sizes) / len(a.ticket.batch_sizes)
-        if len(a.out) > 1 and a.t_first and now > a.t_first:
-            st.decode_tokens_per_second = (len(a.out) - 1) / (now - a.t_first)
-        gov = self.engine.governor
-        if a.mark is not None and gov is not None:
-            try:
-                st.energy_j_per_token = gov.j_per_token_since(a.mark)
-            except Exception:  # noqa: BLE001 - a sensor read failing must not fail the request
-                st.energy_j_per_token = None
-        text = a.text.text if a.text is not None else ""
-        a.ticket.result = GenerationResult(text, list(a.out), finish, st)
+        text = a.emit.text.text if a.emit is not None else ""
+        a.ticket.result = GenerationResult(text, list(out), finish, st)
         a.ticket.done.set()
 
     def _fail(self, a: _Active, e: BaseException) -> None:

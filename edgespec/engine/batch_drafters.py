@@ -12,9 +12,10 @@ fresh drafters, seeded from what finished requests left:
 - acceptance estimates (n-gram per matched length, suffix per length and frequency bin): a new
   request starts from the last finished request's, faded as the serial drafters fade them.
 
-Modes: `none`, `ngram` (this request's text only), `suffix` (the history and this request), and
-`auto` choosing per round between the suffix index and nothing. The draft model, the self-draft and
-recycled candidates need one model cache or the verify rows of one request at a time: refused.
+Modes (the rows drafters/modes.py marks batched): `none`, `ngram` (this request's text only), `suffix`
+(the history and this request), and `auto` choosing per round between the suffix index and nothing.
+The draft model, the self-draft and recycled candidates need one model cache or the verify rows of
+one request at a time: refused when the request is parsed.
 """
 from __future__ import annotations
 
@@ -25,30 +26,7 @@ from ..core.costmodel import CostModel
 from ..drafters import AutoDrafter, Drafter, NgramDrafter, NoDrafter
 from ..drafters.suffix import SuffixDrafter
 from ..drafters.suffix_index import SuffixIndex
-from ..errors import DraftUnavailable, InvalidRequest
 from ..limits import DEFAULT_K_CAP, SUFFIX_CAPACITY
-from .requests import check_tree_mode
-
-BATCHED_MODES = ("none", "ngram", "suffix", "auto")
-
-
-def check_batched_mode(mode: str | None) -> None:
-    """Modes a batched request may ask for (None: the server's default)."""
-    if mode is not None and mode not in BATCHED_MODES:
-        raise DraftUnavailable(f"draft={mode!r} is not batched: with several slots (--parallel > 1) use "
-                               f"{', '.join(BATCHED_MODES)}, or serve one client at a time (--parallel 1)",
-                               param="draft")
-
-
-def check_batched_tree(tree: str | None) -> None:
-    """Batched rounds verify chains: tree "auto" (which may always choose a chain) and "off" run,
-    "on" is refused rather than silently ignored."""
-    if tree is not None:
-        check_tree_mode(tree)
-    if tree == "on":
-        raise InvalidRequest("tree='on' is not batched: with several slots (--parallel > 1) rounds verify chains; "
-                             "use tree 'auto' or 'off', or serve one client at a time (--parallel 1)", param="tree")
-
 
 class BatchDrafters:
     def __init__(self, suffix_capacity: int = SUFFIX_CAPACITY):
@@ -57,8 +35,8 @@ class BatchDrafters:
         self._suffix_acc = None  # ... and its suffix acceptance table
 
     def for_request(self, mode: str, k: int | None, costs: CostModel) -> tuple[Drafter, int]:
-        """The request's drafter and per-round proposal cap (k=None: sized from measured costs)."""
-        check_batched_mode(mode)
+        """The request's drafter and per-round proposal cap (k=None: sized from measured costs). `mode`
+        is one the table marks batched (drafters/modes.py; the request parser refused the others)."""
         if mode == "none":
             return NoDrafter(), 0
         cap = DEFAULT_K_CAP if k is None else k

@@ -1,36 +1,40 @@
 """Building an engine's parts: the one place where the edge concerns (device profiles, providers,
-memory plan, governor) are consulted. Everything here runs before the first request.
+graph flavors, memory plan, governor) are consulted. Everything here runs before the first request:
+
+    Settings (settings.py) + bundle + board --plan()--> Plan --> Engine.from_plan / BatchEngine.from_plan
 """
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..core.batch_runner import BatchRunner
 from ..core.runner import ModelRunner
 from ..edge import devices, flavor, memory, providers as prov
 from ..edge import governor as gov
-from ..errors import InvalidRequest
 from ..models.bundle import Bundle
 from ..models.manifest import ModelFacts
-from ..units import parse_celsius, parse_size, parse_watts
+from .settings import Settings
+
+log = logging.getLogger("edgespec.engine")
 
 
 def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, threads: int | None = None,
                 spinning: bool | None = None, shared_threads: bool = False, profile=None,
-                force_flavor: bool | None = None) -> ModelRunner:
+                force_flavor: bool | None = None, deterministic: bool = False) -> ModelRunner:
     """Creates the session (trying providers in order, see edge/providers.py) and its runner.
 
-    The graph is the bundle's one whose flavor matches the provider (edge/flavor.py): with a cpu and
-    a cuda graph, the cuda one is loaded when CUDA comes first in the order, and the cpu one when the
-    session ends up on the CPU anyway. A cpu-flavored graph on CUDA is refused (flavor.check) unless
-    `force_flavor` (default: $EDGESPEC_FORCE_FLAVOR).
+    The graph is the bundle's one whose flavor matches the provider (edge/flavor.py open_session, the
+    choice every path makes): a cpu-flavored graph on CUDA is refused unless `force_flavor`
+    (default: $EDGESPEC_FORCE_FLAVOR).
 
     `shared_threads`: run on the process-wide thread pool (providers.use_shared_thread_pool),
     falling back to a pool of its own without spinning when that cannot be had. `spinning=False` alone is
     the fallback's setting: when two sessions take turns on the same cores, a pool thread
-    busy-waiting after one session's step steals a core from the other's next step."""
-    import onnxruntime as ort
-
+    busy-waiting after one session's step steals a core from the other's next step.
+    `deterministic`: Settings.deterministic, carried here for the session options that make it so."""
     kw: dict = {}
     # another engine in this process may have set the shared pool up: every session must then use it
     if (shared_threads and prov.use_shared_thread_pool(threads)) or prov.shared_pool_active():
@@ -39,39 +43,28 @@ def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, 
         kw["spinning"] = False
     elif spinning is not None:
         kw["spinning"] = spinning
-    root = _bundle_root(Path(path), facts)
-    graphs = facts.graphs() if root is not None else {facts.graph_flavor(): facts}
-    first = flavor.first_usable(prov.normalize(providers), ort.get_available_providers())
-    chosen = flavor.choose(facts, first) if root is not None else facts
-    gpath = root / chosen.path if root is not None else Path(path)
-    session, device = prov.create_session(gpath, providers=providers, threads=threads, profile=profile, **kw)
-    got = flavor.flavor_for_device(device)
-    if got != chosen.graph_flavor() and got in graphs:
-        # the GPU provider failed and the session fell to the CPU: load the graph made for it
-        chosen = graphs[got]
-        session, device = prov.create_session(root / chosen.path, providers=[prov.CPU], threads=threads,
-                                              profile=profile, **kw)
-    flavor.check(chosen, device, force=force_flavor)
+
+    def create(gpath, order):
+        return prov.create_session(gpath, providers=order, threads=threads, profile=profile, **kw)
+
+    chosen, session, device = flavor.open_session(facts, Path(path), providers, create, force=force_flavor)
     return ModelRunner(session, chosen, max_len, device=device)
 
 
-def _bundle_root(path: Path, facts: ModelFacts) -> Path | None:
-    """The bundle folder `path` (= root / facts.path) is in, or None for a graph outside a bundle."""
-    rel = Path(facts.path).parts
-    if len(path.parts) > len(rel) and path.parts[-len(rel):] == rel:
-        return path.parents[len(rel) - 1]
-    return None
-
-
 def load_batch_runner(path: Path, facts: ModelFacts, max_len: int, slots: int, *, providers=None,
-                      threads: int | None = None, profile=None) -> BatchRunner:
-    """The target with `slots` cache slots (server --parallel): one session, no draft model."""
+                      threads: int | None = None, profile=None, force_flavor: bool | None = None,
+                      deterministic: bool = False) -> BatchRunner:
+    """The target with `slots` cache slots (server --parallel): one session, no draft model; its
+    graph chosen, and refused, as load_runner's (edge/flavor.py open_session)."""
     # on the process-wide pool like load_runner's sessions: an engine opened later in this process
     # (a test, a bench) then finds the same thread setup whichever kind of engine came first
     shared = prov.use_shared_thread_pool(threads) or prov.shared_pool_active()
-    session, device = prov.create_session(path, providers=providers, threads=threads, profile=profile,
-                                          shared_threads=shared)
-    return BatchRunner(session, facts, max_len, slots, device=device)
+
+    def create(gpath, order):
+        return prov.create_session(gpath, providers=order, threads=threads, profile=profile, shared_threads=shared)
+
+    chosen, session, device = flavor.open_session(facts, Path(path), providers, create, force=force_flavor)
+    return BatchRunner(session, chosen, max_len, slots, device=device)
 
 
 def parallel_slots(b: Bundle, plan: memory.MemoryPlan) -> int:
@@ -86,45 +79,64 @@ def parallel_slots(b: Bundle, plan: memory.MemoryPlan) -> int:
     return memory.slots_that_fit(b, plan, budget)
 
 
-def edge_options(device, providers, draft_providers, threads, memory_budget, power_budget, max_temp) -> dict:
-    """Checks the device and edge options (each bad value is an InvalidRequest naming its option)
-    and fills what the caller left unset from the device profile (devices.engine_defaults).
+@dataclass(frozen=True)
+class Plan:
+    """Settings + bundle + board: what an engine loads, and how. Engine and BatchEngine are built
+    from one (their `from_plan`); nothing below re-reads an option."""
 
-    device: None -> no profile (onnxruntime's defaults, no default memory budget); "auto" -> the
-    board this runs on, detected; a name or alias -> that profile; a DeviceProfile -> itself. A
-    profile's memory is what this machine's kernel reports when the profile has none (a Pi 4) or
-    when it is the board itself. Explicit options always win over the profile."""
+    settings: Settings
+    bundle: Bundle
+    profile: devices.DeviceProfile | None  # the board's profile (None: no board defaults)
+    providers: Any  # the target's provider order: the caller's, else the profile's, else None (default)
+    draft_providers: Any
+    threads: int | None
+    memory: memory.MemoryPlan  # cache length, whether the draft model fits
+    runners: frozenset[str]  # besides the target: "draft" (the draft model) and/or "self" (self-draft)
+
+    @property
+    def max_len(self) -> int:
+        return self.memory.max_len
+
+
+def plan(settings: Settings, bundle) -> Plan:
+    """The one step from settings to what gets loaded: the board (device profile) fills the options
+    left unset, the drafting mode's row says which runners it wants (drafters/modes.py), the memory
+    plan decides the cache length and whether the draft model fits. A mode that cannot run on this
+    bundle is refused here, before any model loads."""
+    from ..drafters import modes
+    from ..errors import DraftUnavailable
+
     profile = None
-    if device is not None:
-        profile = devices.with_measured_memory(devices.resolve(device))
-    if providers is not None:
-        prov.normalize(providers)
-    if draft_providers is not None:
-        try:
-            prov.normalize(draft_providers)
-        except InvalidRequest as e:
-            raise InvalidRequest(f"draft providers: {e}", param="draft_providers") from None
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024):
-        raise InvalidRequest(f"threads must be an integer from 1 to 1024 (or None: onnxruntime's default), "
-                             f"got {threads!r}", param="threads")
-    out = devices.engine_defaults(profile, providers=providers, draft_providers=draft_providers, threads=threads)
-    out["profile"] = profile
-    out["memory_budget"] = parse_size(memory_budget) if memory_budget is not None else None
-    out["power_budget_w"] = parse_watts(power_budget) if power_budget is not None else None
-    out["max_temp_c"] = parse_celsius(max_temp) if max_temp is not None else None
-    return out
+    if settings.device is not None:
+        profile = devices.with_measured_memory(devices.resolve(settings.device))
+    given = lambda v: list(v) if v is not None and not isinstance(v, prov.ProfileOrder) else v  # noqa: E731
+    d = devices.engine_defaults(profile, providers=given(settings.providers),
+                                draft_providers=given(settings.draft_providers), threads=settings.threads)
+    b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, verify=settings.verify)
+    row = modes.get(settings.draft)
+    if row.runner == "draft" and b.draft is None:
+        raise DraftUnavailable(f"bundle {b.name} has no draft model: use draft='ngram' or 'auto'", param="draft")
+    want_draft = "draft" in row.loads and b.draft is not None and not settings.batched
+    mem = memory_plan(b, max_len=settings.max_len, want_draft=want_draft, profile=profile,
+                      budget=settings.memory_budget, providers=d["providers"])
+    for note in mem.notes:  # what a budget changed matters; the rest is detail
+        log.log(logging.INFO if mem.budget_bytes is not None else logging.DEBUG, "memory plan: %s", note)
+    if row.runner == "draft" and not mem.load_draft:
+        raise DraftUnavailable("the memory budget leaves no room for the draft model: use draft='ngram' "
+                               "or 'auto', or raise the budget", param="draft")
+    runners = {"draft"} if mem.load_draft else set()
+    if "self" in row.loads and not settings.batched:
+        runners.add("self")
+    return Plan(settings, b, profile, d["providers"], d["draft_providers"], d["threads"], mem, frozenset(runners))
 
 
 def memory_plan(b: Bundle, *, max_len, want_draft: bool, profile, budget: int | None,
                 providers=None) -> memory.MemoryPlan:
     """The memory module's plan: `budget` (bytes) or else the profile's default budget decides the
     cache length and whether the draft is loaded; with neither, nothing is shrunk. It counts the
-    graphs load_runner will pick for `providers` (a bundle may hold two flavors)."""
-    import onnxruntime as ort
-
-    first = flavor.first_usable(prov.normalize(providers), ort.get_available_providers())
+    graph load_runner will pick for `providers` (flavor.planned: a bundle may hold two flavors)."""
     return memory.plan(b, max_len=max_len, want_draft=want_draft, budget_bytes=budget, profile=profile,
-                       flavor=flavor.choose(b.target, first).graph_flavor())
+                       flavor=flavor.planned(b.target, providers).graph_flavor())
 
 
 def sessions_spin(load_draft: bool) -> bool:
@@ -138,10 +150,11 @@ def sessions_spin(load_draft: bool) -> bool:
     return not load_draft
 
 
-def governor(edge: dict, *, spinning: bool):
+def governor(p: Plan, *, spinning: bool):
     """A governor when a power or temperature limit is asked for or a device is named (then it
     measures energy and applies the profile's temperature limit); None otherwise."""
-    if edge["power_budget_w"] is None and edge["max_temp_c"] is None and edge["profile"] is None:
+    s = p.settings
+    if s.power_budget_w is None and s.max_temp_c is None and p.profile is None:
         return None
-    return gov.from_options(device=edge["profile"], power_budget=edge["power_budget_w"],
-                            max_temp=edge["max_temp_c"], spinning=spinning)
+    return gov.from_options(device=p.profile, power_budget=s.power_budget_w, max_temp=s.max_temp_c,
+                            spinning=spinning)

@@ -1,13 +1,14 @@
 """Engine: a bundle opened for generation — text in, text out, as the target alone would write it.
 
-    eng = Engine.open("bundles/qwen-coder")         # draft="auto" | "model" | "suffix" | "recycle" | "ngram" | "none"
+    eng = Engine.open("bundles/qwen-coder")         # draft="auto" | ... (drafters/modes.py), any Settings field
     r = eng.generate("def fib(n):", max_new_tokens=64)
     for delta in eng.stream(messages=[{"role": "user", "content": "hi"}], temperature=0.7, seed=1): ...
 
 The engine owns the models, the drafters and the prefix cache, and lends them to the decode loop
-(loop.py) one request at a time (a lock; the server queues in front of it). Requests are checked and
-tokenized first (requests.py); the edge concerns are consulted once, when the engine is built
-(build.py): a memory plan sizes the cache and decides whether the draft fits, a governor caps k or
+(loop.py) one request at a time (a lock; the server queues in front of it). Its options are one
+Settings (settings.py), checked once; build.plan turns them with the bundle and the board into the
+Plan it is built from. Requests are checked and tokenized first (requests.py); the edge concerns are
+consulted once, when the plan is made (build.py): a memory plan sizes the cache and decides whether the draft fits, a governor caps k or
 drafting, or paces rounds, under a power or thermal limit.
 """
 from __future__ import annotations
@@ -19,86 +20,79 @@ from typing import Generator
 
 from ..core.costmodel import CostModel
 from ..core.runner import ModelRunner
-from ..core.sampling import SamplingParams
-from ..drafters import (AutoDrafter, Drafter, ModelDrafter, NgramDrafter, NoDrafter, RecycleDrafter, SuffixDrafter,
-                        SuffixIndex)
-from ..errors import DraftUnavailable, InvalidRequest, PromptTooLong
-from ..limits import DEFAULT_K_CAP, PREFILL_CHUNK, SUFFIX_CAPACITY
+from ..drafters import AutoDrafter, Drafter, modes
+from ..errors import InvalidRequest
+from ..limits import DEFAULT_K_CAP
 from ..models.bundle import Bundle
 from . import build, selfdraft
+from .build import Plan
 from .loop import Parts, PrefixCache, decode
-from .requests import (Encoder, Request, cancel_fn, check_draft_mode, check_k, check_max_new_tokens, check_stop,
-                       check_tree_mode)
+from .requests import Request, RequestParser, Vocabulary
 from .results import GenerationResult, Stream
+from .settings import Settings
 from .tree_round import TreeVerifier
 
 log = logging.getLogger("edgespec.engine")
 
 
 class Engine:
-    def __init__(self, bundle: Bundle, target: ModelRunner, draft: ModelRunner | None, tokenizer, *,
-                 draft_mode: str = "auto", k: int | None = None, governor=None, memory_plan=None,
-                 prefill_chunk: int = PREFILL_CHUNK, self_runner=None, tree: str = "auto",
-                 suffix_capacity: int = SUFFIX_CAPACITY):
+    def __init__(self, plan: Plan, target: ModelRunner, runners: dict[str, ModelRunner | None], *,
+                 governor=None):
+        """The engine over runners already loaded for `plan` (Engine.open loads them): `runners`
+        holds the draft model's ("draft") and the self-draft's ("self") where loaded."""
+        s = plan.settings
+        bundle = plan.bundle
+        self.settings = s
         self.bundle = bundle
         self.target = target
-        self.draft_runner = draft
-        self.tokenizer = tokenizer
+        self.draft_runner = runners.get("draft")
+        self.self_runner = runners.get("self")  # the self-draft (engine/selfdraft.py), when loaded
         self.max_len = target.max_len
         self.model_name = bundle.name
-        self.draft_mode = draft_mode
-        self.k = k
+        self.draft_mode = s.draft
+        self.k = s.k
+        self.tree_mode = s.tree
         self.governor = governor
-        self.memory_plan = memory_plan
-        self.prefill_chunk = prefill_chunk
-        tf = bundle.manifest.tokenizer
-        self.usable = min(tf.usable_vocab, target.vocab_size)
-        self.eos_ids = frozenset(tf.eos_ids)
+        self.memory_plan = plan.memory
+        self.prefill_chunk = plan.memory.prefill_chunk
+        self.vocab = Vocabulary.of(bundle, bundle.load_tokenizer(), target.vocab_size)
+        self.tokenizer = self.vocab.tokenizer
+        self.usable, self.eos_ids = self.vocab.usable, self.vocab.eos_ids
+        draft = self.draft_runner
         self.costs = CostModel(target.times, draft.times if draft is not None else None)
-        self.self_runner = self_runner  # the self-draft (engine/selfdraft.py), when loaded
-        ngram = NgramDrafter(self.costs)
-        model = (ModelDrafter(draft, self.usable, self.costs, vocab_map=_draft_vocab_map(bundle))
-                 if draft is not None else None)
-        own = None
-        if self_runner is not None:
-            from ..drafters.self import SelfDrafter
-
-            own = SelfDrafter(self_runner, self.usable, CostModel(target.times, self_runner.times))
-        # free drafters: the suffix index spans requests (bounded; reset_cache() clears it), the
-        # recycle table learns from the target's verify rows
-        self._suffix = SuffixDrafter(SuffixIndex(suffix_capacity), self.costs)
-        recycle = RecycleDrafter(self.usable, self.costs)
-        self._drafters: dict[str, Drafter] = {"none": NoDrafter(), "ngram": ngram, "suffix": self._suffix,
-                                              "recycle": recycle}
-        if model is not None:
-            self._drafters["model"] = model
-        if own is not None:
-            self._drafters["self"] = own
-        self._drafters["auto"] = AutoDrafter(self.costs, [d for d in (self._suffix, recycle, model, own) if d is not None])
-        check_tree_mode(tree)
-        self.tree_mode = tree
-        self._tree = TreeVerifier(self.costs, ngram, model)
+        # every mode the table can build with what is loaded (drafters/modes.py); the free drafters
+        # learn across requests: the suffix index (bounded; reset_cache() clears it), the recycle table
+        kit = modes.Kit(self.costs, self.usable, target.times, {"draft": draft, "self": self.self_runner},
+                        s.suffix_capacity, _draft_vocab_map(bundle) if draft is not None else None)
+        self._drafters: dict[str, Drafter] = {}
+        for row in modes.MODES:
+            d = row.build(kit) if row.build is not None else None
+            if d is not None:
+                self._drafters[row.name] = d
+        ranked = sorted((r for r in modes.MODES if r.auto_rank is not None and r.name in self._drafters),
+                        key=lambda r: r.auto_rank)
+        self._drafters["auto"] = AutoDrafter(self.costs, [self._drafters[r.name] for r in ranked])
+        self._suffix = self._drafters["suffix"]
+        self._tree = TreeVerifier(self.costs, self._drafters["ngram"], self._drafters.get("model"))
         self._cache = PrefixCache()
         self._lock = threading.Lock()
-        cfg = bundle.tokenizer_config()
-        self._encode = Encoder(tokenizer, tf,
-                               bos_text=_token_text(cfg.get("bos_token")) or self._id_text(tf.bos_id),
-                               eos_text=_token_text(cfg.get("eos_token")) or
-                               self._id_text(tf.eos_ids[0] if tf.eos_ids else None))
+        self._parse = RequestParser(self.vocab, self.max_len, s, unavailable=self._unavailable,
+                                    tree_check=self._check_tree_possible)
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
-    def open(cls, bundle: str | os.PathLike | Bundle, *, draft: str = "auto", k: int | None = None,
-             max_len: int | None = None, providers=None, draft_providers=None, threads: int | None = None,
-             device=None, memory_budget=None, power_budget=None, max_temp=None, verify: bool = True,
-             warmup: bool = True, tree: str = "auto", suffix_capacity: int = SUFFIX_CAPACITY) -> "Engine":
+    def open(cls, bundle: str | os.PathLike | Bundle, settings: Settings | None = None, **options) -> "Engine":
         """Verifies the bundle (sha256 unless verify=False), plans memory, loads the models.
 
-        draft: the default drafting mode of requests ("auto" | "model" | "suffix" | "recycle" |
-        "ngram" | "self" | "none"). Without "auto" or "model" the draft model is not loaded at all
-        (less memory, faster start). "self" loads the self-draft instead (the target with layers
-        skipped, on shared weights: engine/selfdraft.py); only an engine opened with it serves
-        draft="self" requests, and its `auto` has the self-draft as one more option.
+        `settings` (engine/settings.py), or its fields as keywords (checked by Settings.of, each bad
+        value one named error, before the bundle is read):
+        draft: the default drafting mode of requests (drafters/modes.py: auto, model, suffix, recycle,
+        ngram, self, none). Without "auto" or "model" the draft model is not loaded at all (less
+        memory, faster start). "self" loads the self-draft instead (the target with layers skipped,
+        on shared weights: engine/selfdraft.py); only an engine opened with it serves draft="self"
+        requests, and its `auto` has the self-draft as one more option.
+        max_len: the cache length; default: the bundle's (`export --max-context`) capped by the
+        board's profile and the memory budget.
         suffix_capacity: tokens the suffix index keeps across requests (4 bytes each; the oldest
         are evicted).
         warmup: time the step sizes adaptive drafting chooses between once at open (about 1 s on
@@ -107,45 +101,42 @@ class Engine:
         provider orders, threads, default memory budget and max_len fill what is left unset
         (docs/edge.md, "What --device sets"); explicit options always win.
         tree: the default tree verification of requests ("auto" | "on" | "off", docs/runtime.md)."""
-        check_draft_mode(draft)
-        check_k(k)
-        check_tree_mode(tree)
-        # every edge option is checked before the bundle is read: a typo costs no model load
-        edge = build.edge_options(device, providers, draft_providers, threads, memory_budget, power_budget, max_temp)
-        providers, draft_providers, threads = edge["providers"], edge["draft_providers"], edge["threads"]
-        b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, verify=verify)
-        if draft == "model" and b.draft is None:
-            raise DraftUnavailable(f"bundle {b.name} has no draft model: use draft='ngram' or 'auto'", param="draft")
-        want_draft = draft in ("auto", "model") and b.draft is not None
-        plan = build.memory_plan(b, max_len=max_len, want_draft=want_draft, profile=edge["profile"],
-                                 budget=edge["memory_budget"], providers=providers)
-        for note in plan.notes:  # what a budget changed matters; the rest is detail
-            log.log(logging.INFO if plan.budget_bytes is not None else logging.DEBUG, "memory plan: %s", note)
-        if draft == "model" and not plan.load_draft:
-            raise DraftUnavailable("the memory budget leaves no room for the draft model: use draft='ngram' "
-                                   "or 'auto', or raise the budget", param="draft")
-        # both models on one shared thread pool: they take turns, and must not fight over cores
+        if settings is None:
+            settings = Settings.of(**options)
+        elif options:
+            raise TypeError("Engine.open: pass either settings or keyword options, not both")
+        if settings.batched:
+            raise InvalidRequest("Engine serves one request at a time: open a BatchEngine for parallel > 1",
+                                 param="parallel")
+        return cls.from_plan(build.plan(settings, bundle))
+
+    @classmethod
+    def from_plan(cls, p: Plan) -> "Engine":
+        """Loads the runners the plan names and builds the engine (both models on one shared thread
+        pool: they take turns, and must not fight over cores)."""
+        s, b = p.settings, p.bundle
         target = self_runner = None
-        if selfdraft.wanted(draft, plan.load_draft):
-            pair = selfdraft.open_for_engine(b, plan.max_len, required=draft == "self", providers=providers,
-                                             threads=threads, profile=edge["profile"])
+        if "self" in p.runners:
+            pair = selfdraft.open_for_engine(b, p.max_len, required=s.draft == "self", providers=p.providers,
+                                             threads=p.threads, profile=p.profile)
             if pair is not None:
                 target, self_runner = pair.target, pair.runner
+        with_draft = "draft" in p.runners
         if target is None:
-            target = build.load_runner(b.model_path("target"), b.target, plan.max_len, providers=providers,
-                                       threads=threads, shared_threads=plan.load_draft, profile=edge["profile"])
+            target = build.load_runner(b.model_path("target"), b.target, p.max_len, providers=p.providers,
+                                       threads=p.threads, shared_threads=with_draft, profile=p.profile,
+                                       deterministic=s.deterministic)
         draft_runner = None
-        if plan.load_draft:
-            draft_runner = build.load_runner(b.model_path("draft"), b.draft, plan.max_len,
-                                             providers=draft_providers if draft_providers is not None else providers,
-                                             threads=threads, shared_threads=True, profile=edge["profile"])
-        governor = build.governor(edge, spinning=build.sessions_spin(plan.load_draft))
-        eng = cls(b, target, draft_runner, b.load_tokenizer(), draft_mode=draft, k=k, governor=governor,
-                  memory_plan=plan, prefill_chunk=plan.prefill_chunk, self_runner=self_runner, tree=tree,
-                  suffix_capacity=suffix_capacity)
-        if tree == "on":
+        if with_draft:
+            draft_runner = build.load_runner(b.model_path("draft"), b.draft, p.max_len,
+                                             providers=p.draft_providers if p.draft_providers is not None
+                                             else p.providers, threads=p.threads, shared_threads=True,
+                                             profile=p.profile, deterministic=s.deterministic)
+        governor = build.governor(p, spinning=build.sessions_spin(with_draft))
+        eng = cls(p, target, {"draft": draft_runner, "self": self_runner}, governor=governor)
+        if s.tree == "on":
             eng._check_tree_possible("on")
-        if warmup and draft != "none":
+        if s.warmup and s.draft != "none":
             eng.warmup()
         return eng
 
@@ -187,16 +178,16 @@ class Engine:
         """Validates and tokenizes now (bad input raises here, before anything runs); generation
         runs as the stream is iterated. tree: "auto" | "on" | "off" (None: the engine's default),
         tree verification of the drafts (docs/runtime.md)."""
-        req = self._request(prompt, messages, max_new_tokens, temperature, top_p, top_k, seed, stop, draft, k, cancel,
-                            tree)
+        req = self._parse(prompt, messages, max_new_tokens, temperature, top_p, top_k, seed, stop, draft, k, cancel,
+                          tree)
         return Stream(self._run(req), len(req.ids))
 
     def count_tokens(self, prompt: str | None = None, *, messages=None) -> int:
-        return len(self._encode(prompt, messages))
+        return len(self.vocab.encode(prompt, messages))
 
     def encode(self, prompt: str | None = None, *, messages=None) -> list[int]:
         """The token ids a request with this prompt or these messages starts from."""
-        return self._encode(prompt, messages)
+        return self.vocab.encode(prompt, messages)
 
     def warmup(self, k_max: int = 4) -> None:
         """Runs each step size up to k_max + 1 tokens twice (the first run of a shape pays one-off
@@ -239,30 +230,16 @@ class Engine:
             raise InvalidRequest(f"tree='on' is not possible with bundle {self.bundle.name}: {why}; "
                                  "use tree='auto' or 'off'", param="tree")
 
-    def _request(self, prompt, messages, max_new_tokens, temperature, top_p, top_k, seed, stop, draft, k,
-                 cancel, tree=None) -> Request:
-        check_max_new_tokens(max_new_tokens)
-        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-        mode = self.draft_mode if draft is None else draft
-        check_draft_mode(mode)
-        if mode == "model" and "model" not in self._drafters:
-            why = ("the bundle has no draft model" if self.bundle.draft is None else
-                   "the draft model was not loaded (engine opened with draft="
-                   f"{self.draft_mode!r}, or the memory plan left it out)")
-            raise DraftUnavailable(f"draft='model' is not possible: {why}", param="draft")
-        if mode == "self" and "self" not in self._drafters:
-            raise DraftUnavailable("draft='self' is not possible: the self-draft was not loaded (open the engine "
-                                   "with draft='self')", param="draft")
-        check_k(k)
-        tree = self.tree_mode if tree is None else tree
-        check_tree_mode(tree)
-        self._check_tree_possible(tree)
-        stops = check_stop(stop)
-        ids = self._encode(prompt, messages)
-        if len(ids) >= self.max_len:
-            raise PromptTooLong(len(ids), max_new_tokens, self.max_len)
-        return Request(ids, max_new_tokens, params, stops, mode, self.k if k is None else k, cancel_fn(cancel),
-                       tree)
+    def _unavailable(self, mode: str) -> str | None:
+        """Why `mode` cannot run on this engine (None: it can): its runner was not loaded."""
+        if mode in self._drafters:
+            return None
+        runner = modes.get(mode).runner
+        if runner == "draft":
+            return ("the bundle has no draft model" if self.bundle.draft is None else
+                    f"the draft model was not loaded (engine opened with draft={self.draft_mode!r}, or the "
+                    "memory plan left it out)")
+        return f"the {mode} drafter was not loaded (open the engine with draft={mode!r})"
 
     def _drafter(self, mode: str, k: int | None) -> tuple[Drafter, int]:
         """The drafter and per-round proposal cap for a mode. k=None lets the drafter choose each
@@ -300,11 +277,6 @@ class Engine:
                 self._invalidate()
                 raise
 
-    def _id_text(self, token_id: int | None) -> str:
-        if token_id is None:
-            return ""
-        return self.tokenizer.id_to_token(token_id) or ""
-
 
 def _draft_vocab_map(bundle: Bundle):
     """The pruned draft's logits row -> token id map (`export --draft-vocab`), or None."""
@@ -314,9 +286,3 @@ def _draft_vocab_map(bundle: Bundle):
     import numpy as np
 
     return np.load(bundle.root / facts.vocab_map, allow_pickle=False)
-
-
-def _token_text(v) -> str:
-    if isinstance(v, dict):
-        v = v.get("content")
-    return v if isinstance(v, str) else ""

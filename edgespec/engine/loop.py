@@ -2,8 +2,9 @@
 
     decode(parts, req, drafter, k_cap, cache) -> generator of text deltas, returning GenerationResult
 
-Stop conditions: EOS ids, stop strings (also when split across tokens), max_new_tokens, a full
-cache, and `cancel` (checked before every target pass). Prefix reuse: `cache.tokens` is what the
+Stop conditions: EOS ids, stop strings (also when split across tokens), max_new_tokens (all three
+in `Emitter`, the stop/emit step the batched engine shares), a full cache, and `cancel` (checked
+before every target pass). Prefix reuse: `cache.tokens` is what the
 target cache holds (a prefix of it); a request rewinds to the longest common prefix and prefills only
 the rest. Rewinding is exact, so reuse never changes the output.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Generator, Protocol
+from typing import Callable, Generator, Iterator, Protocol
 
 from ..core.detokenize import TextStream
 from ..core.proposal import common_prefix
@@ -70,6 +71,62 @@ class PrefixCache:
         self.tokens = []
 
 
+class Emitter:
+    """The stop/emit step of one request, shared by the serial loop and the batched engine: a round's
+    tokens become text deltas until EOS, a stop string (also split across tokens) or max_new_tokens.
+    After `push`, `finish` is "stop" | "length" when one of them hit (else None) and `out` holds the
+    tokens emitted (not the EOS)."""
+
+    def __init__(self, tokenizer, req: Request, eos_ids: frozenset[int]):
+        self.text = TextStream(tokenizer, req.ids, req.stop)
+        self.eos_ids = eos_ids
+        self.max_new_tokens = req.max_new_tokens
+        self.out: list[int] = []
+        self.finish: str | None = None
+
+    def push(self, tokens) -> Iterator[str]:
+        for t in tokens:
+            if t in self.eos_ids:
+                self.finish = "stop"
+                return
+            self.out.append(t)
+            delta = self.text.push(t)
+            if delta:
+                yield delta
+            if self.text.stopped:
+                self.finish = "stop"
+                return
+            if len(self.out) >= self.max_new_tokens:
+                self.finish = "length"
+                return
+
+    def tail(self) -> str:
+        """What the detokenizer held back (a character's first bytes), once the request ends."""
+        return self.text.finish()
+
+
+def finish_stats(stats: GenerationStats, n_out: int, t0: float, t_first: float, gov: Governor | None,
+                 mark) -> GenerationStats:
+    """The stats a request ends with (both engines): totals, rates, energy per token."""
+    now = time.perf_counter()
+    stats.new_tokens = n_out
+    stats.total_s = now - t0
+    if stats.drafted:
+        stats.acceptance_rate = stats.accepted / stats.drafted
+    if stats.target_passes:
+        stats.tokens_per_pass = n_out / stats.target_passes
+    if stats.rounds:
+        stats.k_mean = stats.drafted / stats.rounds
+    if n_out > 1 and t_first and now > t_first:
+        stats.decode_tokens_per_second = (n_out - 1) / (now - t_first)
+    if mark is not None and gov is not None:
+        try:
+            stats.energy_j_per_token = gov.j_per_token_since(mark)
+        except Exception:  # noqa: BLE001 - a sensor read failing must not fail the request
+            stats.energy_j_per_token = None
+    return stats
+
+
 def decode(parts: Parts, req: Request, drafter: Drafter, k_cap: int,
            cache: PrefixCache) -> Generator[str, None, GenerationResult]:
     t0 = time.perf_counter()
@@ -87,7 +144,7 @@ def decode(parts: Parts, req: Request, drafter: Drafter, k_cap: int,
     ctx = list(req.ids)
     cache.tokens = ctx  # the target cache holds ctx[:target.length] from here on
     if req.cancel():
-        return _finish(gov, "", [], "cancelled", stats, t0, t0, mark)
+        return GenerationResult("", [], "cancelled", finish_stats(stats, 0, t0, t0, gov, mark))
     row = None
     t_read = time.perf_counter()
     for i in range(reuse, len(ctx), parts.prefill_chunk):
@@ -102,26 +159,13 @@ def decode(parts: Parts, req: Request, drafter: Drafter, k_cap: int,
     t_first = time.perf_counter()
     stats.ttft_s = t_first - t0
 
-    text = TextStream(parts.tokenizer, req.ids, req.stop)
-    out: list[int] = []
+    em = Emitter(parts.tokenizer, req, parts.eos_ids)
     finish = None
     pending = [first]
     try:
         while True:
-            for t in pending:  # emit this round's tokens until a stop condition hits
-                if t in parts.eos_ids:
-                    finish = "stop"
-                    break
-                out.append(t)
-                delta = text.push(t)
-                if delta:
-                    yield delta
-                if text.stopped:
-                    finish = "stop"
-                    break
-                if len(out) >= req.max_new_tokens:
-                    finish = "length"
-                    break
+            yield from em.push(pending)  # this round's tokens, until a stop condition hits
+            finish = em.finish
             if finish:
                 break
             if req.cancel():
@@ -131,7 +175,7 @@ def decode(parts: Parts, req: Request, drafter: Drafter, k_cap: int,
             if free < 1:
                 finish = "cache_full"
                 break
-            k = min(k_cap, free - 1, req.max_new_tokens - len(out) - 1)
+            k = min(k_cap, free - 1, req.max_new_tokens - len(em.out) - 1)
             round_drafter, pace = drafter, 0.0
             if gov is not None:
                 lim = gov.limits()
@@ -163,32 +207,11 @@ def decode(parts: Parts, req: Request, drafter: Drafter, k_cap: int,
     finally:
         if parts.on_end is not None:  # also when the stream is closed early: ctx is final text
             parts.on_end(ctx)
-    tail = text.finish()
+    tail = em.tail()
     if tail:
         yield tail
     if parts.tree is not None:
         ts = parts.tree.stats
         stats.tree_rounds, stats.tree_nodes, stats.tree_off_chain = ts.rounds, ts.nodes, ts.off_chain
         stats.tree_shapes, stats.accepted_depth = dict(ts.shapes), dict(ts.accepted_depth)
-    return _finish(gov, text.text, out, finish, stats, t0, t_first, mark)
-
-
-def _finish(gov: Governor | None, text: str, out: list[int], finish: str, stats: GenerationStats,
-            t0: float, t_first: float, mark) -> GenerationResult:
-    now = time.perf_counter()
-    stats.new_tokens = len(out)
-    stats.total_s = now - t0
-    if stats.drafted:
-        stats.acceptance_rate = stats.accepted / stats.drafted
-    if stats.target_passes:
-        stats.tokens_per_pass = len(out) / stats.target_passes
-    if stats.rounds:
-        stats.k_mean = stats.drafted / stats.rounds
-    if len(out) > 1 and now > t_first:
-        stats.decode_tokens_per_second = (len(out) - 1) / (now - t_first)
-    if mark is not None:
-        try:
-            stats.energy_j_per_token = gov.j_per_token_since(mark)
-        except Exception:  # a sensor read failing must not fail the request
-            stats.energy_j_per_token = None
-    return GenerationResult(text, out, finish, stats)
+    return GenerationResult(em.text.text, em.out, finish, finish_stats(stats, len(em.out), t0, t_first, gov, mark))

@@ -1,13 +1,17 @@
 """A request checked and tokenized before anything runs: bad input raises InvalidRequest naming the
-parameter, and nothing has been touched yet."""
+parameter, and nothing has been touched yet. The serial engine and the batched one parse requests
+with the same `RequestParser` (each tells it which modes it can run), and read the bundle's text
+side (tokenizer, chat template, EOS ids) through the same `Vocabulary`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
 from ..core.sampling import SamplingParams
-from ..errors import InvalidRequest
-from ..limits import DRAFT_MODES, K_LIMIT, STOP_LIMIT, TREE_MODES
+from ..drafters import modes
+from ..errors import DraftUnavailable, InvalidRequest, PromptTooLong
+from ..limits import STOP_LIMIT
+from .settings import Settings, check_batched_tree, check_k, check_tree
 
 
 @dataclass
@@ -63,24 +67,6 @@ def check_max_new_tokens(n) -> int:
     return n
 
 
-def check_draft_mode(mode) -> None:
-    if mode not in DRAFT_MODES:
-        raise InvalidRequest(f"unknown drafter {mode!r}: choose one of {', '.join(DRAFT_MODES)}", param="draft")
-
-
-def check_tree_mode(mode) -> None:
-    if mode not in TREE_MODES:
-        raise InvalidRequest(f"unknown tree mode {mode!r}: choose one of {', '.join(TREE_MODES)}", param="tree")
-
-
-def check_k(k) -> None:
-    if k is None:
-        return
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= K_LIMIT:
-        raise InvalidRequest(f"k must be an integer from 1 to {K_LIMIT} (or None: chosen each round), got {k!r}",
-                             param="k")
-
-
 def check_stop(stop) -> list[str]:
     if stop is None:
         return []
@@ -103,3 +89,74 @@ def cancel_fn(cancel) -> Callable[[], bool]:
     if callable(cancel):
         return lambda: bool(cancel())
     raise InvalidRequest("cancel must be a threading.Event or a callable returning bool", param="cancel")
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The bundle's text side, as both engines use it: the tokenizer, prompt/messages -> ids, the
+    ids a model may choose (`usable`: logits rows past it are padding) and the end-of-text ids."""
+
+    tokenizer: object
+    encode: Encoder
+    usable: int
+    eos_ids: frozenset[int]
+
+    @classmethod
+    def of(cls, bundle, tokenizer, vocab_size: int) -> "Vocabulary":
+        tf = bundle.manifest.tokenizer
+        cfg = bundle.tokenizer_config()
+
+        def id_text(token_id):
+            return (tokenizer.id_to_token(token_id) or "") if token_id is not None else ""
+
+        enc = Encoder(tokenizer, tf, bos_text=_token_text(cfg.get("bos_token")) or id_text(tf.bos_id),
+                      eos_text=_token_text(cfg.get("eos_token")) or id_text(tf.eos_ids[0] if tf.eos_ids else None))
+        return cls(tokenizer, enc, min(tf.usable_vocab, vocab_size), frozenset(tf.eos_ids))
+
+
+def _token_text(v) -> str:
+    if isinstance(v, dict):
+        v = v.get("content")
+    return v if isinstance(v, str) else ""
+
+
+class RequestParser:
+    """One request's parameters -> a Request, for an engine opened with `settings` (its defaults for
+    draft, k and tree). Each engine says what it cannot run: `unavailable(mode)` returns why a mode is
+    not possible here (None: it is), `tree_check(mode)` raises for a tree mode it cannot run. A
+    batched engine (settings.parallel > 1) also refuses the modes the table marks not batched."""
+
+    def __init__(self, vocab: Vocabulary, max_len: int, settings: Settings, *,
+                 unavailable: Callable[[str], str | None], tree_check: Callable[[str], None] | None = None):
+        self.vocab = vocab
+        self.max_len = max_len
+        self.settings = settings
+        self.unavailable = unavailable
+        self.tree_check = tree_check
+
+    def __call__(self, prompt=None, messages=None, max_new_tokens: int = 256, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, seed=None, stop=None, draft=None, k=None, cancel=None,
+                 tree=None) -> Request:
+        check_max_new_tokens(max_new_tokens)
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        s = self.settings
+        mode = s.draft if draft is None else draft
+        modes.get(mode)
+        if s.batched:
+            modes.check_batched(mode)
+        why = self.unavailable(mode)
+        if why:
+            raise DraftUnavailable(f"draft={mode!r} is not possible: {why}", param="draft")
+        check_k(k)
+        tree = s.tree if tree is None else tree
+        if s.batched:
+            check_batched_tree(tree)
+        else:
+            check_tree(tree)
+        if self.tree_check is not None:
+            self.tree_check(tree)
+        stops = check_stop(stop)
+        ids = self.vocab.encode(prompt, messages)
+        if len(ids) >= self.max_len:
+            raise PromptTooLong(len(ids), max_new_tokens, self.max_len)
+        return Request(ids, max_new_tokens, params, stops, mode, s.k if k is None else k, cancel_fn(cancel), tree)

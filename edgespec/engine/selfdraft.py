@@ -63,16 +63,6 @@ def open_pair(model_path: Path, facts: ModelFacts, max_len: int, choice: SkipCho
 
 
 # --- engine wiring -------------------------------------------------------------------------------
-def wanted(draft: str, load_draft: bool) -> bool:
-    """Whether an engine opened with `draft` loads the self-draft: only for draft="self" (whose
-    `auto` then has it as one more option, used only while its measured rate pays). `auto` does
-    not load it by itself: sharing the weights turns prepacking off, which slowed the target's own
-    steps on this CPU (SmolLM2 fp32: 1-token step 20 -> 27 ms, 2-token verify 1.06x -> 1.62x a
-    step; docs/speed.md, "Self-speculative drafting"), a cost paid whether or not a round drafts.
-    `load_draft` is kept for the day a provider shares prepacked weights."""
-    return draft == "self"
-
-
 def open_for_engine(bundle, max_len: int, *, required: bool, providers=None, threads=None,
                     profile=None) -> SelfPair | None:
     """open_pair for Engine.open. With required=False, a self-draft that cannot be made is logged

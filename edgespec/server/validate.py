@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..limits import DRAFT_MODES, K_LIMIT
+from ..drafters import modes
+from ..limits import K_LIMIT, TREE_MODES
 from .apierror import APIError, bad_request
 
 log = logging.getLogger("edgespec.server")
@@ -267,11 +268,11 @@ def _common(body: Any, kind: str, limits: Limits) -> GenRequest:
         raise bad_request("'stream_options' must be an object", param="stream_options")
     include_usage = bool(so and so.get("include_usage") is True)
     draft = body.get("draft")
-    if draft is not None and not (isinstance(draft, str) and draft in DRAFT_MODES):
-        raise bad_request(f"'draft' must be one of {', '.join(DRAFT_MODES)}, got {_show(draft)}", param="draft")
+    if draft is not None and not (isinstance(draft, str) and draft in modes.NAMES):
+        raise bad_request(f"'draft' must be one of {', '.join(modes.NAMES)}, got {_show(draft)}", param="draft")
     tree = body.get("tree")
-    if tree is not None and not (isinstance(tree, str) and tree in ("auto", "on", "off")):
-        raise bad_request(f"'tree' must be one of auto, on, off, got {_show(tree)}", param="tree")
+    if tree is not None and not (isinstance(tree, str) and tree in TREE_MODES):
+        raise bad_request(f"'tree' must be one of {', '.join(TREE_MODES)}, got {_show(tree)}", param="tree")
     seed = body.get("seed")
     if seed is not None:
         seed = _int(body, "seed", lo=0, hi=2**63 - 1)

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ...bench.run import FIXED_K_MODES, MODES
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -21,11 +23,13 @@ def register(sub) -> None:
     p.add_argument("--prompts", default="code",
                    help="code, chat, multiturn, heldout, a .jsonl file, or several joined by commas (default: code)")
     p.add_argument("--modes", default=None,
-                   help="comma-separated from target,model,ngram,suffix,recycle,self,auto (default: all the bundle "
-                        "supports but self; self and model need two runs); a speculative mode + '+tree' runs tree "
-                        "verification (tree on), + '+tree-auto' lets the cost model decide each round (e.g. auto,auto+tree)")
+                   help=f"comma-separated from {','.join(MODES)} (target: the target alone; default: all "
+                        "the bundle supports but self; self and model need two runs); a speculative mode + '+tree' "
+                        "runs tree verification (tree on), + '+tree-auto' lets the cost model decide each round "
+                        "(e.g. auto,auto+tree)")
     p.add_argument("--k", default=None, metavar="K,K,...",
-                   help="also run model, ngram, suffix, recycle and self with these fixed k (adaptive k is always run)")
+                   help=f"also run {', '.join(FIXED_K_MODES)} with these fixed k "
+                        "(adaptive k is always run)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); outputs are compared only then")
@@ -70,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
 
     b = Bundle.open(resolve_bundle(args.bundle), verify=not args.no_verify)
     if args.modes is None:
-        names = ("target,model,ngram,suffix,recycle,auto" if b.draft is not None
-                 else "target,ngram,suffix,recycle,auto")
+        # every mode the bundle runs in one engine: the self-draft needs a bench of its own
+        names = ",".join(n for n in MODES if n != "self" and (n != "model" or b.draft is not None))
     else:
         names = args.modes
     modes = bench.parse_modes(names, args.k, has_draft=b.draft is not None)
@@ -82,9 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ...engine import Engine
 
-    draft = "auto" if any(m.draft in ("model", "auto") for m in modes) else "ngram"
-    if any(m.draft == "self" for m in modes):
-        draft = "self"  # loads the self-draft; auto then also has it as an option
+    draft = bench.engine_mode(modes)  # e.g. "self" loads the self-draft; auto then also has it as an option
     print(f"loading {b.root} ...", file=sys.stderr, flush=True)
     engine = Engine.open(b, draft=draft, max_len=args.max_len, threads=args.threads, verify=False)
     try:
@@ -112,11 +114,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, result, hw_list, costs) -> int:
     from ...bench import report as bench_report, projection
+    from ...limits import DEFAULT_MAX_LEN
 
     projections = []
     if hw_list:
         work = projection.collect_work(result.samples)
-        max_len = result.meta.get("max_len") or 2048
+        max_len = result.meta.get("max_len") or DEFAULT_MAX_LEN
         need = result.meta.get("memory_need_bytes")
         projections = [projection.project(work, costs, hw, max_len=max_len, need_bytes=need) for hw in hw_list]
     print(bench_report.report_text(result, projections, hw_list, per_prompt=args.per_prompt))

@@ -8,25 +8,23 @@ import argparse
 import json
 import sys
 
-from ...limits import DRAFT_MODES, K_LIMIT
+from ...drafters import modes
+from ...limits import K_LIMIT, TREE_MODES
 
-DRAFT_CHOICES = DRAFT_MODES
+TREE_HELP = ("tree verification: auto (a tree only when measured costs say it pays; default), on (always widen "
+             "drafts into a tree), off (chains only)")
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Options that decide how the engine is opened (shared by generate and chat)."""
     p.add_argument("bundle", help="bundle folder (or the name of one under $EDGESPEC_HOME/bundles)")
-    p.add_argument("--draft", choices=DRAFT_CHOICES, default="auto",
-                   help="drafting: auto (per round: n-gram, draft model or none, by measured cost; default), "
-                        "model, ngram, self (the target with some layers skipped drafts for itself), none "
-                        "(target alone)")
+    p.add_argument("--draft", choices=modes.NAMES, default="auto", help=f"drafting: {modes.help_text()}")
     p.add_argument("--k", type=int, default=None, metavar="N",
                    help=f"proposals per round (1-{K_LIMIT}); default: chosen every round from measured costs")
-    p.add_argument("--tree", choices=("auto", "on", "off"), default="auto",
-                   help="tree verification: auto (a tree only when measured costs say it pays; default), on "
-                        "(always widen drafts into a tree), off (chains only)")
+    p.add_argument("--tree", choices=TREE_MODES, default="auto", help=TREE_HELP)
     p.add_argument("--max-len", type=int, default=None, metavar="N",
-                   help="cache length in tokens, prompt + output (default: min(model context, 2048))")
+                   help="cache length in tokens, prompt + output (default: the bundle's, from export --max-context, "
+                        "capped by the device profile's and the memory budget)")
     p.add_argument("--suffix-capacity", type=int, default=None, metavar="TOKENS",
                    help="tokens of earlier requests and answers the suffix index keeps for drafting (4 bytes "
                         "each; the oldest are evicted; default 1048576 = 4 MB)")
@@ -73,17 +71,25 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def engine_settings(args: argparse.Namespace):
+    """The flags -> the engine's Settings, checked once (engine/settings.py)."""
+    from ...engine.settings import Settings
+
+    return Settings.of(
+        draft=args.draft, k=args.k, tree=args.tree, max_len=args.max_len, providers=args.providers,
+        draft_providers=args.draft_providers, threads=args.threads, device=args.device,
+        memory_budget=args.memory_budget, power_budget=args.power_budget, max_temp=args.max_temp,
+        verify=not args.no_verify,
+        **({} if args.suffix_capacity is None else {"suffix_capacity": args.suffix_capacity}),
+    )
+
+
 def open_engine(args: argparse.Namespace):
     from ...engine import Engine
     from ...models.bundle import resolve_bundle
 
-    return Engine.open(
-        resolve_bundle(args.bundle), draft=args.draft, k=args.k, tree=args.tree, max_len=args.max_len,
-        providers=args.providers,
-        draft_providers=args.draft_providers, threads=args.threads, device=args.device, memory_budget=args.memory_budget,
-        power_budget=args.power_budget, max_temp=args.max_temp, verify=not args.no_verify,
-        **({} if args.suffix_capacity is None else {"suffix_capacity": args.suffix_capacity}),
-    )
+    settings = engine_settings(args)
+    return Engine.open(resolve_bundle(args.bundle), settings)
 
 
 def sampling_kwargs(args: argparse.Namespace) -> dict:

@@ -29,8 +29,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ...bench.loadtest import loadtest, loadtest_url, parse_levels
-    from ...engine.batch_drafters import check_batched_mode
-    from ...engine.requests import check_draft_mode
+    from ...drafters import modes
     from ...errors import InvalidRequest
     from ...models.bundle import resolve_bundle
 
@@ -45,8 +44,7 @@ def run(args) -> int:
         raise InvalidRequest("loadtest needs a bundle to serve, or --url of a running server", param="bundle")
     drafts = [d.strip() for d in args.draft.split(",") if d.strip()]
     for d in drafts:
-        check_draft_mode(d)
-        check_batched_mode(d)  # every mode runs on the batched server too
+        modes.check_batched(d)  # every mode runs on the batched server too
     opts = {"max_len": args.max_len, "verify": False}
     if args.threads is not None:
         opts["threads"] = args.threads

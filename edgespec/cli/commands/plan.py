@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from ...drafters import modes
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -14,9 +16,11 @@ def register(sub) -> None:
     p.add_argument("--device", default=None, help="device profile, e.g. jetson-orin-nano-8gb, rpi5-8gb (default: this board)")
     p.add_argument("--memory-budget", default=None, metavar="SIZE",
                    help="e.g. 5GiB, 512M, 1.5G (default: the device's default budget, if it has one)")
-    p.add_argument("--max-len", type=int, default=None, metavar="N", help="wanted cache length (default: the device's)")
-    p.add_argument("--draft", choices=("auto", "model", "ngram", "none"), default="auto",
-                   help="ngram/none plan without the draft model")
+    p.add_argument("--max-len", type=int, default=None, metavar="N",
+                   help="wanted cache length (default: the bundle's, from export --max-context, capped by the device's)")
+    p.add_argument("--draft", choices=modes.NAMES, default="auto",
+                   help=f"the engine's drafting mode: {', '.join(m.name for m in modes.MODES if 'draft' in m.loads)} "
+                        "plan with the draft model, the others without it")
     p.add_argument("--measure", action="store_true",
                    help="then load the plan in a fresh process, fill the caches and compare measured RSS with the "
                         "prediction (takes as long as a full-length prefill)")
@@ -28,6 +32,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ...edge import devices, memory
+    from ...engine import build
     from ...engine.measure import measure_fresh
     from ...units import format_size, parse_size
     from ...models.bundle import Bundle
@@ -37,17 +42,20 @@ def run(args) -> int:
     profile = devices.with_measured_memory(devices.resolve(args.device, root=args.root), args.root)
     bundle = Bundle.open(resolve_bundle(args.bundle), verify=False)
     budget = parse_size(args.memory_budget) if args.memory_budget is not None else None
-    want_draft = args.draft in ("auto", "model")
-    plan = memory.plan(bundle, max_len=args.max_len, want_draft=want_draft, budget_bytes=budget, profile=profile)
+    want_draft = "draft" in modes.get(args.draft).loads
+    # the provider order the engine would use on this board: the plan counts the graph it would load
+    providers = devices.engine_defaults(profile)["providers"]
+    plan = build.memory_plan(bundle, max_len=args.max_len, want_draft=want_draft, profile=profile, budget=budget,
+                             providers=providers)
     here = not args.device or args.device == "auto" or profile.detected.get("memory_measured_on") == "this board"
     warning = memory.fits_now(plan, args.root) if here else None
-    if args.draft == "model" and not plan.load_draft:
+    if modes.get(args.draft).runner == "draft" and not plan.load_draft:
         plan.notes.append("--draft model asked for, but the plan has no draft model: the engine would refuse")
     device = _device_plan(bundle, plan, profile)
     check = None
     device_measured, device_note = None, None
     if args.measure:
-        rss = measure_fresh(bundle.root, max_len=plan.max_len, load_draft=plan.load_draft)
+        rss = measure_fresh(bundle.root, max_len=plan.max_len, load_draft=plan.load_draft, providers=providers)
         check = memory.compare(plan, rss["peak"])
         device_measured = rss.get("device_used_delta")
         if device_measured is None:

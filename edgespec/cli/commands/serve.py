@@ -12,7 +12,8 @@ import os
 import sys
 from typing import Any, Callable
 
-from ...limits import DRAFT_MODES
+from ...drafters import modes
+from ...limits import TREE_MODES
 
 # EX_CONFIG from sysexits.h: the unit's RestartPreventExitStatus=78 keeps systemd from restarting a
 # service that cannot start (bad bundle, bad option) in a loop
@@ -114,17 +115,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "time, the others queue. With more than 1 the draft model is not used (n-gram drafting is) "
                      "[EDGESPEC_PARALLEL]")
 
-    eng = p.add_argument_group("engine (passed to Engine.open)")
-    eng.add_argument("--draft", choices=DRAFT_MODES,
-                     help="default drafting of requests (a request may pass its own 'draft'): auto | model | suffix "
-                     "| recycle | ngram | self (the target with layers skipped; loaded only when chosen here) | none "
-                     "(default auto) [EDGESPEC_DRAFT]")
+    eng = p.add_argument_group("engine (one Settings, checked before the bundle loads)")
+    eng.add_argument("--draft", choices=modes.NAMES,
+                     help=f"default drafting of requests (a request may pass its own 'draft'): {modes.help_text()}; "
+                     f"with --parallel > 1: {', '.join(modes.BATCHED)} [EDGESPEC_DRAFT]")
     eng.add_argument("--k", type=int, help="tokens drafted per round (default: chosen by measured cost) [EDGESPEC_K]")
-    eng.add_argument("--tree", choices=("auto", "on", "off"),
+    eng.add_argument("--tree", choices=TREE_MODES,
                      help="default tree verification of requests (a request may pass its own 'tree'): auto | on | "
                      "off (default auto) [EDGESPEC_TREE]")
-    eng.add_argument("--max-len", type=int, help="KV cache length in tokens (default: from the memory plan) "
-                     "[EDGESPEC_MAX_LEN]")
+    eng.add_argument("--max-len", type=int, help="KV cache length in tokens (default: the bundle's, from export "
+                     "--max-context, capped by the device profile's and the memory plan) [EDGESPEC_MAX_LEN]")
     eng.add_argument("--suffix-capacity", type=int, metavar="TOKENS", help="tokens of earlier requests and "
                      "answers the suffix index keeps for drafting (4 bytes each, the oldest evicted; default 1048576 "
                      "= 4 MB; with --parallel the shared history of finished requests, plus one copy per running "
@@ -178,7 +178,8 @@ def server_config(args: argparse.Namespace):
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Only what was given: Engine.open's own defaults (and the device profile) decide the rest."""
+    """Only what was given (flag, else environment): Settings' own defaults (and the device profile)
+    decide the rest."""
     opts = {
         "draft": _pick(args.draft, "EDGESPEC_DRAFT"),
         "k": _pick(args.k, "EDGESPEC_K", int),
@@ -215,7 +216,7 @@ def _journal_logging() -> None:
         h.setFormatter(_JournalFormatter("%(name)s: %(message)s"))
 
 
-def _parallel(value, path, options) -> int:
+def _parallel(value, path, settings) -> int:
     """--parallel / EDGESPEC_PARALLEL: an integer, or 'auto' (the memory plan's slot count)."""
     from ...server.config import ConfigError
 
@@ -223,8 +224,7 @@ def _parallel(value, path, options) -> int:
     if str(raw).strip().lower() == "auto":
         from ...engine.batch import auto_slots
 
-        return auto_slots(path, max_len=options.get("max_len"), device=options.get("device"),
-                          memory_budget=options.get("memory_budget"))
+        return auto_slots(path, settings)
     try:
         n = int(str(raw).strip())
     except ValueError:
@@ -232,19 +232,6 @@ def _parallel(value, path, options) -> int:
     if not 1 <= n <= 64:
         raise ConfigError(f"--parallel must be from 1 to 64, got {n}")
     return n
-
-
-def check_engine_options(parallel: int, options: dict[str, Any]) -> None:
-    """Checks engine options before the bundle loads, so a mistake is one line and exit 78 rather
-    than a failed load: the suffix capacity, and a drafting mode a batched server cannot run."""
-    from ...drafters.suffix_index import check_capacity
-    from ...engine.batch_drafters import check_batched_mode, check_batched_tree
-
-    if "suffix_capacity" in options:
-        check_capacity(options["suffix_capacity"])
-    if parallel > 1:
-        check_batched_mode(options.get("draft"))
-        check_batched_tree(options.get("tree"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -263,22 +250,23 @@ def run(args: argparse.Namespace) -> int:
         if path.name == "manifest.json":
             path = path.parent
         config = server_config(args)
+        from ...engine.settings import Settings
+
         options = engine_options(args)
         options.setdefault("device", "auto")  # like generate and chat: this board's defaults
-
-        parallel = _parallel(getattr(args, "parallel", None), path, options)
+        settings = Settings.of(**options)  # every engine option checked once, before the bundle loads
+        parallel = _parallel(getattr(args, "parallel", None), path, settings)
         config.parallel = parallel
-        check_engine_options(parallel, options)
+        settings = settings.replace(parallel=parallel)  # a batched server's modes checked here
 
         def open_engine():
             if parallel > 1:
                 from ...engine.batch import BatchEngine
 
-                opts = {k: v for k, v in options.items() if k != "draft_providers"}
-                return BatchEngine.open(path, parallel=parallel, **opts)
+                return BatchEngine.open(path, settings)
             from ...engine import Engine
 
-            return Engine.open(path, **options)
+            return Engine.open(path, settings)
 
         from ...server.service import Service
 

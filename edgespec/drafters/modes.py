@@ -1,0 +1,124 @@
+"""The drafting modes, one row each: what a `draft` setting may name, and everything the layers above
+need to know about it. Validation (engine settings, requests, the server), the CLI's help texts, the
+batched engine's refusals and the bench's columns all read this table; the engine builds its drafters
+through each row's `build`. A new drafter is its module plus one row here.
+
+This module imports nothing heavy at import time (the CLI reads it to write `--help`): each `build`
+imports its drafter when an engine is opened.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import DraftUnavailable, InvalidRequest
+
+
+@dataclass
+class Kit:
+    """What an engine lends the drafters it builds (engine/engine.py)."""
+
+    costs: Any  # core.costmodel.CostModel over the target's (and draft's) measured step times
+    usable: int  # ids >= usable are never proposed
+    target_times: Any = None  # the target's StepTimes (a self-draft prices itself against them)
+    runners: dict[str, Any] | None = None  # "draft": the draft model's runner, "self": the self-draft's
+    suffix_capacity: int = 1 << 20
+    vocab_map: Any = None  # the pruned draft's logits row -> token id map (`export --draft-vocab`)
+
+    def runner(self, name: str):
+        return (self.runners or {}).get(name)
+
+
+@dataclass(frozen=True)
+class DraftMode:
+    name: str
+    help: str  # one phrase for --help texts and docs
+    runner: str | None = None  # the runner it drafts with ("draft": the draft model, "self": the
+    # self-draft); without it loaded the mode is unavailable. None: free (no model step)
+    loads: tuple[str, ...] = ()  # runners an engine opened with this default mode loads (when it can)
+    batched: bool = False  # runs in a batched engine (`serve --parallel N`), each request its own drafter
+    fixed_k: bool = True  # the bench adds "mode k=N" columns for it (auto picks its k every round)
+    auto_rank: int | None = None  # a source `auto` chooses between, by this order of preference
+    build: Callable[[Kit], Any] | None = None  # the serial engine's drafter (None: built by the engine)
+
+
+def _ngram(kit: Kit):
+    from .ngram import NgramDrafter
+
+    return NgramDrafter(kit.costs)
+
+
+def _suffix(kit: Kit):
+    from .suffix import SuffixDrafter
+    from .suffix_index import SuffixIndex
+
+    return SuffixDrafter(SuffixIndex(kit.suffix_capacity), kit.costs)
+
+
+def _recycle(kit: Kit):
+    from .recycle import RecycleDrafter
+
+    return RecycleDrafter(kit.usable, kit.costs)
+
+
+def _model(kit: Kit):
+    from .model import ModelDrafter
+
+    runner = kit.runner("draft")
+    return None if runner is None else ModelDrafter(runner, kit.usable, kit.costs, vocab_map=kit.vocab_map)
+
+
+def _self(kit: Kit):
+    from ..core.costmodel import CostModel
+    from .self import SelfDrafter
+
+    runner = kit.runner("self")
+    return None if runner is None else SelfDrafter(runner, kit.usable, CostModel(kit.target_times, runner.times))
+
+
+def _none(kit: Kit):
+    from .base import NoDrafter
+
+    return NoDrafter()
+
+
+# `auto` does not load the self-draft by itself: sharing the weights turns prepacking off, which slowed
+# the target's own steps on the dev CPU (SmolLM2 fp32: 1-token step 20 -> 27 ms; docs/speed.md,
+# "Self-speculative drafting"), a cost paid whether or not a round drafts. An engine opened with
+# draft="self" has it as one more source of its `auto`.
+MODES: tuple[DraftMode, ...] = (
+    DraftMode("auto", "per round, whichever source (suffix index, recycled candidates, draft model) pays most "
+              "by measured cost, or none", loads=("draft",), batched=True, fixed_k=False),
+    DraftMode("model", "the bundle's draft model", runner="draft", loads=("draft",), auto_rank=2, build=_model),
+    DraftMode("suffix", "the suffix index over this and earlier requests", batched=True, auto_rank=0,
+              build=_suffix),
+    DraftMode("recycle", "the target's own top candidates per token, recycled", auto_rank=1, build=_recycle),
+    DraftMode("ngram", "prompt lookup (n-gram)", batched=True, build=_ngram),
+    DraftMode("self", "the target with some layers skipped drafts for itself (a bundle exported with "
+              "--self-draft)", runner="self", loads=("self",), auto_rank=3, build=_self),
+    DraftMode("none", "the target alone", batched=True, fixed_k=False, build=_none),
+)
+BY_NAME = {m.name: m for m in MODES}
+NAMES = tuple(m.name for m in MODES)  # what a `draft` setting or request may name
+BATCHED = tuple(m.name for m in MODES if m.batched)
+
+
+def get(name) -> DraftMode:
+    """The row for a mode name; anything else is an InvalidRequest listing the names."""
+    row = BY_NAME.get(name) if isinstance(name, str) else None
+    if row is None:
+        raise InvalidRequest(f"unknown drafter {name!r}: choose one of {', '.join(NAMES)}", param="draft")
+    return row
+
+
+def check_batched(name: str | None) -> None:
+    """Modes a batched request may ask for (None: the server's default)."""
+    if name is not None and not get(name).batched:
+        raise DraftUnavailable(f"draft={name!r} is not batched: with several slots (--parallel > 1) use "
+                               f"{', '.join(BATCHED)}, or serve one client at a time (--parallel 1)",
+                               param="draft")
+
+
+def help_text(default: str = "auto") -> str:
+    """`--draft`'s help: every mode in one line."""
+    return "; ".join(f"{m.name}: {m.help}" + (" (default)" if m.name == default else "") for m in MODES)

@@ -1,0 +1,153 @@
+"""An engine's settings, resolved once where they enter: CLI flags, EDGESPEC_* variables (serve),
+or Python keywords (Engine.open / BatchEngine.open). `Settings.of(...)` checks every value and
+raises the named error for the first bad one (each an EdgespecError naming its option), before
+any bundle is read; what comes out is frozen and flows down unchanged:
+
+    Settings  --build.plan(settings, bundle)-->  Plan (board, providers, memory plan, runners)
+              --> Engine.from_plan / BatchEngine.from_plan
+
+A default lives here once (the dataclass's field) or, for what depends on the bundle and the board
+(the cache length, the provider order), in the plan step: `max_len=None` is the bundle's export
+default (`manifest.defaults["max_len"]`, from `export --max-context`) capped by the board's profile
+and the memory plan (edge/memory.py, default_max_len).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from ..drafters import modes
+from ..errors import InvalidRequest
+from ..limits import K_LIMIT, SUFFIX_CAPACITY, TREE_MODES
+from ..units import parse_celsius, parse_size, parse_watts
+
+PARALLEL_LIMIT = 64  # cache slots of a batched engine at most
+
+
+@dataclass(frozen=True)
+class Settings:
+    draft: str = "auto"  # the default drafting mode of requests (drafters/modes.py)
+    k: int | None = None  # proposals per round; None: chosen every round from measured costs
+    tree: str = "auto"  # the default tree verification of requests: auto | on | off
+    max_len: int | None = None  # cache length; None: the bundle's default capped by the board
+    suffix_capacity: int = SUFFIX_CAPACITY  # tokens the suffix index keeps across requests
+    threads: int | None = None  # onnxruntime intra-op threads; None: the profile's, else onnxruntime's
+    providers: tuple[str, ...] | None = None  # the target's provider order; None: the profile's or default
+    draft_providers: tuple[str, ...] | None = None  # the draft model's; None: the target's
+    device: Any = None  # None (no board defaults) | "auto" | a profile name | a DeviceProfile
+    memory_budget: int | None = None  # bytes
+    power_budget_w: float | None = None
+    max_temp_c: float | None = None
+    parallel: int = 1  # cache slots (BatchEngine); 1: the serial engine
+    verify: bool = True  # sha256 of the bundle's files at open
+    warmup: bool = True  # time the step sizes once at open
+    deterministic: bool = False  # carried to where the runners are built
+    system_prompt: str | None = None  # carried to the engine (a pinned prefix)
+
+    @classmethod
+    def of(cls, *, memory_budget=None, power_budget=None, max_temp=None, providers=None, draft_providers=None,
+           **kw) -> "Settings":
+        """Checks and converts every value (sizes like "3GiB", watts like "10W", provider lists like
+        "cuda,cpu"), then the combinations (a batched engine's modes). Unknown keywords are a TypeError,
+        as for any Python call."""
+        known = {f.name for f in fields(cls)} - {"power_budget_w", "max_temp_c"}
+        unknown = sorted(set(kw) - known)
+        if unknown:
+            raise TypeError(f"unknown engine option(s): {', '.join(unknown)}")
+        s = cls(
+            memory_budget=parse_size(memory_budget) if memory_budget is not None else None,
+            power_budget_w=parse_watts(power_budget) if power_budget is not None else None,
+            max_temp_c=parse_celsius(max_temp) if max_temp is not None else None,
+            providers=_providers(providers, "providers"),
+            draft_providers=_providers(draft_providers, "draft_providers"),
+            **kw,
+        )
+        s.check()
+        return s
+
+    def replace(self, **kw) -> "Settings":
+        """A copy with some settings changed, checked again."""
+        s = replace(self, **kw)
+        s.check()
+        return s
+
+    def check(self) -> None:
+        modes.get(self.draft)
+        check_k(self.k)
+        check_tree(self.tree)
+        if self.max_len is not None and (isinstance(self.max_len, bool) or not isinstance(self.max_len, int)
+                                         or self.max_len < 2):
+            raise InvalidRequest(f"max_len must be an integer >= 2, got {self.max_len!r}", param="max_len")
+        from ..drafters.suffix_index import check_capacity
+
+        check_capacity(self.suffix_capacity)
+        t = self.threads
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= 1024):
+            raise InvalidRequest(f"threads must be an integer from 1 to 1024 (or None: onnxruntime's default), "
+                                 f"got {t!r}", param="threads")
+        if self.device is not None and not hasattr(self.device, "providers"):
+            _check_device(self.device)
+        if self.memory_budget is not None and self.memory_budget <= 0:
+            raise InvalidRequest(f"memory budget must be positive, got {self.memory_budget}", param="memory_budget")
+        p = self.parallel
+        if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+            raise InvalidRequest(f"parallel must be an integer >= 1, got {p!r}", param="parallel")
+        if p > 1:
+            modes.check_batched(self.draft)
+            check_batched_tree(self.tree)
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise InvalidRequest(f"system_prompt must be a string, got {type(self.system_prompt).__name__}",
+                                 param="system_prompt")
+
+    @property
+    def batched(self) -> bool:
+        return self.parallel > 1
+
+
+def check_k(k) -> None:
+    if k is None:
+        return
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= K_LIMIT:
+        raise InvalidRequest(f"k must be an integer from 1 to {K_LIMIT} (or None: chosen each round), got {k!r}",
+                             param="k")
+
+
+def check_tree(mode) -> None:
+    if mode not in TREE_MODES:
+        raise InvalidRequest(f"unknown tree mode {mode!r}: choose one of {', '.join(TREE_MODES)}", param="tree")
+
+
+def check_batched_tree(tree: str | None) -> None:
+    """Batched rounds verify chains: tree "auto" (which may always choose a chain) and "off" run,
+    "on" is refused rather than silently ignored."""
+    if tree is not None:
+        check_tree(tree)
+    if tree == "on":
+        raise InvalidRequest("tree='on' is not batched: with several slots (--parallel > 1) rounds verify chains; "
+                             "use tree 'auto' or 'off', or serve one client at a time (--parallel 1)", param="tree")
+
+
+def _providers(value, param: str) -> tuple[str, ...] | None:
+    """A provider list, checked now (an unknown name is one line naming it)."""
+    if value is None:
+        return None
+    from ..edge.providers import ProfileOrder, normalize
+
+    try:
+        names = normalize(value)
+    except InvalidRequest as e:
+        if param == "providers":
+            raise
+        raise InvalidRequest(f"draft providers: {e}", param=param) from None
+    return ProfileOrder(names) if isinstance(value, ProfileOrder) else tuple(names)  # type: ignore[return-value]
+
+
+def _check_device(device) -> None:
+    """A profile name must be known now; "auto" is detected when the plan is made."""
+    if not isinstance(device, str):
+        raise InvalidRequest(f"device must be a name or 'auto', got {type(device).__name__}", param="device")
+    if device.strip().lower() in ("", "auto"):
+        return
+    from ..edge import devices
+
+    devices.get(device)
