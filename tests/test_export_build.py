@@ -3,6 +3,7 @@ contract the runtime relies on, and the per-weight quantizer against the builder
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -239,3 +240,21 @@ def test_engine_cache_length_defaults_to_the_exported_max_context(tmp_path):
     small = devices.get("rpi4")
     small.default_max_len = 64
     assert Engine.open(b, draft="none", warmup=False, device=small).max_len == 64  # the board's cap
+
+
+def test_parity_runs_each_flavor_on_its_provider_and_says_which(tmp_path, monkeypatch):
+    """A cpu-flavored graph is checked on the CPU even where CUDA works (CUDA-first would be refused);
+    the cuda flavor on CUDA where this onnxruntime has it. The manifest records where parity ran."""
+    import onnxruntime as ort
+
+    from edgespec.edge.providers import CPU, CUDA
+    from edgespec_export import parity
+
+    b = Bundle.open(export(make_tiny_model(tmp_path / "src"), tmp_path / "b", quant="fp32").path)
+    assert b.target.parity["provider"] == "cpu" and b.target.parity["flavor"] == "cpu"
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, CPU])
+    assert parity.parity_providers(b.target) == [CPU]
+    cuda_facts = replace(b.target, flavor="cuda", kv_dtype="float16")
+    assert parity.parity_providers(cuda_facts) == [CUDA, CPU]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CPU])
+    assert parity.parity_providers(cuda_facts) == [CPU]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +30,8 @@ def pair(tmp_path_factory) -> tuple[Path, Path]:
 def test_export_pair_in_child_processes(tmp_path, pair):
     target, draft = pair
     out = tmp_path / "bundle"
-    r = edgespec("export", "--target", str(target), "--draft", str(draft), "-o", str(out), "--quant", "int4",
-                 "--min-top1", "0.5", "--max-context", "256", "--name", "tiny-pair")
+    r = edgespec("export", "--target", str(target), "--draft-model", str(draft), "-o", str(out), "--quant", "int4",
+                 "--min-top1", "0.5", "--max-context", "256", "--name", "tiny-pair", "--self-draft")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith(f"bundle {out}") and "verified" in lines[0]
@@ -40,6 +41,9 @@ def test_export_pair_in_child_processes(tmp_path, pair):
     # bars went to stderr, named by step
     for step in ("load target", "build target", "quantize target (int4)", "save draft", "parity draft (exported)"):
         assert step in r.stderr
+    # every bar with a knowable total shows it: the 2-layer target's self-draft search measures 1 set
+    assert re.search(r"self-draft search .*\b1/1\b", r.stderr), r.stderr
+    assert "warning: --draft SRC" not in r.stderr
     assert "Reading layer" not in r.stderr + r.stdout  # the builder's own chatter stays out
     manifest, problems = verify_bundle(out)
     assert problems == []
@@ -97,6 +101,7 @@ def test_gguf_pair_through_the_cli(tmp_path, pair):
     out = tmp_path / "b"
     r = edgespec("export", "--target", str(tg), "--draft", str(dg), "-o", str(out), "--quant", "fp32", "--json")
     assert r.returncode == 0, r.stderr
+    assert "warning: --draft SRC is now --draft-model SRC" in r.stderr  # the old spelling still works
     d = json.loads(r.stdout)
     assert d["usable_vocab"] == 400 and d["models"]["draft"]["source"] == "draft.gguf"
     m, problems = verify_bundle(out)

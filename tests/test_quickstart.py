@@ -82,7 +82,9 @@ def test_other_models_or_settings_export_again(recorded, home, capsys):
 @pytest.mark.parametrize("argv, msg", [
     (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
     (["--target", "no-such-model"], "--target 'no-such-model': not a known model"),
-    (["--target", "qwen2.5-coder-1.5b-instruct", "--draft", "smollm2-135m-instruct"], "does not share a tokenizer"),
+    (["--target", "qwen2.5-coder-1.5b-instruct", "--draft-model", "smollm2-135m-instruct"], "does not share a tokenizer"),
+    (["--target", "qwen2.5-coder-1.5b-instruct", "--draft", "smollm2-135m-instruct"], "--draft SRC is now --draft-model"),
+    (["--draft-model", "qwen2.5-coder-0.5b-instruct", "--draft", "smollm2-135m-instruct"], "two draft models given"),
 ])
 def test_bad_options_fail_before_anything_is_fetched(recorded, argv, msg, capsys):
     assert main(["quickstart", *argv]) == 1

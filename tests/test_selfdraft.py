@@ -73,18 +73,20 @@ def _strip_self_draft(path):
     (path / MANIFEST_NAME).write_text(json.dumps(m, indent=2))
 
 
-def test_bundle_without_the_field_falls_back_to_the_default(tiny_deep_bundle, bundle_copy):
+def test_bundle_exported_without_self_draft_refuses_it_naming_the_flag(tiny_deep_bundle, bundle_copy):
+    """The layer search is opt-in at export (`--self-draft`): a bundle without its record refuses
+    draft="self" in one line naming the flag, before any model loads; other modes still run."""
     old = bundle_copy(tiny_deep_bundle, "old")
     _strip_self_draft(old)
-    b = Bundle.open(old)
-    assert b.target.self_draft is None
-    choice = skip_for(b.target)
-    assert choice.source == "default" and choice.skip == default_skip(b.target.layers)
-    ref = Engine.open(old, max_len=128, draft="none").generate("hello there", max_new_tokens=24)
-    eng = Engine.open(old, max_len=128, draft="self")
-    assert eng.self_runner.kept == [i for i in range(6) if i not in default_skip(6)]
-    r = eng.generate("hello there", max_new_tokens=24, k=3)
-    assert r.token_ids == ref.token_ids and r.stats.drafted > 0
+    assert Bundle.open(old).target.self_draft is None
+    with pytest.raises(DraftUnavailable, match=r"has no self-draft .*`edgespec export \.\.\. --self-draft`") as e:
+        Engine.open(old, max_len=128, draft="self")
+    assert e.value.param == "draft" and "\n" not in str(e.value)
+    assert Engine.open(old, max_len=128, draft="none", warmup=False).generate("hello", max_new_tokens=4).token_ids
+
+
+def test_export_without_self_draft_writes_no_record(tiny_bundle):
+    assert Bundle.open(tiny_bundle).target.self_draft is None
 
 
 def test_layer_edit_removes_the_skipped_layers_and_their_kv(tiny_deep_bundle):
@@ -295,7 +297,7 @@ def tied_bundle(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("tied")
     src = make_tiny_model(root / "src", layers=4, seed=1, tied=True)
-    return export_bundle(src, root / "b", quant="fp32", isolate=False)
+    return export_bundle(src, root / "b", quant="fp32", isolate=False, self_draft=True)
 
 
 def test_tied_embedding_transpose_is_folded_once_and_shared(tied_bundle, monkeypatch):

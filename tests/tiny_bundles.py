@@ -26,6 +26,7 @@ VARIANTS = {
     "qwen-pruned": ("qwen2", 0.05, "fp32"),  # qwen-agree with the draft's lm_head pruned (DRAFT_VOCAB)
 }
 DRAFT_VOCAB = {"qwen-pruned": 200}  # export --draft-vocab, per variant (of 400 usable ids)
+SELF_DRAFT = {"qwen-deep", "qwen-nodraft"}  # export --self-draft: the layer search, for draft="self"
 
 
 def build(name: str, root: Path) -> Path:
@@ -42,7 +43,7 @@ def build(name: str, root: Path) -> Path:
     draft = make_tiny_draft(target, src / "draft", noise=noise) if noise is not None else None
     # in-process (no child per model): these models are tiny and the fixtures must be quick
     return export_bundle(target, out, draft=draft, quant=quant, isolate=False, eps=eps,
-                         draft_vocab=DRAFT_VOCAB.get(name, 0))
+                         draft_vocab=DRAFT_VOCAB.get(name, 0), self_draft=name in SELF_DRAFT)
 
 
 def build_all(root: Path) -> dict[str, Path]:

@@ -116,6 +116,9 @@ def plan(settings: Settings, bundle) -> Plan:
     row = modes.get(settings.draft)
     if row.runner == "draft" and b.draft is None:
         raise DraftUnavailable(f"bundle {b.name} has no draft model: use draft='ngram' or 'auto'", param="draft")
+    if row.runner == "self" and not b.target.self_draft:
+        raise DraftUnavailable(f"bundle {b.name} has no self-draft (the layers draft='self' skips are chosen at "
+                               "export): re-export it with `edgespec export ... --self-draft`", param="draft")
     want_draft = "draft" in row.loads and b.draft is not None and not settings.batched
     mem = memory_plan(b, max_len=settings.max_len, want_draft=want_draft, profile=profile,
                       budget=settings.memory_budget, providers=d["providers"])

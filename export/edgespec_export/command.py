@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from edgespec.cli import flags
 from edgespec.limits import QUANTS
 
 
@@ -23,8 +24,12 @@ def register(sub) -> None:
     )
     p.add_argument("source", nargs="?", metavar="TARGET", help="the target model (or use --target)")
     p.add_argument("--target", dest="target_opt", metavar="SRC", help="the target model: HF folder, .gguf file or hub id")
-    p.add_argument("--draft", metavar="SRC", help="a smaller draft model with the same tokenizer (optional: "
-                   "without one the runtime drafts with n-gram lookup)")
+    p.add_argument("--draft-model", metavar="SRC", help="a smaller draft model with the same tokenizer (optional: "
+                   "without one the runtime drafts with the free drafters: suffix index, n-gram lookup, ...)")
+    p.add_argument("--draft", dest="draft_old", metavar="SRC", help=argparse.SUPPRESS)  # before --draft-model
+    p.add_argument("--self-draft", action="store_true",
+                   help="also choose the decoder layers `--draft self` skips, measured on the parity text (minutes "
+                   "on a CPU for a 1.5B target); without it the bundle cannot run --draft self")
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="the bundle folder to create")
     p.add_argument("--quant", choices=QUANTS, default="int4", help="weight precision (default int4)")
     p.add_argument("--draft-quant", choices=QUANTS, help="the draft's precision (default: --quant)")
@@ -62,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from edgespec.errors import ExportError
 
     target = args.target_opt or args.source
+    draft = flags.draft_model(args.draft_model, args.draft_old, "export")
     if args.target_opt and args.source and args.target_opt != args.source:
         raise ExportError(f"two targets given ({args.source} and --target {args.target_opt}): pass one")
     if not target:
@@ -84,9 +90,10 @@ def run(args: argparse.Namespace) -> int:
         accuracy_level=args.accuracy_level, head_bits=args.head_bits, overwrite=args.overwrite, name=args.name, max_context=args.max_context,
         min_top1=args.min_top1, draft_min_top1=args.draft_min_top1, force=args.force,
         parity_tokens=args.parity_tokens, isolate=not args.in_process, eps=args.ep, draft_vocab=args.draft_vocab,
+        self_draft=args.self_draft,
     )
     progress = TqdmProgress(enabled=not args.quiet and not args.json)
-    summary = run_export(target, Path(args.out), draft=args.draft, options=options, progress=progress)
+    summary = run_export(target, Path(args.out), draft=draft, options=options, progress=progress)
     if args.json:
         print(json.dumps(summary_dict(summary), indent=2))
     else:

@@ -80,10 +80,11 @@ def run_model_job(job: ModelJob, progress: Progress | None = None) -> dict:
     argmax: list[int] = []
     if ref is not None:
         t = time.perf_counter()
-        got = parity.exported_logprobs(job.out_dir / Path(facts.path).name, facts, job.parity_ids, job.usable_vocab, progress, role=job.role)
+        got, device = parity.exported_logprobs(job.out_dir / Path(facts.path).name, facts, job.parity_ids,
+                                               job.usable_vocab, progress, role=job.role)
         report = parity.compare(ref, got)
         report.update(text=parity.TEXT_ID, reference="transformers float32", steps="prefill + 5/1/1/3-token steps",
-                      flavor=facts.flavor)
+                      flavor=facts.flavor, provider=device)
         argmax = got.argmax(axis=1).tolist()
         timings["parity_s"] = time.perf_counter() - t
         peaks["parity"] = peak_rss_bytes()

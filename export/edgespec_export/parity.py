@@ -121,13 +121,27 @@ def schedule(n: int) -> list[int]:
     return steps
 
 
+def parity_providers(facts) -> list[str]:
+    """Where a flavor's parity runs: on the provider it is for when this onnxruntime has it (the cuda
+    flavor on CUDA), else on the CPU (which runs both flavors). The default CUDA-first order would load
+    a cpu-flavored graph on CUDA, which the runtime refuses (edge/flavor.py)."""
+    import onnxruntime as ort
+
+    from edgespec.edge.providers import CPU, CUDA
+
+    if facts.graph_flavor() == "cuda" and CUDA in ort.get_available_providers():
+        return [CUDA, CPU]
+    return [CPU]
+
+
 def exported_logprobs(model_path: Path, facts, ids: Sequence[int], usable: int, progress: Progress | None = None,
-                      role: str = "model") -> np.ndarray:
-    """The exported graph through edgespec's ModelRunner, in `schedule` steps: log-probs [T, usable]."""
+                      role: str = "model") -> tuple[np.ndarray, str]:
+    """The exported graph through edgespec's ModelRunner, in `schedule` steps: log-probs [T, usable],
+    and the device it ran on ("cpu" | "cuda", recorded in the manifest's parity)."""
     from edgespec.engine.build import load_runner
 
     progress = progress or NullProgress()
-    runner = load_runner(model_path, facts, max_len=len(ids) + 1)
+    runner = load_runner(model_path, facts, max_len=len(ids) + 1, providers=parity_providers(facts))
     rows = []
     pos = 0
     steps = schedule(len(ids))
@@ -137,7 +151,9 @@ def exported_logprobs(model_path: Path, facts, ids: Sequence[int], usable: int, 
             rows.append(log_softmax(np.array(out[:, :usable], dtype=np.float32)))
             pos += s
             bar.update(s)
-    return np.concatenate(rows)
+    from edgespec.edge.providers import device_of
+
+    return np.concatenate(rows), device_of(runner.session.get_providers()[0])
 
 
 def compare(ref: np.ndarray, got: np.ndarray) -> dict:

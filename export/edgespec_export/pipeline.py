@@ -53,6 +53,9 @@ class ExportOptions:
     # ("cpu",) float32; ("cuda",) float16 for the CUDA provider; ("cpu", "cuda") both in one bundle
     eps: tuple[str, ...] = ("cpu",)
     draft_vocab: int = 0  # keep the draft lm_head's rows for this many frequent tokens (0: all; prune_vocab.py)
+    # search the layers `draft="self"` skips (self_search.py: minutes on a CPU for a 1.5B target); without
+    # it the bundle has no self-draft record and the runtime refuses draft="self" naming this option
+    self_draft: bool = False
 
 
 @dataclass
@@ -236,7 +239,8 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
                 results[role]["timings"] = {**results[role]["timings"],
                                             **{f"{flavor}_{k}": v for k, v in res["timings"].items()}}
 
-    _choose_self_draft(tmp, models["target"], ids, check.usable_vocab, progress, warn)
+    if o.self_draft:
+        _choose_self_draft(tmp, models["target"], ids, check.usable_vocab, progress, warn)
 
     tok = infos["target"]
     pruned = None
@@ -278,13 +282,13 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
 
 
 def _choose_self_draft(tmp: Path, facts: ModelFacts, ids: list[int], usable: int, progress: Progress, warn) -> None:
-    """Every export chooses the layers `draft="self"` skips (self_search.py) and records the choice in
-    the manifest; a graph the layer edit does not understand gets no record (the runtime's default
-    would fail on it the same way, with the reason)."""
+    """`export --self-draft` chooses the layers `draft="self"` skips (self_search.py) and records the
+    choice in the manifest; a graph the layer edit does not understand gets no record (the runtime's
+    default would fail on it the same way, with the reason)."""
     from edgespec.drafters.self import default_skip
     from edgespec.models.layer_skip import LayerSkipError
 
-    from .self_search import search_skip
+    from .self_search import max_evaluations, search_skip
 
     if facts.layers < 2:
         return
@@ -295,7 +299,7 @@ def _choose_self_draft(tmp: Path, facts: ModelFacts, ids: list[int], usable: int
     if cpu is None:  # the self-draft runs on the CPU provider's graph only (docs/runtime.md)
         facts.self_draft = {"skip": default_skip(facts.layers), "method": "default (no cpu-flavor graph)"}
         return
-    with progress.stage("self-draft search", total=None, unit="set") as bar:
+    with progress.stage("self-draft search", total=max_evaluations(facts.layers), unit="set") as bar:
         try:
             facts.self_draft = search_skip(tmp / cpu.path, cpu, ids, usable, progress=bar)
         except LayerSkipError as e:

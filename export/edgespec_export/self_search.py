@@ -51,6 +51,14 @@ def _graph_bytes(proto, weights) -> int:
                if t.name not in gathered or t.name in matmul_read)
 
 
+def max_evaluations(layers: int, max_evals: int | None = None) -> int:
+    """At most how many skip sets search_skip measures (its progress bar's total): every skippable
+    layer alone, then one set per layer added greedily (the first is the best single: cached), within
+    the budget; a search that stops early for lack of progress measures fewer."""
+    budget = max_evals if max_evals is not None else min(80, 2 * layers + 8)
+    return max(layers - 1, min(budget, 2 * layers - 4)) if layers >= 2 else 0
+
+
 def search_skip(model_path: Path, facts: ModelFacts, ids: Sequence[int], usable: int, *,
                 tokens: int = CALIBRATION_TOKENS, max_evals: int | None = None, progress=None) -> dict:
     """The manifest's `self_draft` record for the target graph at `model_path`."""

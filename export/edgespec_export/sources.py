@@ -291,7 +291,7 @@ def _hub(spec: str, role: str, progress: Progress) -> Source:
     problem = probe_hub(endpoint, spec, hub_timeout())
     if problem:
         raise ExportError(f"{role} source {spec!r} is a hub id, but the hub cannot be reached ({problem}): {how}")
-    with progress.stage(f"download {role}", total=None, unit="file") as bar:
+    with progress.stage(f"download {role}", total=1, unit="snapshot") as bar:
         try:
             folder = Path(snapshot_download(spec, allow_patterns=HUB_FILES, etag_timeout=hub_timeout()))
         except (RepositoryNotFoundError, GatedRepoError) as e:

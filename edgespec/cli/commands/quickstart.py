@@ -34,14 +34,16 @@ def register(sub) -> None:
     p.add_argument("--target", default=None, metavar="NAME|PATH",
                    help="target model: a registry name (see `edgespec models`), a .gguf file or a Hugging Face "
                    "folder (default: qwen2.5-coder-1.5b-instruct)")
-    p.add_argument("--draft", default=None, metavar="NAME|PATH|none",
+    p.add_argument("--draft-model", default=None, metavar="NAME|PATH|none",
                    help="draft model, same forms, or 'none' (default: qwen2.5-coder-0.5b-instruct)")
+    p.add_argument("--draft", dest="draft_old", default=None, help=argparse.SUPPRESS)  # before --draft-model
     p.add_argument("--bundle", default=None, metavar="DIR",
                    help=f"bundle folder (default: $EDGESPEC_HOME/bundles/{DEFAULT_BUNDLE})")
     p.add_argument("--re-export", action="store_true", help="export again even if the bundle looks fine")
     p.add_argument("--prompt", default=SAMPLE_PROMPT, help="the sample prompt (sent as a chat message)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--mode", choices=("auto", "model", "ngram"), default="auto", help="drafting mode to show")
+    p.add_argument("--mode", choices=("auto", "model", "ngram"), default="auto",
+                   help="drafting mode to show (the bundle is exported without --self-draft: see `edgespec export`)")
     p.add_argument("--no-compare", action="store_true", help="skip the target-alone run")
     p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     p.add_argument("--quant", default="int4", choices=("int4", "int8", "fp16", "fp32"), help="export precision")
@@ -188,21 +190,23 @@ def _fresh(eng) -> None:
 def run(args: argparse.Namespace) -> int:
     from ...models import catalog, files
     from ...errors import InvalidRequest
+    from .. import flags
 
     if args.max_new_tokens < 1:
         raise InvalidRequest(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     target_spec = args.target or catalog.DEFAULT_TARGET
-    draft_spec = args.draft or (catalog.DEFAULT_DRAFT if args.target is None else "none")
+    draft_spec = flags.draft_model(args.draft_model, args.draft_old, "quickstart") or (
+        catalog.DEFAULT_DRAFT if args.target is None else "none")
     if draft_spec in catalog.MODELS and target_spec in catalog.MODELS:
         t, d = catalog.MODELS[target_spec], catalog.MODELS[draft_spec]
         if t.family != d.family:
-            raise InvalidRequest(f"--draft {draft_spec} ({d.family}) does not share a tokenizer with --target "
+            raise InvalidRequest(f"--draft-model {draft_spec} ({d.family}) does not share a tokenizer with --target "
                                  f"{target_spec} ({t.family}): pick a draft of the same family, or 'none'")
     bundle = Path(args.bundle).expanduser() if args.bundle else files.bundles_dir() / DEFAULT_BUNDLE
 
     say("step 1/3: models")
     target, t_fp = resolve_model(target_spec, "target")
-    draft, d_fp = (None, None) if draft_spec == "none" else resolve_model(draft_spec, "draft")
+    draft, d_fp = (None, None) if draft_spec == "none" else resolve_model(draft_spec, "draft-model")
     fingerprint = {"target": t_fp, "draft": d_fp, "quant": args.quant}
 
     say("step 2/3: bundle")
