@@ -1,0 +1,100 @@
+"""Settings resolved once (engine/settings.py) and the one table of drafting modes (drafters/modes.py):
+each bad value is one named error before any bundle is read, and every place that lists modes (help
+texts, the server's validation, the batched refusals, the bench, the engine's drafters) reads the table."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from edgespec.bench import run as bench
+from edgespec.cli.main import main
+from edgespec.drafters import modes
+from edgespec.engine import Engine
+from edgespec.engine.batch import BatchEngine
+from edgespec.engine.settings import Settings
+from edgespec.errors import DraftUnavailable, InvalidRequest
+from edgespec.limits import TREE_MODES
+from edgespec.server import validate
+
+
+@pytest.mark.parametrize("kw,param,words", [
+    ({"draft": "fast"}, "draft", "unknown drafter 'fast': choose one of auto, model, suffix, recycle, ngram, self, none"),
+    ({"k": 0}, "k", "k must be an integer from 1 to 16"),
+    ({"tree": "maybe"}, "tree", "unknown tree mode 'maybe': choose one of auto, on, off"),
+    ({"max_len": 1}, "max_len", "max_len must be an integer >= 2"),
+    ({"suffix_capacity": 8}, "suffix_capacity", "suffix index capacity must be an integer >= 16"),
+    ({"parallel": 0}, "parallel", "parallel must be an integer >= 1"),
+    ({"parallel": 2, "draft": "model"}, "draft", "draft='model' is not batched"),
+    ({"parallel": 2, "tree": "on"}, "tree", "tree='on' is not batched"),
+    ({"system_prompt": 3}, "system_prompt", "system_prompt must be a string"),
+])
+def test_each_bad_setting_is_one_named_error(kw, param, words):
+    with pytest.raises(InvalidRequest) as e:
+        Settings.of(**kw)
+    assert e.value.param == param and words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_settings_are_frozen_and_converted_once():
+    s = Settings.of(memory_budget="1GiB", power_budget="10W", max_temp="80C", providers="cuda,cpu",
+                    deterministic=True, system_prompt="You are terse.")
+    assert (s.memory_budget, s.power_budget_w, s.max_temp_c) == (1 << 30, 10.0, 80.0)
+    assert s.providers == ("CUDAExecutionProvider", "CPUExecutionProvider")
+    assert s.deterministic is True and s.system_prompt == "You are terse."
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.k = 4  # type: ignore[misc]
+    assert s.replace(k=4).k == 4 and s.k is None
+    with pytest.raises(TypeError, match="unknown engine option"):
+        Settings.of(drafts="auto")
+
+
+def test_engine_open_takes_settings_or_keywords_not_both(tmp_path):
+    with pytest.raises(TypeError, match="either settings or keyword options"):
+        Engine.open(tmp_path / "none", Settings(), k=2)
+    with pytest.raises(InvalidRequest, match="open a BatchEngine") as e:
+        Engine.open(tmp_path / "none", parallel=2)
+    assert e.value.param == "parallel"
+    with pytest.raises(TypeError, match="parallel= is required"):
+        BatchEngine.open(tmp_path / "none")
+
+
+def test_help_texts_list_every_mode_of_the_table(capsys):
+    """generate --help once omitted suffix and recycle: the help now comes from the table."""
+    for cmd in ("generate", "chat", "serve"):
+        with pytest.raises(SystemExit):
+            main([cmd, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        for m in modes.MODES:  # "name: the first words of its help"
+            assert f"{m.name}: {' '.join(m.help.split()[:3])}" in text, (cmd, m.name)
+
+
+def test_the_server_the_bench_and_the_batch_read_the_table():
+    with pytest.raises(validate.APIError) as e:
+        validate.parse_request("completion", b'{"prompt": "x", "draft": "fast"}', validate.Limits())
+    assert e.value.param == "draft" and f"must be one of {', '.join(modes.NAMES)}, got" in e.value.message
+    with pytest.raises(validate.APIError) as e:
+        validate.parse_request("completion", b'{"prompt": "x", "tree": "wide"}', validate.Limits())
+    assert e.value.param == "tree" and f"must be one of {', '.join(TREE_MODES)}, got" in e.value.message
+    assert set(bench.MODES) == {"target", *modes.NAMES} - {"none"}
+    assert set(bench.FIXED_K_MODES) == {m.name for m in modes.MODES if m.fixed_k}
+    assert modes.BATCHED == ("auto", "suffix", "ngram", "none")
+    with pytest.raises(DraftUnavailable, match="draft='recycle' is not batched: .* use auto, suffix, ngram, none"):
+        modes.check_batched("recycle")
+
+
+def test_bench_opens_its_engine_with_the_mode_that_loads_what_its_columns_need():
+    pick = lambda names: bench.engine_mode(bench.parse_modes(names, None, has_draft=True))  # noqa: E731
+    assert pick("target,ngram,suffix") == "ngram"  # nothing but the target
+    assert pick("target,model,ngram") == "auto"  # the draft model (auto keeps working if the plan drops it)
+    assert pick("target,self,suffix") == "self"  # the self-draft
+
+
+def test_the_engine_builds_every_row_it_has_a_runner_for(tiny_bundle):
+    eng = Engine.open(tiny_bundle, max_len=64, warmup=False)
+    try:
+        assert set(eng._drafters) == {m.name for m in modes.MODES if m.runner != "self"}
+        ranked = [m.name for m in sorted((m for m in modes.MODES if m.auto_rank is not None and m.runner != "self"),
+                                         key=lambda m: m.auto_rank)]
+        assert [s.name for s in eng._drafters["auto"].sources] == ranked == ["suffix", "recycle", "model"]
+    finally:
+        eng.close()
