@@ -209,7 +209,9 @@ def test_probe_counts_any_http_answer_as_reachable():
         assert sources.probe_hub(f"http://127.0.0.1:{srv.server_port}", "a/b", 2.0) is None
     finally:
         srv.shutdown()
-    assert sources.probe_hub(f"http://127.0.0.1:{_closed_port()}", "a/b", 2.0) is not None
+    port = _closed_port()
+    why = sources.probe_hub(f"http://127.0.0.1:{port}", "a/b", 2.0)
+    assert why.startswith(f"http://127.0.0.1:{port}: ") and "refused" in why.lower()
 
 
 # --- choices that are the user's to make --------------------------------------------------------

@@ -212,15 +212,18 @@ def serve(bundle: str | Path, *, parallel: int, engine_options: dict) -> Iterato
     from ..server.sdnotify import Notifier
     from ..server.service import Hooks, Service
 
+    from ..engine.settings import Settings
+
+    settings = Settings.of(**engine_options, parallel=parallel)  # checked here, before the server starts
+
     def open_engine():
         if parallel > 1:
             from ..engine.batch import BatchEngine
 
-            opts = {k: v for k, v in engine_options.items() if k != "draft_providers"}
-            return BatchEngine.open(bundle, parallel=parallel, **opts)
+            return BatchEngine.open(bundle, settings)
         from ..engine import Engine
 
-        return Engine.open(bundle, **engine_options)
+        return Engine.open(bundle, settings)
 
     cfg = ServerConfig(port=0, parallel=parallel, queue_size=64, request_timeout=3600.0, max_tokens_limit=100000)
     svc = Service(cfg, open_engine, default_name=Path(bundle).name, notifier=Notifier(environ={}), hooks=Hooks())

@@ -1,5 +1,5 @@
-"""What `edgespec serve` was told: network, limits, security. Engine options travel separately
-(they go to Engine.open untouched)."""
+"""What `edgespec serve` was told: network, limits, security. Engine options travel separately, as
+one engine Settings (engine/settings.py) checked before the bundle loads."""
 from __future__ import annotations
 
 import logging
