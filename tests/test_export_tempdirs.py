@@ -16,6 +16,7 @@ pytest.importorskip("torch", reason="the exporter needs the export extra")
 
 from edgespec_export import isolate, pipeline  # noqa: E402
 from edgespec_export.pipeline import ExportOptions, run_export  # noqa: E402
+from helpers.wait import wait_for  # noqa: E402
 from edgespec_export.tiny import make_tiny_model  # noqa: E402
 
 TESTS = Path(__file__).parent
@@ -75,12 +76,11 @@ def test_a_killed_callers_leftover_is_removed_by_the_next_call(tmp_path, monkeyp
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], env=env)
-    import time
+    def child_started():
+        assert parent.poll() is None, "the victim exited before starting its child"
+        return list(tmp_path.glob(isolate.PREFIX + "*/child.log"))
 
-    deadline = time.monotonic() + 60
-    while not list(tmp_path.glob(isolate.PREFIX + "*/child.log")):
-        assert time.monotonic() < deadline and parent.poll() is None, "the victim never started its child"
-        time.sleep(0.05)
+    wait_for("the victim's child to start", child_started, timeout=60)
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     (left,) = tmp_path.glob(isolate.PREFIX + "*")

@@ -4,52 +4,23 @@ requests active ends only what it should."""
 from __future__ import annotations
 
 import json
-import signal
 import socket
 import threading
-import time
-from pathlib import Path
 
 import pytest
 
 openai = pytest.importorskip("openai", reason="the test extra is not installed (pip install .[test])")
 pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
 
-from edgespec.engine.batch import BatchEngine  # noqa: E402
 from edgespec.engine import Engine  # noqa: E402
-from edgespec.server.config import ServerConfig  # noqa: E402
-from edgespec.server.sdnotify import Notifier  # noqa: E402
-from edgespec.server.service import Hooks, Service  # noqa: E402
+from helpers.running import DEADLINE, RunningServer  # noqa: E402
+from helpers.wait import wait_for  # noqa: E402
 
 ASKS = ["Sort a list of pairs by the second item.", "hello hello hello", "Write fizzbuzz.", "1 2 3 1 2 3 1 2"]
-DEADLINE = 60.0
 
 
 def _msgs(text):
     return [{"role": "user", "content": text}]
-
-
-class Running:
-    def __init__(self, bundle: Path, parallel: int = 3, token_delay: float = 0.0, **cfg):
-        cfg.setdefault("port", 0)
-        self.bundle = bundle
-        self.service = Service(ServerConfig(parallel=parallel, **cfg),
-                               lambda: BatchEngine.open(bundle, parallel=parallel, max_len=256, verify=False),
-                               default_name=bundle.name, notifier=Notifier(environ={}),
-                               hooks=Hooks(token_delay=token_delay))
-        self.thread = threading.Thread(target=self.service.run, daemon=True)
-        self.thread.start()
-        end = time.monotonic() + DEADLINE
-        while self.service.state.phase != "ready":
-            assert self.service.state.phase == "loading" and time.monotonic() < end, self.service.state.failure
-            time.sleep(0.02)
-        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.service.port}/v1", api_key="unused",
-                                    max_retries=0, timeout=DEADLINE)
-
-    def stop(self):
-        self.service._on_signal(signal.SIGTERM)
-        self.thread.join(DEADLINE)
-        assert not self.thread.is_alive()
 
 
 @pytest.fixture(scope="module")
@@ -64,15 +35,8 @@ def _ref(eng, text, n):
     return eng.generate(messages=_msgs(text), max_new_tokens=n)
 
 
-def _wait(cond, what, timeout=DEADLINE):
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 def test_concurrent_openai_streams_equal_target_alone(tiny_bundle, alone):
-    r = Running(tiny_bundle, parallel=3)
+    r = RunningServer(tiny_bundle, parallel=3)
     try:
         results: dict[int, str] = {}
         barrier = threading.Barrier(len(ASKS))
@@ -115,7 +79,7 @@ def _open_stream(port, body):
 
 
 def test_disconnect_frees_its_slot_while_the_others_finish(tiny_bundle, alone):
-    r = Running(tiny_bundle, parallel=3, token_delay=0.01, request_timeout=30)
+    r = RunningServer(tiny_bundle, parallel=3, token_delay=0.01, request_timeout=30)
     try:
         sched = r.service.scheduler
         sock = _open_stream(r.service.port, {"messages": _msgs(ASKS[1]), "max_tokens": 200, "stream": True,
@@ -133,9 +97,9 @@ def test_disconnect_frees_its_slot_while_the_others_finish(tiny_bundle, alone):
         threads = [threading.Thread(target=client, args=(i,)) for i in (0, 2)]
         for t in threads:
             t.start()
-        _wait(lambda: sched.active == 3, "three requests in slots")
+        wait_for("three requests in slots", lambda: sched.active == 3, timeout=DEADLINE)
         sock.close()  # the first client hangs up mid-stream
-        _wait(lambda: sched.active <= 2, "the hung-up request to leave its slot")
+        wait_for("the hung-up request to leave its slot", lambda: sched.active <= 2, timeout=DEADLINE)
         for t in threads:
             t.join(DEADLINE)
         for i in (0, 2):
@@ -148,7 +112,7 @@ def test_disconnect_frees_its_slot_while_the_others_finish(tiny_bundle, alone):
 
 def test_timeout_ends_one_request_and_the_other_finishes(tiny_bundle, alone):
     # the long request needs ~200 rounds x 0.05 s, far past its 2 s; the short one needs 5 rounds
-    r = Running(tiny_bundle, parallel=2, token_delay=0.05, request_timeout=2.0)
+    r = RunningServer(tiny_bundle, parallel=2, token_delay=0.05, request_timeout=2.0)
     out = {}
 
     def long():
@@ -166,13 +130,13 @@ def test_timeout_ends_one_request_and_the_other_finishes(tiny_bundle, alone):
     try:
         t1 = threading.Thread(target=long)
         t1.start()
-        _wait(lambda: r.service.scheduler.active == 1, "the long request generating")
+        wait_for("the long request generating", lambda: r.service.scheduler.active == 1, timeout=DEADLINE)
         t2 = threading.Thread(target=short)
         t2.start()
         t1.join(DEADLINE), t2.join(DEADLINE)
         assert out["long"] == 504
         assert out["short"] == _ref(alone, ASKS[2], 5).text
-        _wait(lambda: r.service.scheduler.active == 0, "the timed-out request to leave its slot")
+        wait_for("the timed-out request to leave its slot", lambda: r.service.scheduler.active == 0, timeout=DEADLINE)
     finally:
         r.stop()
 
@@ -184,7 +148,7 @@ def urllib_get(port, path):
 
 
 def test_sigterm_with_several_active_requests_lets_them_finish(tiny_bundle, alone):
-    r = Running(tiny_bundle, parallel=2, token_delay=0.01, drain_timeout=30)
+    r = RunningServer(tiny_bundle, parallel=2, token_delay=0.01, drain_timeout=30)
     out = {}
 
     def client(i):
@@ -195,7 +159,7 @@ def test_sigterm_with_several_active_requests_lets_them_finish(tiny_bundle, alon
     threads = [threading.Thread(target=client, args=(i,)) for i in (0, 3)]
     for t in threads:
         t.start()
-    _wait(lambda: r.service.scheduler.active == 2, "two requests generating")
+    wait_for("two requests generating", lambda: r.service.scheduler.active == 2, timeout=DEADLINE)
     r.stop()  # SIGTERM: both are running, both finish (nothing lost)
     for t in threads:
         t.join(DEADLINE)

@@ -3,50 +3,20 @@ fp32 bundle (and, marked slow, on SmolLM2). The heart of it: what the server str
 decoding is exactly what the target alone writes."""
 from __future__ import annotations
 
-import threading
-from pathlib import Path
-
 import pytest
 
 openai = pytest.importorskip("openai", reason="the test extra is not installed (pip install .[test])")
 pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
 
 from edgespec.engine import Engine  # noqa: E402
-from edgespec.server.config import ServerConfig  # noqa: E402
-from edgespec.server.sdnotify import Notifier  # noqa: E402
-from edgespec.server.service import Hooks, Service  # noqa: E402
+from helpers.running import RunningServer  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "Sort a list of pairs by the second item."}]
 
 
-class Running:
-    def __init__(self, bundle: Path, **cfg):
-        cfg.setdefault("port", 0)
-        self.bundle = bundle
-        self.service = Service(ServerConfig(**cfg), lambda: Engine.open(bundle, max_len=256),
-                               default_name=bundle.name, notifier=Notifier(environ={}), hooks=Hooks())
-        self.thread = threading.Thread(target=self.service.run, daemon=True)
-        self.thread.start()
-        import time
-
-        end = time.monotonic() + 60
-        while self.service.state.phase != "ready":
-            assert self.service.state.phase == "loading" and time.monotonic() < end, self.service.state.failure
-            time.sleep(0.02)
-        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.service.port}/v1", api_key="unused",
-                                    max_retries=0, timeout=60)
-
-    def stop(self):
-        import signal
-
-        self.service._on_signal(signal.SIGTERM)
-        self.thread.join(20)
-        assert not self.thread.is_alive()
-
-
 @pytest.fixture(scope="module")
 def server(tiny_bundle):
-    r = Running(tiny_bundle)
+    r = RunningServer(tiny_bundle)
     yield r
     r.stop()
 
@@ -161,7 +131,7 @@ def test_prompt_too_long_has_context_length_code(server):
 
 
 def test_draft_model_on_a_bundle_without_one(tiny_bundle_nodraft):
-    r = Running(tiny_bundle_nodraft)
+    r = RunningServer(tiny_bundle_nodraft)
     try:
         with pytest.raises(openai.BadRequestError) as ei:
             r.client.chat.completions.create(model=tiny_bundle_nodraft.name, messages=MESSAGES, max_tokens=4,
@@ -177,7 +147,7 @@ def test_api_key_with_the_openai_client(tiny_bundle, tmp_path):
     key = tmp_path / "key"
     key.write_text("edge-0123456789abcdef")
     key.chmod(0o600)
-    r = Running(tiny_bundle, api_key_file=str(key))
+    r = RunningServer(tiny_bundle, api_key_file=str(key))
     try:
         with pytest.raises(openai.AuthenticationError):
             r.client.models.list()
@@ -195,7 +165,7 @@ def test_smollm2_streams_real_text():
     bundle = files.bundles_dir() / "smollm2"
     if not (bundle / "manifest.json").exists():
         pytest.skip(f"no SmolLM2 bundle at {bundle} (edgespec pull / quickstart makes it)")
-    r = Running(bundle)
+    r = RunningServer(bundle)
     try:
         chunks = list(r.client.chat.completions.create(
             model="smollm2", messages=[{"role": "user", "content": "Name three colours."}], max_tokens=32,

@@ -19,14 +19,13 @@ from edgespec.server.sdnotify import Notifier
 from edgespec.server.served import ServedEngine, ServedStream
 from edgespec.server.service import Hooks, Service
 
+from .wait import wait_for
+
 
 def wait_until(predicate, timeout=10.0, what="the condition"):
-    """Polls `predicate` until it is true; fails loudly (naming `what`) at the deadline. The deadline
-    is a hang guard, not a measurement: nothing asserts how fast it became true."""
-    end = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < end, f"timed out after {timeout:g} s waiting for {what}"
-        time.sleep(0.005)
+    """helpers.wait.wait_for with the argument order the server tests use. The deadline is a hang
+    guard, not a measurement: nothing asserts how fast it became true."""
+    return wait_for(what, predicate, timeout=timeout, every=0.005)
 
 
 # --- a fake engine with the Engine interface -------------------------------------------------------
@@ -129,10 +128,7 @@ class Server:
             self.error = e
 
     def wait_phase(self, phase, timeout=10):
-        end = time.monotonic() + timeout
-        while self.service.state.phase != phase:
-            assert time.monotonic() < end, f"server phase {self.service.state.phase}, expected {phase}"
-            time.sleep(0.01)
+        wait_for(f"server phase {phase}", lambda: self.service.state.phase == phase, timeout=timeout, every=0.01)
 
     def stop(self, timeout=15):
         if self.thread.is_alive():

@@ -1,0 +1,49 @@
+"""One running `edgespec serve` in this process, with the real `openai` package as its client: the
+serial server (`parallel=1`, Engine) or the batched one (BatchEngine), on a tiny bundle."""
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+from edgespec.server.config import ServerConfig
+from edgespec.server.sdnotify import Notifier
+from edgespec.server.service import Hooks, Service
+
+from .wait import wait_for
+
+DEADLINE = 60.0  # seconds: a hang guard for start, requests and stop, never a measurement
+
+
+class RunningServer:
+    def __init__(self, bundle: Path, *, parallel: int = 1, token_delay: float = 0.0, max_len: int = 256, **cfg):
+        import openai
+
+        from edgespec.engine import Engine
+        from edgespec.engine.batch import BatchEngine
+
+        cfg.setdefault("port", 0)
+        self.bundle = bundle
+
+        def open_engine():
+            if parallel > 1:
+                return BatchEngine.open(bundle, parallel=parallel, max_len=max_len, verify=False)
+            return Engine.open(bundle, max_len=max_len, verify=False)
+
+        self.service = Service(ServerConfig(parallel=parallel, **cfg), open_engine, default_name=bundle.name,
+                               notifier=Notifier(environ={}), hooks=Hooks(token_delay=token_delay))
+        self.thread = threading.Thread(target=self.service.run, daemon=True)
+        self.thread.start()
+        wait_for("the server to be ready", self._ready, timeout=DEADLINE, every=0.02)
+        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.service.port}/v1", api_key="unused",
+                                    max_retries=0, timeout=DEADLINE)
+
+    def _ready(self) -> bool:
+        state = self.service.state
+        assert state.phase in ("loading", "ready"), f"the server did not start: {state.failure}"
+        return state.phase == "ready"
+
+    def stop(self) -> None:
+        self.service._on_signal(signal.SIGTERM)
+        self.thread.join(DEADLINE)
+        assert not self.thread.is_alive()
