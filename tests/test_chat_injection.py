@@ -47,7 +47,7 @@ def test_forged_content_adds_no_control_tokens(engine):
 def test_ordinary_chats_encode_exactly_as_before(engine):
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Grüße, 東京 🙂"},
             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": ""}]
-    enc = engine._encode
+    enc = engine.vocab.encode  # the Encoder: the bundle's chat template and BOS/EOS texts
     text = render(enc.facts.chat_template, msgs, bos_token=enc.bos_text, eos_token=enc.eos_text)
     assert engine.encode(messages=msgs) == engine.tokenizer.encode(text, add_special_tokens=False).ids
 

@@ -209,6 +209,12 @@ def predict_device(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int
     return parts
 
 
+def check_max_len(max_len) -> None:
+    """A cache length someone asked for: an integer of at least 2 (the prompt's last token and one more)."""
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
+        raise InvalidRequest(f"max_len must be an integer >= 2, got {max_len!r}", param="max_len")
+
+
 def default_max_len(bundle, profile=None) -> int:
     """The cache length when none is asked for (the one place this default is decided): the bundle's
     own, written by export (`--max-context`, manifest.defaults["max_len"]), else DEFAULT_MAX_LEN;
@@ -246,8 +252,7 @@ def plan(
     if max_len is None:
         want_len = default_max_len(b, profile)
     else:
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
-            raise InvalidRequest(f"max_len must be an integer >= 2, got {max_len!r}", param="max_len")
+        check_max_len(max_len)
         want_len = int(max_len)
     if want_len > context:
         notes.append(f"max_len {want_len} capped at the model's context length {context}")

@@ -62,7 +62,7 @@ class Engine:
         self.costs = CostModel(target.times, draft.times if draft is not None else None)
         # every mode the table can build with what is loaded (drafters/modes.py); the free drafters
         # learn across requests: the suffix index (bounded; reset_cache() clears it), the recycle table
-        kit = modes.Kit(self.costs, self.usable, target.times, {"draft": draft, "self": self.self_runner},
+        kit = modes.Kit(self.costs, self.usable, target, target.times, {"draft": draft, "self": self.self_runner},
                         s.suffix_capacity, _draft_vocab_map(bundle) if draft is not None else None)
         self._drafters: dict[str, Drafter] = {}
         for row in modes.MODES:

@@ -75,10 +75,11 @@ class Settings:
         modes.get(self.draft)
         check_k(self.k)
         check_tree(self.tree)
-        if self.max_len is not None and (isinstance(self.max_len, bool) or not isinstance(self.max_len, int)
-                                         or self.max_len < 2):
-            raise InvalidRequest(f"max_len must be an integer >= 2, got {self.max_len!r}", param="max_len")
         from ..drafters.suffix_index import check_capacity
+        from ..edge.memory import check_max_len
+
+        if self.max_len is not None:
+            check_max_len(self.max_len)
 
         check_capacity(self.suffix_capacity)
         t = self.threads

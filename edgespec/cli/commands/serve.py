@@ -112,7 +112,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     lim.add_argument("--parallel", help="requests generating at once, verified together in one target pass "
                      "(continuous batching); 'auto': as many as the memory plan fits, up to 4. Default 1: one at a "
-                     "time, the others queue. With more than 1 the draft model is not used (n-gram drafting is) "
+                     "time, the others queue. With more than 1 the draft model is not used: requests draft with "
+                     f"{', '.join(modes.BATCHED)} "
                      "[EDGESPEC_PARALLEL]")
 
     eng = p.add_argument_group("engine (one Settings, checked before the bundle loads)")
