@@ -1,0 +1,53 @@
+"""edgespec.bench.gpucheck, the Python half of scripts/gpu-check.sh: a pytest run where every test
+skipped is a failed step (exit 5), read from the JUnit XML pytest writes; a real pytest run proves the
+format, hand-written reports the edges."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from edgespec.bench.gpucheck import JunitCounts, junit_counts, main
+
+
+def run_pytest(tmp_path, body: str) -> str:
+    test = tmp_path / "test_probe.py"
+    test.write_text("import pytest\n" + body)
+    xml = tmp_path / "probe.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test), "--junitxml", str(xml)],
+                   capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    return str(xml)
+
+
+def test_a_real_pytest_run_where_everything_skipped_is_a_failed_step(tmp_path, capsys):
+    xml = run_pytest(tmp_path, "pytestmark = pytest.mark.skip(reason='no CUDA provider')\n"
+                               "def test_a(): pass\ndef test_b(): pass\n")
+    assert junit_counts(xml) == JunitCounts(tests=2, skipped=2, failures=0, errors=0)
+    assert main(["junit", xml]) == 5
+    assert "2 tests: 0 ran, 2 skipped" in capsys.readouterr().out
+
+
+def test_one_test_that_ran_and_passed_passes(tmp_path, capsys):
+    xml = tmp_path / "r.xml"
+    xml.write_text('<testsuites><testsuite name="pytest" errors="0" failures="0" skipped="3" tests="4"/></testsuites>')
+    assert main(["junit", str(xml)]) == 0
+    assert "4 tests: 1 ran, 3 skipped, 0 failed, 0 errors" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("attrs, why", [
+    ('errors="0" failures="1" skipped="0" tests="2"', "1 failed"),
+    ('errors="1" failures="0" skipped="0" tests="2"', "1 errors"),
+    ('errors="0" failures="0" skipped="0" tests="0"', "every test skipped"),  # nothing collected
+])
+def test_failures_errors_and_empty_runs_fail(tmp_path, capsys, attrs, why):
+    xml = tmp_path / "r.xml"
+    xml.write_text(f'<testsuite name="pytest" {attrs}/>')  # older pytest: one <testsuite> at the root
+    assert main(["junit", str(xml)]) == 5
+    assert why in capsys.readouterr().out
+
+
+def test_no_report_is_a_failed_step(tmp_path, capsys):
+    assert main(["junit", str(tmp_path / "missing.xml")]) == 5
+    assert "no readable JUnit report" in capsys.readouterr().out
