@@ -214,3 +214,60 @@ def test_ctypes_struct_matches_nvml_memory_layout():
     """nvmlMemory_t is three unsigned long longs: total, free, used (nvml.h)."""
     assert ctypes.sizeof(gpumem._NvmlMemory) == 24
     assert [f[0] for f in gpumem._NvmlMemory._fields_] == ["total", "free", "used"]
+
+
+# --- the CUDA/cuDNN libraries of onnxruntime-gpu's [cuda,cudnn] extras, loaded before a CUDA session --
+@pytest.fixture
+def fake_preload(monkeypatch):
+    import importlib.util
+
+    import onnxruntime as ort
+
+    from edgespec.edge import providers
+
+    calls = []
+    monkeypatch.setattr(providers, "_preloaded", False)
+    monkeypatch.setattr(ort, "preload_dlls", lambda *a, **k: calls.append("preload"), raising=False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "nvidia" else real(name, *a))
+    return calls
+
+
+def test_preload_runs_once_per_process_where_the_nvidia_wheels_are(fake_preload):
+    from edgespec.edge import providers
+
+    assert providers.preload_cuda_libraries().endswith("preload_dlls() done")
+    assert providers.preload_cuda_libraries() == "already preloaded"
+    assert fake_preload == ["preload"]
+
+
+def test_preload_is_skipped_without_the_nvidia_wheels(monkeypatch):
+    import importlib.util
+
+    import onnxruntime as ort
+
+    from edgespec.edge import providers
+
+    calls = []
+    monkeypatch.setattr(providers, "_preloaded", False)
+    monkeypatch.setattr(ort, "preload_dlls", lambda *a, **k: calls.append("preload"), raising=False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "nvidia" else real(name, *a))
+    assert "no nvidia-* wheels" in providers.preload_cuda_libraries() and calls == []
+
+
+def test_a_cuda_session_preloads_and_a_cpu_one_does_not(fake_preload, monkeypatch):
+    """create_session preloads before trying CUDA (here CUDA is faked into the list: onnxruntime then
+    falls back to the CPU, which the order allows), and not at all for a CPU-only order."""
+    import onnxruntime as ort
+
+    from edgespec.edge import providers
+
+    model = providers.probe_model_bytes()
+    providers.create_session(model, providers="cpu")
+    assert fake_preload == []
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort, "InferenceSession", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no CUDA here")))
+    with pytest.raises(Exception, match="no CUDA here"):
+        providers.create_session(model, providers="cuda")
+    assert fake_preload == ["preload"]

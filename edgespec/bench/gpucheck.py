@@ -1,5 +1,4 @@
-"""The Python half of scripts/gpu-check.sh: what bash is poor at, standard library only (it runs in
-the check's own venv before anything is known to work there).
+"""The Python half of scripts/gpu-check.sh: what bash is poor at.
 
     python -m edgespec.bench.gpucheck junit REPORT.xml    # exit 0 only when some test really ran and passed
     python -m edgespec.bench.gpucheck preload             # onnxruntime.preload_dlls(), saying what it did
@@ -10,7 +9,8 @@ nothing ran on the GPU. The JUnit XML that pytest writes counts tests, skips, fa
 
 Why `preload`: onnxruntime-gpu from PyPI finds the CUDA and cuDNN libraries that its `[cuda,cudnn]`
 extras install (the nvidia-* wheels) only when they are loaded before the first CUDA session
-(`onnxruntime.preload_dlls()`, onnxruntime >= 1.21); the check's venv runs it at every start.
+(`onnxruntime.preload_dlls()`, onnxruntime >= 1.21). edgespec's own sessions do it
+(edge/providers.py); the check's venv does it at every start too, for code that opens sessions itself.
 """
 from __future__ import annotations
 
@@ -52,16 +52,11 @@ def junit_counts(path: str) -> JunitCounts:
 
 
 def preload() -> str:
-    """Loads the CUDA/cuDNN libraries of the nvidia-* wheels where onnxruntime can (one line on what happened)."""
-    try:
-        import onnxruntime as ort
-    except ImportError as e:
-        return f"onnxruntime is not importable: {e}"
-    fn = getattr(ort, "preload_dlls", None)
-    if fn is None:
-        return f"onnxruntime {ort.__version__} has no preload_dlls (added in 1.21): the CUDA libraries must be on the loader's path"
-    fn()
-    return f"onnxruntime {ort.__version__}: preload_dlls() done"
+    """providers.preload_cuda_libraries, for every process of the check's venv (its .pth calls this),
+    including those that open sessions without edgespec's providers module (bench/placement.py)."""
+    from ..edge.providers import preload_cuda_libraries
+
+    return preload_cuda_libraries()
 
 
 def main(argv: list[str] | None = None) -> int:

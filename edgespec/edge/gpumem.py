@@ -132,8 +132,9 @@ def cuda_probe_session():
     import numpy as np
     import onnxruntime as ort
 
-    from .providers import CUDA, probe_model_bytes, session_options
+    from .providers import CUDA, preload_cuda_libraries, probe_model_bytes, session_options
 
+    preload_cuda_libraries()
     sess = ort.InferenceSession(probe_model_bytes(), session_options(1), providers=[CUDA])
     if sess.get_providers()[0] != CUDA:
         raise RuntimeError(f"onnxruntime gave {sess.get_providers()[0]}, not {CUDA}")
