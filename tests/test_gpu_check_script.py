@@ -35,12 +35,7 @@ def test_without_nvidia_smi_it_says_so_and_writes_nothing(tmp_path):
 
 
 def test_an_nvidia_smi_that_lists_no_gpu_is_refused_too(tmp_path):
-    bins = tmp_path / "bin"
-    bins.mkdir()
-    fake = bins / "nvidia-smi"
-    fake.write_text("#!/bin/sh\nexit 9\n")
-    fake.chmod(0o755)
-    r = run(tmp_path, f"{bins}{os.pathsep}{os.environ['PATH']}")
+    r = run(tmp_path, path_with_nvidia_smi(tmp_path, "exit 9"))
     assert r.returncode == 2 and "nvidia-smi lists none" in r.stderr
 
 
@@ -61,24 +56,24 @@ def plan(tmp_path, *args, path=None, env=None):
                           capture_output=True, text=True, env=e, timeout=120)
 
 
-def fake_nvidia_smi(tmp_path) -> str:
-    """A PATH whose nvidia-smi lists one data-centre GPU (an x86_64 host with a discrete GPU)."""
-    bins = tmp_path / "bin"
+def path_with_nvidia_smi(tmp_path, script: str, folder: str = "bin") -> str:
+    """This PATH with a fake nvidia-smi (the shell `script`) in front."""
+    bins = tmp_path / folder
     bins.mkdir(exist_ok=True)
     fake = bins / "nvidia-smi"
-    fake.write_text('#!/bin/sh\necho "NVIDIA H200, 143771 MiB, 550.54.15"\n')
+    fake.write_text("#!/bin/sh\n" + script + "\n")
     fake.chmod(0o755)
     return f"{bins}{os.pathsep}{os.environ['PATH']}"
+
+
+def fake_nvidia_smi(tmp_path) -> str:
+    """An x86_64 host with a discrete GPU: nvidia-smi lists one data-centre GPU."""
+    return path_with_nvidia_smi(tmp_path, 'echo "NVIDIA H200, 143771 MiB, 550.54.15"')
 
 
 def no_nvidia_smi_path(tmp_path) -> str:
-    """This PATH, with an nvidia-smi that fails loudly if anything calls it (a Jetson must not need one)."""
-    bins = tmp_path / "nosmi"
-    bins.mkdir(exist_ok=True)
-    fake = bins / "nvidia-smi"
-    fake.write_text("#!/bin/sh\necho 'nvidia-smi was called' >&2\nexit 97\n")
-    fake.chmod(0o755)
-    return f"{bins}{os.pathsep}{os.environ['PATH']}"
+    """An nvidia-smi that fails loudly if anything calls it (a Jetson must not need one)."""
+    return path_with_nvidia_smi(tmp_path, "echo 'nvidia-smi was called' >&2; exit 97", "nosmi")
 
 
 def test_plan_on_a_faked_jetson_uses_the_jetpack_index_and_runs_nothing(tmp_path):
