@@ -314,9 +314,10 @@ def plan(
     length = _longest_fitting(fits(False), floor, want_len)
     if length is not None:
         if load_draft:
-            at_floor = make(floor, True).predicted_bytes
+            at_floor = make(floor, True)
             notes.append(
-                f"draft model dropped: with it even max_len {floor} needs {format_size(at_floor)} "
+                f"draft model dropped: with it even max_len {floor} needs {format_size(at_floor.predicted_bytes)}"
+                f"{sum_words(at_floor)} "
                 f"(budget {format_size(budget_bytes)}); n-gram drafting still works"
             )
         if length < want_len:
