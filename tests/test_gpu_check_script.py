@@ -144,6 +144,10 @@ def test_a_missing_gpu_wheel_stops_the_check_and_leaves_onnxruntime_importable(t
     log = (tmp_path / "report" / "logs" / "install.log").read_text()
     assert "No matching distribution found for onnxruntime-gpu" in log
     assert not (tmp_path / "report" / "summary.md").exists()  # no step ran
+    # the check's venv sees this one's packages (the wheel would have gone in front of them)
+    v = subprocess.run([str(tmp_path / "report" / "venv" / "bin" / "python"), "-c", "import onnxruntime, numpy, edgespec"],
+                       capture_output=True, text=True, timeout=120)
+    assert v.returncode == 0, v.stderr
     p = subprocess.run([sys.executable, "-c", "import onnxruntime; print(onnxruntime.__version__)"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == onnxruntime.__version__
