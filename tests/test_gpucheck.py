@@ -51,3 +51,23 @@ def test_failures_errors_and_empty_runs_fail(tmp_path, capsys, attrs, why):
 def test_no_report_is_a_failed_step(tmp_path, capsys):
     assert main(["junit", str(tmp_path / "missing.xml")]) == 5
     assert "no readable JUnit report" in capsys.readouterr().out
+
+
+def test_placement_on_the_cpu_provider_passes_and_asking_for_cuda_here_fails_with_the_reason(tiny_cuda_bundle, capsys):
+    """The node-placement step reads onnxruntime's own profile: on the CPU provider every node is on
+    the CPU (exit 0); asked for CUDA where onnxruntime has none, every GroupQueryAttention and
+    MatMulNBits node is off CUDA: exit 1, with one line per graph saying so (the JSON goes to a file)."""
+    import json
+
+    import onnxruntime as ort
+
+    from edgespec.bench import placement
+
+    assert placement._main([str(tiny_cuda_bundle), "--providers", "cpu"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["target:cuda"]["by_op"]["GroupQueryAttention"] == {"CPUExecutionProvider": 2}
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA: the failing direction is tests/test_gpu.py's")
+    assert placement._main([str(tiny_cuda_bundle), "--providers", "cuda,cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "placement: target:cuda on CPUExecutionProvider:" in err and "nodes off CUDAExecutionProvider" in err
