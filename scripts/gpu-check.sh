@@ -13,7 +13,7 @@
 # --root DIR   read /proc/device-tree and /etc/nv_tegra_release under DIR (tests use fake trees)
 #
 # 1. Never touches the active environment: onnxruntime-gpu goes into a venv of its own (REPORT_DIR/venv)
-#    that sees the active one's packages; on an x86_64 host it is the PyPI wheel of the same version
+#    that sees the active one's packages; on an x86_64 host it is the PyPI wheel of the same version (else the newest)
 #    with its [cuda,cudnn] extras (CUDA and cuDNN from pip, loaded by onnxruntime.preload_dlls() at every
 #    start of that venv); on a Jetson it is NVIDIA's JetPack wheel (JetPack 6: their index; else
 #    --ort-wheel) with JetPack's own CUDA. If the install fails the check stops, naming what to do.
@@ -142,7 +142,7 @@ else
   { echo "# edgespec GPU check"; echo
     echo "- date (UTC): $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "- GPU: $GPUS"
-    echo "- onnxruntime: ${SPEC[*]} (--no-install: as found)"
+    if [ "$INSTALL" -eq 1 ]; then echo "- onnxruntime: ${SPEC[*]} into $PY"; else echo "- onnxruntime: ${ORT_VERSION:-not importable} as found (--no-install)"; fi
     echo "- host: $(uname -srm), $(nproc) CPU cores; commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo; echo "| step | exit | seconds | log |"; echo "|---|---|---|---|"; } > "$SUMMARY"
 fi
