@@ -103,7 +103,8 @@ def run(args) -> int:
               "host and GPU share this board's DRAM")
     if device_measured is not None:
         print(f"device memory: measured {format_size(device_measured)} used by the process, the CUDA context "
-              f"included ({rss.get('device_reader')}, read before the context existed)")
+              f"included ({rss.get('device_reader')}, read before the context existed)"
+              + (f"; the plan's device side: {format_size(plan.device_bytes)}" if plan.device_breakdown else ""))
     elif device_note:
         print(f"device memory: {device_note}")
     return 0
