@@ -78,7 +78,9 @@ else
   [ -z "$ORT_VERSION" ] || FALLBACK="onnxruntime-gpu[cuda,cudnn]"
 fi
 HINT=""
-[ "$JETSON" -eq 1 ] || [ "$(uname -m)" != aarch64 ] || HINT=" On aarch64 PyPI has no CUDA build: use NVIDIA's JetPack wheel (see $JETSON_ZOO) with --ort-wheel FILE."
+if [ "$JETSON" -eq 1 ] || [ "$(uname -m)" = aarch64 ]; then
+  HINT=" On aarch64 PyPI has no CUDA build: take NVIDIA's JetPack wheel (JetPack 6: $JETPACK6_INDEX; older: $JETSON_ZOO) and pass it with --ort-wheel FILE."
+fi
 
 if [ "$PLAN" -eq 0 ]; then
   mkdir -p "$REPORT/logs" "$REPORT/bundles"

@@ -152,3 +152,15 @@ def test_a_missing_gpu_wheel_stops_the_check_and_leaves_onnxruntime_importable(t
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == onnxruntime.__version__
     assert Path(onnxruntime.__file__).stat().st_mtime_ns == before
+
+
+def test_on_a_jetson_a_failed_install_names_nvidias_wheels_and_ort_wheel(tmp_path):
+    links = tmp_path / "links"
+    links.mkdir()
+    e = {**os.environ, "PATH": no_nvidia_smi_path(tmp_path), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(links),
+         "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    r = subprocess.run([shutil.which("bash") or "/bin/bash", str(SCRIPT), "-o", str(tmp_path / "report"), "--root",
+                        str(FAKES / "jetson-orin-nano")], capture_output=True, text=True, env=e, timeout=300)
+    assert r.returncode == 3, r.stderr
+    assert "could not install onnxruntime-gpu --index-url https://pypi.jetson-ai-lab.io/jp6/cu126" in r.stderr
+    assert "pass it with --ort-wheel FILE" in r.stderr and "were not changed" in r.stderr
