@@ -89,6 +89,13 @@ def test_the_context_subcommand_says_why_not_here(monkeypatch, capsys):
     assert "no NVML" in json.loads(capsys.readouterr().out)["note"]
 
 
+def test_measure_context_fresh_runs_in_another_process_and_says_why_not_here():
+    if gpumem.reader("/nonexistent", unified=False) is not None:
+        pytest.skip("this machine has NVML: tests/test_gpu.py measures the context here")
+    m = gpumem.measure_context_fresh("/nonexistent", unified=False)
+    assert "context_bytes" not in m and m["note"].startswith("no NVML (libnvidia-ml")
+
+
 class FakeReader:
     def __init__(self, frees, unified=False):
         self.frees, self.unified, self.name, self.calls = list(frees), unified, "fake", []
