@@ -117,20 +117,28 @@ step() {
 # --- 1. onnxruntime-gpu in its own venv (the active environment is never changed)
 if [ "$INSTALL" -eq 1 ]; then
   VENV="$REPORT/venv"
+  # pip >= 22.3 installs into another interpreter (--python); an older one (Ubuntu 22.04's, JetPack 6)
+  # cannot, so the venv then gets a pip of its own. Either way pip runs as the venv's, and so never
+  # removes a package of the active environment (outside its environment).
+  if "$PY" -m pip --help 2>/dev/null | grep -q -- '--python <python>'; then
+    VENV_ARGS=(--without-pip) PIP=("$PY" -m pip --python "$VENV/bin/python")
+  else
+    VENV_ARGS=() PIP=("$VENV/bin/python" -m pip)
+  fi
   if [ "$PLAN" -eq 1 ]; then
     echo "# onnxruntime-gpu into $VENV (it sees this python's packages; this python is not changed)"
-    show "$PY" -m venv --without-pip "$VENV"
+    show "$PY" -m venv "${VENV_ARGS[@]}" "$VENV"
     echo "(writes $VENV/.../site-packages/_edgespec_base.pth: site.addsitedir of each of $PY's site-packages)"
-    show "$PY" -m pip --python "$VENV/bin/python" install "${SPEC[@]}"
-    [ -z "$FALLBACK" ] || echo "(if that version is not published: $(show "$PY" -m pip --python "$VENV/bin/python" install "$FALLBACK"))"
+    show "${PIP[@]}" install "${SPEC[@]}"
+    [ -z "$FALLBACK" ] || echo "(if that version is not published: $(show "${PIP[@]}" install "$FALLBACK"))"
     [ "$JETSON" -eq 1 ] || echo "(writes _edgespec_preload.pth: onnxruntime.preload_dlls() at every start of $VENV/bin/python, through edgespec.bench.gpucheck)"
   else
     SITE=""
-    { "$PY" -m venv --without-pip "$VENV" &&
+    { "$PY" -m venv "${VENV_ARGS[@]}" "$VENV" &&
       SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))') &&
       "$PY" -c 'import site; print("import site; " + "; ".join("site.addsitedir(%r)" % p for p in site.getsitepackages()))' > "$SITE/_edgespec_base.pth" &&
-      { "$PY" -m pip --python "$VENV/bin/python" install "${SPEC[@]}" ||
-        { [ -n "$FALLBACK" ] && SPEC=("$FALLBACK") && "$PY" -m pip --python "$VENV/bin/python" install "$FALLBACK"; }; }
+      { "${PIP[@]}" install "${SPEC[@]}" ||
+        { [ -n "$FALLBACK" ] && SPEC=("$FALLBACK") && "${PIP[@]}" install "$FALLBACK"; }; }
     } > "$REPORT/logs/install.log" 2>&1 || EXIT=3 die "could not install ${SPEC[*]} into $VENV (log: $REPORT/logs/install.log). $PY and its onnxruntime ${ORT_VERSION:-?} were not changed.$HINT"
     [ "$JETSON" -eq 1 ] || echo "import os; os.environ.get('EDGESPEC_NO_PRELOAD') or __import__('edgespec.bench.gpucheck', fromlist=['x']).preload()" > "$SITE/_edgespec_preload.pth"
   fi

@@ -164,3 +164,18 @@ def test_on_a_jetson_a_failed_install_names_nvidias_wheels_and_ort_wheel(tmp_pat
     assert r.returncode == 3, r.stderr
     assert "could not install onnxruntime-gpu --index-url https://pypi.jetson-ai-lab.io/jp6/cu126" in r.stderr
     assert "pass it with --ort-wheel FILE" in r.stderr and "were not changed" in r.stderr
+
+
+def test_with_a_pip_older_than_22_3_the_venv_gets_its_own_pip(tmp_path):
+    """Ubuntu 22.04's pip (JetPack 6) has no --python: the venv is made with pip and pip runs inside it."""
+    wrapper = tmp_path / "oldpip-python"
+    wrapper.write_text(f'#!/bin/sh\nif [ "$1 $2 $3" = "-m pip --help" ]; then echo "  --proxy <proxy>"; exit 0; fi\n'
+                       f'exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    root = tmp_path / "root"
+    root.mkdir()
+    r = plan(tmp_path, "--root", str(root), path=fake_nvidia_smi(tmp_path), env={"PYTHON": str(wrapper)})
+    assert r.returncode == 0, r.stderr
+    venv = tmp_path / "report" / "venv"
+    assert f"{wrapper} -m venv {venv}\n" in r.stdout and "--without-pip" not in r.stdout
+    assert f"{venv}/bin/python -m pip install 'onnxruntime-gpu[cuda,cudnn]==" in r.stdout
