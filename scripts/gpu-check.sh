@@ -128,7 +128,7 @@ if [ "$INSTALL" -eq 1 ]; then
   if [ "$PLAN" -eq 1 ]; then
     echo "# onnxruntime-gpu into $VENV (it sees this python's packages; this python is not changed)"
     show "$PY" -m venv "${VENV_ARGS[@]}" "$VENV"
-    echo "(writes $VENV/.../site-packages/_edgespec_base.pth: site.addsitedir of each of $PY's site-packages)"
+    echo "(writes $VENV/.../site-packages/_edgespec_base.pth: site.addsitedir of each of $PY's site-packages, user site too)"
     show "${PIP[@]}" install "${SPEC[@]}"
     [ -z "$FALLBACK" ] || echo "(if that version is not published: $(show "${PIP[@]}" install "$FALLBACK"))"
     [ "$JETSON" -eq 1 ] || echo "(writes _edgespec_preload.pth: onnxruntime.preload_dlls() at every start of $VENV/bin/python, through edgespec.bench.gpucheck)"
@@ -136,7 +136,7 @@ if [ "$INSTALL" -eq 1 ]; then
     SITE=""
     { "$PY" -m venv "${VENV_ARGS[@]}" "$VENV" &&
       SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))') &&
-      "$PY" -c 'import site; print("import site; " + "; ".join("site.addsitedir(%r)" % p for p in site.getsitepackages()))' > "$SITE/_edgespec_base.pth" &&
+      "$PY" -c 'import site; u = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []; print("import site; " + "; ".join("site.addsitedir(%r)" % p for p in site.getsitepackages() + u))' > "$SITE/_edgespec_base.pth" &&
       { "${PIP[@]}" install "${SPEC[@]}" ||
         { [ -n "$FALLBACK" ] && SPEC=("$FALLBACK") && "${PIP[@]}" install "$FALLBACK"; }; }
     } > "$REPORT/logs/install.log" 2>&1 || EXIT=3 die "could not install ${SPEC[*]} into $VENV (log: $REPORT/logs/install.log). $PY and its onnxruntime ${ORT_VERSION:-?} were not changed.$HINT"
