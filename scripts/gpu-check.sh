@@ -46,6 +46,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 die() { echo "gpu-check: $*" >&2; exit "${EXIT:-2}"; }
+# abspath P: P from the caller's folder (the steps run in the checkout), without creating anything
+abspath() { case "$1" in ""|/*) echo "$1" ;; *) echo "$(cd "$(dirname "$1")" 2>/dev/null && pwd || echo "$PWD/$(dirname "$1")")/$(basename "$1")" ;; esac; }
+REPORT=$(abspath "$REPORT") SMOL=$(abspath "$SMOL") QWEN=$(abspath "$QWEN") WHEEL=$(abspath "$WHEEL")
 
 # --- which GPU: a Jetson by its device tree or L4T release (JetPack 5 has no nvidia-smi), else nvidia-smi
 [ "$(uname -s)" = "Linux" ] || die "this check runs on Linux only (found $(uname -s))"
@@ -82,10 +85,7 @@ if [ "$JETSON" -eq 1 ] || [ "$(uname -m)" = aarch64 ]; then
   HINT=" On aarch64 PyPI has no CUDA build: take NVIDIA's JetPack wheel (JetPack 6: $JETPACK6_INDEX; older: $JETSON_ZOO) and pass it with --ort-wheel FILE."
 fi
 
-if [ "$PLAN" -eq 0 ]; then
-  mkdir -p "$REPORT/logs" "$REPORT/bundles"
-  REPORT=$(cd "$REPORT" && pwd)
-fi
+[ "$PLAN" -eq 1 ] || mkdir -p "$REPORT/logs" "$REPORT/bundles"
 SUMMARY="$REPORT/summary.md"
 FAILED=0
 START=$(date +%s)

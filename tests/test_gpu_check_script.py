@@ -179,3 +179,16 @@ def test_with_a_pip_older_than_22_3_the_venv_gets_its_own_pip(tmp_path):
     venv = tmp_path / "report" / "venv"
     assert f"{wrapper} -m venv {venv}\n" in r.stdout and "--without-pip" not in r.stdout
     assert f"{venv}/bin/python -m pip install 'onnxruntime-gpu[cuda,cudnn]==" in r.stdout
+
+
+def test_relative_paths_are_taken_from_the_callers_folder(tmp_path):
+    """The steps run in the checkout: a relative -o or bundle must still mean the caller's folder."""
+    root = tmp_path / "root"
+    root.mkdir()
+    e = {**os.environ, "PATH": fake_nvidia_smi(tmp_path)}
+    r = subprocess.run([shutil.which("bash") or "/bin/bash", str(SCRIPT), "--plan", "-o", "rel/report", "--smollm2",
+                        "bundles/smol", "--root", str(root)], capture_output=True, text=True, env=e, timeout=120,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"verify --load {tmp_path}/bundles/smol" in r.stdout and f"-m venv --without-pip {tmp_path}/rel/report/venv" in r.stdout
+    assert not (tmp_path / "rel").exists()
