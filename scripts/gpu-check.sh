@@ -194,6 +194,7 @@ if [ "$PLAN" -eq 1 ]; then echo "# nothing was run (--plan)"; exit 0; fi
   echo "Total: $(( $(date +%s) - START )) s, $FAILED step(s) failed."
   echo "Placement: placement-*.json (op type -> provider -> nodes; Memcpy nodes; key ops off CUDA)."
   echo "Speed: bench-*.json; memory: plan-*.json (host RSS, device memory and the CUDA context's own cost)."
+  "$PY" -m edgespec.bench.gpucheck summary "$REPORT" || echo "(no findings: the summary could not be read)"
 } >> "$SUMMARY"
 echo "report: $SUMMARY"
 [ "$FAILED" -eq 0 ]

@@ -71,3 +71,30 @@ def test_placement_on_the_cpu_provider_passes_and_asking_for_cuda_here_fails_wit
     assert placement._main([str(tiny_cuda_bundle), "--providers", "cuda,cpu"]) == 1
     err = capsys.readouterr().err
     assert "placement: target:cuda on CPUExecutionProvider:" in err and "nodes off CUDAExecutionProvider" in err
+
+
+def test_summary_reads_what_the_steps_wrote(tmp_path):
+    import json
+
+    from edgespec.bench.gpucheck import summary
+
+    (tmp_path / "test_gpu.xml").write_text('<testsuite errors="0" failures="0" skipped="1" tests="7"/>')
+    (tmp_path / "placement-smol.json").write_text(json.dumps({"target:cuda": {
+        "providers": ["CUDAExecutionProvider"], "memcpy_inside_layers": ["/model/layers.3/Memcpy"],
+        "key_ops_off_CUDAExecutionProvider": ["/model/layers.0/attn/GroupQueryAttention"]}}))
+    (tmp_path / "plan-smol.json").write_text(json.dumps({
+        "predicted_bytes": 900 << 20, "measured_peak_bytes": 1000 << 20, "error": 0.1, "device_bytes": 500 << 20,
+        "unified": True, "device_measured_bytes": 450 << 20, "cuda_context_measured_bytes": 250 << 20}))
+    rows = [{"mode": "target", "tokens": 100, "tokens_per_s": 50.0}, {"mode": "auto", "tokens": 100, "tokens_per_s": 100.0},
+            {"mode": "target", "tokens": 300, "tokens_per_s": 50.0}, {"mode": "auto", "tokens": 300, "tokens_per_s": 60.0}]
+    (tmp_path / "bench-smol-code.json").write_text(json.dumps({"summary": {"by_category": rows}}))
+    lines = summary(tmp_path)
+    assert lines[1] == "## Findings"
+    assert "- tests/test_gpu.py: 7 tests: 6 ran, 1 skipped, 0 failed, 0 errors" in lines
+    assert ("- placement smol target:cuda: session on CUDAExecutionProvider; 1 GroupQueryAttention/MatMulNBits nodes "
+            "off CUDAExecutionProvider, 1 Memcpy inside layers") in lines
+    assert ("- plan smol: predicted 900 MiB, measured 1000 MiB (+10.0 %); device side 500 MiB in the budget, "
+            "device measured 450 MiB, CUDA context measured 250 MiB") in lines
+    # auto: 400 tokens in 1 + 5 = 6 s -> 66.7 tok/s against the target's 50 tok/s
+    assert "- bench smol-code: target 50.0 tok/s, auto 66.7 tok/s (1.33x)" in lines
+    assert summary(tmp_path / "empty") == []

@@ -2,6 +2,7 @@
 
     python -m edgespec.bench.gpucheck junit REPORT.xml    # exit 0 only when some test really ran and passed
     python -m edgespec.bench.gpucheck preload             # onnxruntime.preload_dlls(), saying what it did
+    python -m edgespec.bench.gpucheck summary REPORT_DIR  # the findings of a check run, as markdown lines
 
 Why `junit`: pytest exits 0 when every test skipped, and tests/test_gpu.py skips everything where the
 CUDA provider does not work; a GPU check that records that as passed says the GPU path works when
@@ -14,9 +15,13 @@ extras install (the nvidia-* wheels) only when they are loaded before the first 
 """
 from __future__ import annotations
 
+import json
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
+from pathlib import Path
+
+MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,46 @@ def preload() -> str:
     return preload_cuda_libraries()
 
 
+def summary(report: str | Path) -> list[str]:
+    """What a run found, one line per fact, from the files the steps wrote (whichever exist): the GPU
+    tests' counts, each graph's placement, each plan against its measurement, each bench's speed-ups."""
+    report = Path(report)
+    out = ["", "## Findings"]
+    if (report / "test_gpu.xml").exists():
+        out.append(f"- tests/test_gpu.py: {junit_counts(str(report / 'test_gpu.xml')).verdict()[1]}")
+    for f in sorted(report.glob("placement-*.json")):
+        for graph, p in _json(f).items():
+            key, off = next(((k, v) for k, v in p.items() if k.startswith("key_ops_off_")), ("key_ops_off_?", []))
+            out.append(f"- placement {f.stem[10:]} {graph}: session on {p['providers'][0]}; {len(off)} GroupQueryAttention/"
+                       f"MatMulNBits nodes off {key[12:]}, {len(p['memcpy_inside_layers'])} Memcpy inside layers")
+    for f in sorted(report.glob("plan-*.json")):
+        p = _json(f)
+        line = f"- plan {f.stem[5:]}: predicted {p['predicted_bytes'] / MIB:.0f} MiB"
+        if p.get("measured_peak_bytes") is not None:
+            line += f", measured {p['measured_peak_bytes'] / MIB:.0f} MiB ({100 * p['error']:+.1f} %)"
+        if p.get("device_bytes"):
+            line += f"; device side {p['device_bytes'] / MIB:.0f} MiB {'in' if p.get('unified') else 'apart from'} the budget"
+        for key, what in (("device_measured_bytes", "device measured"), ("cuda_context_measured_bytes", "CUDA context measured")):
+            if p.get(key) is not None:
+                line += f", {what} {p[key] / MIB:.0f} MiB"
+        out.append(line + "".join(f"; {p[k]}" for k in ("device_note", "cuda_context_note") if p.get(k)))
+    for f in sorted(report.glob("bench-*.json")):
+        rows = _json(f)["summary"]["by_category"]
+        tps = {}
+        for r in rows:  # tokens / seconds over every category, per mode
+            t, s = tps.get(r["mode"], (0, 0.0))
+            tps[r["mode"]] = (t + r["tokens"], s + r["tokens"] / max(r["tokens_per_s"], 1e-9))
+        rate = {m: t / s for m, (t, s) in tps.items() if s}
+        base = rate.get("target")
+        out.append(f"- bench {f.stem[6:]}: " + ", ".join(
+            f"{m} {v:.1f} tok/s" + (f" ({v / base:.2f}x)" if base and m != "target" else "") for m, v in rate.items()))
+    return out if len(out) > 2 else []
+
+
+def _json(path: Path):
+    return json.loads(path.read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 2 and args[0] == "junit":
@@ -68,10 +113,13 @@ def main(argv: list[str] | None = None) -> int:
             ok, line = False, f"no readable JUnit report at {args[1]}: {e}"
         print(f"gpu-check: {line}")
         return 0 if ok else 5
+    if len(args) == 2 and args[0] == "summary":
+        print("\n".join(summary(args[1])))
+        return 0
     if args == ["preload"]:
         print(f"gpu-check: {preload()}")
         return 0
-    print("usage: python -m edgespec.bench.gpucheck junit REPORT.xml | preload", file=sys.stderr)
+    print("usage: python -m edgespec.bench.gpucheck junit REPORT.xml | preload | summary REPORT_DIR", file=sys.stderr)
     return 64
 
 
