@@ -279,3 +279,34 @@ def test_floor_is_one_line_naming_the_release(monkeypatch, tiny_bundle):
 def test_pyproject_requires_the_floor():
     text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     assert f'"onnxruntime>={ORT_FLOOR}"' in text
+
+
+# --- doctor: what TensorRT would take, and the floor ----------------------------------------------------
+def test_doctor_says_which_nodes_tensorrt_would_take(tiny_both_flavors_bundle):
+    from edgespec.edge.doctor import render, tensorrt_report
+
+    rows = tensorrt_report(tiny_both_flavors_bundle)
+    assert {(r["role"], r["flavor"]) for r in rows} == {("target", "cpu"), ("target", "cuda"), ("draft", "cpu"),
+                                                        ("draft", "cuda")}
+    cuda = next(r for r in rows if r["role"] == "target" and r["flavor"] == "cuda")
+    assert cuda["not_tensorrt"]["GroupQueryAttention"] == 2 and cuda["not_tensorrt"]["MatMulNBits"] == 11
+    assert "GroupQueryAttention" not in cuda["tensorrt"] and cuda["tensorrt"]["Add"] >= 1
+    text = render({**_report_stub(), "tensorrt_nodes": rows})
+    assert "target/model.cuda.onnx (cuda): TensorRT would take" in text and "GroupQueryAttention x2" in text
+
+
+def test_doctor_names_the_floor(monkeypatch):
+    import onnxruntime
+
+    from edgespec.edge.doctor import collect, render
+
+    monkeypatch.setattr(onnxruntime, "__version__", "1.22.1")
+    report = collect(probe=False)
+    assert report["onnxruntime"]["floor"] == ORT_FLOOR
+    assert "TOO OLD: onnxruntime 1.22.1 is older than " + ORT_FLOOR in render(report)
+
+
+def _report_stub() -> dict:
+    from edgespec.edge.doctor import collect
+
+    return collect(probe=False)

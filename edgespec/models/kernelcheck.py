@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .graphfacts import ELEM_TYPES, GraphIO, Node, read_graph_io
-from .kernels import Kernel, table
+from .kernels import TENSORRT_OPS, Kernel, table
 
 
 @dataclass(frozen=True)
@@ -188,3 +188,15 @@ def summarize(violations: list[Violation], provider: str, prefix: str = "") -> l
         more = f" (and {len(vs) - 1} more node(s))" if len(vs) > 1 else ""
         lines.append(f"{prefix}{vs[0].line(provider)}{more}")
     return lines
+
+
+def tensorrt_split(io: GraphIO) -> tuple[dict[str, int], dict[str, int]]:
+    """({op: nodes} TensorRT's provider would take, {op: nodes} it leaves to CUDA or the CPU), from
+    kernels.TENSORRT_OPS: ONNX-domain ops only (onnx-tensorrt has no com.microsoft op)."""
+    taken: dict[str, int] = {}
+    left: dict[str, int] = {}
+    for node in io.nodes:
+        onnx_domain = node.domain in ("", "ai.onnx")
+        into = taken if onnx_domain and node.op_type in TENSORRT_OPS else left
+        into[node.op_type] = into.get(node.op_type, 0) + 1
+    return taken, left
