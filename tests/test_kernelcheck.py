@@ -67,29 +67,37 @@ def _unlisted(d: Path, name: str):
     return path, {"x": np.ones(2, np.float32)}
 
 
-# rule -> (a graph breaking it, a graph keeping it): the CPU table's every kind of rule, each tried on a
-# real CPU session (the "refused" graph must fail there, the "accepted" one run)
+# rule -> (a graph breaking it, a graph keeping it, what onnxruntime says of the first): the CPU table's
+# every kind of rule, each tried on a real CPU session (the refused graph must fail there for that
+# reason, the accepted one run)
 CPU_CASES = {
-    "NoSuchKernel.unlisted": (lambda d: _unlisted(d, "bad"), lambda d: _mnb(d, "good")),
-    "GroupQueryAttention.query.type": (lambda d: _gqa(d, "bad", T="bfloat16"), lambda d: _gqa(d, "good", T="float16")),
-    "MatMulNBits.A.type": (lambda d: _mnb(d, "bad", T="bfloat16"), lambda d: _mnb(d, "good")),
-    "GroupQueryAttention.q_norm_weight.absent": (lambda d: _gqa(d, "bad", qnorm=True), lambda d: _gqa(d, "good", bias=True)),
-    "MatMulNBits.bits": (lambda d: _mnb(d, "bad", bits=3), lambda d: _mnb(d, "good", bits=2)),
-    "GatherBlockQuantized.block_size_pow2": (lambda d: _gbq(d, "bad", block=8), lambda d: _gbq(d, "good", block=16)),
-    "GroupQueryAttention.gqa_heads": (lambda d: _gqa(d, "bad", heads=3), lambda d: _gqa(d, "good", heads=2)),
-    "GroupQueryAttention.gqa_rotary": (lambda d: _gqa(d, "bad", rotary=1, cos=False), lambda d: _gqa(d, "good", rotary=1)),
+    "NoSuchKernel.unlisted": (lambda d: _unlisted(d, "bad"), lambda d: _mnb(d, "good"), "NoSuchKernel"),
+    "GroupQueryAttention.query.type": (lambda d: _gqa(d, "bad", T="bfloat16"), lambda d: _gqa(d, "good", T="float16"),
+                                       "implementation for GroupQueryAttention"),
+    "MatMulNBits.A.type": (lambda d: _mnb(d, "bad", T="bfloat16"), lambda d: _mnb(d, "good"),
+                           "implementation for MatMulNBits"),
+    "GroupQueryAttention.q_norm_weight.absent": (lambda d: _gqa(d, "bad", qnorm=True), lambda d: _gqa(d, "good", bias=True),
+                                                 "q_norm_weight"),
+    "MatMulNBits.bits": (lambda d: _mnb(d, "bad", bits=3), lambda d: _mnb(d, "good", bits=2), "2b, 4b and 8b"),
+    "GatherBlockQuantized.block_size_pow2": (lambda d: _gbq(d, "bad", block=8), lambda d: _gbq(d, "good", block=16),
+                                             "block_size must be a power of 2"),
+    "GroupQueryAttention.gqa_heads": (lambda d: _gqa(d, "bad", heads=3), lambda d: _gqa(d, "good", heads=2),
+                                      "num_heads must be a multiple of kv_num_heads"),
+    "GroupQueryAttention.gqa_rotary": (lambda d: _gqa(d, "bad", rotary=1, cos=False), lambda d: _gqa(d, "good", rotary=1),
+                                       "cos_cache"),
 }
 
 
 @pytest.mark.parametrize("rule", sorted(CPU_CASES))
 def test_cpu_table_agrees_with_real_sessions(rule, tmp_path):
-    bad, good = CPU_CASES[rule]
+    bad, good, says = CPU_CASES[rule]
     path, feeds = bad(tmp_path)
     found = check_graph(path, "cpu")
     assert rule in {v.rule for v in found}, found
     assert {v.node for v in found} == {f"/{rule.split('.')[0]}_under_test"}
     err = run_cpu(path, feeds)
     assert err is not None, f"the table refuses {rule} but a CPU session ran it"
+    assert says in err, err  # onnxruntime's own reason, the one the rule stands for
     path, feeds = good(tmp_path)
     assert check_graph(path, "cpu") == []
     assert run_cpu(path, feeds) is None
@@ -310,3 +318,25 @@ def _report_stub() -> dict:
     from edgespec.edge.doctor import collect
 
     return collect(probe=False)
+
+
+def test_a_current_cuda_export_has_positions_and_no_bias(tiny_cuda_bundle):
+    import onnx
+
+    m = json.loads((tiny_cuda_bundle / "manifest.json").read_text())
+    assert m["format_version"] == 3
+    for facts in m["models"].values():
+        assert facts["position_ids"] == "position_ids" and facts["attention_bias"] is None
+        g = onnx.load(str(tiny_cuda_bundle / facts["path"]), load_external_data=False).graph
+        assert {i.name for i in g.input} >= {"position_ids"} and "attention_bias" not in {i.name for i in g.input}
+        gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
+        assert gqa and all(n.input[9] == "position_ids" and n.input[10] == "" for n in gqa)
+
+
+def test_tree_on_with_a_cuda_graph_is_one_line(tiny_cuda_bundle):
+    from edgespec.engine.engine import Engine
+    from edgespec.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="cuda-flavored graph has no attention_bias") as e:
+        Engine.open(tiny_cuda_bundle, max_len=64, warmup=False, tree="on")
+    assert "\n" not in str(e.value)

@@ -43,8 +43,11 @@ def run_cpu(path: Path, feeds: dict) -> str | None:
     """None when a CPU session loads the graph and runs it; else onnxruntime's first line."""
     import onnxruntime as ort
 
+    from edgespec.edge.providers import session_options
+
+    so = session_options(1)  # the process-wide pool when an earlier test set one up (per-session is refused then)
     try:
-        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         sess.run(None, feeds)
     except Exception as e:  # onnxruntime raises Fail, InvalidGraph, NotImplemented, RuntimeError ...
         return str(e).splitlines()[0] or type(e).__name__
