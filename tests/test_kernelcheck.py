@@ -340,3 +340,9 @@ def test_tree_on_with_a_cuda_graph_is_one_line(tiny_cuda_bundle):
     with pytest.raises(InvalidRequest, match="cuda-flavored graph has no attention_bias") as e:
         Engine.open(tiny_cuda_bundle, max_len=64, warmup=False, tree="on")
     assert "\n" not in str(e.value)
+
+
+def test_each_table_has_one_row_per_op():
+    for rows in (CPU, CUDA):
+        keys = [r.key for r in rows]
+        assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)

@@ -55,6 +55,12 @@ def _t(*specs: tuple[int, str, tuple[str, ...]]):
     return tuple(specs)
 
 
+# ONNX ops the builder may emit around the contrib ops (qwen3's q/k norm, the fp16 path, llama's
+# reshapes): rows that name the op and check no types (the schema's; onnxruntime type-checks at load)
+SHAPE_OPS = ("Cast", "Constant", "Shape", "Slice", "Reshape", "Concat", "Unsqueeze", "Squeeze", "Transpose",
+             "Identity", "Expand", "Split", "Range", "ConstantOfShape", "Tile", "Where", "Equal", "Greater",
+             "Less", "Not", "And", "Or", "Softmax", "Div", "Pow", "Sqrt", "ReduceMean", "Tanh", "Erf", "Gemm",
+             "Trilu", "GatherND", "ScatterND", "CumSum")
 _BINARY_CPU = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 _CPU_CORE = "onnxruntime/core/providers/cpu/cpu_execution_provider.cc"
 # float16 on an ONNX op with only a float kernel still runs on the CPU: the session inserts Casts around
@@ -103,9 +109,8 @@ CPU: tuple[Kernel, ...] = (
            source=_CPU_CORE, read_from=CPU_READ, note=_HALF_OK),
     Kernel("Sigmoid", "", _t((0, "X", ("float32", "float64", "float16"))), source=_CPU_CORE, read_from=CPU_READ,
            note=_HALF_OK),
-    *(Kernel(op, "", source=_CPU_CORE, read_from=CPU_READ, note="every tensor type")
-      for op in ("Cast", "Constant", "Shape", "Slice", "Reshape", "Concat", "Unsqueeze", "Squeeze", "Transpose",
-                 "Identity", "Expand")),
+    *(Kernel(op, "", source=_CPU_CORE, read_from=CPU_READ, note="types not checked here: the schema's")
+      for op in SHAPE_OPS),
 )
 
 _CUDA_CORE = "onnxruntime/core/providers/cuda/cuda_execution_provider.cc"
@@ -146,19 +151,15 @@ CUDA: tuple[Kernel, ...] = (
            source="onnxruntime/contrib_ops/cuda/bert/rotary_embedding.cc", read_from=_PLACEMENT,
            note="not emitted by the cuda flavor (GroupQueryAttention rotates with do_rotary=1)"),
     *(Kernel(op, "", source=_CUDA_CORE, read_from=_PLACEMENT)
-      for op in ("Add", "Sub", "Mul", "Max", "Min", "Neg", "ReduceSum", "Sigmoid", "MatMul", "Gather", "Cast",
-                 "Constant", "Shape", "Slice", "Reshape", "Concat", "Unsqueeze", "Squeeze", "Transpose",
-                 "Identity", "Expand")),
+      for op in ("Add", "Sub", "Mul", "Max", "Min", "Neg", "ReduceSum", "Sigmoid", "MatMul", "Gather") + SHAPE_OPS),
 )
 
 # TensorRT's execution provider takes standard ONNX ops only: onnx-tensorrt's operator list
 # (github.com/onnx/onnx-tensorrt, docs/operators.md) has no com.microsoft op, so GroupQueryAttention,
 # MatMulNBits, GatherBlockQuantized and the fused norms stay with CUDA (or the CPU), node by node.
 TENSORRT_SOURCE = "onnx/onnx-tensorrt docs/operators.md (no com.microsoft domain ops)"
-TENSORRT_OPS = frozenset({
-    "Add", "Sub", "Mul", "Div", "Max", "Min", "Neg", "ReduceSum", "Sigmoid", "MatMul", "Gather", "Cast",
-    "Constant", "Shape", "Slice", "Reshape", "Concat", "Unsqueeze", "Squeeze", "Transpose", "Identity", "Expand",
-})
+TENSORRT_OPS = frozenset(("Add", "Sub", "Mul", "Max", "Min", "Neg", "ReduceSum", "Sigmoid", "MatMul", "Gather")
+                         + SHAPE_OPS)
 
 TABLES: dict[str, tuple[Kernel, ...]] = {"cpu": CPU, "cuda": CUDA}
 PROVIDER_OF_FLAVOR = {"cpu": "cpu", "cuda": "cuda"}  # which provider's table a graph flavor answers to
