@@ -346,3 +346,12 @@ def test_each_table_has_one_row_per_op():
     for rows in (CPU, CUDA):
         keys = [r.key for r in rows]
         assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
+
+
+def test_format1_cuda_bundle_is_not_told_to_reexport_for_a_bias_it_never_had(tiny_cuda_bundle, bundle_copy):
+    from edgespec.models.manifest import verify_bundle
+
+    b = bundle_copy(tiny_cuda_bundle)
+    rewrite_manifest(b, lambda d: d.__setitem__("format_version", 1))
+    manifest, problems = verify_bundle(b)
+    assert problems == [] and manifest.format_version == 1

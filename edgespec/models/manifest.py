@@ -32,7 +32,7 @@ FORMAT_VERSION = 3
 # Version 3 (graph contract v3): a cuda-flavored graph has no attention_bias (onnxruntime's CUDA
 # GroupQueryAttention refuses one on every run, edgespec/models/kernels.py); cpu graphs are as in v2.
 # A version-2 bundle with a cuda graph is refused with "re-export"; its cpu graphs would be fine, but
-# the bundle is one unit (`verify` says what to do).
+# the bundle is one unit (`verify` says what to do). A version-1 cuda graph had no attention_bias.
 READ_VERSIONS = (1, 2, 3)
 TREE_FORMAT_VERSION = 2
 CUDA_FORMAT_VERSION = 3  # the first version whose cuda-flavored graphs onnxruntime's CUDA kernels accept
@@ -373,8 +373,8 @@ def verify_bundle(root: str | os.PathLike, *, checksums: bool = True) -> tuple[M
             got = sha256_file(f)
             if got != entry["sha256"]:
                 problems.append(f"{rel}: sha256 {got[:16]}… does not match the manifest's {entry['sha256'][:16]}…")
-    if not problems and manifest.format_version < CUDA_FORMAT_VERSION:
-        problems += cuda_format_problems(manifest)
+    if not problems and TREE_FORMAT_VERSION <= manifest.format_version < CUDA_FORMAT_VERSION:
+        problems += cuda_format_problems(manifest)  # format 2 wired attention_bias into every graph
     if not problems:  # the facts against the graphs themselves (a digest can be recomputed after an edit)
         from .graphfacts import model_problems
 
