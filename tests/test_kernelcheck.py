@@ -355,3 +355,10 @@ def test_format1_cuda_bundle_is_not_told_to_reexport_for_a_bias_it_never_had(tin
     rewrite_manifest(b, lambda d: d.__setitem__("format_version", 1))
     manifest, problems = verify_bundle(b)
     assert problems == [] and manifest.format_version == 1
+
+
+def test_board_profiles_name_the_floor():
+    from edgespec.edge import devices
+
+    for name in ("jetson-orin-nano-8gb", "jetson-orin-nx-16gb", "jetson-agx-orin-64gb", "generic-x86_64"):
+        assert f"onnxruntime-gpu>={ORT_FLOOR}" in devices.resolve(name).install["onnxruntime-gpu"], name
