@@ -22,13 +22,14 @@ from dataclasses import dataclass
 # query_seqlens (input 16, the batched-step edit, export/edgespec_export/graph_batch.py) is in 1.32.0's
 # operator schema and in no earlier one. Found by loading the tiny test graphs (both flavors) on the CPU
 # provider of 1.22.1, 1.24.4, 1.26.0, 1.28.0, 1.30.0, 1.31.1 ("invalid model" at load: the node has more
-# inputs than the schema) and 1.32.0 (loads and steps). position_ids/attention_bias alone load from
-# 1.22.1 on (the cpu flavor) and 1.24.4 (the cuda flavor: its float16 GatherBlockQuantized).
+# inputs than the schema) and 1.32.0 (loads and steps). Without input 16 they load on 1.22.1 (the cpu
+# flavor) and 1.24.4 (the cuda flavor: 1.22.1 has no float16 GatherBlockQuantized).
 ORT_FLOOR = "1.32.0"
 
 CPU_READ = "onnxruntime 1.32.0 (its CPU kernel registry, onnxruntime.capi get_all_opkernel_def)"
 CUDA_READ = ("onnxruntime main, stored snapshot of group_query_attention.cc with k_scale/v_scale and XQA "
-             "(after 1.24's CUDA GQA rework, before the query_seqlens input of 1.32); other files as noted")
+             "(after the CUDA GQA rework that made it read position_ids, onnxruntime PR 26920 of January 2026; "
+             "before the query_seqlens input of 1.32); other files as noted")
 FLOATS = ("float32", "float16", "bfloat16")
 
 
