@@ -14,7 +14,7 @@ pytest.importorskip("uvicorn", reason="the server extra is not installed (pip in
 
 from edgespec.server.guard import HostPolicy  # noqa: E402
 from edgespec.server.service import bind_socket  # noqa: E402
-from helpers.fake_server import CHAT, assert_openai_error, chat_body, serve  # noqa: E402,F401
+from helpers.fake_server import CHAT, assert_openai_error, chat_body, serve, wait_until  # noqa: E402,F401
 
 BODY = json.dumps(chat_body()).encode()
 
@@ -172,24 +172,170 @@ def test_unfinished_headers_are_closed(serve):
         assert status == 408 and body["error"]["code"] == "header_timeout"
 
 
-def test_one_address_cannot_take_every_connection(serve):
+def _connect_from(addr: str, port: int) -> socket.socket:
+    """A client socket from another address of the loopback net (127.0.0.0/8): another client."""
+    c = socket.socket()
+    c.bind((addr, 0))
+    c.connect(("127.0.0.1", port))
+    return c
+
+
+def _closed_by_server(sock: socket.socket, deadline_s: float = 15.0) -> bytes:
+    return read_until_closed(sock, deadline_s)
+
+
+def test_one_address_makes_room_from_its_own_idle_connections(serve):
+    """Past the per-address cap, a new connection closes that address's oldest idle one (and not
+    another address's): the address can always get a fresh connection, and cannot take more slots."""
     s = serve(max_connections=8, max_connections_per_client=3)
-    hogs = []
+    hogs = [_connect_from("127.0.0.2", s.port) for _ in range(3)]
+    other = _connect_from("127.0.0.3", s.port)
     try:
-        for _ in range(3):  # another address on the loopback net: a different client
-            c = socket.socket()
-            c.bind(("127.0.0.2", 0))
-            c.connect(("127.0.0.1", s.port))
-            hogs.append(c)
-        c = socket.socket()
-        c.bind(("127.0.0.2", 0))
-        c.connect(("127.0.0.1", s.port))
-        status, body = json_of(read_until_closed(c))
-        c.close()
-        assert status == 503 and body["error"]["code"] == "too_many_connections"
+        newest = _connect_from("127.0.0.2", s.port)
+        assert _closed_by_server(hogs[0]) == b""  # the oldest silent one, closed without an answer
+        newest.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        head = read_until_closed(newest)
+        assert head.startswith(b"HTTP/1.1 200"), head[:200]
+        other.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert read_until_closed(other).startswith(b"HTTP/1.1 200")  # untouched
         assert s.post(CHAT, chat_body())[0] == 200  # 127.0.0.1 still gets in
     finally:
-        for c in hogs:
+        for c in [*hogs, other]:
+            c.close()
+
+
+def test_a_connection_with_a_request_in_flight_is_never_closed_to_make_room(serve):
+    """Only idle connections make room: when every connection of an address has a request in flight,
+    the next one from it is refused (503), and the running requests finish."""
+    from helpers.fake_server import FakeEngine
+
+    s = serve(FakeEngine(delay=0.05), max_connections=8, max_connections_per_client=2)
+    body = json.dumps(chat_body(max_tokens=40)).encode()
+    busy = []
+    for _ in range(2):
+        c = _connect_from("127.0.0.2", s.port)
+        c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        busy.append(c)
+    try:
+        wait_until(lambda: s.service.scheduler.running is not None and s.service.scheduler.depth == 1,
+                   what="one request running and one queued")
+        refused = _connect_from("127.0.0.2", s.port)
+        status, err = json_of(read_until_closed(refused))
+        refused.close()
+        assert status == 503 and err["error"]["code"] == "too_many_connections"
+        for c in busy:
+            status, answer = json_of(read_until_closed(c, 60))
+            assert status == 200 and answer["usage"]["completion_tokens"] == 40
+    finally:
+        for c in busy:
+            c.close()
+
+
+class IdleFlood:
+    """`per_address` sockets from each address, connected and silent, reconnected as the server closes
+    them (as an attacker keeping the pressure on would), until stopped. Bounded: at most `max_connects`
+    connections in all."""
+
+    def __init__(self, port: int, addresses: list[str], per_address: int, max_connects: int = 3000):
+        self.port, self.max_connects = port, max_connects
+        self.socks = {a: [] for a in addresses}
+        self.connects = self.closed = 0
+        for a in addresses:
+            for _ in range(per_address):
+                self._connect(a)
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _connect(self, addr: str) -> None:
+        if self.connects < self.max_connects:
+            self.socks[addr].append(_connect_from(addr, self.port))
+            self.connects += 1
+
+    def _run(self) -> None:
+        import select
+
+        while not self._stop.is_set():
+            everyone = [c for socks in self.socks.values() for c in socks]
+            readable, _, _ = select.select(everyone, [], [], 0.02) if everyone else ([], [], [])
+            for c in readable:
+                try:
+                    gone = c.recv(4096) == b""
+                except OSError:
+                    gone = True
+                if gone:
+                    for addr, socks in self.socks.items():
+                        if c in socks:
+                            socks.remove(c)
+                            c.close()
+                            self.closed += 1
+                            self._connect(addr)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(10)
+        for socks in self.socks.values():
+            for c in socks:
+                c.close()
+
+
+def test_idle_sockets_from_three_addresses_do_not_starve_a_real_client(serve):
+    """99 silent sockets from 127.0.0.2-4 (33 each, reconnecting when closed) against the default
+    table (64 connections, 32 per address): a client on 127.0.0.1 is served every time, and the table
+    never holds more than its limit. Before the fair table, it got 503 on most tries."""
+    s = serve()
+    total, per_client = s.service.config.connection_limits()
+    assert (total, per_client) == (64, 32)
+    flood = IdleFlood(s.port, ["127.0.0.2", "127.0.0.3", "127.0.0.4"], 33)
+    try:
+        for i in range(10):
+            status, _, body = s.post(CHAT, chat_body(max_tokens=2))
+            assert status == 200, (i, body)
+            assert body["choices"][0]["message"]["content"] == " w0 w1"
+        proto = next(iter(s.service.server.server_state.connections)).__class__
+        assert proto.evicted["count"] >= 99 - total  # the flood really filled the table
+        assert flood.closed > 0
+        live = [c for c in s.service.server.server_state.connections if not c.transport.is_closing()]
+        assert len(live) <= total
+    finally:
+        flood.stop()
+
+
+def test_the_kiosk_address_itself_cannot_be_locked_out(serve):
+    """40 silent sockets from 127.0.0.1 - the address the kiosk browser uses - over the per-address
+    cap (32): the browser's next connection makes room among them instead of getting 503."""
+    s = serve()
+    flood = IdleFlood(s.port, ["127.0.0.1"], 40)
+    try:
+        for _ in range(5):
+            status, _, _ = s.post(CHAT, chat_body(max_tokens=1), headers={"Origin": f"http://127.0.0.1:{s.port}"})
+            assert status == 200
+        assert s.get("/ready")[0] == 200
+    finally:
+        flood.stop()
+
+
+def test_silent_sockets_are_closed_within_seconds_under_pressure(serve):
+    """Over PRESSURE of the table, a socket that has sent nothing for SILENT_GRACE seconds is closed
+    when the next connection arrives, long before the header timeout."""
+    s = serve(max_connections=8, max_connections_per_client=8, header_timeout=600)
+    early = [_connect_from("127.0.0.2", s.port) for _ in range(3)]
+    try:
+        import time as _time
+        from edgespec.server.protocol import SILENT_GRACE
+
+        _time.sleep(SILENT_GRACE + 0.2)  # (a wait for the grace to pass, not a measurement)
+        late = [_connect_from("127.0.0.3", s.port) for _ in range(4)]  # 7 of 8: under pressure
+        for c in early:
+            assert _closed_by_server(c, 30) == b""
+        for c in late:  # younger than the grace: still open
+            c.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                c.recv(1)
+            c.close()
+    finally:
+        for c in early:
             c.close()
 
 

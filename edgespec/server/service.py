@@ -137,7 +137,9 @@ class Service:
             server_header=False, loop="asyncio", timeout_keep_alive=5,
             # header timeout, connection caps (a JSON 503 beyond them), TCP_NODELAY, JSON 400s
             http=make_protocol(self.config.header_timeout, total, per_client),
-            limit_concurrency=total + 1,  # uvicorn's own plain 503, a backstop behind protocol.py's cap
+            # uvicorn's own plain 503, a backstop behind protocol.py's table (connections it closed to make
+            # room stay counted here until their close completes, hence the margin)
+            limit_concurrency=2 * total + 1,
             timeout_graceful_shutdown=int(self.config.drain_timeout + 5),
         )
         self.server = _Uvicorn.make(uv_config, self._on_signal)
