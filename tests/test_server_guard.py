@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
 
 from edgespec.server.guard import HostPolicy  # noqa: E402
+from helpers.wait import wait_for  # noqa: E402
 from edgespec.server.service import bind_socket  # noqa: E402
 from helpers.fake_server import CHAT, assert_openai_error, chat_body, serve, wait_until  # noqa: E402,F401
 
@@ -365,3 +366,69 @@ def test_every_connection_has_tcp_nodelay(serve):
         sock = proto.transport.get_extra_info("socket")
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
     conn.close()
+
+
+# --- Host read strictly, echoed values capped -------------------------------------------------------
+def test_host_is_host_and_port_and_nothing_else(serve):
+    s = serve()
+    ok = {"Content-Type": "application/json"}
+    for bad in (f"127.0.0.1:{s.port}@evil.example", f"127.0.0.1:{s.port},evil.example", f"127.0.0.1:{s.port} evil",
+                "127.0.0.1:99999", f"127.0.0.1:{s.port}/x", "::1", "[::1", "[127.0.0.1]:80", "user@127.0.0.1"):
+        status, _, body = raw_post(s.port, {"Host": bad, **ok})
+        assert assert_openai_error(status, body, 400)["code"] == "invalid_host", bad
+    # two Host headers: refused as well, by h11 already (which one would a proxy behind us believe?)
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    sock.sendall(b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+    status, body = json_of(read_until_closed(sock))
+    sock.close()
+    assert status == 400 and body["error"]["code"] in ("invalid_http", "invalid_host")
+    for good in (f"127.0.0.1:{s.port}", "127.0.0.1", f"LOCALHOST:{s.port}", f"[::1]:{s.port}", "127.0.0.1:"):
+        assert raw_post(s.port, {"Host": good, **ok})[0] == 200, good
+    assert len(s.engine.runs) == 5  # only the good ones reached the engine
+
+
+def test_parse_host():
+    from edgespec.server.guard import parse_host
+
+    assert parse_host("Example.COM:8000") == "example.com" and parse_host("[::1]:80") == "::1"
+    assert parse_host("board_1.lan") == "board_1.lan" and parse_host("10.0.0.7") == "10.0.0.7"
+    for bad in ("a:1@b", "a,b", "a b", "[1.2.3.4]", "[::1]x", "a:65536", "a:1:2", "", "ä.example"):
+        assert parse_host(bad) is None, bad
+
+
+def test_bad_allowed_hosts_option_is_a_config_error():
+    from edgespec.server.config import ConfigError, ServerConfig
+
+    with pytest.raises(ConfigError, match=r"allowed host must be '\*' or host\[:port\], got 'a@b'"):
+        ServerConfig(allowed_hosts=["kiosk.local", "a@b"]).check()
+
+
+def test_a_huge_value_is_echoed_capped_in_the_answer_and_the_log(serve, caplog):
+    """A 900 KB `model` value (the body limit is 1 MiB) is repeated at most ECHO_LIMIT characters."""
+    from edgespec.server.apierror import ECHO_LIMIT
+
+    s = serve(model_names=["fake"])
+    caplog.set_level("INFO", logger="edgespec.server.requests")
+    huge = "m" * 900_000
+    status, _, body = raw_post(s.port, {"Content-Type": "application/json"}, json.dumps(chat_body(model=huge)).encode())
+    err = assert_openai_error(status, body, 400, param="model")
+    assert err["code"] == "model_not_found"
+    assert "m" * ECHO_LIMIT in err["message"] and "… (900000 characters)" in err["message"]
+    assert len(err["message"]) < ECHO_LIMIT + 200
+    logged = wait_for("the request's log line", lambda: "\n".join(r.getMessage() for r in caplog.records
+                                                               if "status=400" in r.getMessage()), timeout=10)
+    # (written just after the answer: waited for)
+    assert "m" * ECHO_LIMIT in logged and "m" * (ECHO_LIMIT + 1) not in logged
+    # a long path and a long Host/Origin: the same cap
+    status, _, raw = s.request("GET", "/" + "p" * 10_000)
+    assert status == 404 and len(raw) < ECHO_LIMIT + 400
+    status, _, body = raw_post(s.port, {"Origin": "https://" + "o" * 5_000, "Content-Type": "application/json"})
+    assert status == 403 and len(body["error"]["message"]) < ECHO_LIMIT + 200
+
+
+def test_echo():
+    from edgespec.server.apierror import echo
+
+    assert echo("abc") == "'abc'" and echo("a" * 10, 4) == "'aaaa'… (10 characters)"
+    assert echo(12) == "12" and echo([1, 2, 3], 4) == "[1, … (9 characters)"
+    assert echo(10 ** 5000) == "<int>"

@@ -9,7 +9,7 @@ from typing import Any, Awaitable, Callable
 
 from starlette.requests import ClientDisconnect
 
-from .apierror import APIError
+from .apierror import APIError, echo
 
 DRAIN_BODY_LIMIT = 16 << 20  # an oversized body up to this is read and dropped so the client sees the 413
 
@@ -45,7 +45,7 @@ async def read_body(receive: Callable[[], Awaitable[dict]], headers: Any, limit:
         try:
             size = int(declared)
         except ValueError:
-            raise APIError(400, f"Content-Length is not a number: {declared[:20]!r}") from None
+            raise APIError(400, f"Content-Length is not a number: {echo(declared, 20)}") from None
         if size > DRAIN_BODY_LIMIT:
             raise too_big  # not worth reading: answer now and let the connection close
     deadline = time.monotonic() + timeout

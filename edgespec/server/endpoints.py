@@ -13,7 +13,7 @@ from starlette.responses import FileResponse, Response
 
 from .. import __version__
 from .access import check_auth
-from .apierror import APIError
+from .apierror import APIError, clip, echo
 from .responses import error_response, json_response
 from .state import ServerState
 
@@ -60,7 +60,7 @@ class Endpoints:
         check_auth(self.state, request.headers)
         name = request.path_params["name"]
         if name not in self.state.names:
-            raise APIError(404, f"model {name!r} is not served here; this server serves {self.state.model_id!r}",
+            raise APIError(404, f"model {echo(name)} is not served here; this server serves {self.state.model_id!r}",
                            param="model", code="model_not_found")
         return json_response(self._model_card())
 
@@ -99,9 +99,9 @@ class Endpoints:
     async def on_http_error(self, request: Request, exc: Exception) -> Response:
         code = getattr(exc, "status_code", 500)
         if code == 405:
-            return error_response(APIError(405, f"method {request.method} is not allowed on {request.url.path}"))
+            return error_response(APIError(405, f"method {request.method} is not allowed on {clip(request.url.path)}"))
         if code == 404:
-            return error_response(APIError(404, f"no such endpoint: {request.method} {request.url.path}",
+            return error_response(APIError(404, f"no such endpoint: {request.method} {clip(request.url.path)}",
                                            code="not_found"))
         return error_response(APIError(code, str(getattr(exc, "detail", "error"))))
 
