@@ -432,3 +432,78 @@ def test_echo():
     assert echo("abc") == "'abc'" and echo("a" * 10, 4) == "'aaaa'… (10 characters)"
     assert echo(12) == "12" and echo([1, 2, 3], 4) == "[1, … (9 characters)"
     assert echo(10 ** 5000) == "<int>"
+
+
+# --- the kiosk page with an API key; framing ------------------------------------------------------
+def _key_file(tmp_path, key="kiosk-key-0123456789abcdef"):
+    f = tmp_path / "key"
+    f.write_text(key)
+    f.chmod(0o600)
+    return str(f)
+
+
+def test_kiosk_page_with_an_api_key_is_admitted_by_its_session_cookie(serve, tmp_path):
+    s = serve(ui=True, api_key_file=_key_file(tmp_path))
+    origin = {"Origin": f"http://127.0.0.1:{s.port}"}
+    status, headers, _ = s.get("/")
+    assert status == 200
+    cookie = headers["set-cookie"]
+    name, _, rest = cookie.partition("=")
+    token = rest.split(";")[0]
+    assert name == "edgespec_session" and len(token) >= 40
+    assert {"HttpOnly", "SameSite=Strict", "Path=/"} <= {a.strip() for a in cookie.split(";")[1:]}
+    session = {"Cookie": f"edgespec_session={token}"}
+    json_ct = {"Content-Type": "application/json"}
+    # the page's own calls: a same-origin POST (Origin sent) and GET (none sent) with the cookie
+    assert raw_post(s.port, {**session, **origin, **json_ct})[0] == 200
+    assert s.get("/v1/models", headers=session)[0] == 200
+    # without it, or with another, or from a --cors-origin site's page: the key is needed
+    for headers in ({**origin}, {"Cookie": "edgespec_session=guess", **origin}, {"Cookie": f"other={token}"}):
+        status, _, body = raw_post(s.port, {**headers, **json_ct})
+        assert assert_openai_error(status, body, 401)["code"] == "invalid_api_key", headers
+    assert s.get("/v1/models")[0] == 401 and s.get("/metrics")[0] == 401
+    # the key itself still works, cookie or not
+    assert raw_post(s.port, {"Authorization": "Bearer kiosk-key-0123456789abcdef", **json_ct})[0] == 200
+    assert len(s.engine.runs) == 2
+
+
+def test_the_session_is_for_the_page_s_own_origin_and_this_process_only(serve, tmp_path):
+    s = serve(ui=True, api_key_file=_key_file(tmp_path), cors_origins=["https://dash.example"])
+    token = s.get("/")[1]["set-cookie"].split(";")[0].split("=", 1)[1]
+    status, _, body = raw_post(s.port, {"Cookie": f"edgespec_session={token}", "Origin": "https://dash.example",
+                                        "Content-Type": "application/json"})
+    assert status == 401  # an allowed CORS origin still needs the key: the cookie is the kiosk page's alone
+    other = serve(ui=True, api_key_file=_key_file(tmp_path))
+    assert other.get("/")[1]["set-cookie"].split(";")[0].split("=", 1)[1] != token
+    assert other.get("/v1/models", headers={"Cookie": f"edgespec_session={token}"})[0] == 401
+
+
+def test_no_session_without_a_key_or_for_a_peer_off_the_device(serve, tmp_path):
+    from types import SimpleNamespace
+
+    from starlette.datastructures import Headers
+
+    from edgespec.server.access import check_auth, session_cookie
+    from edgespec.server.apierror import APIError
+
+    assert "set-cookie" not in serve(ui=True).get("/")[1]  # no key: nothing to stand in for
+    state = SimpleNamespace(api_key="k" * 20, session="t" * 43)
+    assert session_cookie(state, "192.168.1.9") is None and session_cookie(state, "::1").startswith("edgespec_session=")
+    cookie = Headers({"cookie": "edgespec_session=" + "t" * 43, "host": "board.lan:8000"})
+    check_auth(state, cookie, "127.0.0.1")
+    check_auth(state, cookie, "::ffff:127.0.0.1")
+    with pytest.raises(APIError) as e:
+        check_auth(state, cookie, "192.168.1.9")  # the right cookie from another machine: the key is needed
+    assert e.value.status == 401
+
+
+def test_every_answer_forbids_framing(serve, tmp_path):
+    s = serve(ui=True)
+    for path in ("/", "/app.js", "/v1/models", "/ready", "/nope"):
+        headers = s.get(path)[1]
+        assert headers["content-security-policy"] == "frame-ancestors 'none'", path
+        assert headers["x-frame-options"] == "DENY", path
+    status, headers, _ = raw_post(s.port, {"Origin": "https://evil.example", "Content-Type": "application/json"})
+    assert status == 403 and headers["x-frame-options"] == "DENY"
+    status, headers, _ = s.request("POST", CHAT, chat_body(stream=True))
+    assert status == 200 and headers["content-security-policy"] == "frame-ancestors 'none'"

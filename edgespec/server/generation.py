@@ -100,7 +100,7 @@ class GenerationEndpoint:
         headers = Headers(scope=scope)
         if scope["method"] != "POST":
             raise APIError(405, f"use POST for {scope['path']}", headers={"Allow": "POST"})
-        check_auth(self.state, headers)
+        check_auth(self.state, headers, (scope.get("client") or (None,))[0])
         check_ready(self.state)
         cfg = self.state.config
         raw = await read_body(receive, headers, cfg.max_body_bytes, cfg.body_timeout)

@@ -30,6 +30,8 @@ from .apierror import APIError, echo
 from .responses import error_response
 
 PREFLIGHT_MAX_AGE = "600"
+# on every answer: no page of another site may frame the kiosk page (clickjacking) or any other answer
+FRAME_HEADERS = [(b"content-security-policy", b"frame-ancestors 'none'"), (b"x-frame-options", b"DENY")]
 ALLOWED_HEADERS = "authorization, content-type, accept, x-request-id"
 
 
@@ -100,25 +102,27 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
+        extra = list(FRAME_HEADERS)
+
+        async def send_with(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
         try:
             cors = self.check(scope, headers)
         except APIError as e:
             self.state.metrics.observe_request("refused", e.status, 0.0)
-            await error_response(e)(scope, receive, send)
+            await error_response(e)(scope, receive, send_with)
             return
         if cors is None:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_with)
             return
         if scope["method"] == "OPTIONS":  # a preflight from an allowed origin
-            await _preflight(cors)(scope, receive, send)
+            await _preflight(cors)(scope, receive, send_with)
             return
-
-        async def send_with_cors(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *_cors_headers(cors)]}
-            await send(message)
-
-        await self.app(scope, receive, send_with_cors)
+        extra += _cors_headers(cors)
+        await self.app(scope, receive, send_with)
 
     def check(self, scope: dict, headers: Headers) -> str | None:
         """Raises the refusal, or returns the origin to answer with CORS headers (None: no CORS)."""

@@ -118,6 +118,9 @@ class Service:
         self.state = ServerState(config, self.scheduler, default_name=default_name, api_key=api_key)
         if config.ui and "/" not in self.state.static:
             raise ConfigError("--ui: the kiosk page is not installed (edgespec/static/index.html is missing)")
+        if config.ui and api_key:
+            log.info("--ui with an API key: the page admits the browser on this device by a session cookie; "
+                     "every other client needs the key (docs/kiosk.md)")
         if not _is_loopback(config.host) and not api_key:
             log.warning("listening on %s without an API key: anyone who can reach this port can use the model "
                         "(set --api-key-file)", config.host)
