@@ -198,6 +198,47 @@ def test_sigint_to_the_cli_stops_child_and_leaves_nothing(tmp_path, tiny_src):
     wait_for("the model children to exit", lambda: all(not _alive(pid) for pid in children))
 
 
+def test_sigterm_unwinds_the_export_like_ctrl_c(tmp_path, tiny_src, monkeypatch):
+    """SIGTERM mid-export raises where the export stands, the partial folder is removed, and then the
+    signal goes on to the handler that was there before (here a recorder; by default: death by SIGTERM)."""
+    from edgespec_export import writer
+
+    def sigterm_now(*a):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(pipeline, "_check_disk", sigterm_now)  # the first step after <out>.partial exists
+    seen = []
+
+    def recorder(sig, frame):
+        seen.append(sig)
+
+    previous = signal.signal(signal.SIGTERM, recorder)
+    try:
+        with pytest.raises(writer.Terminated):
+            run_export(str(tiny_src), tmp_path / "b", options=ExportOptions(quant="fp32", isolate=False))
+        assert seen == [signal.SIGTERM]
+        assert leftovers(tmp_path) == []
+        assert signal.getsignal(signal.SIGTERM) is recorder  # put back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_cli_stops_child_and_leaves_nothing(tmp_path, tiny_src):
+    """`systemctl stop`, `kill`, a CI timeout: SIGTERM to `edgespec export` while a model child runs
+    cleans up as Ctrl-C does, then the process dies of SIGTERM. It used to leave `<out>.partial`."""
+    out = tmp_path / "b"
+    proc = subprocess.Popen([sys.executable, "-m", "edgespec", "export", str(tiny_src), "-o", str(out), "--quant", "fp32"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for("the export to start its model job", (tmp_path / "b.partial" / ".work").exists, timeout=120)
+    children = _children(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM
+    assert leftovers(tmp_path) == []
+    wait_for("the model children to exit", lambda: all(not _alive(pid) for pid in children))
+
+
 @pytest.mark.slow
 def test_sigkill_leaves_only_a_partial_folder_that_verify_refuses(tmp_path, tiny_src):
     out = tmp_path / "b"
