@@ -221,10 +221,10 @@ def test_hung_serving_loop_stops_the_watchdog_pings(proc, tiny_bundle):
     assert p.notify.count("STOPPING=1") == 0
 
 
-def _stream_in_background(p, body, out):
+def _stream_in_background(p, body, out, headers=None):
     def go():
         req = urllib.request.Request(p.url("/v1/chat/completions"), data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
                 out["status"] = r.status
@@ -356,22 +356,6 @@ def test_cli_help_and_no_bundle(monkeypatch, capsys):
     assert "no bundle given" in capsys.readouterr().err
 
 
-def _stream_with_key(p, key, out, max_tokens=60):
-    def go():
-        req = urllib.request.Request(p.url("/v1/chat/completions"), method="POST",
-                                     data=json.dumps({"messages": MSG, "max_tokens": max_tokens, "stream": True}).encode(),
-                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                out["status"], out["raw"] = r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            out["status"], out["raw"] = e.code, e.read().decode()
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    return t
-
-
 def _wait_line(p, text, timeout=30):
     end = time.monotonic() + timeout
     while text not in "\n".join(p.lines):
@@ -413,7 +397,8 @@ def test_sighup_reloads_the_key_and_usr1_is_ignored_mid_stream(proc, tiny_bundle
     p.wait_port()
     p.notify.wait_for("READY=1")
     running = {}
-    t = _stream_with_key(p, old, running, max_tokens=300)  # 300 x 0.03 s: the signals land mid-stream
+    t = _stream_in_background(p, {"messages": MSG, "max_tokens": 300, "stream": True}, running,
+                              {"Authorization": f"Bearer {old}"})  # 300 x 0.03 s: the signals land mid-stream
     keyfile.write_text(new)
     _wait_busy(p, old)
     for sig in (signal.SIGHUP, signal.SIGUSR1):
