@@ -41,6 +41,7 @@ log = logging.getLogger("edgespec.server")
 
 STATUS_EVERY = 10.0  # seconds between STATUS= updates for `systemctl status`
 FORCE_GRACE = 2.0  # second SIGTERM: seconds the cancelled streams get to send their error event and [DONE]
+SHUTDOWN_GRACE = 5.0  # after the drain deadline: seconds before uvicorn cancels what still runs
 
 
 @dataclass
@@ -148,7 +149,7 @@ class Service:
             # uvicorn's own plain 503, a backstop behind protocol.py's table (connections it closed to make
             # room stay counted here until their close completes, hence the margin)
             limit_concurrency=2 * total + 1,
-            timeout_graceful_shutdown=int(self.config.drain_timeout + 5),
+            timeout_graceful_shutdown=int(self.config.drain_timeout + SHUTDOWN_GRACE),
         )
         self.server = _Uvicorn.make(uv_config, self._on_signal)
         previous = self._catch_other_signals()
