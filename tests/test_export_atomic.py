@@ -276,3 +276,38 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_sigterm_during_the_cleanup_waits_for_it(tmp_path, monkeypatch):
+    """A service manager signals the export and its model child together: the child's death may be
+    the failure being cleaned up when the export's own SIGTERM arrives. It must not cut that cleanup
+    short: it is raised once the partial folder is gone."""
+    from edgespec_export import writer
+
+    tmp = writer.start(tmp_path / "b", overwrite=False)
+    (tmp / "target").mkdir()
+    (tmp / "target" / "model.onnx").write_bytes(b"x" * 1000)
+    real_rmtree = writer.shutil.rmtree
+
+    def rmtree_interrupted(path, **kw):
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives mid-cleanup
+        real_rmtree(path, **kw)
+
+    monkeypatch.setattr(writer.shutil, "rmtree", rmtree_interrupted)
+    seen = []
+
+    def recorder(sig, frame):
+        seen.append(sig)
+
+    previous = signal.signal(signal.SIGTERM, recorder)
+    try:
+        with pytest.raises(writer.Terminated):
+            with writer.sigterm_cleans_up():
+                try:
+                    raise ExportError("model export died with exit code -15")
+                except ExportError:
+                    writer.remove_partial(tmp)
+                    raise
+        assert leftovers(tmp_path) == [] and seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)

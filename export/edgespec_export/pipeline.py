@@ -153,7 +153,7 @@ def _run_export(target: str, out: Path, draft: str | None, o: ExportOptions, pro
             }
             writer.finish(manifest, tmp, out)
         except OSError as e:
-            shutil.rmtree(tmp, ignore_errors=True)
+            writer.remove_partial(tmp)
             if e.errno == errno.ENOSPC:
                 raise ExportError(
                     f"disk full while writing the bundle next to {out} ({e.filename or 'a bundle file'}): "
@@ -161,7 +161,7 @@ def _run_export(target: str, out: Path, draft: str | None, o: ExportOptions, pro
                 ) from e
             raise
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            writer.remove_partial(tmp)
             raise
     manifest, problems = verify_bundle(out)
     if problems or manifest is None:  # pragma: no cover - would be a bug in the writer

@@ -24,6 +24,10 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the export stands so that it unwinds like Ctrl-C does."""
 
 
+# a SIGTERM that arrives while remove_partial runs waits for it to finish (it would cut the cleanup short)
+_held = {"cleaning": False, "pending": False}
+
+
 @contextlib.contextmanager
 def sigterm_cleans_up() -> Iterator[None]:
     """SIGTERM's default action ends the process where it stands, skipping the cleanup that Ctrl-C's
@@ -39,6 +43,9 @@ def sigterm_cleans_up() -> Iterator[None]:
 
     def terminate(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough; a second would cut the cleanup short
+        if _held["cleaning"]:
+            _held["pending"] = True  # raised by remove_partial once the folder is gone
+            return
         raise Terminated()
 
     signal.signal(signal.SIGTERM, terminate)
@@ -50,6 +57,20 @@ def sigterm_cleans_up() -> Iterator[None]:
         raise  # the previous handler returned: the caller sees an interruption
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def remove_partial(tmp: Path) -> None:
+    """Removes an unfinished bundle's folder after a failure. A SIGTERM arriving meanwhile (a service
+    manager signals the export and its model child together, and the child's death may be the failure
+    being cleaned up) is raised only once the folder is gone."""
+    _held["cleaning"] = True
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        _held["cleaning"] = False
+    if _held["pending"]:
+        _held["pending"] = False
+        raise Terminated()
 
 
 def partial_dir(out: Path) -> Path:
