@@ -601,3 +601,26 @@ def test_a_stream_cut_by_the_shutdown_grace_still_ends_with_an_error_and_done(se
     t.join(30)
     events = sse_events(out["raw"])
     assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "shutting_down"
+
+
+def test_reload_api_key_keeps_the_key_in_force_on_a_bad_file(serve, tmp_path):
+    """What SIGHUP runs (the signal itself: test_server_process.py). A key cannot be switched on by it,
+    and a missing, short or empty file leaves the key in force."""
+    key = tmp_path / "key"
+    key.write_text("first-key-0123456789abcdef")
+    key.chmod(0o600)
+    s = serve(api_key_file=str(key))
+    auth = lambda k: {"Authorization": f"Bearer {k}"}  # noqa: E731
+    for bad in ("short", "", None):
+        if bad is None:
+            key.unlink()
+        else:
+            key.write_text(bad)
+        assert s.service.reload_api_key() is False
+        assert s.get("/v1/models", headers=auth("first-key-0123456789abcdef"))[0] == 200
+    key.write_text("second-key-0123456789abcdef")
+    assert s.service.reload_api_key() is True
+    assert s.get("/v1/models", headers=auth("second-key-0123456789abcdef"))[0] == 200
+    assert s.get("/v1/models", headers=auth("first-key-0123456789abcdef"))[0] == 401
+    open_server = serve()
+    assert open_server.service.reload_api_key() is False and open_server.get("/v1/models")[0] == 200

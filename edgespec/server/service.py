@@ -306,7 +306,7 @@ class Service:
         return previous
 
     def _on_other_signal(self, sig: int, frame: Any) -> None:
-        """Runs as a signal handler: hand the work to the loop (none yet: nothing to do)."""
+        """Runs as a signal handler: the work goes to the loop (before the loop runs there is none)."""
         if sig == signal.SIGHUP:
             work, args = self.reload_api_key, ()
         elif sig == signal.SIGUSR2 and self.hooks.enabled:
