@@ -13,7 +13,8 @@
 # --root DIR   read /proc/device-tree and /etc/nv_tegra_release under DIR (tests use fake trees)
 #
 # 1. Never touches the active environment: onnxruntime-gpu goes into a venv of its own (REPORT_DIR/venv)
-#    that sees the active one's packages; on an x86_64 host it is the PyPI wheel of the same version (else the newest)
+#    that sees the active one's packages; on an x86_64 host it is the PyPI wheel of the same version (else the newest
+#    at or above edgespec's onnxruntime floor)
 #    with its [cuda,cudnn] extras (CUDA and cuDNN from pip, loaded by onnxruntime.preload_dlls() at every
 #    start of that venv); on a Jetson it is NVIDIA's JetPack wheel (JetPack 6: their index; else
 #    --ort-wheel) with JetPack's own CUDA. If the install fails the check stops, naming what to do.
@@ -30,7 +31,7 @@ PY=${PYTHON:-python}
 JETPACK6_INDEX=https://pypi.jetson-ai-lab.io/jp6/cu126
 JETSON_ZOO=https://elinux.org/Jetson_Zoo#ONNX_Runtime
 
-usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     -o) REPORT=$2; shift 2 ;;
@@ -69,20 +70,22 @@ fi
 
 # --- which onnxruntime-gpu, from where
 ORT_VERSION=$("$PY" -c 'import onnxruntime; print(onnxruntime.__version__)' 2>/dev/null || true)
+FLOOR=$("$PY" -c 'from edgespec.models.kernels import ORT_FLOOR; print(ORT_FLOOR)')  # the oldest that takes the graphs
 if [ -n "$WHEEL" ]; then
   SPEC=("$WHEEL")
 elif [ "$JETSON" -eq 1 ]; then
   [ "${L4T%%.*}" = 36 ] || [ "$INSTALL" -eq 0 ] || \
-    die "a Jetson with L4T ${L4T:-unknown} (not JetPack 6): PyPI has no CUDA build of onnxruntime for it; download NVIDIA's JetPack wheel (see $JETSON_ZOO) and pass it with --ort-wheel FILE"
-  SPEC=(onnxruntime-gpu --index-url "$JETPACK6_INDEX")  # NVIDIA's JetPack 6 index; CUDA comes with JetPack
+    die "a Jetson with L4T ${L4T:-unknown} (not JetPack 6): PyPI has no CUDA build of onnxruntime for it; download NVIDIA's JetPack wheel (onnxruntime-gpu >= $FLOOR, see $JETSON_ZOO) and pass it with --ort-wheel FILE"
+  SPEC=("onnxruntime-gpu>=$FLOOR" --index-url "$JETPACK6_INDEX")  # NVIDIA's JetPack 6 index; CUDA comes with JetPack
 else
-  # the CUDA/cuDNN runtime from pip; the same version as onnxruntime, else (not published) the newest
+  # the CUDA/cuDNN runtime from pip; the same version as onnxruntime, else (not published) the newest >= the floor
   SPEC=("onnxruntime-gpu[cuda,cudnn]${ORT_VERSION:+==$ORT_VERSION}")
-  [ -z "$ORT_VERSION" ] || FALLBACK="onnxruntime-gpu[cuda,cudnn]"
+  [ -z "$ORT_VERSION" ] || FALLBACK="onnxruntime-gpu[cuda,cudnn]>=$FLOOR"
+  [ -n "$ORT_VERSION" ] || SPEC=("onnxruntime-gpu[cuda,cudnn]>=$FLOOR")
 fi
 HINT=""
 if [ "$JETSON" -eq 1 ] || [ "$(uname -m)" = aarch64 ]; then
-  HINT=" On aarch64 PyPI has no CUDA build: take NVIDIA's JetPack wheel (JetPack 6: $JETPACK6_INDEX; older: $JETSON_ZOO) and pass it with --ort-wheel FILE."
+  HINT=" On aarch64 PyPI has no CUDA build: take NVIDIA's JetPack wheel (onnxruntime-gpu >= $FLOOR; JetPack 6: $JETPACK6_INDEX; older: $JETSON_ZOO) and pass it with --ort-wheel FILE."
 fi
 
 [ "$PLAN" -eq 1 ] || mkdir -p "$REPORT/logs" "$REPORT/bundles"

@@ -47,6 +47,7 @@ def test_shellcheck_clean():
 
 # --- --plan: what it would run, on faked hosts (nothing is run, nothing is written) ---------------
 FAKES = Path(__file__).parent / "fakes"
+FLOOR = __import__("edgespec.models.kernels", fromlist=["ORT_FLOOR"]).ORT_FLOOR  # the oldest onnxruntime edgespec takes
 STEPS = ("versions", "doctor", "test-gpu", "export-smollm2", "verify-", "placement-", "bench-", "plan-measure-")
 
 
@@ -81,7 +82,7 @@ def test_plan_on_a_faked_jetson_uses_the_jetpack_index_and_runs_nothing(tmp_path
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "Jetson Orin Nano" in out and "L4T 36.4.3" in out
-    assert "install onnxruntime-gpu --index-url https://pypi.jetson-ai-lab.io/jp6/cu126" in out
+    assert f"install 'onnxruntime-gpu>={FLOOR}' --index-url https://pypi.jetson-ai-lab.io/jp6/cu126" in out
     assert "[cuda,cudnn]" not in out and "preload" not in out  # JetPack brings CUDA itself
     assert "uninstall" not in out
     assert "nvidia-smi was called" not in r.stderr
@@ -104,6 +105,7 @@ def test_plan_on_a_faked_x86_gpu_host_installs_the_wheel_with_cuda_extras_in_its
     assert "NVIDIA H200, 143771 MiB" in out
     assert f"-m venv --without-pip {venv}" in out
     assert f"-m pip --python {venv}/bin/python install 'onnxruntime-gpu[cuda,cudnn]=={onnxruntime.__version__}'" in out
+    assert f"install 'onnxruntime-gpu[cuda,cudnn]>={FLOOR}')" in out  # the fallback: the newest at the floor or above
     assert "preload_dlls()" in out
     assert "uninstall" not in out
     # every step runs with the venv's python, and --full adds the Qwen pair and the chat prompts
@@ -140,7 +142,8 @@ def test_a_missing_gpu_wheel_stops_the_check_and_leaves_onnxruntime_importable(t
     r = subprocess.run([shutil.which("bash") or "/bin/bash", str(SCRIPT), "-o", str(tmp_path / "report"), "--root",
                         str(empty_root)], capture_output=True, text=True, env=e, timeout=300)
     assert r.returncode == 3, r.stderr
-    assert "could not install onnxruntime-gpu[cuda,cudnn]" in r.stderr and "were not changed" in r.stderr
+    # the same version as onnxruntime was tried first, then the newest at or above the floor
+    assert f"could not install onnxruntime-gpu[cuda,cudnn]>={FLOOR}" in r.stderr and "were not changed" in r.stderr
     log = (tmp_path / "report" / "logs" / "install.log").read_text()
     assert "No matching distribution found for onnxruntime-gpu" in log
     assert not (tmp_path / "report" / "summary.md").exists()  # no step ran
@@ -162,7 +165,7 @@ def test_on_a_jetson_a_failed_install_names_nvidias_wheels_and_ort_wheel(tmp_pat
     r = subprocess.run([shutil.which("bash") or "/bin/bash", str(SCRIPT), "-o", str(tmp_path / "report"), "--root",
                         str(FAKES / "jetson-orin-nano")], capture_output=True, text=True, env=e, timeout=300)
     assert r.returncode == 3, r.stderr
-    assert "could not install onnxruntime-gpu --index-url https://pypi.jetson-ai-lab.io/jp6/cu126" in r.stderr
+    assert f"could not install onnxruntime-gpu>={FLOOR} --index-url https://pypi.jetson-ai-lab.io/jp6/cu126" in r.stderr
     assert "pass it with --ort-wheel FILE" in r.stderr and "were not changed" in r.stderr
 
 
