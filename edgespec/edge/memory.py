@@ -53,9 +53,9 @@ CUDA_CONTEXT = 300 << 20  # CUDA context + onnxruntime's CUDA kernels resident o
 CUBLAS_WORKSPACE = 32 << 20  # per session (cuBLAS default workspace, plus cuBLASLt's)
 CUDA_ARENA_SLACK = 0.10  # the arena (kSameAsRequested) holds ~10 % more than the peak it was asked for
 # A float16 KV cache run by the CPU provider (a cuda-flavored graph on the CPU: how cuda graphs are
-# tested, and a Jetson without onnxruntime-gpu) held 2.25x its float16 bytes, measured (SmolLM2 int8
-# cuda flavor, peak RSS at max_len 512/2048/4096: 0.049 MiB per token against 0.022 of float16 KV;
-# the plan without this was 1.7/11.7/18.6 % under). 2.5 keeps the plan over.
+# tested, and a Jetson without onnxruntime-gpu) held 2.15-2.25x its float16 bytes, measured (SmolLM2
+# int8 cuda flavor, peak RSS at max_len 512/2048/4096: 0.047-0.049 MiB per token against 0.022 of
+# float16 KV; without this the plan was up to 15-19 % under at 4096). 2.5 keeps the plan over.
 CPU_FP16_KV_FACTOR = 2.5
 MIN_MAX_LEN = 256  # below this a chat turn does not fit; the plan refuses instead of shrinking further
 LEN_ALIGN = 64  # shrunk lengths are multiples of this (the floor itself is kept as given)
