@@ -1,0 +1,290 @@
+"""The bundle's chat template, compiled and rendered as untrusted data: a sandbox with budgets.
+
+A chat template is Jinja2 source from a file anyone could have edited. Jinja2's sandbox stops it from
+reaching Python's internals, but not from looping for hours (`range(100000)` inside `range(100000)`)
+or building a 100 MB string (`'x' * 100000000`), and such a string is built by one C call that
+holds the GIL: while it runs, not even SIGTERM is handled. So every place a template can make work
+is metered before the work is done:
+
+- loops over `range`, calls (macros, methods, `caller`, `loop`), filters and the operators that can
+  grow a value (`*`, `**`, `+`, `%`) each spend one operation of a budget that grows with the
+  conversation (OPS_BASE + OPS_PER_MESSAGE per message);
+- a string or list an operator, call or filter would produce is sized first where it can be
+  (`'x' * n`, `s.center(n)`, `2 ** n`, format widths) and checked after otherwise; nothing over
+  MAX_CHARS is built, and the rendered output stops at MAX_CHARS;
+- a wall-clock deadline (SECONDS) backs all of this up, checked at each operation;
+- a macro that calls itself without end is Python's RecursionError, caught here.
+
+A bundle's template is compiled and probe-rendered when the bundle is read (models/bundle.py), so
+a template that loops or balloons refuses the bundle in seconds; the same budgets hold at request
+time (core/chat.py), where overrunning them is a 400.
+"""
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, Callable
+
+MAX_CHARS = 1 << 23  # largest string, list or rendered prompt a template may make (8 Mi characters)
+MAX_TEMPLATE_CHARS = 1 << 20  # a chat template's own source (real ones are under 40 KB)
+OPS_BASE = 100_000  # operations a render may spend, plus OPS_PER_MESSAGE for each message
+OPS_PER_MESSAGE = 1_000
+SECONDS = 5.0  # wall-clock backstop of one render
+_WIDTH = re.compile(r"\d{7,}")  # a format width or precision of a million or more
+_NESTED_SPEC = re.compile(r"\{[^{}]*:[^{}]*\{")  # a replacement field inside a format spec
+
+
+class TemplateRefused(Exception):
+    """The template went over a budget or cannot be compiled; the message is one line."""
+
+
+class _Budget:
+    def __init__(self, ops: int, seconds: float):
+        self.ops = ops
+        self.deadline = time.monotonic() + seconds
+        self.seconds = seconds
+
+    def tick(self) -> None:
+        self.ops -= 1
+        if self.ops < 0:
+            raise TemplateRefused("loops or calls exceed the render budget (a template that never ends?)")
+        if self.ops & 255 == 0 and time.monotonic() > self.deadline:
+            raise TemplateRefused(f"rendering took over {self.seconds:g} s")
+
+
+_local = threading.local()  # the render in progress on this thread: hooks have no other way to it
+
+
+def _budget() -> _Budget:
+    b = getattr(_local, "budget", None)
+    if b is None:  # a compiled template used outside render(): give it a budget of its own
+        b = _local.budget = _Budget(OPS_BASE, SECONDS)
+    b.tick()
+    return b
+
+
+def _size(x: Any) -> int:
+    return len(x) if isinstance(x, (str, bytes, list, tuple, dict)) else 0
+
+
+def _check_size(n: int, what: str) -> None:
+    if n > MAX_CHARS:
+        raise TemplateRefused(f"{what} would make a value of {n:,} characters or items (limit {MAX_CHARS:,})")
+
+
+def _check_args(args: tuple, kwargs: dict, what: str) -> None:
+    """Integer arguments are widths and counts (`center(n)`, `indent(n)`, `lipsum(n)`): capped;
+    format strings may not carry a width of a million."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_CHARS:
+            raise TemplateRefused(f"{what}: argument {a:,} is over the limit ({MAX_CHARS:,})")
+        if isinstance(a, str) and "%" in a and _WIDTH.search(a):
+            raise TemplateRefused(f"{what}: a format width of a million or more")
+        _check_size(_size(a), what)
+
+
+def _check_result(x: Any, what: str) -> Any:
+    _check_size(_size(x), what)
+    return x
+
+
+def _grow(what: str, obj: Any, args: tuple) -> None:
+    """Sizes a string method's result before it is built, for the methods that can multiply."""
+    if not isinstance(obj, str):
+        return
+    if what == "replace" and len(args) >= 2 and isinstance(args[1], str):
+        _check_size((obj.count(args[0]) if isinstance(args[0], str) and args[0] else len(obj) + 1) * len(args[1])
+                    + len(obj), "str.replace")
+    if what == "join" and args and isinstance(args[0], (list, tuple)):
+        _check_size(len(obj) * len(args[0]) + sum(_size(a) for a in args[0]), "str.join")
+    if what == "expandtabs":
+        tab = args[0] if args and isinstance(args[0], int) else 8
+        _check_size(obj.count("\t") * tab + len(obj), "str.expandtabs")
+
+
+def _check_format(fmt: str, args: tuple, kwargs: dict) -> None:
+    """str.format: no width of a million in the format string, nor in an argument it substitutes
+    into a format spec (`'{:>{}}'.format(1, '9' * 9)`)."""
+    if _WIDTH.search(fmt):
+        raise TemplateRefused("str.format: a format width of a million or more")
+    if _NESTED_SPEC.search(fmt):
+        values = [*args, *kwargs.values(), *(v for a in args if isinstance(a, dict) for v in a.values())]
+        if any(isinstance(v, str) and _WIDTH.search(v) for v in values):
+            raise TemplateRefused("str.format: a format width of a million or more")
+
+
+def _binop_size(op: str, left: Any, right: Any) -> None:
+    if op == "*":
+        for seq, n in ((left, right), (right, left)):
+            if _size(seq) and isinstance(n, int):
+                _check_size(len(seq) * max(n, 0), "'*'")
+    elif op == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
+        _check_size(right * max(abs(left), 2).bit_length() // 4, "'**'")  # ~decimal digits of the result
+    elif op == "+":
+        _check_size(_size(left) + _size(right), "'+'")
+    elif op == "%" and isinstance(left, str) and _WIDTH.search(left):
+        raise TemplateRefused("'%': a format width of a million or more")
+    elif op == "%":
+        _check_args(right if isinstance(right, tuple) else (right,), {}, "'%'")
+
+
+class _Range:
+    """`range` for templates: each item spends one operation."""
+
+    def __call__(self, *args: int):
+        from jinja2.sandbox import safe_range
+
+        _check_args(args, {}, "range")
+        for i in safe_range(*args):
+            _budget()
+            yield i
+
+
+def _namespace_class():
+    from jinja2.utils import Namespace
+
+    class MeteredNamespace(Namespace):
+        """`namespace()` whose attributes are sized when set (`ns.s = ns.s ~ ns.s` doubles)."""
+
+        def __setitem__(self, name: str, value: Any) -> None:
+            _budget()
+            _check_result(value, f"namespace.{name}")
+            super().__setitem__(name, value)
+
+    return MeteredNamespace
+
+
+def _metered_filter(name: str, f: Callable) -> Callable:
+    import functools
+
+    @functools.wraps(f)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        _budget()
+        _check_args(args, kwargs, f"filter {name}")
+        if name == "replace" and len(args) >= 3:
+            _grow("replace", str(args[0]), (str(args[1]), str(args[2])))
+        return _check_result(f(*args, **kwargs), f"filter {name}")
+
+    return run
+
+
+def _tojson(x, indent=None, ensure_ascii=False, sort_keys=False):
+    return json.dumps(x, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+
+
+def make_environment(raise_exception: Callable[[str], Any]):
+    """The sandbox: Jinja2's immutable sandbox, metered. `raise_exception` is the template's
+    `raise_exception(msg)` (Hugging Face templates call it to refuse a conversation)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class MeteredEnvironment(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's own signature
+            _budget()
+            _check_args(args, kwargs, "call")
+            _grow(getattr(__obj, "__name__", ""), getattr(__obj, "__self__", None), args)
+            return _check_result(super().call(__context, __obj, *args, **kwargs), "call")
+
+        def wrap_str_format(self, value):
+            wrapped = super().wrap_str_format(value)
+            if wrapped is None:
+                return None
+
+            def checked(*args: Any, **kwargs: Any) -> str:
+                _check_format(value.__self__, args, kwargs)
+                return _check_result(wrapped(*args, **kwargs), "str.format")
+
+            return checked
+
+        def call_binop(self, context, operator, left, right):
+            _budget()
+            _binop_size(operator, left, right)
+            return super().call_binop(context, operator, left, right)
+
+    env = MeteredEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["tojson"] = _tojson
+    env.filters = {k: _metered_filter(k, f) for k, f in env.filters.items()}
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.globals["range"] = _Range()
+    env.globals["namespace"] = _namespace_class()
+    return env
+
+
+@lru_cache(maxsize=8)
+def compiled(template: str, raise_exception: Callable[[str], Any]):
+    """The compiled template (cached: a bundle has one). Raises TemplateRefused, one line."""
+    if not isinstance(template, str):
+        raise TemplateRefused(f"is a {type(template).__name__}, not a string")
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise TemplateRefused(f"is {len(template):,} characters (limit {MAX_TEMPLATE_CHARS:,})")
+    try:
+        return make_environment(raise_exception).from_string(template)
+    except RecursionError:
+        raise TemplateRefused("nested too deeply to compile") from None
+    except MemoryError:
+        raise TemplateRefused("ran out of memory compiling it") from None
+    except Exception as e:  # TemplateSyntaxError, or Python's compiler refusing the generated code
+        raise TemplateRefused(f"does not compile: {_one_line(e)}") from None
+
+
+def render_budgeted(tmpl: Any, n_messages: int, **variables: Any) -> str:
+    """Renders within the budgets. Raises TemplateRefused (a budget), RecursionError, or whatever
+    the template itself raises (the caller decides what each is)."""
+    _local.budget = _Budget(OPS_BASE + OPS_PER_MESSAGE * max(n_messages, 0), SECONDS)
+    try:
+        out: list[str] = []
+        total = 0
+        for chunk in tmpl.generate(**variables):
+            total += len(chunk)
+            if total > MAX_CHARS:
+                raise TemplateRefused(f"the rendered prompt is over {MAX_CHARS:,} characters")
+            _local.budget.tick()
+            out.append(chunk)
+        return "".join(out)
+    finally:
+        _local.budget = None
+
+
+# every chat model's template renders this (no system turn: some templates refuse one)
+PROBE = ({"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi."},
+         {"role": "user", "content": "Thanks"})
+
+
+class _ProbeRaised(Exception):
+    pass
+
+
+def _probe_raise(message: str):
+    raise _ProbeRaised(str(message))
+
+
+def probe(template: Any, *, bos_token: str = "", eos_token: str = "") -> str | None:
+    """Compiles the template and renders PROBE under the budgets: None when it renders, else what
+    is wrong, one line (models/bundle.py refuses the bundle with it)."""
+    try:
+        tmpl = compiled(template, _probe_raise)
+        render_budgeted(tmpl, len(PROBE), messages=[dict(m) for m in PROBE], add_generation_prompt=True,
+                        bos_token=bos_token, eos_token=eos_token)
+    except TemplateRefused as e:
+        return str(e)
+    except RecursionError:
+        return "recurses without end (a macro or loop that calls itself)"
+    except _ProbeRaised as e:
+        return f"refuses a plain user/assistant/user conversation: {str(e)[:200]}"
+    except MemoryError:
+        return "ran out of memory rendering a short conversation"
+    except Exception as e:  # noqa: BLE001 - TemplateError, TypeError, ZeroDivisionError, ... in the template
+        return f"fails on a short conversation: {_one_line(e)}"
+    return None
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(e).__name__}: {first[:200]}" if first else type(e).__name__
