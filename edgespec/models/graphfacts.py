@@ -22,6 +22,8 @@ from typing import Any, Iterator
 ELEM_TYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool", 10: "float16",
               11: "float64", 16: "bfloat16"}
 KV_DTYPES = ("float32", "float16", "bfloat16")
+# the ModelFacts fields that name one graph input each (None: the graph has no such input)
+GRAPH_INPUT_FIELDS = ("input_ids", "attention_mask", "logits_to_keep", "position_ids", "attention_bias")
 
 
 class GraphFormatError(ValueError):
@@ -249,14 +251,16 @@ def model_problems(root: Path, role: str, facts: Any, listed: set[str]) -> list[
         io = read_graph_io(root / rel)
     except (OSError, GraphFormatError) as e:
         return [f"{rel}: not a readable ONNX graph ({e})"]
+    except Exception as e:  # noqa: BLE001 - any bytes at all: a damaged graph is one line, never a traceback
+        return [f"{rel}: not a readable ONNX graph ({type(e).__name__})"]
     where = f"{rel}: manifest models.{role}"
     found: dict[str, str] = {}  # fact -> the line that names it
 
     def say(fact: str, line: str) -> None:
         found.setdefault(fact, line)
 
-    for what, name in (("input_ids", facts.input_ids), ("attention_mask", facts.attention_mask),
-                       ("logits_to_keep", facts.logits_to_keep)):
+    for what in GRAPH_INPUT_FIELDS:
+        name = getattr(facts, what)
         if name and name not in io.inputs:
             say(what, f"{where}.{what} names input {name!r}, which the graph does not have")
     logits = io.outputs.get(facts.logits)
@@ -289,6 +293,18 @@ def model_problems(root: Path, role: str, facts: Any, listed: set[str]) -> list[
                 say("kv_heads", f"{where}.kv_heads is {facts.kv_heads}, the graph's cache has {t.dims[1]} heads")
             if isinstance(t.dims[3], int) and t.dims[3] != facts.head_dim:
                 say("head_dim", f"{where}.head_dim is {facts.head_dim}, the graph's cache has head_dim {t.dims[3]}")
+    for i in range(min(graph_layers, facts.layers)):
+        for pattern in (facts.present_key, facts.present_value):
+            if _name(pattern, i) not in io.outputs:
+                say(pattern, f"{where}: the graph has no output {_name(pattern, i)!r}")
+    # the runner feeds exactly the inputs the manifest names: one more is a graph of another contract
+    n = max(graph_layers, facts.layers)
+    named = {getattr(facts, what) for what in GRAPH_INPUT_FIELDS}
+    named |= {_name(p, i) for p in (facts.past_key, facts.past_value) for i in range(n)}
+    misnamed = found.keys() & {*GRAPH_INPUT_FIELDS, "layers", facts.past_key, facts.past_value}
+    for name in [x for x in io.inputs if x not in named and not misnamed][:1]:
+        say("unnamed", f"{rel}: the graph takes input {name!r}, which manifest models.{role} does not name "
+                       "(a manifest of another format_version than the graph's contract? re-export the bundle)")
     # the flavor rule, as graphcheck.dtype_problems states it (that check runs after this one, with onnx)
     flavor = facts.graph_flavor() if hasattr(facts, "graph_flavor") else None
     if flavor == "cuda" and facts.kv_dtype != "float16":
