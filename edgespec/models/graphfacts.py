@@ -14,7 +14,9 @@ and this reads only the few fields it needs, skipping weights without copying th
 from __future__ import annotations
 
 import mmap
+import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -209,7 +211,15 @@ def _tensor(buf: memoryview) -> tuple[str, list[int], str | None]:
 
 
 def read_graph_io(path: Path) -> GraphIO:
-    """Inputs, outputs and external weight files of an ONNX model, without loading any weights."""
+    """Inputs, outputs and external weight files of an ONNX model, without loading any weights.
+    Cached by the file's identity (inode, size, mtime): Bundle.open reads each graph's facts and its
+    dtypes (graphcheck), one parse serves both. Callers must not modify the result."""
+    st = os.stat(path)
+    return _read_graph_io(os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _read_graph_io(path: str, ino: int, size: int, mtime_ns: int) -> GraphIO:
     io = GraphIO()
     with open(path, "rb") as f:
         size = f.seek(0, 2)

@@ -176,10 +176,13 @@ def _listed(v, obj, root):
 
 
 def _io_name(v, obj, root):
-    return None if "%" not in v else f"{show(v)} is a graph input or output name and may not hold '%'"
+    return _name_text(v, obj, root) or (None if "%" not in v else f"{show(v)} is a graph input or output name "
+                                        "and may not hold '%'")
 
 
 def _layer_pattern(v, obj, root):
+    if _name_text(v, obj, root):
+        return _name_text(v, obj, root)
     if v.count("%") != 1 or "%d" not in v:
         return f"{show(v)} must hold one '%d' (the layer number) and no other '%'"
     return None
@@ -211,7 +214,7 @@ def _not_empty(v, obj, root):
 def _self_draft(v, obj, root):
     skip, layers = v.get("skip", []), int_of(obj, "layers")
     if not isinstance(skip, list) or not all(is_int(i) and 1 <= i < (layers or 0) for i in skip):
-        return f"skip must be a list of layer numbers from 1 to {(layers or 2) - 1}, got {show(skip)}"
+        return f".skip must be a list of layer numbers from 1 to {(layers or 2) - 1}, got {show(skip)}"
     return None
 
 
@@ -221,6 +224,7 @@ def _at_most_target_vocab(v, obj, root):
 
 
 _positive = between(1, 1 << 40)
+_name_text = text(200)
 MODEL_RULES = {
     "path": _listed, "arch": text(), "layers": between(1, 4096), "kv_heads": between(1, 4096),
     "head_dim": between(1, 65536), "hidden_size": _positive, "vocab_size": between(1, 1 << 24),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import types
 import typing
+from functools import lru_cache
 from typing import Any, Callable
 
 Rule = Callable[[Any, dict, dict], "str | None"]
@@ -81,7 +82,7 @@ def fits(v: Any, hint: Any) -> bool:
 def check_object(obj: dict, cls: type, where: str, rules: dict[str, Rule], root: dict) -> list[str]:
     """Every present field of `obj` against `cls`'s annotation, then its rule. Missing and unknown
     fields are the caller's business (it words them)."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     out = []
     for name, hint in hints.items():
         if name not in obj:
@@ -94,8 +95,13 @@ def check_object(obj: dict, cls: type, where: str, rules: dict[str, Rule], root:
         rule = rules.get(name)
         said = rule(v, obj, root) if rule is not None and v is not None else None
         if said:
-            out.append(f"{field} {said}")
+            out.append(f"{field}{said}" if said.startswith(".") else f"{field} {said}")
     return out
+
+
+@lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 # --- rules ------------------------------------------------------------------------------------------
