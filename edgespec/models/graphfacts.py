@@ -253,9 +253,10 @@ def _read_graph_io(path: str, ino: int, size: int, mtime_ns: int) -> GraphIO:
 
 
 # --- the manifest against the graph ------------------------------------------------------------------
-def model_problems(root: Path, role: str, facts: Any, listed: set[str]) -> list[str]:
+def model_problems(root: Path, role: str, facts: Any, listed: set[str], contract_inputs: Any = ()) -> list[str]:
     """One line per fact of models.<role> the graph contradicts (empty: consistent). A wrong fact is
-    said once, however many layers or places show it."""
+    said once, however many layers or places show it. `contract_inputs`: the input fields a graph
+    contract version added (their absence means an older graph)."""
     rel = facts.path
     try:
         io = read_graph_io(root / rel)
@@ -272,7 +273,8 @@ def model_problems(root: Path, role: str, facts: Any, listed: set[str]) -> list[
     for what in GRAPH_INPUT_FIELDS:
         name = getattr(facts, what)
         if name and name not in io.inputs:
-            say(what, f"{where}.{what} names input {name!r}, which the graph does not have")
+            hint = " (a graph of an older contract: re-export the bundle)" if what in contract_inputs else ""
+            say(what, f"{where}.{what} names input {name!r}, which the graph does not have{hint}")
     logits = io.outputs.get(facts.logits)
     if logits is None:
         say("logits", f"{where}.logits names output {facts.logits!r}, which the graph does not have")

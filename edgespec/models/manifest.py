@@ -425,5 +425,6 @@ def verify_bundle(root: str | os.PathLike, *, checksums: bool = True) -> tuple[M
 
         for role, facts in manifest.models.items():
             for graph in facts.graphs().values():  # each flavor's graph (export --ep cpu,cuda)
-                problems += model_problems(root, role, graph, set(manifest.files))
+                problems += model_problems(root, role, graph, set(manifest.files),
+                                           {n for names in CONTRACT_INPUTS.values() for n in names})
     return manifest, problems + stray_problems(root, set(manifest.files) | {MANIFEST_NAME})
