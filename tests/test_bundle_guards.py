@@ -165,3 +165,17 @@ def test_the_reader_reads_the_manifest_json_the_exporter_writes(tiny_bundle):
     """The untouched bundle passes every guard (the fuzz's starting point)."""
     assert json.loads((tiny_bundle / "manifest.json").read_text())["format_version"] == 2
     assert verify(tiny_bundle)[0] == 0
+
+
+def test_a_template_that_only_blows_up_on_long_messages_is_a_400_per_request():
+    """The probe's short conversation cannot show every bomb; the same budgets hold per request."""
+    from edgespec.core.chat import render
+    from edgespec.errors import InvalidRequest
+    from edgespec.models.template import probe
+
+    template = "{% for m in messages %}{% for i in range(m.content|length * 1000) %}{% endfor %}{{ m.content }}{% endfor %}"
+    assert probe(template) is None
+    assert render(template, [{"role": "user", "content": "hi"}]) == "hi"
+    with pytest.raises(InvalidRequest, match="chat template was stopped: loops or calls exceed the render budget") as e:
+        render(template, [{"role": "user", "content": "x" * 150}])
+    assert e.value.param == "messages"
