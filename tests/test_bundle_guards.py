@@ -177,5 +177,5 @@ def test_a_template_that_only_blows_up_on_long_messages_is_a_400_per_request():
     assert probe(template) is None
     assert render(template, [{"role": "user", "content": "hi"}]) == "hi"
     with pytest.raises(InvalidRequest, match="chat template was stopped: loops or calls exceed the render budget") as e:
-        render(template, [{"role": "user", "content": "x" * 150}])
+        render(template, [{"role": "user", "content": "x" * 95}, {"role": "assistant", "content": "y" * 95}])
     assert e.value.param == "messages"
