@@ -179,3 +179,30 @@ def test_a_template_that_only_blows_up_on_long_messages_is_a_400_per_request():
     with pytest.raises(InvalidRequest, match="chat template was stopped: loops or calls exceed the render budget") as e:
         render(template, [{"role": "user", "content": "x" * 95}, {"role": "assistant", "content": "y" * 95}])
     assert e.value.param == "messages"
+
+
+# the subtler bombs: shared references that print huge, generators joined, repeated format fields
+MORE_BOMBS = {
+    "{% set a = [[1] * 2000] * 2000 %}{{ [a] * 2000 }}": "'*' would make a value of 16,004,002,000",
+    "{{ ('x' * 8000000).join(range(100)|map('string')) }}": "str.join would make a value of 800,000,290",
+    "{{ range(100)|map('string')|join('x' * 8000000) }}": "filter join would make a value of 800,000,290",
+    "{{ ('\\n' * 1000000)|indent(8000000) }}": "filter indent would make a value of 8,000,009,000,000",
+    "{{ ('{0}' * 300000).format('x' * 8000000) }}": "str.format would make a value of 2,400,000,900,000",
+    "{{ ('%(a)s' * 1000000) % {'a': 'x' * 8000000} }}": "'%' would make a value of 8,000,009,000,000",
+    "{{ ('x' * 1000000).translate(''.maketrans({'x': 'y' * 8000000})) }}": "str.translate would make a value of 8,000",
+    "{% macro f(s, n) %}{{ f(s ~ s, n - 1) if n else s }}{% endmacro %}{{ f('x', 40) }}": "call would make a value",
+}
+
+
+def test_the_subtler_bombs_are_sized_before_they_are_built():
+    """All probed in one child process under a deadline and a memory cap: a bomb that gets through
+    fails loudly (timeout, MemoryError) instead of taking the test machine down."""
+    code = ("import json, resource, sys\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+            "from edgespec.models.template import probe\n"
+            "print(json.dumps([probe(t) for t in json.loads(sys.stdin.read())]))\n")
+    r = subprocess.run([sys.executable, "-c", code], input=json.dumps(list(MORE_BOMBS)), capture_output=True,
+                       text=True, timeout=DEADLINE_S)
+    assert r.returncode == 0, r.stderr
+    for (template, why), said in zip(MORE_BOMBS.items(), json.loads(r.stdout)):
+        assert said is not None and said.startswith(why), (template, said)

@@ -67,8 +67,29 @@ def _budget() -> _Budget:
     return b
 
 
-def _size(x: Any) -> int:
-    return len(x) if isinstance(x, (str, bytes, list, tuple, dict)) else 0
+def _weight(x: Any, memo: dict | None = None) -> int:
+    """Characters or items printing `x` could produce: a list counts its items' weights, each time
+    it holds them (`[big] * 1000` weighs 1000 bigs, though it is only 1000 references), so that
+    `str()`, `tojson` or output of a value can never be far over its weight. Stops counting past
+    MAX_CHARS (the verdict is made), so it costs at most that many steps."""
+    if isinstance(x, (str, bytes)):
+        return len(x)
+    if isinstance(x, int) and not isinstance(x, bool):
+        return x.bit_length() // 3 + 1
+    if not isinstance(x, (list, tuple, dict)):
+        return 1
+    memo = {} if memo is None else memo
+    known = memo.get(id(x))
+    if known is not None:
+        return known
+    memo[id(x)] = 0  # a cycle counts once
+    total = len(x)
+    for item in (x.items() if isinstance(x, dict) else x):
+        total += _weight(item, memo)
+        if total > MAX_CHARS:
+            break
+    memo[id(x)] = total
+    return total
 
 
 def _check_size(n: int, what: str) -> None:
@@ -84,52 +105,83 @@ def _check_args(args: tuple, kwargs: dict, what: str) -> None:
             raise TemplateRefused(f"{what}: argument {a:,} is over the limit ({MAX_CHARS:,})")
         if isinstance(a, str) and "%" in a and _WIDTH.search(a):
             raise TemplateRefused(f"{what}: a format width of a million or more")
-        _check_size(_size(a), what)
+        if isinstance(a, (str, bytes)):  # `f(s ~ s)`: `~` is not metered, the call it feeds is
+            _check_size(len(a), what)
 
 
 def _check_result(x: Any, what: str) -> Any:
-    _check_size(_size(x), what)
+    _check_size(_weight(x), what)
     return x
 
 
-def _grow(what: str, obj: Any, args: tuple) -> None:
-    """Sizes a string method's result before it is built, for the methods that can multiply."""
+def _listed(v: Any) -> Any:
+    """An iterable a join or sum will consume, made a list so it can be sized first (it was going
+    to be consumed whole anyway); strings and sized containers as they are."""
+    return v if isinstance(v, (str, bytes, list, tuple, dict)) or not hasattr(v, "__iter__") else list(v)
+
+
+def _grow(what: str, obj: Any, args: tuple) -> tuple:
+    """Sizes a string method's result before it is built, for the methods that can multiply; returns
+    the arguments to call it with (a generator joined is listed first, to be sized)."""
     if not isinstance(obj, str):
-        return
+        return args
     if what == "replace" and len(args) >= 2 and isinstance(args[1], str):
         _check_size((obj.count(args[0]) if isinstance(args[0], str) and args[0] else len(obj) + 1) * len(args[1])
                     + len(obj), "str.replace")
-    if what == "join" and args and isinstance(args[0], (list, tuple)):
-        _check_size(len(obj) * len(args[0]) + sum(_size(a) for a in args[0]), "str.join")
-    if what == "expandtabs":
+    elif what == "join" and args:
+        args = (_listed(args[0]), *args[1:])
+        if isinstance(args[0], (list, tuple)):
+            _check_size(len(obj) * len(args[0]) + _weight(args[0]), "str.join")
+    elif what == "expandtabs":
         tab = args[0] if args and isinstance(args[0], int) else 8
         _check_size(obj.count("\t") * tab + len(obj), "str.expandtabs")
+    elif what == "translate" and args and isinstance(args[0], dict):
+        _check_size(len(obj) * max([_weight(v) for v in args[0].values()] or [0]), "str.translate")
+    return args
 
 
 def _check_format(fmt: str, args: tuple, kwargs: dict) -> None:
     """str.format: no width of a million in the format string, nor in an argument it substitutes
-    into a format spec (`'{:>{}}'.format(1, '9' * 9)`)."""
+    into a format spec (`'{:>{}}'.format(1, '9' * 9)`); each field can print its largest argument."""
     if _WIDTH.search(fmt):
         raise TemplateRefused("str.format: a format width of a million or more")
-    if _NESTED_SPEC.search(fmt):
-        values = [*args, *kwargs.values(), *(v for a in args if isinstance(a, dict) for v in a.values())]
-        if any(isinstance(v, str) and _WIDTH.search(v) for v in values):
-            raise TemplateRefused("str.format: a format width of a million or more")
+    values = [*args, *kwargs.values(), *(v for a in args if isinstance(a, dict) for v in a.values())]
+    if _NESTED_SPEC.search(fmt) and any(isinstance(v, str) and _WIDTH.search(v) for v in values):
+        raise TemplateRefused("str.format: a format width of a million or more")
+    _check_size(len(fmt) + fmt.count("{") * max([_weight(v) for v in values] or [0]), "str.format")
 
 
 def _binop_size(op: str, left: Any, right: Any) -> None:
+    """Sizes what an operator would build, before it builds it."""
     if op == "*":
         for seq, n in ((left, right), (right, left)):
-            if _size(seq) and isinstance(n, int):
-                _check_size(len(seq) * max(n, 0), "'*'")
+            if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int):
+                _check_size(_weight(seq) * max(n, 0), "'*'")
     elif op == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
         _check_size(right * max(abs(left), 2).bit_length() // 4, "'**'")  # ~decimal digits of the result
-    elif op == "+":
-        _check_size(_size(left) + _size(right), "'+'")
-    elif op == "%" and isinstance(left, str) and _WIDTH.search(left):
-        raise TemplateRefused("'%': a format width of a million or more")
-    elif op == "%":
+    elif op == "+" and isinstance(left, (str, bytes, list, tuple)):
+        _check_size(_weight(left) + _weight(right), "'+'")
+    elif op == "%" and isinstance(left, str):
+        if _WIDTH.search(left):
+            raise TemplateRefused("'%': a format width of a million or more")
         _check_args(right if isinstance(right, tuple) else (right,), {}, "'%'")
+        _check_size(len(left) + left.count("%") * _weight(right), "'%'")
+
+
+def _filter_size(name: str, args: tuple) -> tuple:
+    """The filters that multiply, sized before they run (the rest are checked after)."""
+    if name in ("join", "sum") and len(args) >= 2:  # (eval_ctx or environment, value, ...)
+        args = (args[0], _listed(args[1]), *args[2:])
+        sep = args[2] if name == "join" and len(args) > 2 and isinstance(args[2], str) else ""
+        n = len(args[1]) if isinstance(args[1], (list, tuple, dict, str)) else 0
+        _check_size(_weight(args[1]) + len(sep) * n, f"filter {name}")
+    elif name == "indent" and args and isinstance(args[0], str):
+        width = args[1] if len(args) > 1 else 4
+        per = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
+        _check_size(len(args[0]) + (args[0].count("\n") + 1) * per, "filter indent")
+    elif name == "format" and args and isinstance(args[0], str):
+        _binop_size("%", args[0], args[1:])
+    return args
 
 
 class _Range:
@@ -152,7 +204,7 @@ def _namespace_class():
 
         def __setitem__(self, name: str, value: Any) -> None:
             _budget()
-            _check_result(value, f"namespace.{name}")
+            _check_result(value, f"namespace.{name}")  # `ns.s = ns.s ~ ns.s` doubles
             super().__setitem__(name, value)
 
     return MeteredNamespace
@@ -165,14 +217,19 @@ def _metered_filter(name: str, f: Callable) -> Callable:
     def run(*args: Any, **kwargs: Any) -> Any:
         _budget()
         _check_args(args, kwargs, f"filter {name}")
-        if name == "replace" and len(args) >= 3:
-            _grow("replace", str(args[0]), (str(args[1]), str(args[2])))
+        if name == "replace" and len(args) >= 4:  # (eval_ctx, s, old, new[, count])
+            _grow("replace", str(args[1]), (str(args[2]), str(args[3])))
+        args = _filter_size(name, args)
         return _check_result(f(*args, **kwargs), f"filter {name}")
 
     return run
 
 
 def _tojson(x, indent=None, ensure_ascii=False, sort_keys=False):
+    if isinstance(indent, int) and not isinstance(indent, bool):
+        indent = min(indent, 16)  # each nesting level of each line: a big indent multiplies the output
+    elif indent is not None:
+        indent = None
     return json.dumps(x, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
 
 
@@ -187,7 +244,7 @@ def make_environment(raise_exception: Callable[[str], Any]):
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's own signature
             _budget()
             _check_args(args, kwargs, "call")
-            _grow(getattr(__obj, "__name__", ""), getattr(__obj, "__self__", None), args)
+            args = _grow(getattr(__obj, "__name__", ""), getattr(__obj, "__self__", None), args)
             return _check_result(super().call(__context, __obj, *args, **kwargs), "call")
 
         def wrap_str_format(self, value):
