@@ -20,6 +20,7 @@ from .files import bundles_dir
 from .manifest import MANIFEST_NAME, Manifest, ModelFacts, verify_bundle
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
+MAX_TOKENIZER_BYTES = 128 << 20  # the largest real tokenizer.json files are about 35 MB
 
 
 @dataclass
@@ -61,6 +62,9 @@ def _tokenizer(root: Path, manifest: Manifest) -> tuple[Any, list[str]]:
     """tokenizer.json parsed and tried on a few words; its size against usable_vocab."""
     from tokenizers import Tokenizer
 
+    size = manifest.files["tokenizer.json"]["size"]  # checked against the file already
+    if size > MAX_TOKENIZER_BYTES:  # parsed in one call that holds the GIL: SIGTERM would wait for it
+        return None, [f"tokenizer.json: {size:,} bytes, over the {MAX_TOKENIZER_BYTES:,} this edgespec reads"]
     try:
         tok = Tokenizer.from_file(str(root / "tokenizer.json"))
         tok.decode(tok.encode("Hello, world", add_special_tokens=False).ids)

@@ -231,7 +231,7 @@ MODEL_RULES = {
     "quant": one_of(QUANTS), "max_context": between(MIN_CONTEXT, MAX_CONTEXT), "params": between(0, 1 << 50),
     "block_size": between(1, 1 << 20), "accuracy_level": between(0, 4), "head_bits": between(1, 32),
     "kv_dtype": one_of(DTYPES), "logits_dtype": one_of(DTYPES), "activation_dtype": one_of(DTYPES),
-    "flavor": one_of(FLAVORS), "source": text(4096),
+    "flavor": one_of(FLAVORS),
     "input_ids": _io_name, "attention_mask": _io_name, "logits": _io_name, "logits_to_keep": _io_name,
     "position_ids": _io_name, "attention_bias": _io_name,
     "past_key": _layer_pattern, "past_value": _layer_pattern, "present_key": _layer_pattern,
