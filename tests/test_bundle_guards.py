@@ -121,7 +121,7 @@ BOMBS = {
     "doubling": ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
                  "namespace.s would make a value of 16,777,216 characters or items (limit 8,388,608)"),
     "format_width": ("{{ '{:>1000000000}'.format(1) }}", "str.format: a format width of a million or more"),
-    "power": ("{{ 7 ** 1000000000 }}", "'**' would make a value of 750,000,000 characters or items (limit 8,388,608)"),
+    "power": ("{{ 7 ** 1000000000 }}", "'**' would make an integer of 3,000,000,000 bits (limit 65,536)"),
 }
 
 
@@ -191,6 +191,9 @@ MORE_BOMBS = {
     "{{ ('%(a)s' * 1000000) % {'a': 'x' * 8000000} }}": "'%' would make a value of 8,000,009,000,000",
     "{{ ('x' * 1000000).translate(''.maketrans({'x': 'y' * 8000000})) }}": "str.translate would make a value of 8,000",
     "{% macro f(s, n) %}{{ f(s ~ s, n - 1) if n else s }}{% endmacro %}{{ f('x', 40) }}": "call would make a value",
+    "{% set ns = namespace(x=2) %}{% set ns.x = 10 ** 18 %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}":
+        "'*' would make an integer of 122,",
+    "{{ lipsum(10 ** 4000) }}": "call: argument of 13,288 bits is over the limit",
 }
 
 

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 MAX_CHARS = 1 << 23  # largest string, list or rendered prompt a template may make (8 Mi characters)
 MAX_TEMPLATE_CHARS = 1 << 20  # a chat template's own source (real ones are under 40 KB)
+MAX_INT_BITS = 1 << 16  # integers a template may compute (about 20,000 digits; templates count, not factor)
 OPS_BASE = 100_000  # operations a render may spend, plus OPS_PER_MESSAGE for each message
 OPS_PER_MESSAGE = 1_000
 SECONDS = 5.0  # wall-clock backstop of one render
@@ -97,12 +98,18 @@ def _check_size(n: int, what: str) -> None:
         raise TemplateRefused(f"{what} would make a value of {n:,} characters or items (limit {MAX_CHARS:,})")
 
 
+def _check_bits(bits: int, what: str) -> None:
+    if bits > MAX_INT_BITS:
+        raise TemplateRefused(f"{what} would make an integer of {bits:,} bits (limit {MAX_INT_BITS:,})")
+
+
 def _check_args(args: tuple, kwargs: dict, what: str) -> None:
     """Integer arguments are widths and counts (`center(n)`, `indent(n)`, `lipsum(n)`): capped;
     format strings may not carry a width of a million."""
     for a in (*args, *kwargs.values()):
         if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_CHARS:
-            raise TemplateRefused(f"{what}: argument {a:,} is over the limit ({MAX_CHARS:,})")
+            shown = f"{a:,}" if a.bit_length() <= 64 else f"of {a.bit_length():,} bits"
+            raise TemplateRefused(f"{what}: argument {shown} is over the limit ({MAX_CHARS:,})")
         if isinstance(a, str) and "%" in a and _WIDTH.search(a):
             raise TemplateRefused(f"{what}: a format width of a million or more")
         if isinstance(a, (str, bytes)):  # `f(s ~ s)`: `~` is not metered, the call it feeds is
@@ -157,8 +164,10 @@ def _binop_size(op: str, left: Any, right: Any) -> None:
         for seq, n in ((left, right), (right, left)):
             if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int):
                 _check_size(_weight(seq) * max(n, 0), "'*'")
+        if isinstance(left, int) and isinstance(right, int):  # one multiply of huge ints holds the GIL
+            _check_bits(left.bit_length() + right.bit_length(), "'*'")
     elif op == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
-        _check_size(right * max(abs(left), 2).bit_length() // 4, "'**'")  # ~decimal digits of the result
+        _check_bits(right * abs(left).bit_length(), "'**'")
     elif op == "+" and isinstance(left, (str, bytes, list, tuple)):
         _check_size(_weight(left) + _weight(right), "'+'")
     elif op == "%" and isinstance(left, str):
@@ -185,15 +194,43 @@ def _filter_size(name: str, args: tuple) -> tuple:
 
 
 class _Range:
-    """`range` for templates: each item spends one operation."""
+    """`range` for templates: Jinja2's sandboxed range (at most 100,000 items) whose iteration
+    spends one operation per item; otherwise a range (len, indexing, truth, `in`, reversed)."""
 
-    def __call__(self, *args: int):
+    def __call__(self, *args: int) -> "_MeteredRange":
         from jinja2.sandbox import safe_range
 
         _check_args(args, {}, "range")
-        for i in safe_range(*args):
+        return _MeteredRange(safe_range(*args))
+
+
+class _MeteredRange:
+    def __init__(self, r: range):
+        self.r = r
+
+    def __iter__(self):
+        for i in self.r:
             _budget()
             yield i
+
+    def __reversed__(self):
+        return iter(_MeteredRange(self.r[::-1]))
+
+    def __len__(self) -> int:
+        return len(self.r)
+
+    def __bool__(self) -> bool:
+        return bool(self.r)
+
+    def __contains__(self, x: Any) -> bool:
+        return x in self.r
+
+    def __getitem__(self, i: Any) -> Any:
+        got = self.r[i]
+        return _MeteredRange(got) if isinstance(got, range) else got
+
+    def __repr__(self) -> str:
+        return repr(self.r)
 
 
 def _namespace_class():
