@@ -411,13 +411,16 @@ def verify_bundle(root: str | os.PathLike, *, checksums: bool = True) -> tuple[M
     d, why = read_json(mpath)
     if why:
         return None, [why]
-    problems = check_schema(d)
-    if problems:
-        return None, problems
-    if not d.get("digest"):
-        problems.append("manifest.json: no digest: not written by `edgespec export`, or edited")
-    elif d["digest"] != content_digest(d):
-        problems.append("manifest.json: edited after export (its content does not match its digest)")
+    try:  # a value nested nearly as deep as json.loads allows can be too deep to print or re-encode
+        problems = check_schema(d)
+        if problems:
+            return None, problems
+        if not d.get("digest"):
+            problems.append("manifest.json: no digest: not written by `edgespec export`, or edited")
+        elif d["digest"] != content_digest(d):
+            problems.append("manifest.json: edited after export (its content does not match its digest)")
+    except RecursionError:
+        return None, ["manifest.json: unreadable JSON: nested too deeply"]
     manifest = Manifest.from_dict(d)
     problems += file_problems(root, manifest.files, checksums, sha256_file)
     if not problems:  # the facts against the graphs themselves (a digest can be recomputed after an edit)
