@@ -23,7 +23,7 @@ ENGINE_RUNS = 60  # accepted cases opened and run by the engine (a seeded sample
 # every JSON type, and the values that break naive readers
 VALUES = [None, True, False, 0, -1, 1, 7, 2**31, 2**63, 10**30, 1.5, -0.0, float("nan"), "", "x", "%d",
           "%s%d", "../x", "/etc/passwd", "past_key_values.%d.key%s", [], [1], [-1], ["x"], [2.5], [None], {},
-          {"a": 1}, {"skip": "abc"}, [[[]]]]
+          {"a": 1}, {"skip": "abc"}, [[[]]], {"a": json.loads("[" * 800 + "]" * 800)}]
 
 
 def _paths(d: dict) -> list[tuple[str, ...]]:
