@@ -4,7 +4,7 @@ Both halves use this module: `export/edgespec_export/` writes a manifest, the de
 Keeping the schema in one place means a bundle the exporter writes is, by construction, one the
 runtime can read, and `verify` and `Bundle.open` run the very same checks.
 
-Layout (format_version 2; version 1 bundles are still read, see TREE_FORMAT_VERSION):
+Layout (format_version 3; versions 1 and 2 are still read, see READ_VERSIONS):
 
     bundle/
       manifest.json
@@ -22,16 +22,22 @@ from pathlib import Path
 from typing import Any
 
 from ..limits import QUANTS
-from .schema import all_of, between, check_object, int_of, is_int, one_of, show, text
+from .schema import (all_of, between, check_object, ids_below, int_of, io_name, is_int, layer_pattern, listed_in,
+                     not_empty, one_of, show, text)
 
 FORMAT = "edgespec-bundle"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # Versions this edgespec reads. Version 2 is graph contract v2: every graph also takes per-token
 # `position_ids` and an additive `attention_bias` (docs/graph-contract.md), which tree verification
 # needs. A version-1 bundle's graphs lack them: it runs in chain-only mode (`--tree on` is refused
 # with a line saying to re-export), so bundles exported before the bump keep working.
-READ_VERSIONS = (1, 2)
+# Version 3 (graph contract v3): a cuda-flavored graph has no attention_bias (onnxruntime's CUDA
+# GroupQueryAttention refuses one on every run, edgespec/models/kernels.py); cpu graphs are as in v2.
+# A version-2 bundle with a cuda graph is refused with "re-export"; its cpu graphs would be fine, but
+# the bundle is one unit (`verify` says what to do). A version-1 cuda graph had no attention_bias.
+READ_VERSIONS = (1, 2, 3)
 TREE_FORMAT_VERSION = 2
+CUDA_FORMAT_VERSION = 3  # the first version whose cuda-flavored graphs onnxruntime's CUDA kernels accept
 MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft")
 FLAVORS = ("cpu", "cuda")  # graph flavors (ModelFacts.flavor)
@@ -101,7 +107,10 @@ class ModelFacts:
 
         out = {self.graph_flavor(): self}
         for flavor, diff in self.flavors.items():
-            out[flavor] = replace(self, flavor=flavor, flavors={}, **{k: v for k, v in diff.items() if k != "flavor"})
+            fields = {k: v for k, v in diff.items() if k != "flavor"}
+            if flavor == "cuda":  # graph contract v3: a cuda graph takes no attention_bias
+                fields["attention_bias"] = None
+            out[flavor] = replace(self, flavor=flavor, flavors={}, **fields)
         return out
     # a pruned lm_head (`export --draft-vocab`): an int32 .npy [vocab_size], logits row j -> token id
     vocab_map: str | None = None
@@ -168,35 +177,12 @@ MIN_CONTEXT, MAX_CONTEXT = 16, 1 << 24  # a context of a few tokens cannot hold 
 # (docs/graph-contract.md): the manifest may not name them null, and graphfacts checks that the
 # graph has every input the manifest names and names every input the graph has. A new contract
 # version is one row.
-CONTRACT_INPUTS: dict[int, tuple[str, ...]] = {1: (), 2: ("position_ids", "attention_bias")}
-
-
-def _listed(v, obj, root):
-    return None if v in root["files"] else f"{show(v)} is not listed in 'files'"
-
-
-def _io_name(v, obj, root):
-    return _name_text(v, obj, root) or (None if "%" not in v else f"{show(v)} is a graph input or output name "
-                                        "and may not hold '%'")
-
-
-def _layer_pattern(v, obj, root):
-    if _name_text(v, obj, root):
-        return _name_text(v, obj, root)
-    if v.count("%") != 1 or "%d" not in v:
-        return f"{show(v)} must hold one '%d' (the layer number) and no other '%'"
-    return None
-
-
-def _ids_below(bound):
-    """Token ids inside [0, bound(obj, root)): an id past the vocabulary is never produced (an eos
-    that never stops generation) or indexes past the embedding (a bos that gives all-zero logits)."""
-    def rule(v, obj, root):
-        ids = v if isinstance(v, list) else list(v.values()) if isinstance(v, dict) else [v]
-        n = bound(obj, root)
-        bad = next((i for i in ids if i < 0 or (n is not None and i >= n)), None)
-        return None if bad is None else f"holds token id {show(bad)}, outside the vocabulary [0, {n})"
-    return rule
+# version -> flavor -> the fields; contract v3: a cuda graph takes no attention_bias.
+CONTRACT_INPUTS: dict[int, dict[str, tuple[str, ...]]] = {
+    1: {},
+    2: {"cpu": ("position_ids", "attention_bias"), "cuda": ("position_ids", "attention_bias")},
+    3: {"cpu": ("position_ids", "attention_bias"), "cuda": ("position_ids",)},
+}
 
 
 def _usable(obj, root):
@@ -205,10 +191,6 @@ def _usable(obj, root):
 
 def _target_vocab(obj, root):
     return int_of(root["models"].get("target"), "vocab_size")
-
-
-def _not_empty(v, obj, root):
-    return None if v else "is empty: generation would never stop at an end token"
 
 
 def _self_draft(v, obj, root):
@@ -224,7 +206,7 @@ def _at_most_target_vocab(v, obj, root):
 
 
 _positive = between(1, 1 << 40)
-_name_text = text(200)
+_listed = listed_in("files")
 MODEL_RULES = {
     "path": _listed, "arch": text(), "layers": between(1, 4096), "kv_heads": between(1, 4096),
     "head_dim": between(1, 65536), "hidden_size": _positive, "vocab_size": between(1, 1 << 24),
@@ -232,16 +214,16 @@ MODEL_RULES = {
     "block_size": between(1, 1 << 20), "accuracy_level": between(0, 4), "head_bits": between(1, 32),
     "kv_dtype": one_of(DTYPES), "logits_dtype": one_of(DTYPES), "activation_dtype": one_of(DTYPES),
     "flavor": one_of(FLAVORS),
-    "input_ids": _io_name, "attention_mask": _io_name, "logits": _io_name, "logits_to_keep": _io_name,
-    "position_ids": _io_name, "attention_bias": _io_name,
-    "past_key": _layer_pattern, "past_value": _layer_pattern, "present_key": _layer_pattern,
-    "present_value": _layer_pattern,
+    "input_ids": io_name, "attention_mask": io_name, "logits": io_name, "logits_to_keep": io_name,
+    "position_ids": io_name, "attention_bias": io_name,
+    "past_key": layer_pattern, "past_value": layer_pattern, "present_key": layer_pattern,
+    "present_value": layer_pattern,
     "self_draft": _self_draft, "vocab_map": _listed,
 }
 TOKENIZER_RULES = {
     "usable_vocab": all_of(_positive, _at_most_target_vocab),
-    "bos_id": _ids_below(_usable), "eos_ids": all_of(_not_empty, _ids_below(_usable)),
-    "pad_id": _ids_below(_target_vocab), "special_tokens": _ids_below(_target_vocab),
+    "bos_id": ids_below(_usable), "eos_ids": all_of(not_empty("generation would never stop at an end token"), ids_below(_usable)),
+    "pad_id": ids_below(_target_vocab), "special_tokens": ids_below(_target_vocab),
 }
 TOP_RULES = {"name": text(200)}
 _SHA256 = lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)  # noqa: E731
@@ -319,7 +301,8 @@ def _model_problems(role: str, facts: Any, d: dict) -> list[str]:
     out += check_object(facts, ModelFacts, where, MODEL_RULES, d)
     if out:  # the cross-field checks below read these fields
         return out
-    for name in CONTRACT_INPUTS.get(d["format_version"], ()):
+    flavor = facts.get("flavor") or ("cuda" if facts.get("kv_dtype") == "float16" else "cpu")  # graph_flavor()
+    for name in CONTRACT_INPUTS.get(d["format_version"], {}).get(flavor, ()):
         if name in facts and facts[name] is None:
             out.append(f"{where}.{name} is null, but format_version {d['format_version']} graphs take it "
                        f"(docs/graph-contract.md)")
@@ -377,6 +360,37 @@ def _flavor_problems(role: str, facts: dict, files: dict) -> list[str]:
     return out
 
 
+def cuda_format_problems(manifest: Manifest) -> list[str]:
+    """A bundle older than contract v3 with a cuda-flavored graph: one line saying to re-export."""
+    out = []
+    for role, facts in manifest.models.items():
+        if "cuda" in facts.graphs():
+            path = facts.graphs()["cuda"].path
+            out.append(f"{path}: a format-{manifest.format_version} cuda-flavored graph wires attention_bias into "
+                       "GroupQueryAttention, which onnxruntime's CUDA kernel refuses on every step: re-export the "
+                       f"bundle with this edgespec (`edgespec export ... --ep cuda` writes format {FORMAT_VERSION})")
+    return out
+
+
+def kernel_problems(root: Path, manifest: Manifest) -> list[str]:
+    """Each graph checked against its flavor's kernel table: one line per rule a graph breaks."""
+    from .graphfacts import GraphFormatError
+    from .kernelcheck import check_graph, summarize
+    from .kernels import PROVIDER_OF_FLAVOR
+
+    out = []
+    for facts in manifest.models.values():
+        for flavor, graph in facts.graphs().items():
+            provider = PROVIDER_OF_FLAVOR[flavor]
+            try:
+                found = check_graph(root / graph.path, provider)
+            except (OSError, GraphFormatError) as e:
+                out.append(f"{graph.path}: not a readable ONNX graph ({e})")
+                continue
+            out += summarize(found, provider, prefix=f"{graph.path}: ")
+    return out
+
+
 def _key(k: str) -> str:
     return k if k.isidentifier() and len(k) <= 60 else show(k)
 
@@ -423,11 +437,15 @@ def verify_bundle(root: str | os.PathLike, *, checksums: bool = True) -> tuple[M
         return None, ["manifest.json: unreadable JSON: nested too deeply"]
     manifest = Manifest.from_dict(d)
     problems += file_problems(root, manifest.files, checksums, sha256_file)
+    if not problems and TREE_FORMAT_VERSION <= manifest.format_version < CUDA_FORMAT_VERSION:
+        problems += cuda_format_problems(manifest)  # format 2 wired attention_bias into every graph
     if not problems:  # the facts against the graphs themselves (a digest can be recomputed after an edit)
         from .graphfacts import model_problems
 
         for role, facts in manifest.models.items():
             for graph in facts.graphs().values():  # each flavor's graph (export --ep cpu,cuda)
                 problems += model_problems(root, role, graph, set(manifest.files),
-                                           {n for names in CONTRACT_INPUTS.values() for n in names})
+                                           {n for rows in CONTRACT_INPUTS.values() for names in rows.values() for n in names})
+    if not problems:  # every node against its provider's kernel contract (kernelcheck.py)
+        problems += kernel_problems(root, manifest)
     return manifest, problems + stray_problems(root, set(manifest.files) | {MANIFEST_NAME})

@@ -126,3 +126,41 @@ def all_of(*rules: Rule) -> Rule:
     def rule(v, obj, root):
         return next((said for r in rules if (said := r(v, obj, root))), None)
     return rule
+
+
+def listed_in(key: str) -> Rule:
+    """A path the document lists under `key` (the manifest's 'files')."""
+    return lambda v, obj, root: None if v in root[key] else f"{show(v)} is not listed in {key!r}"
+
+
+_name = text(200)
+
+
+def io_name(v, obj, root):
+    """A graph input or output name: a plain line, no '%' (it is not a pattern)."""
+    return _name(v, obj, root) or (None if "%" not in v else f"{show(v)} is a graph input or output name and "
+                                   "may not hold '%'")
+
+
+def layer_pattern(v, obj, root):
+    """A per-layer name: `pattern % i` must work, so one '%d' and no other '%'."""
+    said = _name(v, obj, root)
+    if said is None and (v.count("%") != 1 or "%d" not in v):
+        said = f"{show(v)} must hold one '%d' (the layer number) and no other '%'"
+    return said
+
+
+def ids_below(bound: Callable[[dict, dict], "int | None"]) -> Rule:
+    """Token ids (one, a list, or an object's values) inside [0, bound(obj, root)): an id past the
+    vocabulary is never produced (an eos that never stops generation) or indexes past the embedding
+    (a bos that gives all-zero logits)."""
+    def rule(v, obj, root):
+        ids = v if isinstance(v, list) else list(v.values()) if isinstance(v, dict) else [v]
+        n = bound(obj, root)
+        bad = next((i for i in ids if i < 0 or (n is not None and i >= n)), None)
+        return None if bad is None else f"holds token id {show(bad)}, outside the vocabulary [0, {n})"
+    return rule
+
+
+def not_empty(why: str) -> Rule:
+    return lambda v, obj, root: None if v else f"is empty: {why}"
