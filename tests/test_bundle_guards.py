@@ -163,7 +163,9 @@ def test_a_template_that_fails_on_a_plain_conversation_is_refused(tiny_bundle, b
 
 def test_the_reader_reads_the_manifest_json_the_exporter_writes(tiny_bundle):
     """The untouched bundle passes every guard (the fuzz's starting point)."""
-    assert json.loads((tiny_bundle / "manifest.json").read_text())["format_version"] == 2
+    from edgespec.models.manifest import FORMAT_VERSION
+
+    assert json.loads((tiny_bundle / "manifest.json").read_text())["format_version"] == FORMAT_VERSION
     assert verify(tiny_bundle)[0] == 0
 
 

@@ -9,7 +9,7 @@ from edgespec.cli.main import main
 from edgespec.errors import BundleCorrupt
 from edgespec.models.bundle import Bundle
 from edgespec.models.graphfacts import read_graph_io
-from edgespec.models.manifest import verify_bundle
+from edgespec.models.manifest import FORMAT_VERSION, READ_VERSIONS, verify_bundle
 from helpers.manifests import rewrite_manifest
 
 
@@ -75,14 +75,16 @@ LIES = [
     ("max_context", _target("max_context", 1), [],
      "manifest.json: models.target.max_context must be from 16 to 16,777,216, got 1"),
     ("position_ids_null", _target("position_ids", None), [],
-     "manifest.json: models.target.position_ids is null, but format_version 2 graphs take it (docs/graph-contract.md)"),
+     f"manifest.json: models.target.position_ids is null, but format_version {FORMAT_VERSION} graphs take it "
+     "(docs/graph-contract.md)"),
     ("attention_bias_null", _target("attention_bias", None), [],
-     "manifest.json: models.target.attention_bias is null, but format_version 2 graphs take it (docs/graph-contract.md)"),
+     f"manifest.json: models.target.attention_bias is null, but format_version {FORMAT_VERSION} graphs take it "
+     "(docs/graph-contract.md)"),
     ("skip_string", _target("self_draft", {"skip": "abc"}), [],
      "manifest.json: models.target.self_draft.skip must be a list of layer numbers from 1 to 1, got 'abc'"),
     ("format_version_bool", lambda d: d.update(format_version=True), [],
-     "manifest.json: format_version True is not supported by this edgespec (reads 1, 2)"),
-    ("format_1_over_v2_graphs", lambda d: d.update(format_version=1), [],
+     f"manifest.json: format_version True is not supported by this edgespec (reads {', '.join(map(str, READ_VERSIONS))})"),
+    ("format_1_over_newer_graphs", lambda d: d.update(format_version=1), [],
      tuple(f"{r}/model.onnx: the graph takes input 'position_ids', which manifest models.{r} does not name (a manifest "
            "of another format_version than the graph's contract? re-export the bundle)" for r in ("target", "draft"))),
 ]

@@ -279,6 +279,15 @@ def _read_graph_io(path: str, ino: int, size: int, mtime_ns: int) -> GraphIO:
     return io
 
 
+def graph_readable(path: Path) -> bool:
+    """Does read_graph_io read this file (cached: the checks that follow parse it once)?"""
+    try:
+        read_graph_io(path)
+    except Exception:  # noqa: BLE001 - model_problems says what is wrong, one line
+        return False
+    return True
+
+
 # --- the manifest against the graph ------------------------------------------------------------------
 def model_problems(root: Path, role: str, facts: Any, listed: set[str], contract_inputs: Any = ()) -> list[str]:
     """One line per fact of models.<role> the graph contradicts (empty: consistent). A wrong fact is

@@ -180,7 +180,7 @@ MIN_CONTEXT, MAX_CONTEXT = 16, 1 << 24  # a context of a few tokens cannot hold 
 # version -> flavor -> the fields; contract v3: a cuda graph takes no attention_bias.
 CONTRACT_INPUTS: dict[int, dict[str, tuple[str, ...]]] = {
     1: {},
-    2: {"cpu": ("position_ids", "attention_bias"), "cuda": ("position_ids", "attention_bias")},
+    2: {"cpu": ("position_ids", "attention_bias"), "cuda": ("position_ids",)},  # (v2 cuda: re-export, always)
     3: {"cpu": ("position_ids", "attention_bias"), "cuda": ("position_ids",)},
 }
 
@@ -440,12 +440,12 @@ def verify_bundle(root: str | os.PathLike, *, checksums: bool = True) -> tuple[M
     if not problems and TREE_FORMAT_VERSION <= manifest.format_version < CUDA_FORMAT_VERSION:
         problems += cuda_format_problems(manifest)  # format 2 wired attention_bias into every graph
     if not problems:  # the facts against the graphs themselves (a digest can be recomputed after an edit)
-        from .graphfacts import model_problems
+        from .graphfacts import graph_readable, model_problems
 
-        for role, facts in manifest.models.items():
-            for graph in facts.graphs().values():  # each flavor's graph (export --ep cpu,cuda)
-                problems += model_problems(root, role, graph, set(manifest.files),
-                                           {n for rows in CONTRACT_INPUTS.values() for names in rows.values() for n in names})
-    if not problems:  # every node against its provider's kernel contract (kernelcheck.py)
-        problems += kernel_problems(root, manifest)
+        added = {n for rows in CONTRACT_INPUTS.values() for names in rows.values() for n in names}
+        graphs = [(role, g) for role, facts in manifest.models.items() for g in facts.graphs().values()]
+        for role, graph in graphs:  # each flavor's graph (export --ep cpu,cuda)
+            problems += model_problems(root, role, graph, set(manifest.files), added)
+        if all(graph_readable(root / g.path) for _, g in graphs):  # each node against its provider's kernels
+            problems += kernel_problems(root, manifest)  # (kernelcheck.py), whatever the facts said
     return manifest, problems + stray_problems(root, set(manifest.files) | {MANIFEST_NAME})
