@@ -198,7 +198,11 @@ def build_graph(
     add_tree_inputs(onnx_path, bias=flavor != "cuda")
     if flavor == "cuda":
         logits_to_float32(onnx_path)
-    add_padded_queries(onnx_path)  # batched verify of several requests (server --parallel)
+    if flavor != "cuda":
+        # batched verify of several requests (server --parallel): GroupQueryAttention's query_seqlens,
+        # onnxruntime 1.32.0 and newer; the cuda flavor wires none, so it loads on the onnxruntime-gpu
+        # releases that exist (kernels.ORT_FLOORS) and batched serving runs on the cpu flavor
+        add_padded_queries(onnx_path)
     check_kernels(onnx_path, flavor, role)
     facts = facts_from_config(cfg, out_dir, quant=quant, block_size=block_size, accuracy_level=accuracy_level,
                               name=name, flavor=flavor)
