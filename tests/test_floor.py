@@ -15,7 +15,7 @@ import onnx
 import pytest
 
 from edgespec.models.kernelcheck import check_graph
-from edgespec.models.kernels import ORT_FLOOR, ORT_FLOORS, floor_problem
+from edgespec.models.kernels import FLOOR_SOURCES, ORT_FLOOR, ORT_FLOORS, floor_problem
 
 CPU_FLOOR, CUDA_FLOOR = ORT_FLOORS["cpu"], ORT_FLOORS["cuda"]
 GPU_WHEEL = "1.31.1"  # the newest onnxruntime-gpu on PyPI when the floors were set
@@ -27,6 +27,11 @@ def _graph(bundle: Path, role: str = "target") -> Path:
 
 def _gqa(path: Path) -> list:
     return [n for n in onnx.load(str(path), load_external_data=False).graph.node if n.op_type == "GroupQueryAttention"]
+
+
+def test_each_floor_cites_its_evidence():
+    assert set(FLOOR_SOURCES) == set(ORT_FLOORS)
+    assert all(ORT_FLOORS[f] in FLOOR_SOURCES[f] for f in ORT_FLOORS)
 
 
 def test_the_floors_are_ordered_as_the_wheels_need():
@@ -55,6 +60,21 @@ def test_kernel_checker_passes_the_cuda_graph_and_refuses_one_with_query_seqlens
     assert add_padded_queries(old)
     found = check_graph(old, "cuda")
     assert {v.rule for v in found} == {"GroupQueryAttention.query_seqlens.absent"} and len(found) == 2
+
+
+def test_export_below_the_flavor_s_floor_is_one_line(monkeypatch, tiny_cuda_bundle, tiny_bundle):
+    import onnxruntime
+    from edgespec_export.build import check_kernels
+
+    from edgespec.errors import ExportError
+
+    monkeypatch.setattr(onnxruntime, "__version__", GPU_WHEEL)
+    check_kernels(_graph(tiny_cuda_bundle), "cuda", "target")  # the GPU wheel can export the cuda flavor
+    with pytest.raises(ExportError) as e:
+        check_kernels(_graph(tiny_bundle), "cpu", "target")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("the cpu graph of target cannot be checked with this onnxruntime")
+    assert f"onnxruntime {GPU_WHEEL} is older than {CPU_FLOOR}" in msg
 
 
 def test_gpu_wheel_version_loads_a_cuda_bundle_and_refuses_a_cpu_one_in_one_line(monkeypatch, tiny_cuda_bundle,

@@ -25,18 +25,20 @@ from dataclasses import dataclass
 # the cuda flavor does not (batched serving runs on the cpu flavor), so it stops at position_ids (9).
 ORT_FLOORS = {"cpu": "1.32.0", "cuda": "1.24.1"}
 ORT_FLOOR = ORT_FLOORS["cpu"]  # pyproject.toml's: the `onnxruntime` wheel is the CPU build
-FLOOR_SOURCES = {
+FLOOR_SOURCES = {  # the evidence for each floor (docs/graph-contract.md, "The onnxruntime floor, per flavor")
     "cpu": "query_seqlens (input 16) is in onnxruntime 1.32.0's GroupQueryAttention schema and in no earlier "
-           "one. Tested on the CPU provider: the tiny cpu-flavored graphs fail to load on 1.22.1, 1.24.4, 1.26.0, "
-           "1.28.0, 1.30.0 and 1.31.1 ('invalid model': the node has more inputs than the schema) and load and "
-           "step on 1.32.0.",
+           "one. Tested on the CPU provider: the tiny cpu-flavored graphs fail to load on 1.22.1, 1.23.0, "
+           "1.23.2, 1.24.1, 1.24.4, 1.26.0, 1.28.0, 1.30.0 and 1.31.1 ('invalid model': the node has more "
+           "inputs than the schema) and load and step on 1.32.0.",
     "cuda": "onnxruntime-gpu wheels from PyPI, the strings of their CUDA provider library: 1.23.2's "
             "GroupQueryAttention has 'position_ids and attention_bias are not supported in GroupQueryAttention "
             "cuda kernel.' (it refuses input 9); 1.24.1, the next onnxruntime-gpu on PyPI, refuses only "
             "attention_bias and has the 8-bit MatMulNBits (matmul_8bits.cu) and uint8 data / float16 scales "
-            "GatherBlockQuantized kernels the cuda flavor uses; @LATER@. No release up to 1.31.1 has "
+            "GatherBlockQuantized kernels the cuda flavor uses; every later one on PyPI (1.24.4 to 1.31.1) "
+            "reads position_ids too (from 1.29.0 it also takes an attention_bias). No release up to 1.31.1 has "
             "query_seqlens in its CUDA library. Tested on the CPU provider: the tiny cuda-flavored graphs load "
-            "and step on 1.23.2, 1.24.1 and 1.32.0. Not run on a GPU.",
+            "and step on 1.23.0, 1.23.2, 1.24.1 and 1.32.0 (1.22.1 has no float16 GatherBlockQuantized). Not "
+            "run on a GPU.",
 }
 
 CPU_READ = "onnxruntime 1.32.0 (its CPU kernel registry, onnxruntime.capi get_all_opkernel_def)"
@@ -215,7 +217,8 @@ def floor_problem(version: str, flavor: str | None = "cpu") -> str | None:
     if flavor == "cuda":
         return (f"onnxruntime {version} is older than {floor}, the first release whose CUDA GroupQueryAttention "
                 f"takes every input edgespec's cuda-flavored graphs wire (position_ids): pip install "
-                f"'onnxruntime-gpu>={floor}' (or 'onnxruntime>={floor}' for the CPU); " + JETSON_WHEELS.format(floor=floor))
+                f"'onnxruntime-gpu>={floor}' (or 'onnxruntime>={floor}' for the CPU); "
+                + JETSON_WHEELS.format(floor=floor))
     return (f"onnxruntime {version} is older than {floor}, the first release whose GroupQueryAttention takes "
             f"every input edgespec's {flavor}-flavored graphs wire (query_seqlens, for batched serving): pip "
             f"install 'onnxruntime>={floor}'; on a GPU (onnxruntime-gpu {ORT_FLOORS['cuda']} or newer) use a "

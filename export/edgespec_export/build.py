@@ -213,14 +213,23 @@ def build_graph(
 
 def check_kernels(onnx_path: Path, flavor: str, role: str = "model") -> None:
     """Refuses a graph that breaks its provider's kernel contract (edgespec/models/kernels.py) before
-    any bundle is written: one line per rule broken, each naming the first node and the rule."""
+    any bundle is written: one line per rule broken, each naming the first node and the rule. Also
+    one line when the installed onnxruntime is below the flavor's floor (kernels.ORT_FLOORS), which
+    would otherwise fail the parity check with onnxruntime's own "invalid model"."""
+    import onnxruntime
+
     from edgespec.errors import ExportError
     from edgespec.models.kernelcheck import check_graph, summarize
+    from edgespec.models.kernels import floor_problem
 
     lines = summarize(check_graph(onnx_path, flavor), flavor)
     if lines:
         raise ExportError(f"the {flavor} graph of {role} breaks onnxruntime's {flavor} kernel contract, so no "
                           f"bundle was written: " + "; ".join(lines))
+    problem = floor_problem(onnxruntime.__version__, flavor)
+    if problem:
+        raise ExportError(f"the {flavor} graph of {role} cannot be checked with this onnxruntime, so no bundle "
+                          f"was written: {problem}")
 
 
 def facts_from_config(cfg: dict, out_dir: Path, *, quant: str, block_size: int, accuracy_level: int,
