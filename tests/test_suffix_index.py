@@ -123,6 +123,15 @@ def test_alternatives_are_distinct_continuations_most_frequent_first():
     assert a.alternatives([6], k=3, width=3) == [] and a.alternatives([5], k=0, width=3) == []
 
 
+def test_alternatives_fall_back_to_shorter_matches():
+    a = SuffixIndex(64)
+    for doc in ([1, 5, 2, 7], [3, 5, 4], [3, 5, 4]):
+        a.start_doc()
+        a.extend(doc)
+    # "1 5" was followed by 2 only; "5" alone also by 4 (twice)
+    assert a.alternatives([1, 5], k=2, width=3) == [[2, 7], [4]]
+
+
 def test_the_automaton_is_bounded_by_the_tokens_held():
     rng = np.random.default_rng(1)
     a = SuffixIndex(512)

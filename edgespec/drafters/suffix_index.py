@@ -372,25 +372,28 @@ class SuffixIndex:
         return chain
 
     def alternatives(self, tail: Sequence[int], k: int, width: int) -> list[list[int]]:
-        """Up to `width` distinct continuations of up to k tokens of the longest matching suffix,
-        its most frequent first token first: each takes a different first token and then follows
-        the most frequent path (the first one is `lookup`'s chain). What tree verification widens a
-        chain with: several earlier continuations at no model step."""
+        """Up to `width` continuations of up to k tokens with distinct first tokens: first those
+        that followed the longest matching suffix (most frequent first: the first is `lookup`'s
+        chain), then those that followed shorter ones (a shorter match has seen more). Each then
+        follows its most frequent path. What tree verification widens a chain with: several earlier
+        continuations at no model step, found in O(max_match * width)."""
         k = min(k, self.max_chain)
         if k <= 0 or width <= 0 or len(tail) == 0:
             return []
         sam = self._sam
-        v, n = sam.match(tail[-self.max_match :])
-        if n == 0:
-            return []
-        firsts = sorted(((sam.cnt[u], t, u) for t, u in sam.children(v) if sam.cnt[u] > 0),
-                        key=lambda x: (-x[0], x[1] != sam.best[v]))
-        out = []
-        for _, t, u in firsts[:width]:
-            path = [t]
-            while len(path) < k and sam.cont[u] > 0:
-                b = sam.best[u]
-                path.append(b)
-                u = sam.step(u, b)
-            out.append(path)
+        v, _ = sam.match(tail[-self.max_match :])
+        out: list[list[int]] = []
+        taken: set[int] = set()
+        while v > 0 and len(out) < width:
+            kids = sorted(((sam.cnt[u], t != sam.best[v], t, u) for t, u in sam.children(v) if t not in taken),
+                          key=lambda x: (-x[0], x[1]))
+            for _, _, t, u in kids[: width - len(out)]:
+                taken.add(t)
+                path = [t]
+                while len(path) < k and sam.cont[u] > 0:
+                    b = sam.best[u]
+                    path.append(b)
+                    u = sam.step(u, b)
+                out.append(path)
+            v = sam.link[v]
         return out
