@@ -44,6 +44,7 @@ def test_random_text_gives_the_scans_chains(seed):
             toks = rng.integers(0, vocab, int(rng.integers(0, 40))).tolist()
             a.extend(toks)
             b.extend(toks)
+            a.settle()
             assert list(a.text) == list(b.text) and a.evicted == b.evicted
             for tail in tails(rng, a, vocab):
                 same(a, b, tail, int(rng.integers(0, 17)))
@@ -71,6 +72,7 @@ def test_real_text_gives_the_scans_chains_through_eviction():
         a.extend(words[pos : pos + n])
         b.extend(words[pos : pos + n])
         pos += n
+        a.settle()  # an eviction's rebuild, finished now (test_an_eviction_rebuilds_over_the_next_appends)
         for _ in range(20):  # contexts the drafter would look up: an end of text seen so far
             end = int(rng.integers(1, pos))
             same(a, b, words[max(0, end - 40) : end], 8)
@@ -141,3 +143,30 @@ def test_the_automaton_is_bounded_by_the_tokens_held():
         assert len(a) <= 512
         assert a.states <= 2 * len(a) + 1  # a suffix automaton has at most 2n - 1 states (+ the root)
     assert a.rebuilt > 0
+
+
+def test_an_eviction_rebuilds_over_the_next_appends():
+    """No stall: the kept text's automaton is built REBUILD_PER_TOKEN tokens per appended token;
+    meanwhile the old one answers (it still knows the new text); then the scan's answers again."""
+    from edgespec.drafters.suffix_index import REBUILD_PER_TOKEN
+
+    rng = np.random.default_rng(5)
+    a, b = SuffixIndex(1024), ScanIndex(1024)
+    text = rng.integers(0, 30, 1022).tolist()
+    a.extend(text)
+    b.extend(text)
+    a.start_doc()
+    b.start_doc()
+    a.extend([7, 8, 9])  # over capacity: the oldest 1/8 go
+    b.extend([7, 8, 9])
+    assert a.rebuilding and a.evicted == b.evicted > 0 and a.rebuilt == 0
+    assert a.lookup([7, 8], 1).tokens == [9]  # the new text is found while the rebuild runs
+    appended = 0
+    while a.rebuilding:
+        a.extend([int(t) for t in rng.integers(0, 30, 5)])
+        appended += 5
+    assert a.rebuilt == 1 and appended * REBUILD_PER_TOKEN >= len(a) - appended - 5
+    b.extend(a.text[len(b) :].tolist())
+    assert list(a.text) == list(b.text)
+    for tail in (text[-6:], [7, 8], [int(t) for t in a.text[-10:]]):
+        same(a, b, tail, 8)

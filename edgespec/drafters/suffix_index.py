@@ -19,8 +19,10 @@ Updates: appending a token costs the automaton's amortised O(1) extension plus o
 suffix classes of the new position's last `max_match + max_chain` tokens (at most that many states,
 usually a handful), each updating its counts and its best continuation; the counts of longer
 classes are never read and not kept current. Bound and eviction are the buffer's: at most `capacity`
-tokens are held; when full, the oldest are dropped in blocks of capacity/8 and the automaton is
-rebuilt from what is kept (amortised a few insertions per token). Documents (requests) are
+tokens are held; when full, the oldest are dropped in blocks of capacity/8 and the automaton of
+what is kept is rebuilt over the following appends, REBUILD_PER_TOKEN buffer tokens per token
+appended (the old one, which still knows the evicted text, answers until then; memory is briefly
+two automata). Documents (requests) are
 separated: the automaton is a generalised one (each document starts from the root), so a match
 never spans two of them; buf[0] is always SEP.
 
@@ -44,6 +46,9 @@ from ..limits import K_LIMIT, SUFFIX_CAPACITY
 SEP = -1
 DEFAULT_MAX_MATCH = 32  # longest suffix matched; longer matches are no rarer in practice, just slower
 NONE = -1  # no transition / no best continuation
+# After an eviction, buffer tokens fed to the kept text's new automaton per token appended: more
+# than the 7 the next eviction needs (7/8 of the capacity kept, 1/8 appended before the next).
+REBUILD_PER_TOKEN = 8
 
 
 @dataclass
@@ -248,6 +253,14 @@ class _Automaton:
         return out
 
 
+def _feed(sam: _Automaton, tokens: list[int]) -> None:
+    for t in tokens:
+        if t == SEP:
+            sam.start_doc()
+        else:
+            sam.add(t)
+
+
 class SuffixIndex:
     """Token text of recent documents, bounded, and its automaton; see the module docstring."""
 
@@ -264,8 +277,13 @@ class SuffixIndex:
         self._buf = np.full(capacity + 1, SEP, dtype=np.int32)  # fixed size: the token bound
         self._end = 1  # buf[:end] is the text; buf[0] == SEP
         self._sam = _Automaton(max_match + max_chain)
+        # after an eviction: the automaton of what was kept, built a few tokens per appended token
+        # (REBUILD_PER_TOKEN) while `_sam` (still holding the evicted text too) answers lookups;
+        # `_fed` is the buffer position it has reached. Swapped in once it holds the whole buffer.
+        self._next: _Automaton | None = None
+        self._fed = 1
         self.evicted = 0  # tokens dropped so far (tests and stats)
-        self.rebuilt = 0  # automaton rebuilds after an eviction (stats)
+        self.rebuilt = 0  # automaton rebuilds after an eviction, finished (stats)
 
     def copy(self) -> "SuffixIndex":
         """An independent index holding the same text (a batched request drafts from its own copy
@@ -274,6 +292,8 @@ class SuffixIndex:
         twin._buf[: self._end] = self._buf[: self._end]
         twin._end = self._end
         twin._sam = self._sam.copy()
+        twin._next = None if self._next is None else self._next.copy()
+        twin._fed = self._fed
         return twin
 
     # -- size -------------------------------------------------------------------------------------
@@ -301,6 +321,17 @@ class SuffixIndex:
         self._buf[: self._end] = SEP
         self._end = 1
         self._sam = _Automaton(self.max_match + self.max_chain)
+        self._next, self._fed = None, 1
+
+    @property
+    def rebuilding(self) -> bool:
+        """An eviction's automaton is still being built (lookups may still see evicted text)."""
+        return self._next is not None
+
+    def settle(self) -> None:
+        """Finishes a pending rebuild now (tests; a caller about to copy the index for long)."""
+        if self._next is not None:
+            self._advance(self._end)
 
     def start_doc(self) -> None:
         """What is appended next does not continue what came before."""
@@ -323,15 +354,21 @@ class SuffixIndex:
             self._evict(a.size)
         self._buf[self._end : self._end + a.size] = a
         self._end += a.size
-        self._feed(a.tolist())
+        if self._next is not None and self._fed + REBUILD_PER_TOKEN * a.size >= self._end:
+            self._advance(self._end)  # the rebuild ends in this call: the old automaton is done
+            return
+        _feed(self._sam, a.tolist())
+        if self._next is not None:
+            self._advance(REBUILD_PER_TOKEN * a.size)
 
-    def _feed(self, tokens: list[int]) -> None:
-        sam = self._sam
-        for t in tokens:
-            if t == SEP:
-                sam.start_doc()
-            else:
-                sam.add(t)
+    def _advance(self, n: int) -> None:
+        """Feeds the next automaton up to n more tokens of the buffer; swaps it in when done."""
+        stop = min(self._end, self._fed + max(n, 1))
+        _feed(self._next, self._buf[self._fed : stop].tolist())
+        self._fed = stop
+        if stop == self._end:
+            self._sam, self._next = self._next, None
+            self.rebuilt += 1
 
     def _evict(self, incoming: int) -> None:
         """Drops the oldest tokens: enough for `incoming` more, and at least `block` of them, so
@@ -343,9 +380,9 @@ class SuffixIndex:
         self._buf[1 + keep : self._end] = SEP
         self._end = 1 + keep
         self.evicted += held - keep
-        self._sam = _Automaton(self.max_match + self.max_chain)
-        self._feed(self._buf[1 : self._end].tolist())
-        self.rebuilt += 1
+        # the kept text's automaton is built over the next appends (REBUILD_PER_TOKEN each), not now:
+        # a rebuild of ~900k tokens at once would stall one round for 10-100 s on a 2-core board
+        self._next, self._fed = _Automaton(self.max_match + self.max_chain), 1
 
     # -- lookups ----------------------------------------------------------------------------------
     def lookup(self, tail: Sequence[int], k: int) -> Chain:
