@@ -97,14 +97,13 @@ class _Automaton:
         # shortest string longer than depth (their counts are not kept): a long repetition's path
         # is skipped rather than walked at every token. Clones only lengthen such states' shortest
         # strings, so a jump stays valid.
-        self.jump: dict[int, int] = {}
+        self.jump = array("i", [NONE])
 
     def copy(self) -> "_Automaton":
         twin = _Automaton(self.depth)
-        for name in ("len", "link", "cnt", "cont", "best", "ttok", "tdst"):
+        for name in ("len", "link", "cnt", "cont", "best", "ttok", "tdst", "jump"):
             setattr(twin, name, array("i", getattr(self, name)))
         twin.more = {s: dict(m) for s, m in self.more.items()}
-        twin.jump = dict(self.jump)
         twin.last = self.last
         return twin
 
@@ -115,8 +114,8 @@ class _Automaton:
     @property
     def nbytes(self) -> int:
         arrays = sum(a.buffer_info()[1] * a.itemsize for a in
-                     (self.len, self.link, self.cnt, self.cont, self.best, self.ttok, self.tdst))
-        more = sys.getsizeof(self.more) + sum(sys.getsizeof(m) for m in self.more.values()) + sys.getsizeof(self.jump)
+                     (self.len, self.link, self.cnt, self.cont, self.best, self.ttok, self.tdst, self.jump))
+        more = sys.getsizeof(self.more) + sum(sys.getsizeof(m) for m in self.more.values())
         return arrays + more
 
     def step(self, v: int, t: int) -> int:
@@ -144,6 +143,7 @@ class _Automaton:
         self.best.append(NONE)
         self.ttok.append(NONE)
         self.tdst.append(NONE)
+        self.jump.append(NONE)
         return len(self.len) - 1
 
     def _clone(self, q: int, length: int) -> int:
@@ -220,7 +220,8 @@ class _Automaton:
         passed = []
         while v > 0 and length[link[v]] >= depth:
             passed.append(v)
-            v = jump.get(v, link[v])
+            j = jump[v]
+            v = link[v] if j == NONE else j
         for x in passed:
             jump[x] = v
         return v
