@@ -289,7 +289,7 @@ class SuffixIndex:
     def copy(self) -> "SuffixIndex":
         """An independent index holding the same text (a batched request drafts from its own copy
         of the history plus its own text, so requests running side by side never interleave)."""
-        twin = SuffixIndex(self.capacity, self.max_match, self.max_chain)
+        twin = type(self)(self.capacity, self.max_match, self.max_chain)
         twin._buf[: self._end] = self._buf[: self._end]
         twin._end = self._end
         twin._sam = self._sam.copy()

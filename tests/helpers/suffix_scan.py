@@ -1,8 +1,9 @@
-"""The suffix index as it was before the automaton: one flat array scanned with numpy at every lookup.
+"""The suffix index's lookup as it was before the automaton: a numpy scan of the whole token buffer.
 
 Kept as the reference the automaton (edgespec/drafters/suffix_index.py) is tested against: both
-must propose the same chains (tokens, frequencies, supports, matched length) on any text, through
-documents, eviction and clearing. Its lookup costs O(history) (np.flatnonzero over the whole text).
+must propose the same chains (tokens, frequencies, supports, matched length) on any text. It shares
+the index's token buffer (documents, eviction, copies, clearing) and replaces only the lookup, whose
+cost grows with the history (np.flatnonzero over the whole text).
 """
 from __future__ import annotations
 
@@ -10,87 +11,12 @@ from typing import Sequence
 
 import numpy as np
 
-from edgespec.drafters.suffix_index import DEFAULT_MAX_MATCH, NO_CHAIN, SEP, Chain, check_capacity
-from edgespec.errors import InvalidRequest
-from edgespec.limits import SUFFIX_CAPACITY
+from edgespec.drafters.suffix_index import NO_CHAIN, SEP, Chain, SuffixIndex
 
 
-class ScanIndex:
-    """Token text of recent documents, bounded; see the module docstring."""
+class ScanIndex(SuffixIndex):
+    """SuffixIndex whose lookup scans the buffer (the pre-automaton implementation)."""
 
-    def __init__(self, capacity: int = SUFFIX_CAPACITY, max_match: int = DEFAULT_MAX_MATCH):
-        check_capacity(capacity)
-        if isinstance(max_match, bool) or not isinstance(max_match, int) or max_match < 1:
-            raise InvalidRequest(f"suffix index max_match must be an integer >= 1, got {max_match!r}",
-                                 param="suffix_max_match")
-        self.capacity = capacity
-        self.max_match = max_match
-        self._block = max(1, capacity // 8)  # tokens evicted at least per eviction
-        self._buf = np.full(capacity + 1, SEP, dtype=np.int32)  # fixed size: the memory bound
-        self._end = 1  # buf[:end] is the text; buf[0] == SEP
-        self.evicted = 0  # tokens dropped so far (tests and stats)
-
-    def copy(self) -> "ScanIndex":
-        """An independent index holding the same text (a batched request drafts from its own copy
-        of the history plus its own text, so requests running side by side never interleave)."""
-        twin = ScanIndex(self.capacity, self.max_match)
-        twin._buf[: self._end] = self._buf[: self._end]
-        twin._end = self._end
-        return twin
-
-    # -- size -------------------------------------------------------------------------------------
-    def __len__(self) -> int:
-        """Tokens held (separators included), never more than capacity."""
-        return self._end - 1
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the index's storage: fixed at construction, whatever is appended."""
-        return int(self._buf.nbytes)
-
-    @property
-    def text(self) -> np.ndarray:
-        """What the index holds, oldest first (SEP between documents); a view, do not modify."""
-        return self._buf[1 : self._end]
-
-    # -- updates ----------------------------------------------------------------------------------
-    def clear(self) -> None:
-        self._buf[: self._end] = SEP
-        self._end = 1
-
-    def start_doc(self) -> None:
-        """What is appended next does not continue what came before."""
-        if self._end > 1 and self._buf[self._end - 1] != SEP:
-            self._append(np.array([SEP], dtype=np.int32))
-
-    def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
-        a = np.asarray(tokens, dtype=np.int64)
-        if a.size == 0:
-            return
-        if a.ndim != 1 or a.min() < 0 or a.max() > np.iinfo(np.int32).max:
-            raise InvalidRequest("suffix index: tokens must be a flat list of ids >= 0", param="tokens")
-        self._append(a.astype(np.int32))
-
-    def _append(self, a: np.ndarray) -> None:
-        if a.size > self.capacity:  # only the newest capacity tokens can be kept anyway
-            self.evicted += a.size - self.capacity
-            a = a[-self.capacity :]
-        if len(self) + a.size > self.capacity:
-            self._evict(a.size)
-        self._buf[self._end : self._end + a.size] = a
-        self._end += a.size
-
-    def _evict(self, incoming: int) -> None:
-        """Drops the oldest tokens: enough for `incoming` more, and at least `block` of them, so
-        that appending costs one copy per block of tokens rather than one per round."""
-        held = len(self)
-        keep = max(0, min(held, self.capacity - self._block, self.capacity - incoming))
-        self._buf[1 : 1 + keep] = self._buf[self._end - keep : self._end]
-        self._buf[1 + keep : self._end] = SEP
-        self._end = 1 + keep
-        self.evicted += held - keep
-
-    # -- lookups ----------------------------------------------------------------------------------
     def occurrences(self, tail: Sequence[int]) -> tuple[np.ndarray, int]:
         """Positions p (buf[p] == tail[-1], each with a continuation at p + 1 inside the text) of
         the longest suffix of `tail` (at most max_match tokens) that occurred with a continuation,
