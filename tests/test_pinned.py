@@ -96,3 +96,37 @@ def test_system_prompt_option_is_checked_before_loading(tmp_path):
         system_prompt(str(tmp_path / "missing.txt"), 1)
     with pytest.raises(ConfigError, match="--parallel 1"):
         system_prompt(str(f), 2)
+
+
+def test_serve_pins_the_prompt_file_before_the_service_is_ready(tiny_bundle, tmp_path, monkeypatch, capsys):
+    """`serve --system-prompt FILE` (or EDGESPEC_SYSTEM_PROMPT): the engine the service gets has the
+    prompt pinned and saved under $EDGESPEC_HOME/pinned; a bad file is one line and exit 78."""
+    import edgespec.server.service as service_mod
+    from edgespec.cli.main import main
+
+    opened = {}
+
+    class FakeService:
+        def __init__(self, config, open_engine, default_name):
+            self.open_engine = open_engine
+
+        def run(self):
+            eng = opened["engine"] = self.open_engine()
+            eng.close()
+            return 0
+
+    monkeypatch.setattr(service_mod, "Service", FakeService)
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    f = tmp_path / "guide.txt"
+    f.write_text(SYSTEM + "\n", encoding="utf-8")
+    assert main(["serve", str(tiny_bundle), "--no-warmup", "--system-prompt", str(f)]) == 0
+    pin = opened["engine"].pinned
+    assert pin.text == SYSTEM.strip() and pin.source == "prefill" and len(pin.tokens) > 40
+    assert len(list((tmp_path / "home" / "pinned").glob("*.npz"))) == 1
+    monkeypatch.setenv("EDGESPEC_SYSTEM_PROMPT", str(f))
+    assert main(["serve", str(tiny_bundle), "--no-warmup"]) == 0
+    assert opened["engine"].pinned.source == "file"  # the restart loads what the first start saved
+    capsys.readouterr()
+    monkeypatch.setenv("EDGESPEC_SYSTEM_PROMPT", str(tmp_path / "missing.txt"))
+    assert main(["serve", str(tiny_bundle), "--no-warmup"]) == 78
+    assert "--system-prompt" in capsys.readouterr().err
