@@ -583,6 +583,28 @@ def test_a_costed_drafter_counts_the_catch_ups_over_other_sources_text():
     assert model.m_catch < plain
 
 
+def test_draft_model_alone_skips_a_prompt_prefill_a_short_reply_cannot_pay_back():
+    """`--draft model` on retrieval prompts (800 tokens, 10-token answers, as recent replies were):
+    reading the prompt costs the draft more than its rounds save, so it proposes nothing (measured
+    before: 0.18x the target alone); after a short prompt, or with long replies expected, it drafts."""
+    rng = np.random.default_rng(4)
+    costs = CostModel(times(**CPU), times(s1=0.02, s2=0.024, s3=0.028, s97=0.2))
+    model = SimModel([], 0.8, rng, costs)
+    model.mean, model.rounds_seen = Beta(0.8, weight=50), 100
+    model.m_tokens, model.m_seconds = 3.0, 0.22  # it pays once caught up: ~1.3x the target alone
+    model.reply_tokens = 12.0
+    prompt = rng.integers(1000, 10**6, 800).tolist()
+    model.seen = 0
+    rate, base, by = simulate_request(model, model, costs, rng.integers(1000, 10**6, 10).tolist(), prompt, rng)
+    assert by == {"none": 9} and rate == pytest.approx(base)
+    model.seen = 0  # a short prompt: its prefill is cheap, the draft runs
+    rate, base, by = simulate_request(model, model, costs, rng.integers(1000, 10**6, 10).tolist(), prompt[:20], rng)
+    assert by.get("model", 0) >= 2, by
+    model.seen, model.reply_tokens = 0, 2000.0  # long replies expected: the prefill is paid back
+    rate, base, by = simulate_request(model, model, costs, rng.integers(1000, 10**6, 300).tolist(), prompt, rng)
+    assert rate > 1.1 * base and by.get("model", 0) > 50, by
+
+
 def test_costed_drafter_learns_how_long_replies_run():
     from edgespec.drafters.costed import REPLY_KEEP, REPLY_PRIOR
 

@@ -152,8 +152,8 @@ class CostedDrafter(DrafterBase):
 
     def _prefill_cannot_pay(self, ctx: Sequence[int], k: int) -> bool:
         """Whether its first round in this request should not run: adaptive, past its first looks in
-        this engine (FIRST_LOOK_ROUNDS), and the prompt it would first have to read makes its rate
-        over the reply expected (catch_up_rate) lower than the target alone's. Then it proposes
+        this engine (FIRST_LOOK_ROUNDS), and the prompt it would first have to read turns a rate that
+        beats the target alone's into one over the reply expected (catch_up_rate) that does not. Then it proposes
         nothing, and asks again next round (the reply may run longer than recent ones did).
 
         Why: `--draft model` on retrieval prompts (700-870 prompt tokens, 4-17 token answers) ran at
@@ -162,7 +162,12 @@ class CostedDrafter(DrafterBase):
         if self.costs is None or not getattr(self, "adaptive", True) or self.rounds_seen < FIRST_LOOK_ROUNDS:
             return False
         extra = self.catch_up_extra(self.catch_up(ctx))
-        return extra > 0 and self.catch_up_rate(ctx, k, extra) < self.costs.target_alone_rate()
+        if extra <= 0:
+            return False
+        base = self.costs.target_alone_rate()
+        # only where the prefill is what loses: a draft that does not pay even caught up was still
+        # asked for (`--draft model`), and its adaptive rounds keep their own cost in check
+        return self.rate() >= base > self.catch_up_rate(ctx, k, extra)
 
     def feedback(self, proposal, accepted, valid_len) -> None:
         self._final_len = max(self._final_len, valid_len)
