@@ -383,11 +383,11 @@ def test_a_format_1_bundle_runs_chain_only_and_refuses_tree_on(tiny_bundle, bund
         Engine.open(b, max_len=64, warmup=False, tree="on")
 
 
-def test_a_current_export_is_format_2_with_the_tree_inputs(tiny_bundle):
+def test_a_current_cpu_export_is_format_3_with_the_tree_inputs(tiny_bundle):
     import onnx
 
     m = json.loads((tiny_bundle / "manifest.json").read_text())
-    assert m["format_version"] == 2
+    assert m["format_version"] == 3  # contract v3: the cpu flavor keeps both tree inputs
     for facts in m["models"].values():
         assert facts["position_ids"] == "position_ids" and facts["attention_bias"] == "attention_bias"
         g = onnx.load(str(tiny_bundle / facts["path"]), load_external_data=False).graph

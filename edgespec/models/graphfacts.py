@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 # TensorProto.DataType numbers -> the names the manifest uses
-ELEM_TYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool", 10: "float16",
-              11: "float64", 16: "bfloat16"}
+ELEM_TYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
+              10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16", 17: "float8e4m3fn",
+              21: "uint4", 22: "int4"}
 KV_DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -37,9 +38,12 @@ class Tensor:
 @dataclass
 class Node:
     op_type: str
-    inputs: list[str]
+    inputs: list[str]  # "" for an optional input left out (its slot kept)
     outputs: list[str]
     ints: dict[str, int]  # the integer attributes
+    name: str = ""
+    domain: str = ""  # "" is the ONNX domain (ai.onnx), "com.microsoft" onnxruntime's contrib ops
+    tensor_type: str | None = None  # a Constant's value type (its `value` attribute)
 
 
 @dataclass
@@ -49,6 +53,9 @@ class GraphIO:
     external_files: set[str] = field(default_factory=set)  # initializers' external_data locations
     initializer_dims: dict[str, list[int]] = field(default_factory=dict)
     nodes: list[Node] = field(default_factory=list)
+    # element types of the graph's values as the file states them: initializers and value_info
+    # (the builder writes one for most intermediate values); the kernel check derives the rest
+    value_types: dict[str, str] = field(default_factory=dict)
 
     def attention_shape(self) -> tuple[int, int, int | None] | None:
         """(num_heads, kv_heads, head_dim) from the first GroupQueryAttention node: its attributes and
@@ -167,26 +174,41 @@ def _node(buf: memoryview) -> Node:
             node.inputs.append(_text(v))
         elif num == 2 and wt == 2:
             node.outputs.append(_text(v))
+        elif num == 3 and wt == 2:
+            node.name = _text(v)
         elif num == 4 and wt == 2:
             node.op_type = _text(v)
-        elif num == 5 and wt == 2:  # AttributeProto: name 1, i 3
+        elif num == 7 and wt == 2:
+            node.domain = _text(v)
+        elif num == 5 and wt == 2:  # AttributeProto: name 1, i 3, t 5 (a TensorProto: data_type 2)
             name, value = None, None
             for anum, awt, av in _fields(v):
                 if anum == 1 and awt == 2:
                     name = _text(av)
                 elif anum == 3 and awt == 0:
                     value = av - (1 << 64) if av >= 1 << 63 else av
+                elif anum == 5 and awt == 2:
+                    node.tensor_type = _data_type(av)
             if name is not None and value is not None:
                 node.ints[name] = value
     return node
 
 
-def _tensor(buf: memoryview) -> tuple[str, list[int], str | None]:
-    """TensorProto: name (8), dims (1, packed or not), external_data (13) {key: 'location', value: file}."""
-    name, dims, location = "", [], None
+def _data_type(buf: memoryview) -> str:
+    """A TensorProto's element type (field 2), without reading its data."""
+    elem = next((v for num, wt, v in _fields(buf) if num == 2 and wt == 0), 0)
+    return ELEM_TYPES.get(elem, f"type{elem}")
+
+
+def _tensor(buf: memoryview) -> tuple[str, list[int], str | None, str]:
+    """TensorProto: name (8), dims (1, packed or not), external_data (13) {key: 'location', value: file},
+    data_type (2)."""
+    name, dims, location, elem = "", [], None, 0
     for num, wt, v in _fields(buf):
         if num == 8 and wt == 2:
             name = _text(v)
+        elif num == 2 and wt == 0:
+            elem = v
         elif num == 1 and wt == 0:
             dims.append(v)
         elif num == 1 and wt == 2:
@@ -203,7 +225,7 @@ def _tensor(buf: memoryview) -> tuple[str, list[int], str | None]:
                     value = _text(ev)
             if key == "location":
                 location = value
-    return name, dims, location
+    return name, dims, location, ELEM_TYPES.get(elem, f"type{elem}")
 
 
 def read_graph_io(path: Path) -> GraphIO:
@@ -226,9 +248,14 @@ def read_graph_io(path: Path) -> GraphIO:
                     elif num == 12 and wt == 2:
                         name, t = _value_info(v)
                         io.outputs[name] = t
+                    elif num == 13 and wt == 2:  # value_info
+                        name, t = _value_info(v)
+                        if t.elem_type not in ("unknown", "type0"):
+                            io.value_types[name] = t.elem_type
                     elif num == 5 and wt == 2:  # initializer
-                        name, dims, loc = _tensor(v)
+                        name, dims, loc, elem = _tensor(v)
                         io.initializer_dims[name] = dims
+                        io.value_types[name] = elem
                         if loc:
                             io.external_files.add(loc)
                     elif num == 1 and wt == 2:

@@ -4,7 +4,7 @@ Both halves use this module: `export/edgespec_export/` writes a manifest, the de
 Keeping the schema in one place means a bundle the exporter writes is, by construction, one the
 runtime can read, and `verify` and `Bundle.open` run the very same checks.
 
-Layout (format_version 2; version 1 bundles are still read, see TREE_FORMAT_VERSION):
+Layout (format_version 3; versions 1 and 2 are still read, see READ_VERSIONS):
 
     bundle/
       manifest.json
@@ -24,13 +24,18 @@ from typing import Any
 from ..limits import QUANTS
 
 FORMAT = "edgespec-bundle"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # Versions this edgespec reads. Version 2 is graph contract v2: every graph also takes per-token
 # `position_ids` and an additive `attention_bias` (docs/graph-contract.md), which tree verification
 # needs. A version-1 bundle's graphs lack them: it runs in chain-only mode (`--tree on` is refused
 # with a line saying to re-export), so bundles exported before the bump keep working.
-READ_VERSIONS = (1, 2)
+# Version 3 (graph contract v3): a cuda-flavored graph has no attention_bias (onnxruntime's CUDA
+# GroupQueryAttention refuses one on every run, edgespec/models/kernels.py); cpu graphs are as in v2.
+# A version-2 bundle with a cuda graph is refused with "re-export"; its cpu graphs would be fine, but
+# the bundle is one unit (`verify` says what to do). A version-1 cuda graph had no attention_bias.
+READ_VERSIONS = (1, 2, 3)
 TREE_FORMAT_VERSION = 2
+CUDA_FORMAT_VERSION = 3  # the first version whose cuda-flavored graphs onnxruntime's CUDA kernels accept
 MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft")
 FLAVORS = ("cpu", "cuda")  # graph flavors (ModelFacts.flavor)
@@ -100,7 +105,10 @@ class ModelFacts:
 
         out = {self.graph_flavor(): self}
         for flavor, diff in self.flavors.items():
-            out[flavor] = replace(self, flavor=flavor, flavors={}, **{k: v for k, v in diff.items() if k != "flavor"})
+            fields = {k: v for k, v in diff.items() if k != "flavor"}
+            if flavor == "cuda":  # graph contract v3: a cuda graph takes no attention_bias
+                fields["attention_bias"] = None
+            out[flavor] = replace(self, flavor=flavor, flavors={}, **fields)
         return out
     # a pruned lm_head (`export --draft-vocab`): an int32 .npy [vocab_size], logits row j -> token id
     vocab_map: str | None = None
@@ -287,6 +295,37 @@ def _flavor_problems(role: str, facts: dict, files: dict) -> list[str]:
     return out
 
 
+def cuda_format_problems(manifest: Manifest) -> list[str]:
+    """A bundle older than contract v3 with a cuda-flavored graph: one line saying to re-export."""
+    out = []
+    for role, facts in manifest.models.items():
+        if "cuda" in facts.graphs():
+            path = facts.graphs()["cuda"].path
+            out.append(f"{path}: a format-{manifest.format_version} cuda-flavored graph wires attention_bias into "
+                       "GroupQueryAttention, which onnxruntime's CUDA kernel refuses on every step: re-export the "
+                       f"bundle with this edgespec (`edgespec export ... --ep cuda` writes format {FORMAT_VERSION})")
+    return out
+
+
+def kernel_problems(root: Path, manifest: Manifest) -> list[str]:
+    """Each graph checked against its flavor's kernel table: one line per rule a graph breaks."""
+    from .graphfacts import GraphFormatError
+    from .kernelcheck import check_graph, summarize
+    from .kernels import PROVIDER_OF_FLAVOR
+
+    out = []
+    for facts in manifest.models.values():
+        for flavor, graph in facts.graphs().items():
+            provider = PROVIDER_OF_FLAVOR[flavor]
+            try:
+                found = check_graph(root / graph.path, provider)
+            except (OSError, GraphFormatError) as e:
+                out.append(f"{graph.path}: not a readable ONNX graph ({e})")
+                continue
+            out += summarize(found, provider, prefix=f"{graph.path}: ")
+    return out
+
+
 def _required_fields(cls: type) -> set[str]:
     return {name for name, f in cls.__dataclass_fields__.items() if f.default is MISSING and f.default_factory is MISSING}
 
@@ -334,12 +373,16 @@ def verify_bundle(root: str | os.PathLike, *, checksums: bool = True) -> tuple[M
             got = sha256_file(f)
             if got != entry["sha256"]:
                 problems.append(f"{rel}: sha256 {got[:16]}… does not match the manifest's {entry['sha256'][:16]}…")
+    if not problems and TREE_FORMAT_VERSION <= manifest.format_version < CUDA_FORMAT_VERSION:
+        problems += cuda_format_problems(manifest)  # format 2 wired attention_bias into every graph
     if not problems:  # the facts against the graphs themselves (a digest can be recomputed after an edit)
         from .graphfacts import model_problems
 
         for role, facts in manifest.models.items():
             for graph in facts.graphs().values():  # each flavor's graph (export --ep cpu,cuda)
                 problems += model_problems(root, role, graph, set(manifest.files))
+    if not problems:  # every node against its provider's kernel contract (kernelcheck.py)
+        problems += kernel_problems(root, manifest)
     listed = set(manifest.files) | {MANIFEST_NAME}
     for f in sorted(root.rglob("*")):
         if f.is_file():
