@@ -153,8 +153,9 @@ class CostedDrafter(DrafterBase):
     def _prefill_cannot_pay(self, ctx: Sequence[int], k: int) -> bool:
         """Whether its first round in this request should not run: adaptive, past its first looks in
         this engine (FIRST_LOOK_ROUNDS), and the prompt it would first have to read turns a rate that
-        beats the target alone's into one over the reply expected (catch_up_rate) that does not. Then it proposes
-        nothing, and asks again next round (the reply may run longer than recent ones did).
+        beats the target alone's into one over the reply expected (catch_up_rate) that does not.
+        Then it proposes nothing, and asks again next round (the reply may run longer than recent
+        ones did).
 
         Why: `--draft model` on retrieval prompts (700-870 prompt tokens, 4-17 token answers) ran at
         0.18x the target alone: the draft read the whole prompt to propose 4 tokens. `auto` never
@@ -243,9 +244,9 @@ class CostedDrafter(DrafterBase):
         since its last round, and `auto` returns to it for a streak of rounds before the next switch:
         that catch-up is spread over the streak its recent streaks ran (STREAK_PRIOR tokens before
         any ended), at most the reply left; a cold prompt prefill over the share of the reply left
-        its rounds wrote in recent requests that used it (`share`). Measured: on code, `auto` spent 5.8 ms per decoded token
-        (17 % of its decode) catching the draft up on text the suffix index wrote, and ran 6 % behind
-        the suffix index alone."""
+        its rounds wrote in recent requests that used it (`share`). Measured: on code, `auto` spent
+        5.8 ms per decoded token (17 % of its decode) catching the draft up on text the suffix index
+        wrote, and ran 6 % behind the suffix index alone."""
         rate = self.rate()
         if extra <= 0 or rate <= 0:
             return rate
