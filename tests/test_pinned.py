@@ -130,3 +130,10 @@ def test_serve_pins_the_prompt_file_before_the_service_is_ready(tiny_bundle, tmp
     monkeypatch.setenv("EDGESPEC_SYSTEM_PROMPT", str(tmp_path / "missing.txt"))
     assert main(["serve", str(tiny_bundle), "--no-warmup"]) == 78
     assert "--system-prompt" in capsys.readouterr().err
+
+
+def test_a_prompt_longer_than_the_cache_is_not_pinned(eng, caplog):
+    with caplog.at_level(logging.WARNING, logger="edgespec.engine"):
+        assert pin_system_prompt(eng, SYSTEM * 8) is None
+    assert eng.pinned is None
+    assert any("do not fit the cache" in r.getMessage() for r in caplog.records)
