@@ -14,7 +14,9 @@ and this reads only the few fields it needs, skipping weights without copying th
 from __future__ import annotations
 
 import mmap
+import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -23,6 +25,8 @@ ELEM_TYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "
               10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16", 17: "float8e4m3fn",
               21: "uint4", 22: "int4"}
 KV_DTYPES = ("float32", "float16", "bfloat16")
+# the ModelFacts fields that name one graph input each (None: the graph has no such input)
+GRAPH_INPUT_FIELDS = ("input_ids", "attention_mask", "logits_to_keep", "position_ids", "attention_bias")
 
 
 class GraphFormatError(ValueError):
@@ -229,7 +233,15 @@ def _tensor(buf: memoryview) -> tuple[str, list[int], str | None, str]:
 
 
 def read_graph_io(path: Path) -> GraphIO:
-    """Inputs, outputs and external weight files of an ONNX model, without loading any weights."""
+    """Inputs, outputs and external weight files of an ONNX model, without loading any weights.
+    Cached by the file's identity (inode, size, mtime): Bundle.open reads each graph's facts and its
+    dtypes (graphcheck), one parse serves both. Callers must not modify the result."""
+    st = os.stat(path)
+    return _read_graph_io(os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _read_graph_io(path: str, ino: int, size: int, mtime_ns: int) -> GraphIO:
     io = GraphIO()
     with open(path, "rb") as f:
         size = f.seek(0, 2)
@@ -267,25 +279,38 @@ def read_graph_io(path: Path) -> GraphIO:
     return io
 
 
+def graph_readable(path: Path) -> bool:
+    """Does read_graph_io read this file (cached: the checks that follow parse it once)?"""
+    try:
+        read_graph_io(path)
+    except Exception:  # noqa: BLE001 - model_problems says what is wrong, one line
+        return False
+    return True
+
+
 # --- the manifest against the graph ------------------------------------------------------------------
-def model_problems(root: Path, role: str, facts: Any, listed: set[str]) -> list[str]:
+def model_problems(root: Path, role: str, facts: Any, listed: set[str], contract_inputs: Any = ()) -> list[str]:
     """One line per fact of models.<role> the graph contradicts (empty: consistent). A wrong fact is
-    said once, however many layers or places show it."""
+    said once, however many layers or places show it. `contract_inputs`: the input fields a graph
+    contract version added (their absence means an older graph)."""
     rel = facts.path
     try:
         io = read_graph_io(root / rel)
     except (OSError, GraphFormatError) as e:
         return [f"{rel}: not a readable ONNX graph ({e})"]
+    except Exception as e:  # noqa: BLE001 - any bytes at all: a damaged graph is one line, never a traceback
+        return [f"{rel}: not a readable ONNX graph ({type(e).__name__})"]
     where = f"{rel}: manifest models.{role}"
     found: dict[str, str] = {}  # fact -> the line that names it
 
     def say(fact: str, line: str) -> None:
         found.setdefault(fact, line)
 
-    for what, name in (("input_ids", facts.input_ids), ("attention_mask", facts.attention_mask),
-                       ("logits_to_keep", facts.logits_to_keep)):
+    for what in GRAPH_INPUT_FIELDS:
+        name = getattr(facts, what)
         if name and name not in io.inputs:
-            say(what, f"{where}.{what} names input {name!r}, which the graph does not have")
+            hint = " (a graph of an older contract: re-export the bundle)" if what in contract_inputs else ""
+            say(what, f"{where}.{what} names input {name!r}, which the graph does not have{hint}")
     logits = io.outputs.get(facts.logits)
     if logits is None:
         say("logits", f"{where}.logits names output {facts.logits!r}, which the graph does not have")
@@ -316,6 +341,18 @@ def model_problems(root: Path, role: str, facts: Any, listed: set[str]) -> list[
                 say("kv_heads", f"{where}.kv_heads is {facts.kv_heads}, the graph's cache has {t.dims[1]} heads")
             if isinstance(t.dims[3], int) and t.dims[3] != facts.head_dim:
                 say("head_dim", f"{where}.head_dim is {facts.head_dim}, the graph's cache has head_dim {t.dims[3]}")
+    for i in range(min(graph_layers, facts.layers)):
+        for pattern in (facts.present_key, facts.present_value):
+            if _name(pattern, i) not in io.outputs:
+                say(pattern, f"{where}: the graph has no output {_name(pattern, i)!r}")
+    # the runner feeds exactly the inputs the manifest names: one more is a graph of another contract
+    n = max(graph_layers, facts.layers)
+    named = {getattr(facts, what) for what in GRAPH_INPUT_FIELDS}
+    named |= {_name(p, i) for p in (facts.past_key, facts.past_value) for i in range(n)}
+    misnamed = found.keys() & {*GRAPH_INPUT_FIELDS, "layers", facts.past_key, facts.past_value}
+    for name in [x for x in io.inputs if x not in named and not misnamed][:1]:
+        say("unnamed", f"{rel}: the graph takes input {name!r}, which manifest models.{role} does not name "
+                       "(a manifest of another format_version than the graph's contract? re-export the bundle)")
     # the flavor rule, as graphcheck.dtype_problems states it (that check runs after this one, with onnx)
     flavor = facts.graph_flavor() if hasattr(facts, "graph_flavor") else None
     if flavor == "cuda" and facts.kv_dtype != "float16":

@@ -1,10 +1,13 @@
 """`edgespec verify BUNDLE`: is this bundle exactly what the exporter wrote?
 
-Runs the checks Bundle.open runs (schema, manifest digest, every file's size and sha256, no stray
+Runs exactly the checks Bundle.open runs (models.bundle.read_bundle: schema with every field typed
+and range-checked, manifest digest, every file inside the bundle with its size and sha256, no stray
 files, the manifest's facts against the graphs themselves - input names, layer count, kv heads,
 head_dim, dtypes, weights files - every node against its provider's kernel contract, the cpu table
 for a cpu graph and the cuda table for a cuda one (models/kernels.py, naming the node and the rule),
-and tokenizer/model compatibility) and prints one line per problem; exit 0 when there are none.
+tokenizer/model compatibility, tokenizer.json parsed, the chat template compiled and rendered under a
+budget) and prints one line per problem; exit 0 when there are none (1 otherwise; `serve` exits 78 on
+the same problems).
 `--load` also opens each graph with onnxruntime and runs one step, for a bundle that verifies but was
 built for a different runtime.
 """
@@ -29,22 +32,18 @@ def register(sub) -> None:
 
 
 def check(path: Path, *, checksums: bool = True, load: bool = False) -> tuple[object, list[str]]:
-    """(manifest or None, problems): the same checks as Bundle.open, plus the optional load test."""
-    from ...models.bundle import compatibility_problems
-    from ...models.manifest import MANIFEST_NAME, verify_bundle
+    """(manifest or None, problems): exactly Bundle.open's checks (models.bundle.read_bundle), plus
+    the optional load test."""
+    from ...models.bundle import read_bundle
+    from ...models.manifest import MANIFEST_NAME
 
     path = path.expanduser()
     if path.is_file() and path.name == MANIFEST_NAME:
         path = path.parent
     if not path.exists():
         return None, [f"{path}: does not exist"]
-    manifest, problems = verify_bundle(path, checksums=checksums)
-    if manifest is not None and not problems:
-        problems += compatibility_problems(manifest)
-    if manifest is not None and not problems:
-        from ...models.graphcheck import bundle_problems
-
-        problems += bundle_problems(path, manifest)  # each graph's flavor and dtypes vs the manifest
+    reading = read_bundle(path, checksums=checksums)
+    manifest, problems = reading.manifest, reading.problems + reading.mismatches
     if load and manifest is not None and not problems:
         problems += load_problems(path, manifest)
     return manifest, problems
