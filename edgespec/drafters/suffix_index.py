@@ -115,7 +115,8 @@ class _Automaton:
     def nbytes(self) -> int:
         arrays = sum(a.buffer_info()[1] * a.itemsize for a in
                      (self.len, self.link, self.cnt, self.cont, self.best, self.ttok, self.tdst, self.jump))
-        more = sys.getsizeof(self.more) + sum(sys.getsizeof(m) for m in self.more.values())
+        # the dicts, and the int objects their keys and values are (28 bytes each, ids past 256)
+        more = sys.getsizeof(self.more) + sum(sys.getsizeof(m) + 56 * len(m) for m in self.more.values())
         return arrays + more
 
     def step(self, v: int, t: int) -> int:

@@ -127,7 +127,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "[EDGESPEC_MAX_LEN]")
     eng.add_argument("--suffix-capacity", type=int, metavar="TOKENS", help="tokens of earlier requests and "
                      "answers the suffix index keeps for drafting (the oldest evicted; default 1048576; a token "
-                     "buffer of 4 bytes each plus a suffix automaton of ~45-100 bytes per token held; with "
+                     "buffer of 4 bytes each plus a suffix automaton of ~120 bytes per token held; with "
                      "--parallel the shared history of finished requests, plus one copy per running request) "
                      "[EDGESPEC_SUFFIX_CAPACITY]")
     eng.add_argument("--system-prompt", metavar="FILE", help="a system prompt (UTF-8 text file) every "
