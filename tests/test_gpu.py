@@ -87,3 +87,12 @@ def test_device_memory_is_measurable(tiny_cuda_bundle):
 
     m = device_memory()
     assert m is not None and 0 < m.free <= m.total, m
+
+
+def test_the_cuda_context_is_measured_from_outside_cuda():
+    """NVML (a discrete GPU) or MemAvailable (a Jetson), read in a fresh process before and after a
+    CUDA session exists: a CUDA context costs tens to hundreds of MB, never nothing."""
+    from edgespec.edge.gpumem import measure_context_fresh
+
+    m = measure_context_fresh()
+    assert m.get("context_bytes", 0) > 32 << 20, m

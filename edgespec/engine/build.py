@@ -123,8 +123,9 @@ def memory_plan(b: Bundle, *, max_len, want_draft: bool, profile, budget: int | 
     import onnxruntime as ort
 
     first = flavor.first_usable(prov.normalize(providers), ort.get_available_providers())
+    graph = flavor.choose(b.target, first).graph_flavor()
     return memory.plan(b, max_len=max_len, want_draft=want_draft, budget_bytes=budget, profile=profile,
-                       flavor=flavor.choose(b.target, first).graph_flavor())
+                       flavor=graph, device=prov.device_of(first) if first and graph == "cuda" else "cpu")
 
 
 def sessions_spin(load_draft: bool) -> bool:
