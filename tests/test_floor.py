@@ -60,6 +60,7 @@ def test_kernel_checker_passes_the_cuda_graph_and_refuses_one_with_query_seqlens
     assert add_padded_queries(old)
     found = check_graph(old, "cuda")
     assert {v.rule for v in found} == {"GroupQueryAttention.query_seqlens.absent"} and len(found) == 2
+    assert "re-export the bundle" in found[0].line("cuda") and "\n" not in found[0].line("cuda")
 
 
 def test_export_below_the_flavor_s_floor_is_one_line(monkeypatch, tiny_cuda_bundle, tiny_bundle):

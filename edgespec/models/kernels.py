@@ -144,7 +144,7 @@ CUDA: tuple[Kernel, ...] = (
                    (16, "query_seqlens",
                     "no onnxruntime-gpu release has it (PyPI's newest, 1.31.1, has no input 16 in its "
                     "schema and no query_seqlens in its CUDA provider library): batched serving runs on "
-                    "the cpu flavor")),
+                    "the cpu flavor; a cuda graph exported with it: re-export the bundle with this edgespec")),
            checks=("gqa_heads", "gqa_rotary", "gqa_head_size", "gqa_shared_cache"),
            source="onnxruntime/contrib_ops/cuda/bert/group_query_attention.cc", read_from=CUDA_READ),
     Kernel("MatMulNBits", "com.microsoft",
