@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BudgetError, InvalidRequest
-from ..limits import DEFAULT_MAX_LEN, PREFILL_CHUNK, SUFFIX_CAPACITY
+from ..limits import DEFAULT_MAX_LEN, PREFILL_CHUNK, SUFFIX_BYTES_PER_TOKEN, SUFFIX_CAPACITY
 from ..models.bundle import Bundle
 from ..units import format_size, measure_rss
 
@@ -189,11 +189,12 @@ def runtime_bytes(b) -> int:
 
 
 def predict(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int = PREFILL_CHUNK,
-            flavor: str | None = None, device: str = "cpu") -> dict[str, int]:
+            flavor: str | None = None, device: str = "cpu", suffix_tokens: int = SUFFIX_CAPACITY) -> dict[str, int]:
     """The host breakdown (bytes) for one choice of max_len and draft; `plan` searches over these.
     `flavor`: the graphs the runtime will load (None: each model's primary graph). `device` "cuda":
     the KV caches are device memory (predict_device), not host memory. The weights stay counted
-    here too until a measurement on a board says how much of the host copy onnxruntime releases."""
+    here too until a measurement on a board says how much of the host copy onnxruntime releases.
+    `suffix_tokens`: the suffix index's capacity, counted full (it fills as requests accumulate)."""
     b = _open(bundle)
     t = graph_facts(b, "target", flavor)
     parts = {
@@ -203,6 +204,7 @@ def predict(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int = PREF
         "working": working_bytes(t, max_len, prefill_chunk),
         "draft_weights": 0,
         "draft_kv": 0,
+        "suffix_index": suffix_index_bytes(suffix_tokens),
         "margin": UNACCOUNTED,
     }
     if load_draft and b.draft is not None:
@@ -359,9 +361,14 @@ MAX_AUTO_SLOTS = 4  # --parallel auto stops here: past it each row's share of a 
 
 def slot_bytes(facts, max_len: int, *, verify_rows: int = 9, suffix_tokens: int = SUFFIX_CAPACITY) -> int:
     """What one more concurrent request costs (server --parallel): its cache slot, its rows of a
-    batched verify's logits, and its copy of the suffix history it drafts from (int32 tokens)."""
+    batched verify's logits, and its copy of the suffix history it drafts from (tokens + automaton)."""
     return (facts.kv_bytes_per_token() * (max_len + 1) + verify_rows * facts.vocab_size * 4
-            + (suffix_tokens + 1) * 4)
+            + suffix_index_bytes(suffix_tokens))
+
+
+def suffix_index_bytes(tokens: int = SUFFIX_CAPACITY) -> int:
+    """Host bytes of a full suffix index of `tokens` tokens (limits.SUFFIX_BYTES_PER_TOKEN)."""
+    return (tokens + 1) * SUFFIX_BYTES_PER_TOKEN
 
 
 def slots_that_fit(bundle, plan_: "MemoryPlan", budget_bytes: int, *, cap: int = MAX_AUTO_SLOTS) -> int:
@@ -408,11 +415,13 @@ class MemoryCheck:
 
 
 def compare(plan_: MemoryPlan, measured_bytes: int | None = None) -> MemoryCheck:
-    """Predicted vs measured resident memory of this process (peak RSS unless given)."""
+    """Predicted vs measured resident memory of this process (peak RSS unless given). The measurement
+    is of an engine that has just opened, whose suffix index holds nothing yet: the plan's full index
+    (what a long-running server grows to) is left out of the comparison."""
     if measured_bytes is None:
         m = measure_rss()
         measured_bytes = m.get("peak") or m.get("rss") or 0
-    return MemoryCheck(plan_.predicted_bytes, int(measured_bytes))
+    return MemoryCheck(plan_.predicted_bytes - plan_.breakdown.get("suffix_index", 0), int(measured_bytes))
 
 
 def available_bytes(root: str | os.PathLike = "/") -> int | None:
