@@ -14,7 +14,7 @@
 #
 # 1. Never touches the active environment: onnxruntime-gpu goes into a venv of its own (REPORT_DIR/venv)
 #    that sees the active one's packages; on an x86_64 host it is the PyPI wheel of the same version (else the newest
-#    at or above edgespec's onnxruntime floor)
+#    at or above the cuda flavor's onnxruntime floor, kernels.ORT_FLOORS)
 #    with its [cuda,cudnn] extras (CUDA and cuDNN from pip, loaded by onnxruntime.preload_dlls() at every
 #    start of that venv); on a Jetson it is NVIDIA's JetPack wheel (JetPack 6: their index; else
 #    --ort-wheel) with JetPack's own CUDA. If the install fails the check stops, naming what to do.
@@ -70,7 +70,7 @@ fi
 
 # --- which onnxruntime-gpu, from where
 ORT_VERSION=$("$PY" -c 'import onnxruntime; print(onnxruntime.__version__)' 2>/dev/null || true)
-FLOOR=$("$PY" -c 'from edgespec.models.kernels import ORT_FLOOR; print(ORT_FLOOR)')  # the oldest that takes the graphs
+FLOOR=$("$PY" -c 'from edgespec.models.kernels import ORT_FLOORS; print(ORT_FLOORS["cuda"])')  # the oldest that takes the cuda flavor
 if [ -n "$WHEEL" ]; then
   SPEC=("$WHEEL")
 elif [ "$JETSON" -eq 1 ]; then

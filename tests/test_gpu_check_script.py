@@ -47,7 +47,7 @@ def test_shellcheck_clean():
 
 # --- --plan: what it would run, on faked hosts (nothing is run, nothing is written) ---------------
 FAKES = Path(__file__).parent / "fakes"
-FLOOR = __import__("edgespec.models.kernels", fromlist=["ORT_FLOOR"]).ORT_FLOOR  # the oldest onnxruntime edgespec takes
+FLOOR = __import__("edgespec.models.kernels", fromlist=["ORT_FLOORS"]).ORT_FLOORS["cuda"]  # the oldest GPU wheel edgespec takes
 STEPS = ("versions", "doctor", "test-gpu", "export-smollm2", "verify-", "placement-", "bench-", "plan-measure-")
 
 

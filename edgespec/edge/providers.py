@@ -189,7 +189,8 @@ def _chain(order: list[str], i: int, available: set[str], options: dict) -> list
 
 
 def create_session(path: str | os.PathLike, *, providers=None, threads: int | None = None, provider_options=None,
-                   profile=None, spinning: bool | None = None, shared_threads: bool = False, configure=None):
+                   profile=None, spinning: bool | None = None, shared_threads: bool = False, configure=None,
+                   flavor: str | None = None):
     """Returns (session, device). Tries each requested provider that this onnxruntime has.
 
     `providers=None` uses CUDA -> CPU (those this onnxruntime lacks are skipped quietly);
@@ -197,13 +198,14 @@ def create_session(path: str | os.PathLike, *, providers=None, threads: int | No
     line (a ProfileOrder, a device profile's default, is quiet like the default order). `profile`
     sets the TensorRT options (workspace limit, fp16) for the board. `path` may be a serialized model
     (bytes: the self-draft graph, engine/selfdraft.py); `configure(session_options)`, if given, is
-    called on the options before each try (shared weights). Raises ProviderError listing every
-    provider's reason when none works."""
+    called on the options before each try (shared weights). `flavor`: the graph's flavor, whose
+    onnxruntime floor is checked first (kernels.ORT_FLOORS; None: the lowest floor). Raises
+    ProviderError listing every provider's reason when none works."""
     import onnxruntime as ort
 
     from ..models.kernels import require_floor
 
-    require_floor(ort.__version__)  # one line naming the release needed, not onnxruntime's "invalid model"
+    require_floor(ort.__version__, flavor)  # one line naming the release needed, not onnxruntime's "invalid model"
     explicit = providers is not None and not isinstance(providers, ProfileOrder)
     order = normalize(providers)
     available = set(ort.get_available_providers())
