@@ -238,14 +238,17 @@ def test_old_bundle_without_flavor_fields_still_verifies(tiny_bundle, bundle_cop
 
 
 def test_the_memory_plan_counts_the_graph_the_runner_loads(tiny_both_flavors_bundle, fake_cuda):
-    """CUDA first: the cuda graph (float16 KV) is what gets loaded, and what the plan counts."""
+    """CUDA first: the cuda graph (float16 KV) is what gets loaded, and what the plan counts; its KV
+    cache is device memory (the device side), not host memory."""
     from edgespec.edge import memory
     from edgespec.engine import build
 
     b = Bundle.open(tiny_both_flavors_bundle)
     on_cuda = build.memory_plan(b, max_len=256, want_draft=False, profile=None, budget=None, providers="cuda,cpu")
     on_cpu = build.memory_plan(b, max_len=256, want_draft=False, profile=None, budget=None, providers="cpu")
-    assert on_cuda.breakdown["target_kv"] * 2 == on_cpu.breakdown["target_kv"]
+    assert on_cuda.device_breakdown["target_kv"] * 2 == on_cpu.breakdown["target_kv"]
+    assert on_cuda.breakdown["target_kv"] == 0 and on_cpu.device_breakdown == {}
+    assert not on_cuda.unified  # no profile: not known to share the DRAM, so the device side is reported apart
     cuda_graph = b.target.graphs()["cuda"]
     assert on_cuda.breakdown["target_weights"] == int(1.32 * memory.graph_file_bytes(b, cuda_graph))
 
@@ -273,26 +276,31 @@ def test_batch_engine_refuses_a_cpu_graph_on_cuda(tiny_bundle_nodraft, fake_cuda
         BatchEngine.open(tiny_bundle_nodraft, parallel=2, providers="cuda,cpu", verify=False, warmup=False)
 
 
-def test_batch_engine_loads_the_cuda_graph_on_cuda(tiny_both_flavors_bundle, fake_cuda):
-    """With both flavors, the batched runner gets the cuda graph on CUDA, as load_runner does."""
+def test_batched_runner_judges_the_graph_the_flavor_choice_loads(tiny_both_flavors_bundle, fake_cuda):
+    """With both flavors, the batched runner's choice is load_runner's: on CUDA that is the cuda graph,
+    which cannot batch (refused before any session, naming --providers cpu); on the CPU, the cpu graph."""
+    from edgespec.core.batch_runner import BatchUnsupported
+
     b = Bundle.open(tiny_both_flavors_bundle)
-    runner_mod.load_batch_runner(b.model_path("target"), b.target, 32, 2, providers="cuda,cpu")
+    with pytest.raises(BatchUnsupported, match=r"target/model\.cuda\.onnx is the cuda flavor.*--providers cpu"):
+        runner_mod.load_batch_runner(b.model_path("target"), b.target, 32, 2, providers="cuda,cpu")
+    assert fake_cuda == []
+    runner_mod.load_batch_runner(b.model_path("target"), b.target, 32, 2, providers="cpu")
     (_, f, device), = fake_cuda
-    assert device == "cuda" and f.path == "target/model.cuda.onnx" and f.kv_dtype == "float16"
+    assert device == "cpu" and f.path == "target/model.onnx" and f.kv_dtype == "float32"
 
 
 def test_plan_counts_the_graph_the_engine_loads(tiny_both_flavors_bundle, monkeypatch):
-    """`edgespec plan` on a board whose profile puts CUDA first plans the cuda graph (float16 KV: half
-    the cpu graph's), the one Engine.open would load there."""
+    """`edgespec plan` picks the graph through flavor.planned, the engine's own choice: planned for an
+    Orin from elsewhere (its profile's order) the cuda graph on CUDA; here, with only the CPU provider,
+    the cpu graph."""
+    from edgespec.cli.commands.plan import _runs_on
     from edgespec.edge import devices
-    from edgespec.engine import build
 
     b = Bundle.open(tiny_both_flavors_bundle)
-    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, CPU])
-    orin = devices.engine_defaults(devices.get("orin-nano"))["providers"]
-    on_orin = build.memory_plan(b, max_len=256, want_draft=False, profile=None, budget=None, providers=orin)
+    orin = devices.get("orin-nano")
     monkeypatch.setattr(ort, "get_available_providers", lambda: [CPU])
-    here = build.memory_plan(b, max_len=256, want_draft=False, profile=None, budget=None, providers=orin)
-    assert on_orin.breakdown["target_kv"] * 2 == here.breakdown["target_kv"]
-    assert flavor.planned(b.target, orin, [CUDA, CPU]).path == "target/model.cuda.onnx"
-    assert flavor.planned(b.target, orin, [CPU]).path == "target/model.onnx"
+    assert _runs_on(b, orin, here=False) == ("cuda", "cuda")
+    assert _runs_on(b, orin, here=True) == ("cpu", "cpu")
+    assert flavor.planned(b.target, ["cuda", "cpu"], [CUDA, CPU]).path == "target/model.cuda.onnx"
+    assert flavor.planned(b.target, ["cuda", "cpu"], [CPU]).path == "target/model.onnx"

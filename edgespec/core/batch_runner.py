@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import EdgespecError
 from ..models.manifest import ModelFacts
-from .runner import CacheFull, StepTimes
+from .runner import CacheFull, StepTimes, contract_inputs
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 PADDED_QUERIES_KEY = "edgespec.padded_queries"  # graph metadata written by export/graph_batch.py
@@ -37,6 +37,17 @@ PADDED_QUERIES_KEY = "edgespec.padded_queries"  # graph metadata written by expo
 
 class BatchUnsupported(EdgespecError):
     """The bundle's graph cannot run batched steps over a cache (exported before batching)."""
+
+
+def check_batchable(facts: ModelFacts, slots: int) -> None:
+    """Raises BatchUnsupported (one line) when `slots` > 1 and the graph is the cuda flavor: batched
+    steps need GroupQueryAttention's query_seqlens, which no onnxruntime-gpu release takes, so the
+    cuda flavor is exported without it (kernels.ORT_FLOORS) and batched serving runs on the cpu flavor."""
+    if slots > 1 and facts.graph_flavor() == "cuda":
+        raise BatchUnsupported(
+            f"batched serving runs on the cpu flavor: {facts.path} is the cuda flavor, whose GroupQueryAttention "
+            f"takes no per-row query lengths (query_seqlens, in no onnxruntime-gpu release); serve it with "
+            f"--parallel 1, or serve a bundle exported with --ep cpu (or --ep cpu,cuda) with --providers cpu")
 
 
 def graph_batches(session) -> bool:
@@ -77,6 +88,7 @@ class BatchRunner:
             raise ValueError(f"max_len must be at least 2, got {max_len}")
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
+        check_batchable(facts, slots)
         if slots > 1 and not graph_batches(session):
             raise BatchUnsupported(
                 "this bundle's graph cannot verify several requests in one pass (it was exported before "
@@ -97,7 +109,7 @@ class BatchRunner:
         names = {i.name for i in session.get_inputs()}
         # graph contract v2 (tree verification) adds per-token positions and an attention bias; a
         # batched step feeds each row's positions (L_b + j) and a zero bias
-        self._v2 = (getattr(facts, "position_ids", None) in names and getattr(facts, "attention_bias", None) in names)
+        self._positions_in, self._bias_in = contract_inputs(facts, names)  # runner.py: v3 cuda has no bias
         self._bias_dtype = kv_dtype
         # one spare position: a full row padded in a batched step needs a mask one wider than the
         # cache (its padding mark's cell), and the operator wants the mask to fit the buffer
@@ -215,8 +227,9 @@ class BatchRunner:
         t0 = time.perf_counter()
         binding.bind_cpu_input(f.input_ids, t.astype(np.int64).reshape(1, s))
         binding.bind_cpu_input(f.attention_mask, np.ones((1, length + s), dtype=np.int64))
-        if self._v2:
+        if self._positions_in:
             binding.bind_cpu_input(f.position_ids, np.arange(length, length + s, dtype=np.int64).reshape(1, s))
+        if self._bias_in:
             binding.bind_cpu_input(f.attention_bias, np.zeros((1, 1, s, length + s), dtype=self._bias_dtype))
         keep = n_logits if self._has_logits_to_keep else s
         if self._has_logits_to_keep:
@@ -271,9 +284,10 @@ class BatchRunner:
         bd = self._range_binding(lo, hi)
         bd.bind_cpu_input(f.input_ids, ids)
         bd.bind_cpu_input(f.attention_mask, mask)
-        if self._v2:
+        if self._positions_in:
             pos = np.asarray(lengths, dtype=np.int64).reshape(n, 1) + np.arange(S, dtype=np.int64)
             bd.bind_cpu_input(f.position_ids, pos)
+        if self._bias_in:
             bd.bind_cpu_input(f.attention_bias, np.zeros((1, 1, S, width), dtype=self._bias_dtype))
         if self._has_logits_to_keep:
             bd.bind_cpu_input(f.logits_to_keep, np.array([S], dtype=np.int64))

@@ -12,6 +12,9 @@ positions L..L+S-1 (a slice of one preallocated arange) and zeros (a view of one
 buffer), so it allocates nothing more than before; `step_tree` binds a tree's per-node positions and
 its ancestor mask, and `compact` moves the accepted path's rows to contiguous positions. A version-1
 graph lacks both inputs: the runner then binds neither and can only run chains (`supports_tree`).
+Contract v3's cuda-flavored graph has `position_ids` but no `attention_bias` (CUDA's
+GroupQueryAttention refuses one): the runner binds each input only if the graph has it
+(`contract_inputs`), so such a graph runs chains, never trees.
 """
 from __future__ import annotations
 
@@ -29,6 +32,13 @@ from ..models.manifest import ModelFacts
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 _ZERO_BIAS_CAP = 1 << 16  # elements of the reused zero bias (256 KB in fp32): decode/verify steps
 log = logging.getLogger("edgespec.runner")
+
+
+def contract_inputs(facts: ModelFacts, names: set[str]) -> tuple[bool, bool]:
+    """(bind position_ids, bind attention_bias): each only when the manifest names it and the graph
+    (a session's input names) has it. Every runner asks this one function."""
+    return (facts.position_ids is not None and facts.position_ids in names,
+            facts.attention_bias is not None and facts.attention_bias in names)
 
 
 class CacheFull(EdgespecError):
@@ -93,9 +103,10 @@ class ModelRunner:
         self.vocab_size = facts.vocab_size
         inputs = {i.name for i in session.get_inputs()}
         self._has_logits_to_keep = facts.logits_to_keep is not None and facts.logits_to_keep in inputs
-        # contract v2 (per-token positions + attention bias); False for a version-1 graph
-        self.supports_tree = (facts.position_ids is not None and facts.attention_bias is not None
-                              and facts.position_ids in inputs and facts.attention_bias in inputs)
+        # contract v2/v3: per-token positions (v2, and v3 in both flavors) and the attention bias (v2, and
+        # v3's cpu flavor); trees need both: False for a version-1 graph and a v3 cuda graph
+        self._bind_positions, self._bind_bias = contract_inputs(facts, inputs)
+        self.supports_tree = self._bind_positions and self._bind_bias
         kv_dtype = _NP_DTYPES[facts.kv_dtype]
         self._bias_dtype = kv_dtype  # GQA's attention_bias has the attention's float type (= the cache's)
         self._positions = np.arange(self.max_len, dtype=np.int64).reshape(1, self.max_len)
@@ -166,8 +177,9 @@ class ModelRunner:
         f = self.facts
         b.bind_cpu_input(f.input_ids, np.asarray(tokens, dtype=np.int64).reshape(1, s))
         b.bind_cpu_input(f.attention_mask, self._ones[:, : self.length + s])
-        if self.supports_tree:
+        if self._bind_positions:
             b.bind_cpu_input(f.position_ids, self._positions[:, self.length : self.length + s])
+        if self._bind_bias:
             b.bind_cpu_input(f.attention_bias, self._zero_bias(s, self.length + s))
         return self._run(s, n_logits, t0)
 
@@ -188,8 +200,8 @@ class ModelRunner:
         parent precedes its children). Returns logits [N, vocab] (a reused buffer, like step).
         `length` grows by N; the caller keeps the accepted path with `compact` and `rewind`."""
         if not self.supports_tree:
-            raise ValueError("this graph has no position_ids/attention_bias inputs (a format-1 bundle): "
-                             "re-export it with this edgespec for tree verification")
+            raise ValueError("this graph has no position_ids/attention_bias inputs (a format-1 bundle, or a "
+                             "cuda-flavored graph): trees run on a cpu-flavored graph of format 2 or later")
         s = len(tokens)
         if s == 0:
             raise ValueError("step_tree needs at least one token")
@@ -228,6 +240,26 @@ class ModelRunner:
         dst = np.array([m[1] for m in moves])
         for arr in self._kv_np:
             arr[0, :, dst] = arr[0, :, src]  # fancy indexing reads a copy first: overlaps are safe
+
+    def snapshot(self, n: int) -> list[np.ndarray] | None:
+        """Copies of the first n rows of every cache buffer (key_0, value_0, key_1, ...; each
+        [1, kv_heads, n, head_dim]), for a prefix kept aside (engine/pinned.py); None when the cache
+        is not on the host."""
+        if self._kv_np is None or not 0 < n <= self.length:
+            return None
+        return [arr[:, :, :n].copy() for arr in self._kv_np]
+
+    def restore(self, rows: Sequence[np.ndarray]) -> None:
+        """Writes a snapshot back as the cache's first rows; the cache then holds exactly them."""
+        if self._kv_np is None or len(rows) != len(self._kv_np):
+            raise ValueError("restore: the snapshot does not match this cache's buffers")
+        n = rows[0].shape[2]
+        for arr, r in zip(self._kv_np, rows):
+            if r.shape != arr[:, :, :n].shape or r.dtype != arr.dtype or n > self.max_len:
+                raise ValueError(f"restore: a snapshot row block {r.shape} {r.dtype} does not fit {arr.shape} {arr.dtype}")
+        for arr, r in zip(self._kv_np, rows):
+            arr[:, :, :n] = r
+        self.length = n
 
     def _run(self, s: int, n_logits: int, t0: float) -> np.ndarray:
         b = self._binding

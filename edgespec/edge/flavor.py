@@ -113,7 +113,7 @@ def open_session(facts: ModelFacts, path: Path, providers, create: Callable, *, 
     (graph facts, session, device).
 
     `path`: the model's graph in its bundle (root / facts.path); a graph outside a bundle is opened as is.
-    `create(path, providers) -> (session, device)` makes the session (edge/providers.create_session
+    `create(path, providers, graph_flavor) -> (session, device)` makes the session (edge/providers.create_session
     with the caller's threads and pools). With a cpu and a cuda graph, the cuda one is tried when CUDA
     comes first in the order; when that session ends up on the CPU anyway (the GPU provider failed),
     the cpu graph is loaded instead."""
@@ -122,11 +122,12 @@ def open_session(facts: ModelFacts, path: Path, providers, create: Callable, *, 
     root = _bundle_root(Path(path), facts)
     graphs = facts.graphs() if root is not None else {facts.graph_flavor(): facts}
     chosen = planned(facts, providers) if root is not None else facts
-    session, device = create(root / chosen.path if root is not None else Path(path), providers)
+    session, device = create(root / chosen.path if root is not None else Path(path), providers,
+                             chosen.graph_flavor())
     got = flavor_for_device(device)
     if got != chosen.graph_flavor() and got in graphs:
         chosen = graphs[got]
-        session, device = create(root / chosen.path, [CPU])
+        session, device = create(root / chosen.path, [CPU], got)
     check(chosen, device, force=force)
     return chosen, session, device
 

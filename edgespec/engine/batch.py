@@ -118,7 +118,7 @@ class BatchEngine:
         self.rounds = 0
         self.last_batch = 0  # rows in the last decode round (for /metrics)
         # each request's drafters, and what they share
-        self._drafters = BatchDrafters(plan.settings.suffix_capacity)
+        self._drafters = BatchDrafters(plan.settings.suffix_capacity, runner.max_len)
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.batch_runner import BatchRunner
+from ..core.batch_runner import BatchRunner, check_batchable
 from ..core.runner import ModelRunner
 from ..edge import devices, flavor, memory, providers as prov
 from ..edge import governor as gov
@@ -44,8 +44,8 @@ def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, 
     elif spinning is not None:
         kw["spinning"] = spinning
 
-    def create(gpath, order):
-        return prov.create_session(gpath, providers=order, threads=threads, profile=profile, **kw)
+    def create(gpath, order, graph_flavor):
+        return prov.create_session(gpath, providers=order, threads=threads, profile=profile, flavor=graph_flavor, **kw)
 
     chosen, session, device = flavor.open_session(facts, Path(path), providers, create, force=force_flavor)
     return ModelRunner(session, chosen, max_len, device=device)
@@ -56,12 +56,15 @@ def load_batch_runner(path: Path, facts: ModelFacts, max_len: int, slots: int, *
                       deterministic: bool = False) -> BatchRunner:
     """The target with `slots` cache slots (server --parallel): one session, no draft model; its
     graph chosen, and refused, as load_runner's (edge/flavor.py open_session)."""
+    # before the session: the graph the flavor choice will load, and a cuda graph cannot batch
+    check_batchable(flavor.planned(facts, providers), slots)
     # on the process-wide pool like load_runner's sessions: an engine opened later in this process
     # (a test, a bench) then finds the same thread setup whichever kind of engine came first
     shared = prov.use_shared_thread_pool(threads) or prov.shared_pool_active()
 
-    def create(gpath, order):
-        return prov.create_session(gpath, providers=order, threads=threads, profile=profile, shared_threads=shared)
+    def create(gpath, order, graph_flavor):
+        return prov.create_session(gpath, providers=order, threads=threads, profile=profile, shared_threads=shared,
+                                   flavor=graph_flavor)
 
     chosen, session, device = flavor.open_session(facts, Path(path), providers, create, force=force_flavor)
     return BatchRunner(session, chosen, max_len, slots, device=device)
@@ -137,9 +140,15 @@ def memory_plan(b: Bundle, *, max_len, want_draft: bool, profile, budget: int | 
                 providers=None) -> memory.MemoryPlan:
     """The memory module's plan: `budget` (bytes) or else the profile's default budget decides the
     cache length and whether the draft is loaded; with neither, nothing is shrunk. It counts the
-    graph load_runner will pick for `providers` (flavor.planned: a bundle may hold two flavors)."""
+    graph load_runner will pick for `providers` (flavor.planned: a bundle may hold two flavors), and
+    where a cuda graph's cache lives."""
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    first = flavor.first_usable(prov.normalize(providers), available)
+    graph = flavor.planned(b.target, providers, available).graph_flavor()
     return memory.plan(b, max_len=max_len, want_draft=want_draft, budget_bytes=budget, profile=profile,
-                       flavor=flavor.planned(b.target, providers).graph_flavor())
+                       flavor=graph, device=prov.device_of(first) if first and graph == "cuda" else "cpu")
 
 
 def sessions_spin(load_draft: bool) -> bool:

@@ -75,6 +75,7 @@ class Engine:
         self._suffix = self._drafters["suffix"]
         self._tree = TreeVerifier(self.costs, self._drafters["ngram"], self._drafters.get("model"))
         self._cache = PrefixCache()
+        self.pinned = None  # a PinnedPrefix (pinned.py): written back before a request that starts with it
         self._lock = threading.Lock()
         self._parse = RequestParser(self.vocab, self.max_len, s, unavailable=self._unavailable,
                                     tree_check=self._check_tree_possible)
@@ -227,6 +228,9 @@ class Engine:
                    "edgespec (`edgespec export`) for tree verification"
                    if not self.target.supports_tree else "the target does not run on the CPU provider "
                    "(tree verification compacts the cache on the host)")
+            if self.target.facts.graph_flavor() == "cuda":  # graph contract v3: no attention_bias on CUDA
+                why = ("its cuda-flavored graph has no attention_bias input (onnxruntime's CUDA "
+                       "GroupQueryAttention refuses one): trees run on the CPU provider with a cpu-flavored graph")
             raise InvalidRequest(f"tree='on' is not possible with bundle {self.bundle.name}: {why}; "
                                  "use tree='auto' or 'off'", param="tree")
 
@@ -264,6 +268,8 @@ class Engine:
             if self.target is None:
                 raise InvalidRequest("this engine is closed", param=None)
             drafter, k_cap = self._drafter(req.draft, req.k)
+            if self.pinned is not None:
+                self.pinned.restore(req.ids, self.target, self._cache)
             parts = Parts(self.target, self.tokenizer, self.eos_ids, self.usable, self.prefill_chunk,
                           free_drafter=self._suffix, governor=self.governor, tree=self._tree,
                           on_end=self._suffix.record)
