@@ -10,7 +10,7 @@ from __future__ import annotations
 TREE_MODES = ("auto", "on", "off")  # what a request's `tree` may name (tree verification)
 K_LIMIT = 16  # largest k a request may ask for (each verify row costs a full-vocabulary logits row)
 DEFAULT_K_CAP = 8  # adaptive k never proposes more than this per round
-DEFAULT_MAX_LEN = 2048  # cache length when neither the caller, the bundle (export --max-context) nor a device profile sets one (edge/memory.py default_max_len)
+DEFAULT_MAX_LEN = 2048  # cache length when neither the caller, the bundle (export --max-context) nor a device profile sets one (edge/cache_length.py)
 PREFILL_CHUNK = 512  # tokens per prefill step: bounds activation memory on long prompts
 # tokens the suffix index keeps: the drafter's bound (a batched server's shared history too: its requests
 # read it in place, each beside an index of its own text, which the memory plan's slot cost counts)

@@ -174,7 +174,7 @@ BUNDLES=("$SMOL")
 if [ "$FULL" -eq 1 ]; then
   if [ -z "$QWEN" ]; then
     QWEN="$REPORT/bundles/qwen-coder-cuda"
-    step export-qwen 2400 bash -c "$PY -m edgespec pull qwen2.5-coder-1.5b-instruct && $PY -m edgespec pull qwen2.5-coder-0.5b-instruct && $PY -m edgespec export --target \"\$($PY -c \"$GGUF_OF\" qwen2.5-coder-1.5b-instruct)\" --draft \"\$($PY -c \"$GGUF_OF\" qwen2.5-coder-0.5b-instruct)\" --ep cuda -o '$QWEN' -q"
+    step export-qwen 2400 bash -c "$PY -m edgespec pull qwen2.5-coder-1.5b-instruct && $PY -m edgespec pull qwen2.5-coder-0.5b-instruct && $PY -m edgespec export --target \"\$($PY -c \"$GGUF_OF\" qwen2.5-coder-1.5b-instruct)\" --draft-model \"\$($PY -c \"$GGUF_OF\" qwen2.5-coder-0.5b-instruct)\" --ep cuda -o '$QWEN' -q"
   fi
   BUNDLES+=("$QWEN")
 fi

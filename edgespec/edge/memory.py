@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BudgetError, InvalidRequest
-from ..limits import DEFAULT_MAX_LEN, PREFILL_CHUNK, SUFFIX_BYTES_PER_TOKEN, SUFFIX_CAPACITY
+from ..limits import PREFILL_CHUNK, SUFFIX_BYTES_PER_TOKEN, SUFFIX_CAPACITY
 from ..models.bundle import Bundle
 from ..units import format_size, measure_rss
+from . import cache_length
 
 # --- the model's constants, fitted to measured RSS (docs/edge.md, "Memory budget") ------------
 RUNTIME_BASE = 90 << 20  # python + numpy + edgespec + onnxruntime and its first session's code and pools
@@ -244,23 +245,6 @@ def predict_device(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int
     return parts
 
 
-def check_max_len(max_len) -> None:
-    """A cache length someone asked for: an integer of at least 2 (the prompt's last token and one more)."""
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
-        raise InvalidRequest(f"max_len must be an integer >= 2, got {max_len!r}", param="max_len")
-
-
-def default_max_len(bundle, profile=None) -> int:
-    """The cache length when none is asked for (the one place this default is decided): the bundle's
-    own, written by export (`--max-context`, manifest.defaults["max_len"]), else DEFAULT_MAX_LEN;
-    capped by the board's profile (`default_max_len`: what its memory and speed make sensible)."""
-    defaults = getattr(getattr(bundle, "manifest", None), "defaults", None) or {}
-    want = defaults.get("max_len")
-    want = int(want) if isinstance(want, int) and not isinstance(want, bool) and want >= 2 else DEFAULT_MAX_LEN
-    board = getattr(profile, "default_max_len", None)
-    return min(want, int(board)) if board else want
-
-
 def plan(
     bundle,
     *,
@@ -276,7 +260,7 @@ def plan(
 ) -> MemoryPlan:
     """Chooses max_len and whether to load the draft so the prediction fits `budget_bytes`.
 
-    `max_len=None` takes default_max_len (the bundle's export default, capped by the board's), capped
+    `max_len=None` takes cache_length.default_max_len (the bundle's export default, capped by the board's), capped
     at the model's context.
     `budget_bytes=None` takes the profile's default budget; with neither, nothing is shrunk.
     `device` "cuda" (the graphs run on the CUDA provider) adds the device side (predict_device, with
@@ -290,9 +274,9 @@ def plan(
     if b.draft is not None:
         context = min(context, b.draft.max_context)
     if max_len is None:
-        want_len = default_max_len(b, profile)
+        want_len = cache_length.default_max_len(b, profile)
     else:
-        check_max_len(max_len)
+        cache_length.check_max_len(max_len)
         want_len = int(max_len)
     if want_len > context:
         notes.append(f"max_len {want_len} capped at the model's context length {context}")

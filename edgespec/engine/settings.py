@@ -9,7 +9,7 @@ any bundle is read; what comes out is frozen and flows down unchanged:
 A default lives here once (the dataclass's field) or, for what depends on the bundle and the board
 (the cache length, the provider order), in the plan step: `max_len=None` is the bundle's export
 default (`manifest.defaults["max_len"]`, from `export --max-context`) capped by the board's profile
-and the memory plan (edge/memory.py, default_max_len).
+and the memory plan (edge/cache_length.py default_max_len, edge/memory.py).
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ class Settings:
         check_k(self.k)
         check_tree(self.tree)
         from ..drafters.suffix_index import check_capacity
-        from ..edge.memory import check_max_len
+        from ..edge.cache_length import check_max_len
 
         if self.max_len is not None:
             check_max_len(self.max_len)
