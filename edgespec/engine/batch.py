@@ -117,9 +117,11 @@ class BatchEngine:
     def open(cls, bundle, *, parallel: int, draft: str = "auto", k: int | None = None, max_len: int | None = None,
              providers=None, threads: int | None = None, device=None, memory_budget=None, power_budget=None,
              max_temp=None, verify: bool = True, warmup: bool = True,
-             suffix_capacity: int = SUFFIX_CAPACITY, tree: str = "auto") -> "BatchEngine":
+             suffix_capacity: int = SUFFIX_CAPACITY, tree: str = "auto", deterministic: bool = False) -> "BatchEngine":
         """Loads the target with `parallel` cache slots (no draft model: see the module docstring).
-        suffix_capacity: tokens of finished requests the shared suffix history keeps (batch_drafters.py)."""
+        suffix_capacity: tokens of finished requests the shared suffix history keeps (batch_drafters.py).
+        deterministic: a request's tokens do not depend on what it is batched with nor on what the
+        slot's cache held (docs/runtime.md, "Deterministic mode")."""
         from ..models.bundle import Bundle
 
         if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
@@ -134,7 +136,8 @@ class BatchEngine:
                                  budget=edge["memory_budget"])
         max_len = plan.max_len
         runner = build.load_batch_runner(b.model_path("target"), b.target, max_len, parallel,
-                                   providers=edge["providers"], threads=edge["threads"], profile=edge["profile"])
+                                         providers=edge["providers"], threads=edge["threads"], profile=edge["profile"],
+                                         deterministic=deterministic)
         governor = build.governor(edge, spinning=True)
         # the engine validates and tokenizes; batched requests draft with BatchDrafters, so its own
         # suffix index is the smallest there is

@@ -17,7 +17,7 @@ from ..units import parse_celsius, parse_size, parse_watts
 
 def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, threads: int | None = None,
                 spinning: bool | None = None, shared_threads: bool = False, profile=None,
-                force_flavor: bool | None = None) -> ModelRunner:
+                force_flavor: bool | None = None, deterministic: bool = False) -> ModelRunner:
     """Creates the session (trying providers in order, see edge/providers.py) and its runner.
 
     The graph is the bundle's one whose flavor matches the provider (edge/flavor.py): with a cpu and
@@ -52,7 +52,7 @@ def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, 
         session, device = prov.create_session(root / chosen.path, providers=[prov.CPU], threads=threads,
                                               profile=profile, **kw)
     flavor.check(chosen, device, force=force_flavor)
-    return ModelRunner(session, chosen, max_len, device=device)
+    return ModelRunner(session, chosen, max_len, device=device, deterministic=deterministic)
 
 
 def _bundle_root(path: Path, facts: ModelFacts) -> Path | None:
@@ -64,14 +64,14 @@ def _bundle_root(path: Path, facts: ModelFacts) -> Path | None:
 
 
 def load_batch_runner(path: Path, facts: ModelFacts, max_len: int, slots: int, *, providers=None,
-                      threads: int | None = None, profile=None) -> BatchRunner:
+                      threads: int | None = None, profile=None, deterministic: bool = False) -> BatchRunner:
     """The target with `slots` cache slots (server --parallel): one session, no draft model."""
     # on the process-wide pool like load_runner's sessions: an engine opened later in this process
     # (a test, a bench) then finds the same thread setup whichever kind of engine came first
     shared = prov.use_shared_thread_pool(threads) or prov.shared_pool_active()
     session, device = prov.create_session(path, providers=providers, threads=threads, profile=profile,
                                           shared_threads=shared)
-    return BatchRunner(session, facts, max_len, slots, device=device)
+    return BatchRunner(session, facts, max_len, slots, device=device, deterministic=deterministic)
 
 
 def parallel_slots(b: Bundle, plan: memory.MemoryPlan) -> int:
