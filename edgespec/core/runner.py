@@ -92,8 +92,11 @@ class ModelRunner:
     """`step(tokens, n_logits)` appends tokens to the cache and returns the last n_logits rows of
     logits; `rewind(length)` forgets everything after `length`.
 
-    Shapes: tokens [S] -> logits [n_logits, vocab]; cache buffers [1, kv_heads, max_len, head_dim].
+    Shapes: tokens [S] -> logits [n_logits, vocab]; cache buffers [1, kv_heads, max_len, head_dim]
+    (max_len + 1 in deterministic mode).
     """
+
+    deterministic = False  # class default: a subclass with its own __init__ (the self-draft) is not
 
     def __init__(self, session, facts: ModelFacts, max_len: int, *, device: str = "cpu", device_id: int = 0,
                  deterministic: bool = False):

@@ -125,6 +125,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "off (default auto) [EDGESPEC_TREE]")
     eng.add_argument("--max-len", type=int, help="KV cache length in tokens (default: from the memory plan) "
                      "[EDGESPEC_MAX_LEN]")
+    eng.add_argument("--deterministic", action="store_true", default=None,
+                     help="the same request gets the same tokens whatever the cache holds, whatever it is batched "
+                     "with and whichever drafter runs (chains only; sampled requests are not drafted; "
+                     "docs/runtime.md) [EDGESPEC_DETERMINISTIC=1]")
     eng.add_argument("--suffix-capacity", type=int, metavar="TOKENS", help="tokens of earlier requests and "
                      "answers the suffix index keeps for drafting (4 bytes each, the oldest evicted; default 1048576 "
                      "= 4 MB; with --parallel the shared history of finished requests, plus one copy per running "
@@ -193,6 +197,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         "draft_providers": _pick(args.draft_providers, "EDGESPEC_DRAFT_PROVIDERS"),
         "threads": _pick(args.threads, "EDGESPEC_THREADS", int),
         "verify": _pick(args.verify, "EDGESPEC_VERIFY", _bool),
+        "deterministic": _pick(getattr(args, "deterministic", None), "EDGESPEC_DETERMINISTIC", _bool),
     }
     return {k: v for k, v in opts.items() if v is not None}
 
