@@ -20,7 +20,8 @@ A round (one call of `round()`):
    its own slot.
 Requests join and leave between rounds. Every request in the batch gets the tokens it would get
 alone: greedy rows are the target's argmax whatever their neighbours, and a sampled request draws
-from its own seeded RNG in the same order as it would alone (with a fixed k or no drafting).
+from its own seeded RNG in the same order as it would alone (with a fixed k or no drafting);
+bitwise with `deterministic=True` (without, a padded 1-token row may flip a near-tie).
 
 Drafting in a batch (batch_drafters.py): "none", "ngram", "suffix" (a shared history of finished
 requests plus the request's own text) and "auto" choosing between the suffix index and nothing, each
@@ -120,8 +121,7 @@ class BatchEngine:
              suffix_capacity: int = SUFFIX_CAPACITY, tree: str = "auto", deterministic: bool = False) -> "BatchEngine":
         """Loads the target with `parallel` cache slots (no draft model: see the module docstring).
         suffix_capacity: tokens of finished requests the shared suffix history keeps (batch_drafters.py).
-        deterministic: a request's tokens do not depend on what it is batched with nor on what the
-        slot's cache held (docs/runtime.md, "Deterministic mode")."""
+        deterministic: tokens independent of the batch and the slot's cache (docs/runtime.md)."""
         from ..models.bundle import Bundle
 
         if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
