@@ -170,15 +170,30 @@ def test_tree_on_is_refused_in_deterministic_mode(tiny_int8_bundle):
     assert eng.generate("def add(a, b):", max_new_tokens=10, tree="auto").stats.tree_rounds == 0
 
 
-def test_generate_cli_takes_deterministic(tiny_int8_bundle, capsys):
+def test_generate_and_bench_pass_deterministic_to_the_engine(tiny_int8_bundle, capsys, monkeypatch):
+    import json
+
     from edgespec.cli.main import main
 
-    outs = []
+    seen = []
+    real_open = Engine.open.__func__
+
+    def spy(cls, *a, **kw):
+        seen.append(kw.get("deterministic"))
+        return real_open(cls, *a, **kw)
+
+    monkeypatch.setattr(Engine, "open", classmethod(spy))
     for extra in ([], ["--deterministic"]):
         assert main(["generate", str(tiny_int8_bundle), "-p", "def add(a, b):", "--max-new-tokens", "12",
                      "--json", "--no-verify", "--draft", "ngram", *extra]) == 0
-        outs.append(capsys.readouterr().out)
-    assert '"text"' in outs[1]
+        assert json.loads(capsys.readouterr().out)["finish_reason"] in ("length", "stop")
+    assert seen == [False, True]
+    rc = main(["bench", str(tiny_int8_bundle), "--modes", "target,ngram", "--limit", "1", "--repeats", "1",
+               "--max-new-tokens", "8", "--project", "none", "--quiet", "--deterministic"])
+    assert rc == 0 and seen[-1] is True
+    capsys.readouterr()
+    assert main(["bench", str(tiny_int8_bundle), "--modes", "target,ngram+tree", "--deterministic"]) != 0
+    assert "--deterministic runs chains only" in capsys.readouterr().err
 
 
 def test_serve_reads_deterministic_from_flag_and_environment(monkeypatch):
