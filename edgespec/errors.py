@@ -66,6 +66,10 @@ class ProviderError(EdgespecError):
     """No execution provider could create a session."""
 
 
+class OnnxruntimeTooOld(ProviderError):
+    """The installed onnxruntime predates edgespec.models.kernels.ORT_FLOOR; the message names the fix."""
+
+
 class ExportError(EdgespecError):
     """The workstation export failed for a reason the user can fix (bad source, no network, ...)."""
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..errors import EdgespecError
 from ..models.manifest import ModelFacts
-from .runner import CacheFull, StepTimes, step_rows
+from .runner import CacheFull, StepTimes, contract_inputs, step_rows
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 PADDED_QUERIES_KEY = "edgespec.padded_queries"  # graph metadata written by export/graph_batch.py
@@ -104,7 +104,7 @@ class BatchRunner:
         names = {i.name for i in session.get_inputs()}
         # graph contract v2 (tree verification) adds per-token positions and an attention bias; a
         # batched step feeds each row's positions (L_b + j) and a zero bias
-        self._v2 = (getattr(facts, "position_ids", None) in names and getattr(facts, "attention_bias", None) in names)
+        self._positions_in, self._bias_in = contract_inputs(facts, names)  # runner.py: v3 cuda has no bias
         self._bias_dtype = kv_dtype
         # one spare position: a full row padded in a batched step needs a mask one wider than the
         # cache (its padding mark's cell), and the operator wants the mask to fit the buffer; one
@@ -233,8 +233,9 @@ class BatchRunner:
         t0 = time.perf_counter()
         binding.bind_cpu_input(f.input_ids, t.reshape(1, n))
         binding.bind_cpu_input(f.attention_mask, np.ones((1, length + n), dtype=np.int64))
-        if self._v2:
+        if self._positions_in:
             binding.bind_cpu_input(f.position_ids, np.arange(length, length + n, dtype=np.int64).reshape(1, n))
+        if self._bias_in:
             binding.bind_cpu_input(f.attention_bias, np.zeros((1, 1, n, length + n), dtype=self._bias_dtype))
         keep = n_logits + n - s if self._has_logits_to_keep else n
         if self._has_logits_to_keep:
@@ -289,9 +290,10 @@ class BatchRunner:
         bd = self._range_binding(lo, hi)
         bd.bind_cpu_input(f.input_ids, ids)
         bd.bind_cpu_input(f.attention_mask, mask)
-        if self._v2:
+        if self._positions_in:
             pos = np.asarray(lengths, dtype=np.int64).reshape(n, 1) + np.arange(S, dtype=np.int64)
             bd.bind_cpu_input(f.position_ids, pos)
+        if self._bias_in:
             bd.bind_cpu_input(f.attention_bias, np.zeros((1, 1, S, width), dtype=self._bias_dtype))
         if self._has_logits_to_keep:
             bd.bind_cpu_input(f.logits_to_keep, np.array([S], dtype=np.int64))

@@ -13,6 +13,10 @@ buffer), so it allocates nothing more than before; `step_tree` binds a tree's pe
 its ancestor mask, and `compact` moves the accepted path's rows to contiguous positions. A version-1
 graph lacks both inputs: the runner then binds neither and can only run chains (`supports_tree`).
 
+Contract v3's cuda-flavored graph has `position_ids` but no `attention_bias` (CUDA's
+GroupQueryAttention refuses one): the runner binds each input only if the graph has it
+(`contract_inputs`), so such a graph runs chains, never trees.
+
 Deterministic mode (`deterministic=True`, docs/runtime.md "Deterministic mode"): onnxruntime's CPU
 kernels compute a trailing block of ONE row (a 1-token step, or the last row of a 129- or 257-token
 chunk) on another path than rows in blocks of several, and the two round differently (SmolLM2 int8:
@@ -44,6 +48,13 @@ def step_rows(s: int, deterministic: bool) -> int:
     alone in a block (module docstring)."""
     return s + 1 if deterministic and s % ROW_BLOCK == 1 else s
 log = logging.getLogger("edgespec.runner")
+
+
+def contract_inputs(facts: ModelFacts, names: set[str]) -> tuple[bool, bool]:
+    """(bind position_ids, bind attention_bias): each only when the manifest names it and the graph
+    (a session's input names) has it. Every runner asks this one function."""
+    return (facts.position_ids is not None and facts.position_ids in names,
+            facts.attention_bias is not None and facts.attention_bias in names)
 
 
 class CacheFull(EdgespecError):
@@ -114,9 +125,10 @@ class ModelRunner:
         self.vocab_size = facts.vocab_size
         inputs = {i.name for i in session.get_inputs()}
         self._has_logits_to_keep = facts.logits_to_keep is not None and facts.logits_to_keep in inputs
-        # contract v2 (per-token positions + attention bias); False for a version-1 graph
-        self.supports_tree = (facts.position_ids is not None and facts.attention_bias is not None
-                              and facts.position_ids in inputs and facts.attention_bias in inputs)
+        # contract v2/v3: per-token positions (v2, and v3 in both flavors) and the attention bias (v2, and
+        # v3's cpu flavor); trees need both: False for a version-1 graph and a v3 cuda graph
+        self._bind_positions, self._bind_bias = contract_inputs(facts, inputs)
+        self.supports_tree = self._bind_positions and self._bind_bias
         kv_dtype = _NP_DTYPES[facts.kv_dtype]
         self._bias_dtype = kv_dtype  # GQA's attention_bias has the attention's float type (= the cache's)
         self._positions = np.arange(rows, dtype=np.int64).reshape(1, rows)
@@ -192,8 +204,9 @@ class ModelRunner:
         f = self.facts
         b.bind_cpu_input(f.input_ids, ids.reshape(1, n))
         b.bind_cpu_input(f.attention_mask, self._ones[:, : self.length + n])
-        if self.supports_tree:
+        if self._bind_positions:
             b.bind_cpu_input(f.position_ids, self._positions[:, self.length : self.length + n])
+        if self._bind_bias:
             b.bind_cpu_input(f.attention_bias, self._zero_bias(n, self.length + n))
         return self._run(s, n_logits, t0, drop)
 
@@ -214,8 +227,8 @@ class ModelRunner:
         parent precedes its children). Returns logits [N, vocab] (a reused buffer, like step).
         `length` grows by N; the caller keeps the accepted path with `compact` and `rewind`."""
         if not self.supports_tree:
-            raise ValueError("this graph has no position_ids/attention_bias inputs (a format-1 bundle): "
-                             "re-export it with this edgespec for tree verification")
+            raise ValueError("this graph has no position_ids/attention_bias inputs (a format-1 bundle, or a "
+                             "cuda-flavored graph): trees run on a cpu-flavored graph of format 2 or later")
         s = len(tokens)
         if s == 0:
             raise ValueError("step_tree needs at least one token")

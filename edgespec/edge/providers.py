@@ -201,6 +201,9 @@ def create_session(path: str | os.PathLike, *, providers=None, threads: int | No
     provider's reason when none works."""
     import onnxruntime as ort
 
+    from ..models.kernels import require_floor
+
+    require_floor(ort.__version__)  # one line naming the release needed, not onnxruntime's "invalid model"
     explicit = providers is not None and not isinstance(providers, ProfileOrder)
     order = normalize(providers)
     available = set(ort.get_available_providers())

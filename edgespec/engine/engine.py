@@ -246,6 +246,9 @@ class Engine:
                    "edgespec (`edgespec export`) for tree verification"
                    if not self.target.supports_tree else "the target does not run on the CPU provider "
                    "(tree verification compacts the cache on the host)")
+            if self.target.facts.graph_flavor() == "cuda":  # graph contract v3: no attention_bias on CUDA
+                why = ("its cuda-flavored graph has no attention_bias input (onnxruntime's CUDA "
+                       "GroupQueryAttention refuses one): trees run on the CPU provider with a cpu-flavored graph")
             raise InvalidRequest(f"tree='on' is not possible with bundle {self.bundle.name}: {why}; "
                                  "use tree='auto' or 'off'", param="tree")
 

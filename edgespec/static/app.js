@@ -14,6 +14,9 @@
  *                               carries `usage` and `edgespec` (tokens/s, acceptance rate)
  *
  * Stopping an answer = aborting the fetch; the server cancels generation when the client goes.
+ * With an API key on the server the page sends no key: serving the page to a browser on the device
+ * set a session cookie that the API accepts in its place (apiFetch renews it when the server was
+ * restarted).
  * Every turn sends the whole conversation: the engine reuses the cached prefix, so this is cheap.
  *
  * Settings come from the page URL (the kiosk unit sets them), for example
@@ -148,12 +151,29 @@
     schedulePoll(next);
   }
 
+  /**
+   * fetch() for the API (/v1/...). A server started with an API key admits this page by a session
+   * cookie that serving the page sets (HttpOnly, SameSite=Strict, new each time the server starts):
+   * on a 401 the page asks for itself once, which renews the cookie, and sends the request again.
+   * A 401 after that is real (the page was not opened on the device itself) and is shown as such.
+   */
+  async function apiFetch(url, init) {
+    const res = await fetch(url, init);
+    if (res.status !== 401) return res;
+    try {
+      await fetch("/", { cache: "no-store", signal: init && init.signal });
+    } catch (err) {
+      return res;
+    }
+    return fetch(url, init);
+  }
+
   async function loadModel() {
     if (config.model) {
       server.model = config.model;
     } else {
       try {
-        const res = await fetch("/v1/models", { cache: "no-store", signal: AbortSignal.timeout(POLL_TIMEOUT_MS) });
+        const res = await apiFetch("/v1/models", { cache: "no-store", signal: AbortSignal.timeout(POLL_TIMEOUT_MS) });
         if (res.ok) {
           const body = await res.json();
           const first = body && Array.isArray(body.data) && body.data[0];
@@ -490,7 +510,7 @@
         return "The assistant could not take this question" + (err.message ? `: ${err.message}` : ".");
       }
       if (err.status === 401 || err.status === 403) {
-        return "This page is not allowed to use the assistant (the server asks for an API key).";
+        return "This page is not allowed to use the assistant: the server asks for an API key, and admits the page without one only in a browser on the device itself.";
       }
       return `Something went wrong on the assistant's side (error ${err.status}). Please try again.`;
     }
@@ -511,7 +531,7 @@
     let failure = null;
     for (;;) {
       try {
-        const res = await fetch("/v1/chat/completions", {
+        const res = await apiFetch("/v1/chat/completions", {
           method: "POST",
           headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
           body: JSON.stringify({
