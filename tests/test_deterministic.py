@@ -98,6 +98,20 @@ def test_a_batched_row_does_not_depend_on_its_neighbours(quant_bundle):
     assert np.array_equal(np.concatenate(alone), ref)
 
 
+def test_the_copy_row_fits_at_the_end_of_the_cache(tiny_int8_bundle):
+    """The last position of the cache still gets its copy row (one spare row), alone and batched
+    beside a longer, padded row."""
+    b, r = _runner(tiny_int8_bundle, True, max_len=8)
+    ids = _ids(b, 8)
+    ref = _logits(r, ids, [8])
+    assert np.array_equal(_logits(r, ids, [7, 1]), ref) and r.length == 8 and r.free == 0
+    session, device = prov.create_session(b.model_path("target"), threads=1)
+    br = BatchRunner(session, b.target, 8, 2, device=device, deterministic=True)
+    br.step_one(0, ids[:7], 1)
+    out = br.step({0: ids[7:], 1: _ids(b, 3, seed=5)})
+    assert np.array_equal(out[0], ref[7:]) and br.lengths == [8, 3]
+
+
 def test_negative_control_a_batched_row_without_the_mode(tiny_int8_bundle):
     b = Bundle.open(tiny_int8_bundle, verify=False)
     ids, other = _ids(b, 40), _ids(b, 200, seed=9)
