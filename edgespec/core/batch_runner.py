@@ -17,7 +17,7 @@ contiguous and an OrtValue made from the numpy view shares its memory; elsewhere
 go through the batched step with the other rows idle.
 
 Deterministic mode (`deterministic=True`, as core/runner.py's): a row whose last real token would
-be computed alone (core/runner.py's step_rows: 1 token, or 129, ...) gets a copy of it as one more
+be computed alone (core/runner.py's step_rows: 1 token, or 17, 33, ...) gets a copy of it as one more
 real token, written past the slot's length, its logits dropped; rows do not depend on the other
 rows of the pass nor on their padding (measured, docs/runtime.md). The cache gets one more spare
 position for the copy.

@@ -18,9 +18,9 @@ GroupQueryAttention refuses one): the runner binds each input only if the graph 
 (`contract_inputs`), so such a graph runs chains, never trees.
 
 Deterministic mode (`deterministic=True`, docs/runtime.md "Deterministic mode"): onnxruntime's CPU
-kernels compute a trailing block of ONE row (a 1-token step, or the last row of a 129- or 257-token
-chunk) on another path than rows in blocks of several, and the two round differently (SmolLM2 int8:
-logits up to 1.3 apart, argmax flips); every other row is bitwise the same whatever the chunking.
+kernels compute a trailing block of ONE row (a 1-token step, or the last row of a 129-token chunk
+for SmolLM2) on another path than rows in blocks of several, and the two round differently (SmolLM2
+int8: logits up to 1.3 apart, argmax flips); every other row is bitwise the same whatever the chunking.
 So such a step runs one more token, a copy of its last, whose logits are dropped and whose cache
 row, past `length`, is never read: every position is computed on the same path, whatever the prefix
 cache held or the drafter proposed. The cache gets one spare row for that copy.
@@ -40,9 +40,11 @@ from ..models.manifest import ModelFacts
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 _ZERO_BIAS_CAP = 1 << 16  # elements of the reused zero bias (256 KB in fp32): decode/verify steps
-# deterministic mode: a step of s tokens with s % ROW_BLOCK == 1 gets a copy row (measured with
-# onnxruntime 1.32 on the CPU: steps of 1, 129 and 257 tokens compute their last row apart)
-ROW_BLOCK = 128
+# deterministic mode: a step of s tokens with s % ROW_BLOCK == 1 gets a copy row. Measured with
+# onnxruntime 1.32 on the CPU, the attention computes the last row of a step apart when it is alone
+# in a block of 2 x head_dim rows: 33 and 65 tokens (head_dim 16), 129 and 257 (64), 257 (128). 16
+# covers every such block of 16 rows or more at no cost to steps of 2-16 tokens.
+ROW_BLOCK = 16
 log = logging.getLogger("edgespec.runner")
 
 
