@@ -67,7 +67,8 @@ class ProviderError(EdgespecError):
 
 
 class OnnxruntimeTooOld(ProviderError):
-    """The installed onnxruntime predates edgespec.models.kernels.ORT_FLOOR; the message names the fix."""
+    """The installed onnxruntime predates the floor of the graph's flavor (edgespec.models.kernels.ORT_FLOORS);
+    the message names the fix."""
 
 
 class ExportError(EdgespecError):

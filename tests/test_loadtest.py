@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 
+from edgespec import limits
 from edgespec.edge import memory
 from edgespec.models.bundle import Bundle
 from edgespec.errors import DraftUnavailable, InvalidRequest
@@ -46,7 +47,7 @@ def test_auto_parallel_counts_slots_in_the_budget(tiny_bundle):
     plan = memory.plan(b, max_len=256, want_draft=False, budget_bytes=None)
     per = memory.slot_bytes(b.target, 256)
     # a slot costs its cache, its verify rows of logits and its request's copy of the suffix history
-    assert per - memory.slot_bytes(b.target, 256, suffix_tokens=0) == 4 << 20
+    assert per - memory.slot_bytes(b.target, 256, suffix_tokens=0) == (1 << 20) * limits.SUFFIX_BYTES_PER_TOKEN
     assert memory.slot_bytes(b.target, 257) - per == b.target.kv_bytes_per_token()
     assert memory.slots_that_fit(b, plan, plan.predicted_bytes) == 1  # nothing left after one slot
     assert memory.slots_that_fit(b, plan, plan.predicted_bytes + 2 * per) == 3

@@ -541,6 +541,22 @@ def test_ui_serves_package_files_only(serve):
         assert status == 404, evil
 
 
+def test_ready_carries_the_pinned_system_prompt_to_the_kiosk_page_only(serve):
+    """serve --system-prompt: /ready names the pinned prompt when the page is served (the page sends it
+    back as its system message); a plain API server does not show it to unauthenticated callers."""
+    from types import SimpleNamespace
+
+    eng = FakeEngine()
+    eng.pinned = SimpleNamespace(text="You are the museum's guide.")
+    files = static_files(__import__("edgespec.server.state", fromlist=["STATIC_DIR"]).STATIC_DIR)
+    if "/" in files:
+        s = serve(engine=eng, ui=True)
+        body = json.loads(s.get("/ready")[2])
+        assert body == {"status": "ready", "model": "fake", "system_prompt": "You are the museum's guide."}
+    s = serve(engine=eng)
+    assert "system_prompt" not in json.loads(s.get("/ready")[2])
+
+
 def test_static_table_lists_regular_files_only(tmp_path):
     (tmp_path / "index.html").write_text("<p>hi</p>")
     (tmp_path / "a").mkdir()

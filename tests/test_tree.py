@@ -260,6 +260,37 @@ def test_greedy_tree_output_is_target_alone_output_for_widths_and_depths(tree_en
     assert trees > 50 and len(shapes) > 10  # trees really ran, in many shapes
 
 
+def test_greedy_tree_widens_a_suffix_chain_with_the_index_alternatives(tree_engines):
+    """draft=suffix, tree=on: the chain is widened with the index's other continuations of the
+    longest match (SuffixIndex.alternatives); the output stays the target's."""
+    eng, _ = tree_engines["agree"]
+    sources: list[str] = []
+    widen = eng._tree._widen
+
+    def spy(*a, **kw):
+        tree = widen(*a, **kw)
+        sources.extend(tree.source)
+        return tree
+
+    eng._tree._widen = spy
+    bad = []
+    try:
+        prompts = ["one two three one two four one two five one two three one two", *_prompts(eng, 21, 2)]
+        for i, prompt in enumerate(prompts):
+            ref = eng.generate(prompt, max_new_tokens=32, draft="none")
+            for width in (2, 4):
+                eng._tree.width = width
+                for depth in (2, 6):
+                    r = eng.generate(prompt, max_new_tokens=32, draft="suffix", k=depth, tree="on")
+                    if r.token_ids != ref.token_ids:
+                        bad.append((i, width, depth))
+    finally:
+        del eng._tree._widen
+        eng._tree.width = 4
+    assert not bad, bad[:5]
+    assert sources.count("suffix-alt") > 10 and sources.count("suffix") > 10
+
+
 @pytest.mark.parametrize("name", ["agree", "llama"])
 def test_greedy_tree_is_lossless_at_the_cache_limit(tree_engines, name):
     eng, _ = tree_engines[name]

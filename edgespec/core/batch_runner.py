@@ -45,6 +45,17 @@ class BatchUnsupported(EdgespecError):
     """The bundle's graph cannot run batched steps over a cache (exported before batching)."""
 
 
+def check_batchable(facts: ModelFacts, slots: int) -> None:
+    """Raises BatchUnsupported (one line) when `slots` > 1 and the graph is the cuda flavor: batched
+    steps need GroupQueryAttention's query_seqlens, which no onnxruntime-gpu release takes, so the
+    cuda flavor is exported without it (kernels.ORT_FLOORS) and batched serving runs on the cpu flavor."""
+    if slots > 1 and facts.graph_flavor() == "cuda":
+        raise BatchUnsupported(
+            f"batched serving runs on the cpu flavor: {facts.path} is the cuda flavor, whose GroupQueryAttention "
+            f"takes no per-row query lengths (query_seqlens, in no onnxruntime-gpu release); serve it with "
+            f"--parallel 1, or serve a bundle exported with --ep cpu (or --ep cpu,cuda) with --providers cpu")
+
+
 def graph_batches(session) -> bool:
     """Whether the graph marks padded queries (export/graph_batch.py): needed for N > 1 slots."""
     try:
@@ -83,6 +94,7 @@ class BatchRunner:
             raise ValueError(f"max_len must be at least 2, got {max_len}")
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
+        check_batchable(facts, slots)
         if slots > 1 and not graph_batches(session):
             raise BatchUnsupported(
                 "this bundle's graph cannot verify several requests in one pass (it was exported before "

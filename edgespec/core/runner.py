@@ -275,6 +275,26 @@ class ModelRunner:
         for arr in self._kv_np:
             arr[0, :, dst] = arr[0, :, src]  # fancy indexing reads a copy first: overlaps are safe
 
+    def snapshot(self, n: int) -> list[np.ndarray] | None:
+        """Copies of the first n rows of every cache buffer (key_0, value_0, key_1, ...; each
+        [1, kv_heads, n, head_dim]), for a prefix kept aside (engine/pinned.py); None when the cache
+        is not on the host."""
+        if self._kv_np is None or not 0 < n <= self.length:
+            return None
+        return [arr[:, :, :n].copy() for arr in self._kv_np]
+
+    def restore(self, rows: Sequence[np.ndarray]) -> None:
+        """Writes a snapshot back as the cache's first rows; the cache then holds exactly them."""
+        if self._kv_np is None or len(rows) != len(self._kv_np):
+            raise ValueError("restore: the snapshot does not match this cache's buffers")
+        n = rows[0].shape[2]
+        for arr, r in zip(self._kv_np, rows):
+            if r.shape != arr[:, :, :n].shape or r.dtype != arr.dtype or n > self.max_len:
+                raise ValueError(f"restore: a snapshot row block {r.shape} {r.dtype} does not fit {arr.shape} {arr.dtype}")
+        for arr, r in zip(self._kv_np, rows):
+            arr[:, :, :n] = r
+        self.length = n
+
     def _run(self, s: int, n_logits: int, t0: float, drop: int = 0) -> np.ndarray:
         """Runs the bound step of s tokens plus `drop` trailing copy rows (deterministic mode) and
         returns the logits of the last n_logits real tokens. The copies' cache rows lie past

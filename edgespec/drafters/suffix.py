@@ -64,8 +64,9 @@ class SuffixDrafter(FreeLookupDrafter):
             for b in row:
                 b.fade(NEW_REQUEST_KEEP)
         self.index.start_doc()
+        # the prompt is indexed at the first lookup (after the first token) or when the request ends,
+        # not here: the automaton's insert (~10 us a token) stays out of the time to first token
         self._open, self._indexed = True, 0
-        self.sync(ctx)
 
     def sync(self, ctx: Sequence[int]) -> None:
         """Appends what the current request added since the last call (ctx only grows within a

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import devices, providers, sensors
-from ..models.kernels import ORT_FLOOR, floor_problem
+from ..models.kernels import ORT_FLOORS, floor_problem
 from ..units import format_size
 
 GPU_LIB_GLOBS = {
@@ -66,7 +66,8 @@ def collect(root: str | os.PathLike = "/", *, device=None, path: str | None = No
         import onnxruntime as ort
 
         ort_info = {"version": ort.__version__, "build_providers": list(ort.get_available_providers()),
-                    "floor": ORT_FLOOR, "below_floor": floor_problem(ort.__version__)}
+                    "floors": dict(ORT_FLOORS),  # per graph flavor: onnxruntime-gpu lags the CPU wheel
+                    "below_floor": {f: p for f in ORT_FLOORS if (p := floor_problem(ort.__version__, f))}}
     except ImportError as e:
         ort_info = {"version": None, "build_providers": [], "error": str(e)}
     report["onnxruntime"] = ort_info
@@ -225,10 +226,11 @@ def render(report: dict[str, Any]) -> str:
     row("memory", mem)
     o = report["onnxruntime"]
     version = o["version"] or f"not importable: {o.get('error')}"
-    if o.get("below_floor"):
-        version += f"\nTOO OLD: {o['below_floor']}"
-    elif o.get("floor"):
-        version += f" (edgespec needs >= {o['floor']})"
+    floors = o.get("floors") or {}
+    if floors:
+        version += " (edgespec needs " + ", ".join(f">= {v} for the {f} flavor" for f, v in floors.items()) + ")"
+    for f, problem in (o.get("below_floor") or {}).items():
+        version += f"\nTOO OLD for the {f} flavor: {problem}"
     row("onnxruntime", version)
     prov = []
     for r in report["providers"]:

@@ -82,6 +82,7 @@ class Engine:
         self.tree_mode = tree
         self._tree = TreeVerifier(self.costs, ngram, model)
         self._cache = PrefixCache()
+        self.pinned = None  # a PinnedPrefix (pinned.py): written back before a request that starts with it
         self._lock = threading.Lock()
         cfg = bundle.tokenizer_config()
         self._encode = Encoder(tokenizer, tf,
@@ -300,6 +301,8 @@ class Engine:
             if self.target is None:
                 raise InvalidRequest("this engine is closed", param=None)
             drafter, k_cap = self._drafter(req.draft, req.k)
+            if self.pinned is not None:
+                self.pinned.restore(req.ids, self.target, self._cache)
             parts = Parts(self.target, self.tokenizer, self.eos_ids, self.usable, self.prefill_chunk,
                           free_drafter=self._suffix, governor=self.governor, tree=self._tree,
                           on_end=self._suffix.record)

@@ -49,11 +49,13 @@ def open_pair(model_path: Path, facts: ModelFacts, max_len: int, choice: SkipCho
     folder = model_path.parent
     tsess, device = create_session(weights.proto.SerializeToString(), providers=providers, threads=threads,
                                    profile=profile, shared_threads=shared_threads,
-                                   configure=lambda so: weights.configure(so, folder=folder), **kw)
+                                   configure=lambda so: weights.configure(so, folder=folder),
+                                   flavor=facts.graph_flavor(), **kw)
     names = [t.name for t in dproto.graph.initializer]
     dsess, _ = create_session(dproto.SerializeToString(), providers=providers, threads=threads, profile=profile,
                               shared_threads=shared_threads,
-                              configure=lambda so: weights.configure(so, names, folder=folder), **kw)
+                              configure=lambda so: weights.configure(so, names, folder=folder),
+                              flavor=facts.graph_flavor(), **kw)
     target = ModelRunner(tsess, facts, max_len, device=device, deterministic=deterministic)
     kept = [i for i in range(facts.layers) if i not in set(choice.skip)]
     runner = SelfRunner(dsess, target, kept)

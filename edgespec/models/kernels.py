@@ -18,13 +18,28 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# The first onnxruntime release whose kernels take every input our graphs wire: GroupQueryAttention's
-# query_seqlens (input 16, the batched-step edit, export/edgespec_export/graph_batch.py) is in 1.32.0's
-# operator schema and in no earlier one. Found by loading the tiny test graphs (both flavors) on the CPU
-# provider of 1.22.1, 1.24.4, 1.26.0, 1.28.0, 1.30.0, 1.31.1 ("invalid model" at load: the node has more
-# inputs than the schema) and 1.32.0 (loads and steps). Without input 16 they load on 1.22.1 (the cpu
-# flavor) and 1.24.4 (the cuda flavor: 1.22.1 has no float16 GatherBlockQuantized).
-ORT_FLOOR = "1.32.0"
+# The onnxruntime floor, per graph flavor: the first release whose kernels take every input that
+# flavor's graphs wire (export/edgespec_export/build.py). Per flavor because the two differ and the
+# GPU wheels lag: onnxruntime-gpu stops at 1.31.1 on PyPI while the cpu flavor needs 1.32.0. The cpu
+# flavor wires GroupQueryAttention's query_seqlens (input 16, batched serving, export/graph_batch.py);
+# the cuda flavor does not (batched serving runs on the cpu flavor), so it stops at position_ids (9).
+ORT_FLOORS = {"cpu": "1.32.0", "cuda": "1.24.1"}
+ORT_FLOOR = ORT_FLOORS["cpu"]  # pyproject.toml's: the `onnxruntime` wheel is the CPU build
+FLOOR_SOURCES = {  # the evidence for each floor (docs/graph-contract.md, "The onnxruntime floor, per flavor")
+    "cpu": "query_seqlens (input 16) is in onnxruntime 1.32.0's GroupQueryAttention schema and in no earlier "
+           "one. Tested on the CPU provider: the tiny cpu-flavored graphs fail to load on 1.22.1, 1.23.0, "
+           "1.23.2, 1.24.1, 1.24.4, 1.26.0, 1.28.0, 1.30.0 and 1.31.1 ('invalid model': the node has more "
+           "inputs than the schema) and load and step on 1.32.0.",
+    "cuda": "onnxruntime-gpu wheels from PyPI, the strings of their CUDA provider library: 1.23.2's "
+            "GroupQueryAttention has 'position_ids and attention_bias are not supported in GroupQueryAttention "
+            "cuda kernel.' (it refuses input 9); 1.24.1, the next onnxruntime-gpu on PyPI, refuses only "
+            "attention_bias and has the 8-bit MatMulNBits (matmul_8bits.cu) and uint8 data / float16 scales "
+            "GatherBlockQuantized kernels the cuda flavor uses; every later one on PyPI (1.24.4 to 1.31.1) "
+            "reads position_ids too (from 1.29.0 it also takes an attention_bias). No release up to 1.31.1 has "
+            "query_seqlens in its CUDA library. Tested on the CPU provider: the tiny cuda-flavored graphs load "
+            "and step on 1.23.0, 1.23.2, 1.24.1 and 1.32.0 (1.22.1 has no float16 GatherBlockQuantized). Not "
+            "run on a GPU.",
+}
 
 CPU_READ = "onnxruntime 1.32.0 (its CPU kernel registry, onnxruntime.capi get_all_opkernel_def)"
 CUDA_READ = ("onnxruntime main, stored snapshot of group_query_attention.cc with k_scale/v_scale and XQA "
@@ -125,11 +140,13 @@ CUDA: tuple[Kernel, ...] = (
               (6, "total_sequence_length", ("int32",)), (9, "position_ids", ("int64",))),
            absent=((10, "attention_bias",
                     'the CUDA kernel returns INVALID_ARGUMENT "attention_bias is not supported in '
-                    'GroupQueryAttention cuda kernel." on every run'),),
+                    'GroupQueryAttention cuda kernel." on every run'),
+                   (16, "query_seqlens",
+                    "no onnxruntime-gpu release has it (PyPI's newest, 1.31.1, has no input 16 in its "
+                    "schema and no query_seqlens in its CUDA provider library): batched serving runs on "
+                    "the cpu flavor; a cuda graph exported with it: re-export the bundle with this edgespec")),
            checks=("gqa_heads", "gqa_rotary", "gqa_head_size", "gqa_shared_cache"),
-           source="onnxruntime/contrib_ops/cuda/bert/group_query_attention.cc", read_from=CUDA_READ,
-           note="query_seqlens (input 16) is newer than the kernel read: whether CUDA honours it (batched "
-                "padded steps, server --parallel) is not read from sources"),
+           source="onnxruntime/contrib_ops/cuda/bert/group_query_attention.cc", read_from=CUDA_READ),
     Kernel("MatMulNBits", "com.microsoft",
            _t((0, "A", FLOATS), (1, "B", ("uint8",)), (2, "scales", FLOATS)),
            attrs=(("bits", (4, 8), None),),
@@ -189,24 +206,35 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def floor_problem(version: str) -> str | None:
-    """One line naming the release needed when `version` (onnxruntime.__version__) is below ORT_FLOOR."""
-    if version_tuple(version) >= version_tuple(ORT_FLOOR):
+def floor_problem(version: str, flavor: str | None = "cpu") -> str | None:
+    """One line naming the release needed when `version` (onnxruntime.__version__) is below the floor
+    of `flavor`'s graphs (ORT_FLOORS); flavor None: the lowest floor, below which no graph loads."""
+    if flavor is None:
+        flavor = min(ORT_FLOORS, key=lambda f: version_tuple(ORT_FLOORS[f]))
+    floor = ORT_FLOORS[flavor]
+    if version_tuple(version) >= version_tuple(floor):
         return None
-    return (f"onnxruntime {version} is older than {ORT_FLOOR}, the first release whose GroupQueryAttention takes "
-            f"every input edgespec's graphs wire: pip install 'onnxruntime>={ORT_FLOOR}' (or "
-            f"'onnxruntime-gpu>={ORT_FLOOR}'); " + JETSON_WHEELS.format(floor=ORT_FLOOR))
+    if flavor == "cuda":
+        return (f"onnxruntime {version} is older than {floor}, the first release whose CUDA GroupQueryAttention "
+                f"takes every input edgespec's cuda-flavored graphs wire (position_ids): pip install "
+                f"'onnxruntime-gpu>={floor}' (or 'onnxruntime>={floor}' for the CPU); "
+                + JETSON_WHEELS.format(floor=floor))
+    return (f"onnxruntime {version} is older than {floor}, the first release whose GroupQueryAttention takes "
+            f"every input edgespec's {flavor}-flavored graphs wire (query_seqlens, for batched serving): pip "
+            f"install 'onnxruntime>={floor}'; on a GPU (onnxruntime-gpu {ORT_FLOORS['cuda']} or newer) use a "
+            f"bundle exported with --ep cuda instead")
 
 
-def require_floor(version: str | None = None) -> None:
-    """Raises OnnxruntimeTooOld when the installed onnxruntime is below ORT_FLOOR (before any session:
-    an older one would refuse our graphs with its own "invalid model" error, far from the cause)."""
+def require_floor(version: str | None = None, flavor: str | None = "cpu") -> None:
+    """Raises OnnxruntimeTooOld when the installed onnxruntime is below the floor of `flavor`'s graphs
+    (before any session: an older one would refuse them with its own "invalid model" error, far
+    from the cause). flavor None: the lowest floor (a graph whose flavor is not known)."""
     from ..errors import OnnxruntimeTooOld
 
     if version is None:
         import onnxruntime
 
         version = onnxruntime.__version__
-    problem = floor_problem(version)
+    problem = floor_problem(version, flavor)
     if problem:
         raise OnnxruntimeTooOld(problem)

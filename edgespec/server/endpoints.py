@@ -46,7 +46,11 @@ class Endpoints:
     async def ready(self, request: Request) -> Response:
         state = self.state
         if state.phase == "ready":
-            return json_response({"status": "ready", "model": state.model_id})
+            ready: dict[str, Any] = {"status": "ready", "model": state.model_id}
+            pinned = getattr(state.engine, "pinned", None)
+            if "/" in state.static and pinned is not None and pinned.text:  # the kiosk page sends it back
+                ready["system_prompt"] = pinned.text
+            return json_response(ready)
         body: dict[str, Any] = {"status": state.phase}
         if state.failure:
             body["error"] = state.failure

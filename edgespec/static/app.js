@@ -55,6 +55,7 @@
     system: (params.get("system") || "").slice(0, 4000),
     model: params.get("model") || "",
   };
+  const urlSystem = config.system !== "";
 
   const POLL_READY_MS = 5000; // while the server is up: a cheap GET /ready
   const POLL_DOWN_MIN_MS = 500; // after a failure: retry quickly, backing off to POLL_DOWN_MAX_MS
@@ -135,6 +136,12 @@
       const res = await fetch("/ready", { cache: "no-store", signal: AbortSignal.timeout(POLL_TIMEOUT_MS) });
       // 404: a server without /ready; it answered, so it is up.
       if (res.ok || res.status === 404) {
+        if (res.ok && !urlSystem) {
+          // the server's pinned system prompt (serve --system-prompt), when the URL sets none:
+          // sending the same text lets every visitor reuse its prefilled cache
+          const body = await res.json().catch(() => null);
+          if (body && typeof body.system_prompt === "string") config.system = body.system_prompt;
+        }
         if (server.state !== "ready" || !server.model) await loadModel();
         setServerState("ready");
         downDelay = POLL_DOWN_MIN_MS;

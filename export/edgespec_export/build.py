@@ -198,7 +198,11 @@ def build_graph(
     add_tree_inputs(onnx_path, bias=flavor != "cuda")
     if flavor == "cuda":
         logits_to_float32(onnx_path)
-    add_padded_queries(onnx_path)  # batched verify of several requests (server --parallel)
+    if flavor != "cuda":
+        # batched verify of several requests (server --parallel): GroupQueryAttention's query_seqlens,
+        # onnxruntime 1.32.0 and newer; the cuda flavor wires none, so it loads on the onnxruntime-gpu
+        # releases that exist (kernels.ORT_FLOORS) and batched serving runs on the cpu flavor
+        add_padded_queries(onnx_path)
     check_kernels(onnx_path, flavor, role)
     facts = facts_from_config(cfg, out_dir, quant=quant, block_size=block_size, accuracy_level=accuracy_level,
                               name=name, flavor=flavor)
@@ -209,14 +213,23 @@ def build_graph(
 
 def check_kernels(onnx_path: Path, flavor: str, role: str = "model") -> None:
     """Refuses a graph that breaks its provider's kernel contract (edgespec/models/kernels.py) before
-    any bundle is written: one line per rule broken, each naming the first node and the rule."""
+    any bundle is written: one line per rule broken, each naming the first node and the rule. Also
+    one line when the installed onnxruntime is below the flavor's floor (kernels.ORT_FLOORS), which
+    would otherwise fail the parity check with onnxruntime's own "invalid model"."""
+    import onnxruntime
+
     from edgespec.errors import ExportError
     from edgespec.models.kernelcheck import check_graph, summarize
+    from edgespec.models.kernels import floor_problem
 
     lines = summarize(check_graph(onnx_path, flavor), flavor)
     if lines:
         raise ExportError(f"the {flavor} graph of {role} breaks onnxruntime's {flavor} kernel contract, so no "
                           f"bundle was written: " + "; ".join(lines))
+    problem = floor_problem(onnxruntime.__version__, flavor)
+    if problem:
+        raise ExportError(f"the {flavor} graph of {role} cannot be checked with this onnxruntime, so no bundle "
+                          f"was written: {problem}")
 
 
 def facts_from_config(cfg: dict, out_dir: Path, *, quant: str, block_size: int, accuracy_level: int,
