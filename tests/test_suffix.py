@@ -92,8 +92,8 @@ def test_a_document_longer_than_the_capacity_keeps_its_end():
 
 
 def test_a_copy_is_independent_of_its_original():
-    """A batched request drafts from its own copy: what it appends never shows in the history, and
-    what the history gains later never shows in the copy."""
+    """What a copy appends never shows in the original, and what the original gains later never
+    shows in the copy."""
     idx = SuffixIndex(64)
     idx.extend([1, 2, 3, 4])
     twin = idx.copy()

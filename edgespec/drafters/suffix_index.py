@@ -288,8 +288,9 @@ class SuffixIndex:
         self.rebuilt = 0  # automaton rebuilds after an eviction, finished (stats)
 
     def copy(self) -> "SuffixIndex":
-        """An independent index holding the same text (a batched request drafts from its own copy
-        of the history plus its own text, so requests running side by side never interleave)."""
+        """An independent index holding the same text: what either gains later never shows in the
+        other. (Batched requests do not copy the history: they read it beside an index of their own
+        text, engine/batch_drafters.py.)"""
         twin = type(self)(self.capacity, self.max_match, self.max_chain)
         twin._buf[: self._end] = self._buf[: self._end]
         twin._end = self._end

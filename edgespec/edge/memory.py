@@ -359,11 +359,12 @@ def plan(
 MAX_AUTO_SLOTS = 4  # --parallel auto stops here: past it each row's share of a pass grows, not the aggregate
 
 
-def slot_bytes(facts, max_len: int, *, verify_rows: int = 9, suffix_tokens: int = SUFFIX_CAPACITY) -> int:
+def slot_bytes(facts, max_len: int, *, verify_rows: int = 9) -> int:
     """What one more concurrent request costs (server --parallel): its cache slot, its rows of a
-    batched verify's logits, and its copy of the suffix history it drafts from (tokens + automaton)."""
+    batched verify's logits, and the suffix index of its own text (at most max_len tokens; it drafts
+    from the shared history of finished requests without a copy, engine/batch_drafters.py)."""
     return (facts.kv_bytes_per_token() * (max_len + 1) + verify_rows * facts.vocab_size * 4
-            + suffix_index_bytes(suffix_tokens))
+            + suffix_index_bytes(max_len + 1))
 
 
 def suffix_index_bytes(tokens: int = SUFFIX_CAPACITY) -> int:

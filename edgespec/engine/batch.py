@@ -111,7 +111,7 @@ class BatchEngine:
         self._stopping = False
         self.rounds = 0
         self.last_batch = 0  # rows in the last decode round (for /metrics)
-        self._drafters = BatchDrafters(suffix_capacity)  # each request's drafters, and what they share
+        self._drafters = BatchDrafters(suffix_capacity, runner.max_len)  # each request's drafters, and what they share
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
