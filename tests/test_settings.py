@@ -27,7 +27,7 @@ from edgespec.server import validate
     ({"parallel": 0}, "parallel", "parallel must be an integer >= 1"),
     ({"parallel": 2, "draft": "model"}, "draft", "draft='model' is not batched"),
     ({"parallel": 2, "tree": "on"}, "tree", "tree='on' is not batched"),
-    ({"system_prompt": 3}, "system_prompt", "system_prompt must be a string"),
+    ({"deterministic": True, "tree": "on"}, "tree", "tree='on' is not possible in deterministic mode"),
 ])
 def test_each_bad_setting_is_one_named_error(kw, param, words):
     with pytest.raises(InvalidRequest) as e:
@@ -37,10 +37,10 @@ def test_each_bad_setting_is_one_named_error(kw, param, words):
 
 def test_settings_are_frozen_and_converted_once():
     s = Settings.of(memory_budget="1GiB", power_budget="10W", max_temp="80C", providers="cuda,cpu",
-                    deterministic=True, system_prompt="You are terse.")
+                    deterministic=True)
     assert (s.memory_budget, s.power_budget_w, s.max_temp_c) == (1 << 30, 10.0, 80.0)
     assert s.providers == ("CUDAExecutionProvider", "CPUExecutionProvider")
-    assert s.deterministic is True and s.system_prompt == "You are terse."
+    assert s.deterministic is True
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.k = 4  # type: ignore[misc]
     assert s.replace(k=4).k == 4 and s.k is None

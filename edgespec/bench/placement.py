@@ -69,6 +69,9 @@ def measure(path: str | os.PathLike, facts: ModelFacts, providers=None, *, max_l
 
     from ..edge.providers import default_provider_options, device_of, normalize, session_options
     from ..core.runner import ModelRunner
+    from ..models.kernels import require_floor
+
+    require_floor(ort.__version__, facts.graph_flavor())  # the same one line the engine's loader gives
 
     available = set(ort.get_available_providers())
     chain = [(n, default_provider_options(n)) for n in normalize(providers) if n in available]

@@ -34,8 +34,7 @@ from ..limits import K_LIMIT
 from ..units import peak_rss_bytes
 from .prompts import Prompt, prompt_units
 
-# the drafting modes' table (drafters/modes.py), with the target alone ("none") named "target"
-MODES = ("target", *(m.name for m in drafting.MODES if m.name != "none"))
+MODES = ("target", *(m.name for m in drafting.MODES if m.name != "none"))  # drafters/modes.py; "none" is "target"
 FIXED_K_MODES = tuple(m.name for m in drafting.MODES if m.fixed_k)  # --k adds "mode k=N" columns for these
 # a speculative mode with a tree suffix runs with tree verification: "auto+tree" (tree="on": always
 # a tree) or "auto+tree-auto" (tree="auto": a tree when the cost model says it pays); plain modes
@@ -401,6 +400,7 @@ def run_meta(engine, **settings) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "bundle": str(b.root),
         "bundle_name": b.name,
+        "deterministic": bool(getattr(engine, "deterministic", False)),
         "models": models,
         "max_len": engine.max_len,
         "draft_loaded": getattr(engine, "draft_runner", None) is not None,

@@ -12,9 +12,18 @@ positions L..L+S-1 (a slice of one preallocated arange) and zeros (a view of one
 buffer), so it allocates nothing more than before; `step_tree` binds a tree's per-node positions and
 its ancestor mask, and `compact` moves the accepted path's rows to contiguous positions. A version-1
 graph lacks both inputs: the runner then binds neither and can only run chains (`supports_tree`).
+
 Contract v3's cuda-flavored graph has `position_ids` but no `attention_bias` (CUDA's
 GroupQueryAttention refuses one): the runner binds each input only if the graph has it
 (`contract_inputs`), so such a graph runs chains, never trees.
+
+Deterministic mode (`deterministic=True`, docs/runtime.md "Deterministic mode"): onnxruntime's CPU
+kernels compute a trailing block of ONE row (a 1-token step, or the last row of a 129-token chunk
+for SmolLM2) on another path than rows in blocks of several, and the two round differently (SmolLM2
+int8: logits up to 1.3 apart, argmax flips); every other row is bitwise the same whatever the chunking.
+So such a step runs one more token, a copy of its last, whose logits are dropped and whose cache
+row, past `length`, is never read: every position is computed on the same path, whatever the prefix
+cache held or the drafter proposed. The cache gets one spare row for that copy.
 """
 from __future__ import annotations
 
@@ -31,7 +40,18 @@ from ..models.manifest import ModelFacts
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 _ZERO_BIAS_CAP = 1 << 16  # elements of the reused zero bias (256 KB in fp32): decode/verify steps
+# deterministic mode: a step of s tokens with s % ROW_BLOCK == 1 gets a copy row. Measured with
+# onnxruntime 1.32 on the CPU, the attention computes the last row of a step apart when it is alone
+# in a block of 2 x head_dim rows: 33 and 65 tokens (head_dim 16), 129 and 257 (64), 257 (128). 16
+# covers every such block of 16 rows or more at no cost to steps of 2-16 tokens.
+ROW_BLOCK = 16
 log = logging.getLogger("edgespec.runner")
+
+
+def step_rows(s: int, deterministic: bool) -> int:
+    """Rows a step of s tokens runs: s, or s + 1 in deterministic mode when its last row would be
+    alone in a block (module docstring)."""
+    return s + 1 if deterministic and s % ROW_BLOCK == 1 else s
 
 
 def contract_inputs(facts: ModelFacts, names: set[str]) -> tuple[bool, bool]:
@@ -87,15 +107,21 @@ class ModelRunner:
     """`step(tokens, n_logits)` appends tokens to the cache and returns the last n_logits rows of
     logits; `rewind(length)` forgets everything after `length`.
 
-    Shapes: tokens [S] -> logits [n_logits, vocab]; cache buffers [1, kv_heads, max_len, head_dim].
+    Shapes: tokens [S] -> logits [n_logits, vocab]; cache buffers [1, kv_heads, max_len, head_dim]
+    (max_len + 1 in deterministic mode).
     """
 
-    def __init__(self, session, facts: ModelFacts, max_len: int, *, device: str = "cpu", device_id: int = 0):
+    deterministic = False  # class default: a subclass with its own __init__ (the self-draft) is not
+
+    def __init__(self, session, facts: ModelFacts, max_len: int, *, device: str = "cpu", device_id: int = 0,
+                 deterministic: bool = False):
         import onnxruntime as ort
 
         if max_len < 2:
             raise ValueError(f"max_len must be at least 2, got {max_len}")
         self.session = session
+        self.deterministic = bool(deterministic)
+        rows = self.max_len_rows = int(max_len) + (1 if deterministic else 0)  # + a spare row for a copy
         self.facts = facts
         self.max_len = int(max_len)
         self.length = 0  # tokens currently held in the cache
@@ -109,10 +135,10 @@ class ModelRunner:
         self.supports_tree = self._bind_positions and self._bind_bias
         kv_dtype = _NP_DTYPES[facts.kv_dtype]
         self._bias_dtype = kv_dtype  # GQA's attention_bias has the attention's float type (= the cache's)
-        self._positions = np.arange(self.max_len, dtype=np.int64).reshape(1, self.max_len)
+        self._positions = np.arange(rows, dtype=np.int64).reshape(1, rows)
         self._zeros = np.zeros(0, dtype=kv_dtype)  # grown on demand up to _ZERO_BIAS_CAP elements
         self._kv_np: list[np.ndarray] | None = [] if device == "cpu" else None  # host views for compact()
-        shape = (1, facts.kv_heads, self.max_len, facts.head_dim)
+        shape = (1, facts.kv_heads, rows, facts.head_dim)
         self._kv: list = []  # OrtValues, in binding order: (key_0, value_0, key_1, ...)
         for _ in range(facts.layers):
             for _ in ("key", "value"):
@@ -124,7 +150,7 @@ class ModelRunner:
                     ov = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), kv_dtype, device, device_id)
                 self._kv.append(ov)
         # attention_mask is all ones; the graph reads only its width. One buffer, sliced per step.
-        self._ones = np.ones((1, self.max_len), dtype=np.int64)
+        self._ones = np.ones((1, rows), dtype=np.int64)
         self._logits_dtype = _NP_DTYPES[facts.logits_dtype]
         self._logits_bufs: dict[int, tuple[np.ndarray, object]] = {}  # n_logits -> (array, OrtValue)
         self._binding = session.io_binding()
@@ -147,7 +173,7 @@ class ModelRunner:
         return self.max_len - self.length
 
     def kv_bytes(self) -> int:
-        return self.facts.kv_bytes_per_token() * self.max_len
+        return self.facts.kv_bytes_per_token() * self.max_len_rows
 
     def kv_pair(self, layer: int):
         """The (key, value) OrtValues of one layer: the self-draft runner binds them too."""
@@ -173,15 +199,20 @@ class ModelRunner:
         if self.length + s > self.max_len:
             raise CacheFull(f"{s} token(s) at position {self.length} do not fit a cache of {self.max_len}")
         t0 = time.perf_counter()
+        ids = np.asarray(tokens, dtype=np.int64)
+        n = step_rows(s, self.deterministic)
+        drop = n - s
+        if drop:  # the copy row: computed, written past `length`, dropped (module docstring)
+            ids = np.concatenate([ids, ids[-1:]])
         b = self._binding
         f = self.facts
-        b.bind_cpu_input(f.input_ids, np.asarray(tokens, dtype=np.int64).reshape(1, s))
-        b.bind_cpu_input(f.attention_mask, self._ones[:, : self.length + s])
+        b.bind_cpu_input(f.input_ids, ids.reshape(1, n))
+        b.bind_cpu_input(f.attention_mask, self._ones[:, : self.length + n])
         if self._bind_positions:
-            b.bind_cpu_input(f.position_ids, self._positions[:, self.length : self.length + s])
+            b.bind_cpu_input(f.position_ids, self._positions[:, self.length : self.length + n])
         if self._bind_bias:
-            b.bind_cpu_input(f.attention_bias, self._zero_bias(s, self.length + s))
-        return self._run(s, n_logits, t0)
+            b.bind_cpu_input(f.attention_bias, self._zero_bias(n, self.length + n))
+        return self._run(s, n_logits, t0, drop)
 
     def _zero_bias(self, s: int, total: int) -> np.ndarray:
         """A zero attention bias [1, 1, s, total]: a contiguous view of one reused zero buffer (a
@@ -211,6 +242,9 @@ class ModelRunner:
                              f"{len(depths)} and {anc.shape}")
         if self.length + s > self.max_len:
             raise CacheFull(f"{s} token(s) at position {self.length} do not fit a cache of {self.max_len}")
+        if self.deterministic:
+            raise ValueError("tree steps are not part of deterministic mode (a tree's rows round unlike a "
+                             "chain's): verify chains")
         t0 = time.perf_counter()
         L = self.length
         bias = np.zeros((1, 1, s, L + s), dtype=self._bias_dtype)
@@ -261,19 +295,24 @@ class ModelRunner:
             arr[:, :, :n] = r
         self.length = n
 
-    def _run(self, s: int, n_logits: int, t0: float) -> np.ndarray:
+    def _run(self, s: int, n_logits: int, t0: float, drop: int = 0) -> np.ndarray:
+        """Runs the bound step of s tokens plus `drop` trailing copy rows (deterministic mode) and
+        returns the logits of the last n_logits real tokens. The copies' cache rows lie past
+        `length`: never read, overwritten by the next step. Times are kept under s: what a step of
+        s tokens costs in this mode."""
         b = self._binding
         f = self.facts
-        rows = n_logits if self._has_logits_to_keep else s
+        keep = n_logits + drop
+        rows = keep if self._has_logits_to_keep else s + drop
         if self._has_logits_to_keep:
-            b.bind_cpu_input(f.logits_to_keep, np.array([n_logits], dtype=np.int64))
+            b.bind_cpu_input(f.logits_to_keep, np.array([keep], dtype=np.int64))
         arr, ov = self._logits_out(rows)
         b.bind_ortvalue_output(f.logits, ov)
         self.session.run_with_iobinding(b)
         self.length += s
         self.times.add(s, time.perf_counter() - t0)
         out = arr[0]
-        return out[rows - n_logits :] if rows != n_logits else out
+        return out[rows - keep : rows - drop]
 
     def rewind(self, length: int) -> None:
         """Keeps the first `length` positions. O(1): stale rows are overwritten by the next step."""

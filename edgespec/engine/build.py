@@ -34,7 +34,7 @@ def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, 
     falling back to a pool of its own without spinning when that cannot be had. `spinning=False` alone is
     the fallback's setting: when two sessions take turns on the same cores, a pool thread
     busy-waiting after one session's step steals a core from the other's next step.
-    `deterministic`: Settings.deterministic, carried here for the session options that make it so."""
+    `deterministic`: the runner's deterministic mode (core/runner.py, Settings.deterministic)."""
     kw: dict = {}
     # another engine in this process may have set the shared pool up: every session must then use it
     if (shared_threads and prov.use_shared_thread_pool(threads)) or prov.shared_pool_active():
@@ -48,7 +48,7 @@ def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, 
         return prov.create_session(gpath, providers=order, threads=threads, profile=profile, flavor=graph_flavor, **kw)
 
     chosen, session, device = flavor.open_session(facts, Path(path), providers, create, force=force_flavor)
-    return ModelRunner(session, chosen, max_len, device=device)
+    return ModelRunner(session, chosen, max_len, device=device, deterministic=deterministic)
 
 
 def load_batch_runner(path: Path, facts: ModelFacts, max_len: int, slots: int, *, providers=None,
@@ -67,7 +67,7 @@ def load_batch_runner(path: Path, facts: ModelFacts, max_len: int, slots: int, *
                                    flavor=graph_flavor)
 
     chosen, session, device = flavor.open_session(facts, Path(path), providers, create, force=force_flavor)
-    return BatchRunner(session, chosen, max_len, slots, device=device)
+    return BatchRunner(session, chosen, max_len, slots, device=device, deterministic=deterministic)
 
 
 def parallel_slots(b: Bundle, plan: memory.MemoryPlan) -> int:

@@ -43,6 +43,9 @@ class Engine:
         s = plan.settings
         bundle = plan.bundle
         self.settings = s
+        # deterministic mode lives in the runners (core/runner.py); the request parser pins requests to
+        # what keeps it (requests.pin_for_determinism)
+        self.deterministic = s.deterministic
         self.bundle = bundle
         self.target = target
         self.draft_runner = runners.get("draft")
@@ -119,7 +122,7 @@ class Engine:
         target = self_runner = None
         if "self" in p.runners:
             pair = selfdraft.open_for_engine(b, p.max_len, required=s.draft == "self", providers=p.providers,
-                                             threads=p.threads, profile=p.profile)
+                                             threads=p.threads, profile=p.profile, deterministic=s.deterministic)
             if pair is not None:
                 target, self_runner = pair.target, pair.runner
         with_draft = "draft" in p.runners
@@ -132,7 +135,7 @@ class Engine:
             draft_runner = build.load_runner(b.model_path("draft"), b.draft, p.max_len,
                                              providers=p.draft_providers if p.draft_providers is not None
                                              else p.providers, threads=p.threads, shared_threads=True,
-                                             profile=p.profile, deterministic=s.deterministic)
+                                             profile=p.profile)  # proposals only: the target decides every token
         governor = build.governor(p, spinning=build.sessions_spin(with_draft))
         eng = cls(p, target, {"draft": draft_runner, "self": self_runner}, governor=governor)
         if s.tree == "on":

@@ -4,7 +4,7 @@ with the same `RequestParser` (each tells it which modes it can run), and read t
 side (tokenizer, chat template, EOS ids) through the same `Vocabulary`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..core.sampling import SamplingParams
@@ -159,4 +159,19 @@ class RequestParser:
         ids = self.vocab.encode(prompt, messages)
         if len(ids) >= self.max_len:
             raise PromptTooLong(len(ids), max_new_tokens, self.max_len)
-        return Request(ids, max_new_tokens, params, stops, mode, s.k if k is None else k, cancel_fn(cancel), tree)
+        req = Request(ids, max_new_tokens, params, stops, mode, s.k if k is None else k, cancel_fn(cancel), tree)
+        return pin_for_determinism(req) if s.deterministic else req
+
+
+def pin_for_determinism(req: Request) -> Request:
+    """What deterministic mode (the runners' `deterministic=True`, docs/runtime.md) changes in a
+    request. Chains only: a tree's rows sit at other cache rows than the chain's and round
+    differently. A sampled request runs without drafts: which tokens were proposed decides how its
+    random draws are spent, and proposals depend on what earlier requests left (the suffix index)
+    and on measured step times (adaptive k); without drafts a seed spends one draw per token and
+    replays. Greedy requests keep their drafter: every token is the target's argmax whatever was
+    proposed. Raises InvalidRequest for tree="on"."""
+    if req.tree == "on":
+        raise InvalidRequest("tree='on' is not possible in deterministic mode (tree rows round unlike chain "
+                             "rows): use tree='auto' or 'off'", param="tree")
+    return replace(req, tree="off", draft=req.draft if req.params.greedy else "none")

@@ -41,8 +41,7 @@ class Settings:
     parallel: int = 1  # cache slots (BatchEngine); 1: the serial engine
     verify: bool = True  # sha256 of the bundle's files at open
     warmup: bool = True  # time the step sizes once at open
-    deterministic: bool = False  # carried to where the runners are built
-    system_prompt: str | None = None  # carried to the engine (a pinned prefix)
+    deterministic: bool = False  # the runners' deterministic mode (core/runner.py); requests pinned to chains
 
     @classmethod
     def of(cls, *, memory_budget=None, power_budget=None, max_temp=None, providers=None, draft_providers=None,
@@ -90,15 +89,15 @@ class Settings:
             _check_device(self.device)
         if self.memory_budget is not None and self.memory_budget <= 0:
             raise InvalidRequest(f"memory budget must be positive, got {self.memory_budget}", param="memory_budget")
+        if self.deterministic and self.tree == "on":
+            raise InvalidRequest("tree='on' is not possible in deterministic mode: use tree='auto' or 'off'",
+                                 param="tree")
         p = self.parallel
         if isinstance(p, bool) or not isinstance(p, int) or p < 1:
             raise InvalidRequest(f"parallel must be an integer >= 1, got {p!r}", param="parallel")
         if p > 1:
             modes.check_batched(self.draft)
             check_batched_tree(self.tree)
-        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
-            raise InvalidRequest(f"system_prompt must be a string, got {type(self.system_prompt).__name__}",
-                                 param="system_prompt")
 
     @property
     def batched(self) -> bool:

@@ -126,6 +126,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "off (default auto) [EDGESPEC_TREE]")
     eng.add_argument("--max-len", type=int, help="KV cache length in tokens (default: the bundle's, from export "
                      "--max-context, capped by the device profile's and the memory plan) [EDGESPEC_MAX_LEN]")
+    eng.add_argument("--deterministic", action="store_true", default=None,
+                     help="the same request gets the same tokens whatever the cache holds, whatever it is batched "
+                     "with and whichever drafter runs (chains only; sampled requests are not drafted; "
+                     "docs/runtime.md) [EDGESPEC_DETERMINISTIC=1]")
     eng.add_argument("--suffix-capacity", type=int, metavar="TOKENS", help="tokens of earlier requests and "
                      "answers the suffix index keeps for drafting (the oldest evicted; default 1048576; a token "
                      "buffer of 4 bytes each plus a suffix automaton of ~120 bytes per token held; with "
@@ -199,6 +203,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         "draft_providers": _pick(args.draft_providers, "EDGESPEC_DRAFT_PROVIDERS"),
         "threads": _pick(args.threads, "EDGESPEC_THREADS", int),
         "verify": _pick(args.verify, "EDGESPEC_VERIFY", _bool),
+        "deterministic": _pick(getattr(args, "deterministic", None), "EDGESPEC_DETERMINISTIC", _bool),
     }
     return {k: v for k, v in opts.items() if v is not None}
 
