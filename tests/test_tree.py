@@ -356,7 +356,7 @@ def test_a_current_export_is_format_2_with_the_tree_inputs(tiny_bundle):
     import onnx
 
     m = json.loads((tiny_bundle / "manifest.json").read_text())
-    assert m["format_version"] == 2
+    assert m["format_version"] == 3
     for facts in m["models"].values():
         assert facts["position_ids"] == "position_ids" and facts["attention_bias"] == "attention_bias"
         g = onnx.load(str(tiny_bundle / facts["path"]), load_external_data=False).graph

@@ -24,13 +24,15 @@ from typing import Any
 from ..limits import QUANTS
 
 FORMAT = "edgespec-bundle"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # Versions this edgespec reads. Version 2 is graph contract v2: every graph also takes per-token
 # `position_ids` and an additive `attention_bias` (docs/graph-contract.md), which tree verification
 # needs. A version-1 bundle's graphs lack them: it runs in chain-only mode (`--tree on` is refused
 # with a line saying to re-export), so bundles exported before the bump keep working.
-READ_VERSIONS = (1, 2)
-TREE_FORMAT_VERSION = 2
+# Version 3 (graph contract v3) adds the `hidden_states` output (ModelFacts.hidden_states) and the
+# optional draft heads trained at export (Manifest.heads); a version-2 bundle has neither.
+READ_VERSIONS = (1, 2, 3)
+TREE_FORMAT_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft")
 FLAVORS = ("cpu", "cuda")  # graph flavors (ModelFacts.flavor)
@@ -72,6 +74,9 @@ class ModelFacts:
     # and the attention's float type [1, 1, S, L+S], added to the scores (0 = attend, -inf-ish = not)
     position_ids: str | None = "position_ids"
     attention_bias: str | None = "attention_bias"
+    # contract v3 (None before it): float32 [1, n, hidden] output, the final normed hidden state of
+    # the n logits rows; draft heads (`export --heads`) read it
+    hidden_states: str | None = None
     parity: dict[str, Any] = field(default_factory=dict)  # {"top1": 0.945, "mean_kl": ..., ...}
     # Flavor of the graph at `path` (docs/export.md, "Flavors"): "cpu" (float32 activations and KV) or
     # "cuda" (float16 activations, GroupQueryAttention and KV). Optional: a bundle written before
@@ -137,6 +142,10 @@ class Manifest:
     # runtime defaults chosen at export, e.g. {"max_len": 4096} (`edgespec export --max-context`)
     defaults: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # exporter's notes: peak memory, timings, versions
+    # draft heads trained at export (`edgespec export --heads medusa`), None without: {"method": "medusa",
+    # "path": "heads/model.onnx", "vocab_map": "heads/vocab_map.npy", "n_heads", "hidden_size", "kept",
+    # "training": {data, split, steps, seconds, heldout_top1 per head, ...}} (export/edgespec_export/heads.py)
+    heads: dict[str, Any] | None = None
     # sha256 of the manifest's own content (every field but this one, canonical JSON): an edited
     # manifest is caught like a damaged weight file. Integrity, not authenticity.
     digest: str = ""
@@ -229,6 +238,7 @@ def check_schema(d: Any) -> list[str]:
         vm = facts.get("vocab_map")
         if vm is not None and (not isinstance(vm, str) or vm not in d["files"]):
             problems.append(f"manifest.json: models.{role}.vocab_map {vm!r} is not listed in 'files'")
+    problems += _heads_problems(d.get("heads"), d["files"])
     tok_required = _required_fields(TokenizerFacts)
     for f in sorted(tok_required - d["tokenizer"].keys()):
         problems.append(f"manifest.json: tokenizer.{f} is missing")
@@ -250,6 +260,28 @@ def check_schema(d: Any) -> list[str]:
         except (TypeError, ValueError, KeyError) as e:  # pragma: no cover - belt and braces
             problems.append(f"manifest.json: {e}")
     return problems
+
+
+HEADS_METHODS = ("medusa",)
+
+
+def _heads_problems(heads: Any, files: dict) -> list[str]:
+    """Checks of the optional draft-heads record (Manifest.heads)."""
+    if heads is None:
+        return []
+    if not isinstance(heads, dict):
+        return ["manifest.json: 'heads' must be an object"]
+    out = []
+    if heads.get("method") not in HEADS_METHODS:
+        out.append(f"manifest.json: heads.method {heads.get('method')!r} is not one of {', '.join(HEADS_METHODS)}")
+    for f in ("path", "vocab_map"):
+        if not isinstance(heads.get(f), str) or heads[f] not in files:
+            out.append(f"manifest.json: heads.{f} {heads.get(f)!r} is not listed in 'files'")
+    for f in ("n_heads", "hidden_size"):
+        v = heads.get(f)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            out.append(f"manifest.json: heads.{f} must be a positive integer, got {v!r}")
+    return out
 
 
 def _flavor_problems(role: str, facts: dict, files: dict) -> list[str]:
