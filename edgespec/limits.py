@@ -6,7 +6,7 @@ engine and by the planner. Each lives here once, so they cannot drift apart.
 """
 from __future__ import annotations
 
-DRAFT_MODES = ("auto", "model", "suffix", "recycle", "ngram", "self", "none")  # what a request's `draft` may name
+DRAFT_MODES = ("auto", "model", "suffix", "recycle", "ngram", "self", "heads", "none")  # what a request's `draft` may name
 TREE_MODES = ("auto", "on", "off")  # what a request's `tree` may name (tree verification)
 K_LIMIT = 16  # largest k a request may ask for (each verify row costs a full-vocabulary logits row)
 DEFAULT_K_CAP = 8  # adaptive k never proposes more than this per round

@@ -5,6 +5,7 @@
 - `ModelDrafter`  (model.py)  the small draft model on its own KV cache, adaptive from its confidence.
 - `SuffixDrafter` (suffix.py) the suffix index (suffix_index.py) over this and earlier requests.
 - `RecycleDrafter`(recycle.py) the target's own top candidates per token, kept from verify rows.
+- `HeadsDrafter` (heads.py)  draft heads trained at export, over the target's own hidden state.
 - `AutoDrafter`   (auto.py)   per round, the source (or none) promising the most tokens per second.
 
 The interface they all implement is `base.Drafter` (a Protocol); the engine uses nothing else.

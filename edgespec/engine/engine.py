@@ -1,6 +1,6 @@
 """Engine: a bundle opened for generation — text in, text out, as the target alone would write it.
 
-    eng = Engine.open("bundles/qwen-coder")         # draft="auto" | "model" | "suffix" | "recycle" | "ngram" | "none"
+    eng = Engine.open("bundles/qwen-coder")         # draft="auto" | "model" | "suffix" | "recycle" | "ngram" | "heads" | "none"
     r = eng.generate("def fib(n):", max_new_tokens=64)
     for delta in eng.stream(messages=[{"role": "user", "content": "hi"}], temperature=0.7, seed=1): ...
 
@@ -25,6 +25,7 @@ from ..drafters import (AutoDrafter, Drafter, ModelDrafter, NgramDrafter, NoDraf
 from ..errors import DraftUnavailable, InvalidRequest, PromptTooLong
 from ..limits import DEFAULT_K_CAP, PREFILL_CHUNK, SUFFIX_CAPACITY
 from ..models.bundle import Bundle
+from ..drafters.heads import NO_HEADS, open_heads
 from . import build, selfdraft
 from .loop import Parts, PrefixCache, decode
 from .requests import (Encoder, Request, cancel_fn, check_draft_mode, check_k, check_max_new_tokens, check_stop,
@@ -39,7 +40,7 @@ class Engine:
     def __init__(self, bundle: Bundle, target: ModelRunner, draft: ModelRunner | None, tokenizer, *,
                  draft_mode: str = "auto", k: int | None = None, governor=None, memory_plan=None,
                  prefill_chunk: int = PREFILL_CHUNK, self_runner=None, tree: str = "auto",
-                 suffix_capacity: int = SUFFIX_CAPACITY):
+                 suffix_capacity: int = SUFFIX_CAPACITY, heads: bool = False, threads: int | None = None):
         self.bundle = bundle
         self.target = target
         self.draft_runner = draft
@@ -74,7 +75,12 @@ class Engine:
             self._drafters["model"] = model
         if own is not None:
             self._drafters["self"] = own
-        self._drafters["auto"] = AutoDrafter(self.costs, [d for d in (self._suffix, recycle, model, own) if d is not None])
+        # draft heads (`export --heads`): a small graph over the target's hidden state (drafters/heads.py)
+        heads_drafter = open_heads(bundle, target, self.usable, threads=threads) if heads else None
+        if heads_drafter is not None:
+            self._drafters["heads"] = heads_drafter
+        self._drafters["auto"] = AutoDrafter(self.costs, [d for d in (self._suffix, recycle, model, own, heads_drafter)
+                                                          if d is not None])
         check_tree_mode(tree)
         self.tree_mode = tree
         self._tree = TreeVerifier(self.costs, ngram, model)
@@ -95,7 +101,8 @@ class Engine:
         """Verifies the bundle (sha256 unless verify=False), plans memory, loads the models.
 
         draft: the default drafting mode of requests ("auto" | "model" | "suffix" | "recycle" |
-        "ngram" | "self" | "none"). Without "auto" or "model" the draft model is not loaded at all
+        "ngram" | "self" | "heads" | "none"). "heads" (and "auto") load the bundle's draft heads when it
+        has them (`edgespec export --heads`). Without "auto" or "model" the draft model is not loaded at all
         (less memory, faster start). "self" loads the self-draft instead (the target with layers
         skipped, on shared weights: engine/selfdraft.py); only an engine opened with it serves
         draft="self" requests, and its `auto` has the self-draft as one more option.
@@ -116,6 +123,8 @@ class Engine:
         b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, verify=verify)
         if draft == "model" and b.draft is None:
             raise DraftUnavailable(f"bundle {b.name} has no draft model: use draft='ngram' or 'auto'", param="draft")
+        if draft == "heads" and b.manifest.heads is None:
+            raise DraftUnavailable(NO_HEADS.format(name=b.name), param="draft")
         want_draft = draft in ("auto", "model") and b.draft is not None
         plan = build.memory_plan(b, max_len=max_len, want_draft=want_draft, profile=edge["profile"],
                                  budget=edge["memory_budget"], providers=providers)
@@ -142,7 +151,8 @@ class Engine:
         governor = build.governor(edge, spinning=build.sessions_spin(plan.load_draft))
         eng = cls(b, target, draft_runner, b.load_tokenizer(), draft_mode=draft, k=k, governor=governor,
                   memory_plan=plan, prefill_chunk=plan.prefill_chunk, self_runner=self_runner, tree=tree,
-                  suffix_capacity=suffix_capacity)
+                  suffix_capacity=suffix_capacity, threads=threads,
+                  heads=draft in ("auto", "heads") and b.manifest.heads is not None and target.has_hidden)
         if tree == "on":
             eng._check_tree_possible("on")
         if warmup and draft != "none":
@@ -213,6 +223,8 @@ class Engine:
                     for _ in range(2):
                         self.draft_runner.rewind(0)
                         self.draft_runner.step([0] * s, 1)
+            if "heads" in self._drafters:
+                self._drafters["heads"].warmup()
             if self.self_runner is not None:  # its steps are 1 token (it never catches up)
                 for _ in range(3):
                     self.self_runner.rewind(0)
@@ -250,6 +262,10 @@ class Engine:
                    "the draft model was not loaded (engine opened with draft="
                    f"{self.draft_mode!r}, or the memory plan left it out)")
             raise DraftUnavailable(f"draft='model' is not possible: {why}", param="draft")
+        if mode == "heads" and "heads" not in self._drafters:
+            why = (NO_HEADS.format(name=self.bundle.name) if self.bundle.manifest.heads is None else
+                   f"draft='heads' is not possible: the heads were not loaded (engine opened with draft={self.draft_mode!r})")
+            raise DraftUnavailable(why, param="draft")
         if mode == "self" and "self" not in self._drafters:
             raise DraftUnavailable("draft='self' is not possible: the self-draft was not loaded (open the engine "
                                    "with draft='self')", param="draft")
