@@ -24,11 +24,16 @@ VARIANTS = {
     "qwen-both": ("qwen2", 0.05, "int8", ("cpu", "cuda")),
     "qwen-deep": ("qwen2", None, "fp32", ("cpu",), 6),  # 6 layers, no draft: self-speculative drafting
     "qwen-pruned": ("qwen2", 0.05, "fp32"),  # qwen-agree with the draft's lm_head pruned (DRAFT_VOCAB)
+    "qwen-heads": ("qwen2", None, "fp32"),  # Medusa heads trained at export (HEADS), no draft model
+    "qwen-cuda-heads": ("qwen2", None, "int8", ("cuda",)),  # the same over an 8-bit float16 target
 }
 DRAFT_VOCAB = {"qwen-pruned": 200}  # export --draft-vocab, per variant (of 400 usable ids)
+# export --heads medusa, the fast path: a few hundred tokens, a few dozen steps, a pruned head
+HEADS = {name: dict(tokens=600, steps=40, answers=2, vocab=200) for name in ("qwen-heads", "qwen-cuda-heads")}
 
 
 def build(name: str, root: Path) -> Path:
+    from edgespec_export.heads import HeadsOptions
     from edgespec_export.pipeline import export_bundle
     from edgespec_export.tiny import make_tiny_draft, make_tiny_model
 
@@ -42,7 +47,8 @@ def build(name: str, root: Path) -> Path:
     draft = make_tiny_draft(target, src / "draft", noise=noise) if noise is not None else None
     # in-process (no child per model): these models are tiny and the fixtures must be quick
     return export_bundle(target, out, draft=draft, quant=quant, isolate=False, eps=eps,
-                         draft_vocab=DRAFT_VOCAB.get(name, 0))
+                         draft_vocab=DRAFT_VOCAB.get(name, 0),
+                         heads=HeadsOptions(**HEADS[name]) if name in HEADS else None)
 
 
 def build_all(root: Path) -> dict[str, Path]:

@@ -141,22 +141,13 @@ class HeadsDrafter(CostedDrafter):
             self.mean[i].add(ok, not ok)
 
 
-def open_heads(bundle, target: ModelRunner, usable: int, *, threads: int | None = None) -> HeadsDrafter:
-    """The bundle's heads on the CPU provider (a graph of a few MB: one row per round). Raises
-    DraftUnavailable naming `--heads` when the bundle has none or its target graph lacks the hidden
-    output."""
-    import onnxruntime as ort
-
-    rec = bundle.manifest.heads
-    if rec is None:
-        raise DraftUnavailable(NO_HEADS.format(name=bundle.name), param="draft")
+def from_record(record: dict, root: Path, session, target: ModelRunner, usable: int) -> HeadsDrafter:
+    """The drafter for a bundle's heads record (Manifest.heads) and its graph's session (the engine
+    opens it: engine/build.py load_heads_session). The export's held-out top-1 per head is the
+    acceptance it starts from."""
     if not target.has_hidden:
-        raise DraftUnavailable(f"bundle {bundle.name}: its target graph has no hidden_states output: re-export it "
-                               "with this edgespec and --heads", param="draft")
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads or 0
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # it runs between target steps
-    session = ort.InferenceSession(str(Path(bundle.root) / rec["path"]), opts, providers=["CPUExecutionProvider"])
-    vocab_map = np.load(Path(bundle.root) / rec["vocab_map"], allow_pickle=False)
-    priors = rec.get("training", {}).get("heldout_top1", ())
-    return HeadsDrafter(target, session, vocab_map, usable, int(rec["n_heads"]), priors=priors)
+        raise DraftUnavailable("the target graph has no hidden_states output: re-export the bundle with this "
+                               "edgespec and --heads", param="draft")
+    vocab_map = np.load(Path(root) / record["vocab_map"], allow_pickle=False)
+    priors = record.get("training", {}).get("heldout_top1", ())
+    return HeadsDrafter(target, session, vocab_map, usable, int(record["n_heads"]), priors=priors)

@@ -55,6 +55,15 @@ def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, 
     return ModelRunner(session, chosen, max_len, device=device)
 
 
+def load_heads_session(path: Path, *, threads: int | None = None):
+    """The draft heads' session (a graph of a few MB run on one row per round), on the CPU provider,
+    on the shared thread pool when one is active, else a pool of its own that does not spin (it runs
+    between target steps, on the same cores)."""
+    kw = {"shared_threads": True} if prov.shared_pool_active() else {"spinning": False}
+    session, _ = prov.create_session(path, providers=[prov.CPU], threads=threads, **kw)
+    return session
+
+
 def _bundle_root(path: Path, facts: ModelFacts) -> Path | None:
     """The bundle folder `path` (= root / facts.path) is in, or None for a graph outside a bundle."""
     rel = Path(facts.path).parts

@@ -25,7 +25,7 @@ from ..drafters import (AutoDrafter, Drafter, ModelDrafter, NgramDrafter, NoDraf
 from ..errors import DraftUnavailable, InvalidRequest, PromptTooLong
 from ..limits import DEFAULT_K_CAP, PREFILL_CHUNK, SUFFIX_CAPACITY
 from ..models.bundle import Bundle
-from ..drafters.heads import NO_HEADS, open_heads
+from ..drafters.heads import NO_HEADS, from_record
 from . import build, selfdraft
 from .loop import Parts, PrefixCache, decode
 from .requests import (Encoder, Request, cancel_fn, check_draft_mode, check_k, check_max_new_tokens, check_stop,
@@ -76,7 +76,11 @@ class Engine:
         if own is not None:
             self._drafters["self"] = own
         # draft heads (`export --heads`): a small graph over the target's hidden state (drafters/heads.py)
-        heads_drafter = open_heads(bundle, target, self.usable, threads=threads) if heads else None
+        heads_drafter = None
+        if heads:
+            rec = bundle.manifest.heads
+            heads_drafter = from_record(rec, bundle.root, build.load_heads_session(bundle.root / rec["path"], threads=threads),
+                                        target, self.usable)
         if heads_drafter is not None:
             self._drafters["heads"] = heads_drafter
         self._drafters["auto"] = AutoDrafter(self.costs, [d for d in (self._suffix, recycle, model, own, heads_drafter)
