@@ -33,8 +33,8 @@ from ..limits import K_LIMIT
 from ..units import peak_rss_bytes
 from .prompts import Prompt, prompt_units
 
-MODES = ("target", "model", "ngram", "suffix", "recycle", "self", "auto")
-FIXED_K_MODES = ("model", "ngram", "suffix", "recycle", "self")  # --k adds "mode k=N" columns for these
+MODES = ("target", "model", "ngram", "suffix", "recycle", "self", "heads", "auto")
+FIXED_K_MODES = ("model", "ngram", "suffix", "recycle", "self", "heads")  # --k adds "mode k=N" columns for these
 # a speculative mode with a tree suffix runs with tree verification: "auto+tree" (tree="on": always
 # a tree) or "auto+tree-auto" (tree="auto": a tree when the cost model says it pays); plain modes
 # run chains (tree="off"), so their numbers stay comparable with runs from before trees
@@ -57,7 +57,7 @@ PREFILL_MIN_TOKENS = K_LIMIT + 2
 class Mode:
     """One column of the comparison: a drafting mode, adaptive (k=None) or with a fixed k."""
 
-    draft: str  # "none" | "model" | "ngram" | "suffix" | "recycle" | "self" | "auto"
+    draft: str  # "none" | "model" | "ngram" | "suffix" | "recycle" | "self" | "heads" | "auto"
     k: int | None = None
     tree: str = "off"  # "off" (chains, as before trees existed) | "on" ("+tree") | "auto" ("+tree-auto")
 
@@ -72,7 +72,7 @@ class Mode:
         return self.draft != "none"
 
 
-def parse_modes(modes: str, ks: str | None, *, has_draft: bool) -> list[Mode]:
+def parse_modes(modes: str, ks: str | None, *, has_draft: bool, has_heads: bool = True) -> list[Mode]:
     """'target,model,ngram,auto' and '2,4,8' -> modes; the target alone always comes first (every
     speed-up is relative to it). Fixed-k variants are added for model and ngram (auto picks its own
     k each round by design)."""
@@ -84,6 +84,9 @@ def parse_modes(modes: str, ks: str | None, *, has_draft: bool) -> list[Mode]:
     bases = [split_tree(n)[0] for n in names]
     if "model" in bases and not has_draft:
         raise DraftUnavailable("--modes model: the bundle has no draft model (use target,ngram,self,auto)",
+                               param="modes")
+    if "heads" in bases and not has_heads:
+        raise DraftUnavailable("--modes heads: the bundle has no draft heads (export it with --heads medusa)",
                                param="modes")
     if "model" in bases and "self" in bases:
         raise InvalidRequest("--modes: model and self need differently opened engines (the self-draft shares "

@@ -21,7 +21,7 @@ def register(sub) -> None:
     p.add_argument("--prompts", default="code",
                    help="code, chat, multiturn, heldout, a .jsonl file, or several joined by commas (default: code)")
     p.add_argument("--modes", default=None,
-                   help="comma-separated from target,model,ngram,suffix,recycle,self,auto (default: all the bundle "
+                   help="comma-separated from target,model,ngram,suffix,recycle,self,heads,auto (default: all the bundle "
                         "supports but self; self and model need two runs); a speculative mode + '+tree' runs tree "
                         "verification (tree on), + '+tree-auto' lets the cost model decide each round (e.g. auto,auto+tree)")
     p.add_argument("--k", default=None, metavar="K,K,...",
@@ -72,9 +72,11 @@ def run(args: argparse.Namespace) -> int:
     if args.modes is None:
         names = ("target,model,ngram,suffix,recycle,auto" if b.draft is not None
                  else "target,ngram,suffix,recycle,auto")
+        if b.manifest.heads is not None:
+            names = names.replace(",auto", ",heads,auto")
     else:
         names = args.modes
-    modes = bench.parse_modes(names, args.k, has_draft=b.draft is not None)
+    modes = bench.parse_modes(names, args.k, has_draft=b.draft is not None, has_heads=b.manifest.heads is not None)
     if args.repeats < 1:
         raise InvalidRequest(f"--repeats must be at least 1, got {args.repeats}")
     if args.max_new_tokens < 1:
@@ -82,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ...engine import Engine
 
-    draft = "auto" if any(m.draft in ("model", "auto") for m in modes) else "ngram"
+    draft = ("auto" if any(m.draft in ("model", "auto") for m in modes)
+             else "heads" if any(m.draft == "heads" for m in modes) else "ngram")
     if any(m.draft == "self" for m in modes):
         draft = "self"  # loads the self-draft; auto then also has it as an option
     print(f"loading {b.root} ...", file=sys.stderr, flush=True)
