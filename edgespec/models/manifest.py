@@ -4,12 +4,13 @@ Both halves use this module: `export/edgespec_export/` writes a manifest, the de
 Keeping the schema in one place means a bundle the exporter writes is, by construction, one the
 runtime can read, and `verify` and `Bundle.open` run the very same checks.
 
-Layout (format_version 2; version 1 bundles are still read, see TREE_FORMAT_VERSION):
+Layout (format_version 3; versions 1 and 2 are still read, see READ_VERSIONS):
 
     bundle/
       manifest.json
       target/model.onnx  target/model.onnx.data
       draft/model.onnx   draft/model.onnx.data        (optional)
+      heads/model.onnx   heads/vocab_map.npy          (optional: `export --heads`)
       tokenizer.json     tokenizer_config.json
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ FORMAT_VERSION = 3
 # Version 3 (graph contract v3) adds the `hidden_states` output (ModelFacts.hidden_states) and the
 # optional draft heads trained at export (Manifest.heads); a version-2 bundle has neither.
 READ_VERSIONS = (1, 2, 3)
-TREE_FORMAT_VERSION = 3
+TREE_FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft")
 FLAVORS = ("cpu", "cuda")  # graph flavors (ModelFacts.flavor)
