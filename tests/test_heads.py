@@ -189,7 +189,7 @@ def _oracle_heads(eng, monkeypatch):
     b = Bundle.open(eng.bundle.root)
     oracle = load_runner(b.model_path("target"), b.target, 64)
     drafter = eng._drafters["heads"]
-    real_draft, ctxs = heads_mod.HeadsDrafter._draft, []
+    real_draft, ctxs = heads_mod.HeadsDrafter.draft, []
 
     def draft(self, ctx, k, params, rng):
         ctxs.append(list(ctx))
@@ -200,7 +200,7 @@ def _oracle_heads(eng, monkeypatch):
         row = oracle.step(ctxs[-1], 1)[0]
         return np.tile(row[self.vocab_map], (self.n_heads, 1))
 
-    monkeypatch.setattr(heads_mod.HeadsDrafter, "_draft", draft)
+    monkeypatch.setattr(heads_mod.HeadsDrafter, "draft", draft)
     monkeypatch.setattr(heads_mod.HeadsDrafter, "_run", run)
     return drafter
 
@@ -217,7 +217,7 @@ def test_sampling_with_accepted_heads_proposals_and_a_negative_control(tiny_head
     eng = Engine.open(tiny_heads_bundle, max_len=64, draft="heads")
     _oracle_heads(eng, monkeypatch)
     if lie:
-        honest = heads_mod.HeadsDrafter._draft
+        honest = heads_mod.HeadsDrafter.draft
 
         def lying(self, ctx, k, params, rng):
             prop = honest(self, ctx, k, params, rng)
@@ -225,7 +225,7 @@ def test_sampling_with_accepted_heads_proposals_and_a_negative_control(tiny_head
                 return prop
             return Proposal(prop.tokens, np.full_like(prop.q, 1.0 / prop.q.shape[1]), prop.source, prop.conf)
 
-        monkeypatch.setattr(heads_mod.HeadsDrafter, "_draft", lying)
+        monkeypatch.setattr(heads_mod.HeadsDrafter, "draft", lying)
     params = SamplingParams(temperature=1.5, top_k=3)
     exact = exact_target_distribution(eng, "def add(a, b):", params)
     counts: dict = {}

@@ -57,7 +57,6 @@ class HeadsDrafter(CostedDrafter):
         self.by_conf = [[Beta(float(np.clip(0.5 * (priors[i] + m), 0.02, 0.98))) for m in mids]
                         for i in range(n_heads)]
         self.mean = [Beta(float(np.clip(priors[i], 0.02, 0.98)), weight=8.0) for i in range(n_heads)]
-        self.last_seconds = 0.0
 
     # -- the interface ----------------------------------------------------------------------------
     def set_adaptive(self, on: bool) -> None:
@@ -91,13 +90,6 @@ class HeadsDrafter(CostedDrafter):
         return out
 
     def draft(self, ctx, k, params: SamplingParams, rng) -> Proposal:
-        t0 = time.perf_counter()
-        try:
-            return self._draft(ctx, k, params, rng)
-        finally:
-            self.last_seconds = time.perf_counter() - t0
-
-    def _draft(self, ctx, k, params, rng) -> Proposal:
         p = len(ctx) - 2
         h = self.target.hidden_row(p, ctx[p]) if k > 0 and p >= 0 else None
         if h is None:  # the target's last step did not compute this position (a tree round): skip one round
