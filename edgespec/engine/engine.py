@@ -40,7 +40,7 @@ class Engine:
     def __init__(self, bundle: Bundle, target: ModelRunner, draft: ModelRunner | None, tokenizer, *,
                  draft_mode: str = "auto", k: int | None = None, governor=None, memory_plan=None,
                  prefill_chunk: int = PREFILL_CHUNK, self_runner=None, tree: str = "auto",
-                 suffix_capacity: int = SUFFIX_CAPACITY, heads: bool = False, threads: int | None = None):
+                 suffix_capacity: int = SUFFIX_CAPACITY, heads: bool = False):
         self.bundle = bundle
         self.target = target
         self.draft_runner = draft
@@ -79,7 +79,7 @@ class Engine:
         heads_drafter = None
         if heads:
             rec = bundle.manifest.heads
-            heads_drafter = from_record(rec, bundle.root, build.load_heads_session(bundle.root / rec["path"], threads=threads),
+            heads_drafter = from_record(rec, bundle.root, build.load_heads_session(bundle.root / rec["path"]),
                                         target, self.usable)
         if heads_drafter is not None:
             self._drafters["heads"] = heads_drafter
@@ -155,7 +155,7 @@ class Engine:
         governor = build.governor(edge, spinning=build.sessions_spin(plan.load_draft))
         eng = cls(b, target, draft_runner, b.load_tokenizer(), draft_mode=draft, k=k, governor=governor,
                   memory_plan=plan, prefill_chunk=plan.prefill_chunk, self_runner=self_runner, tree=tree,
-                  suffix_capacity=suffix_capacity, threads=threads,
+                  suffix_capacity=suffix_capacity,
                   heads=draft in ("auto", "heads") and b.manifest.heads is not None and target.has_hidden)
         if tree == "on":
             eng._check_tree_possible("on")
