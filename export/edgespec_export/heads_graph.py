@@ -21,23 +21,30 @@ HEADS_INPUT = "hidden"
 HEADS_OUTPUT = "logits"
 
 
-def _lm_head(model) -> tuple[object, dict]:
-    g = model.graph
+def _load_head(model_path: Path) -> tuple[object, dict]:
+    """The target graph's lm_head node and its initializers, with only the lm_head's weights read
+    from the external data file (the whole 1.5B graph would be 1.2 GB in protobuf objects)."""
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    g = onnx.load(str(model_path), load_external_data=False).graph
     heads = [n for n in g.node if "logits" in n.output or "/edgespec/logits_fp16" in n.output]
     head = next((n for n in heads if n.op_type in ("MatMul", "MatMulNBits")), None)
     if head is None:
         raise ValueError("the target graph has no MatMul/MatMulNBits lm_head producing its logits")
-    return head, {t.name: t for t in g.initializer}
+    inits = {t.name: t for t in g.initializer if t.name in set(head.input)}
+    for t in inits.values():
+        if uses_external_data(t):
+            load_external_data_for_tensor(t, str(Path(model_path).parent))
+    return head, inits
 
 
 def lm_head_rows(model_path: Path, kept: np.ndarray) -> np.ndarray:
     """The target lm_head's rows for the kept token ids, dequantized: float32 [len(kept), H].
     logits[..., kept[j]] = hidden @ rows[j] (plus a bias, which the builder's lm_heads have not)."""
-    import onnx
     from onnx import numpy_helper
 
-    model = onnx.load(str(model_path), load_external_data=True)
-    head, inits = _lm_head(model)
+    head, inits = _load_head(model_path)
 
     def w(slot: int) -> np.ndarray | None:
         if len(head.input) <= slot or not head.input[slot]:
@@ -78,8 +85,7 @@ def write_heads_graph(path: Path, target_path: Path, kept: np.ndarray, w: np.nda
     from onnx import TensorProto, helper, numpy_helper
 
     n, hidden = w.shape[0], w.shape[1]
-    target = onnx.load(str(target_path), load_external_data=True)
-    head, inits = _lm_head(target)
+    head, inits = _load_head(target_path)
     kept = np.asarray(kept, dtype=np.int64)
     init = [
         numpy_helper.from_array(np.ascontiguousarray(w.transpose(1, 0, 2).reshape(hidden, n * hidden), dtype=np.float32), "heads.w"),
