@@ -66,6 +66,11 @@ class ProviderError(EdgespecError):
     """No execution provider could create a session."""
 
 
+class OnnxruntimeTooOld(ProviderError):
+    """The installed onnxruntime predates the floor of the graph's flavor (edgespec.models.kernels.ORT_FLOORS);
+    the message names the fix."""
+
+
 class ExportError(EdgespecError):
     """The workstation export failed for a reason the user can fix (bad source, no network, ...)."""
 

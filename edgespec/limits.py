@@ -12,8 +12,12 @@ K_LIMIT = 16  # largest k a request may ask for (each verify row costs a full-vo
 DEFAULT_K_CAP = 8  # adaptive k never proposes more than this per round
 DEFAULT_MAX_LEN = 2048  # cache length when neither the caller nor a device profile sets one
 PREFILL_CHUNK = 512  # tokens per prefill step: bounds activation memory on long prompts
-# tokens the suffix index keeps (4 MB of int32): the drafter's bound, and per running request of a
-# batched server (each drafts from its own copy) a share of the memory plan's slot cost
+# tokens the suffix index keeps: the drafter's bound (a batched server's shared history too: its requests
+# read it in place, each beside an index of its own text, which the memory plan's slot cost counts)
 SUFFIX_CAPACITY = 1 << 20
+# host bytes the suffix index costs per token held: the int32 buffer plus its suffix automaton (measured
+# ~120 bytes per token of real text, drafters/suffix_index.py), and the second automaton that briefly
+# exists while the kept text's is rebuilt after an eviction: the memory plan counts a full index at this rate
+SUFFIX_BYTES_PER_TOKEN = 4 + 2 * 120
 QUANTS = ("int4", "int8", "fp16", "fp32")  # weight precisions a bundle's model may have
 STOP_LIMIT = 16  # stop strings per request

@@ -1,74 +1,110 @@
 #!/usr/bin/env bash
-# The GPU check: what a Linux machine with an NVIDIA GPU says about the cuda-flavored bundles.
+# The GPU check: what a Linux machine with an NVIDIA GPU (a Jetson, or a host with nvidia-smi) says
+# about the cuda-flavored bundles.
 #
-#   scripts/gpu-check.sh [-o REPORT_DIR] [--smollm2 BUNDLE] [--qwen BUNDLE] [--no-install] [--no-qwen]
+#   scripts/gpu-check.sh [--plan] [--full] [-o REPORT_DIR] [--ort-wheel FILE] [--no-install]
+#                        [--smollm2 BUNDLE] [--qwen BUNDLE] [--root DIR]
 #
-# 1. installs onnxruntime-gpu into the active venv (the same version as its onnxruntime; --no-install
-#    keeps what is there), and checks that the CUDA provider really runs (edgespec doctor);
-# 2. exports the cuda flavor of SmolLM2 (int8) and of the default Qwen2.5-Coder pair (int4), unless
-#    bundles are passed in (--smollm2, --qwen) or --no-qwen;
-# 3. runs tests/test_gpu.py, node placement (every GroupQueryAttention and MatMulNBits node on CUDA,
-#    no Memcpy inside a layer: python -m edgespec.bench.placement), `edgespec bench` (target, model, ngram,
-#    auto; code and chat prompts) and `edgespec plan --measure` (host RSS and device memory);
-# 4. writes everything under REPORT_DIR (default gpu-check-<date>/) with summary.md listing each
-#    step, its exit status and its log. A failing step does not stop the others.
+# --plan       print every command it would run, run nothing, write nothing
+# --full       also the Qwen2.5-Coder pair (exported here unless --qwen) and the chat prompts;
+#              the default (quick) is SmolLM2 only, 3 code prompts: sized for a few minutes of GPU
+# --ort-wheel  install this onnxruntime-gpu wheel (a JetPack wheel from NVIDIA) instead of one from an index
+# --no-install use the active python's onnxruntime as it is (it must have the CUDA provider already)
+# --root DIR   read /proc/device-tree and /etc/nv_tegra_release under DIR (tests use fake trees)
 #
-# Budget: about 8 minutes on a data-centre GPU with the bundles passed in or the Qwen export skipped;
-# exporting the Qwen pair is CPU work (about 10 minutes on 2 cores, less on a server). It needs the
-# export extra (torch, onnxruntime-genai) for exporting and for the tiny test bundles.
-# Without an NVIDIA GPU it stops at once, saying so (exit 2).
+# 1. Never touches the active environment: onnxruntime-gpu goes into a venv of its own (REPORT_DIR/venv)
+#    that sees the active one's packages; on an x86_64 host it is the PyPI wheel of the same version (else the newest
+#    at or above the cuda flavor's onnxruntime floor, kernels.ORT_FLOORS)
+#    with its [cuda,cudnn] extras (CUDA and cuDNN from pip, loaded by onnxruntime.preload_dlls() at every
+#    start of that venv); on a Jetson it is NVIDIA's JetPack wheel (JetPack 6: their index; else
+#    --ort-wheel) with JetPack's own CUDA. If the install fails the check stops, naming what to do.
+# 2. versions, doctor, tests/test_gpu.py (a run where every test skipped is a failure), the SmolLM2
+#    export (int8, --ep cuda; needs the export extra), verify, node placement, bench, plan --measure.
+# 3. Writes REPORT_DIR (default gpu-check-<date>/): summary.md with each step's exit status and log.
+#    A failing step does not stop the others. Without an NVIDIA GPU it stops at once (exit 2).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 REPORT="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)"
-SMOL=""
-QWEN=""
-INSTALL=1
-DO_QWEN=1
+SMOL="" QWEN="" WHEEL="" FALLBACK="" HWROOT=/ PLAN=0 FULL=0 INSTALL=1
 PY=${PYTHON:-python}
+JETPACK6_INDEX=https://pypi.jetson-ai-lab.io/jp6/cu126
+JETSON_ZOO=https://elinux.org/Jetson_Zoo#ONNX_Runtime
 
-usage() { sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
-
+usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     -o) REPORT=$2; shift 2 ;;
     --smollm2) SMOL=$2; shift 2 ;;
-    --qwen) QWEN=$2; shift 2 ;;
+    --qwen) QWEN=$2; FULL=1; shift 2 ;;
+    --ort-wheel) WHEEL=$2; shift 2 ;;
+    --root) HWROOT=$2; shift 2 ;;
     --no-install) INSTALL=0; shift ;;
-    --no-qwen) DO_QWEN=0; shift ;;
+    --plan) PLAN=1; shift ;;
+    --full) FULL=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 64 ;;
   esac
 done
+die() { echo "gpu-check: $*" >&2; exit "${EXIT:-2}"; }
+# abspath P: P from the caller's folder (the steps run in the checkout), without creating anything
+abspath() { case "$1" in ""|/*) echo "$1" ;; *) echo "$(cd "$(dirname "$1")" 2>/dev/null && pwd || echo "$PWD/$(dirname "$1")")/$(basename "$1")" ;; esac; }
+REPORT=$(abspath "$REPORT") SMOL=$(abspath "$SMOL") QWEN=$(abspath "$QWEN") WHEEL=$(abspath "$WHEEL")
 
-die() { echo "gpu-check: $*" >&2; exit 2; }
-
+# --- which GPU: a Jetson by its device tree or L4T release (JetPack 5 has no nvidia-smi), else nvidia-smi
 [ "$(uname -s)" = "Linux" ] || die "this check runs on Linux only (found $(uname -s))"
-command -v nvidia-smi >/dev/null 2>&1 || die "no NVIDIA GPU here: nvidia-smi is not installed (this check needs a machine with an NVIDIA GPU and its driver)"
-GPUS=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true)
-[ -n "$GPUS" ] || die "no NVIDIA GPU here: nvidia-smi lists none"
+MODEL=$({ tr -d '\0' < "$HWROOT/proc/device-tree/model"; } 2>/dev/null || true)
+L4T=$(sed -n 's/^# R\([0-9]*\) (release), REVISION: \([0-9.]*\).*/\1.\2/p' "$HWROOT/etc/nv_tegra_release" 2>/dev/null || true)
+JETSON=0
+if [ -n "$L4T" ] || [[ "$MODEL" == *Jetson* ]]; then
+  JETSON=1
+  GPUS="$MODEL (integrated GPU, memory shared with the CPU; L4T ${L4T:-unknown})"
+elif command -v nvidia-smi >/dev/null 2>&1; then
+  GPUS=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true)
+  [ -n "$GPUS" ] || die "no NVIDIA GPU here: nvidia-smi lists none"
+else
+  die "no NVIDIA GPU here: nvidia-smi is not installed, and $HWROOT is no Jetson (no /proc/device-tree/model naming one, no /etc/nv_tegra_release)"
+fi
+[ -z "$WHEEL" ] || [ -f "$WHEEL" ] || die "--ort-wheel $WHEEL: no such file"
 "$PY" -c 'import edgespec' 2>/dev/null || die "edgespec is not importable with $PY: activate the project's venv first (source scripts/setup-env.sh)"
 
-mkdir -p "$REPORT/logs" "$REPORT/bundles"
-REPORT=$(cd "$REPORT" && pwd)
+# --- which onnxruntime-gpu, from where
+ORT_VERSION=$("$PY" -c 'import onnxruntime; print(onnxruntime.__version__)' 2>/dev/null || true)
+FLOOR=$("$PY" -c 'from edgespec.models.kernels import ORT_FLOORS; print(ORT_FLOORS["cuda"])')  # the oldest that takes the cuda flavor
+if [ -n "$WHEEL" ]; then
+  SPEC=("$WHEEL")
+elif [ "$JETSON" -eq 1 ]; then
+  [ "${L4T%%.*}" = 36 ] || [ "$INSTALL" -eq 0 ] || \
+    die "a Jetson with L4T ${L4T:-unknown} (not JetPack 6): PyPI has no CUDA build of onnxruntime for it; download NVIDIA's JetPack wheel (onnxruntime-gpu >= $FLOOR, see $JETSON_ZOO) and pass it with --ort-wheel FILE"
+  SPEC=("onnxruntime-gpu>=$FLOOR" --index-url "$JETPACK6_INDEX")  # NVIDIA's JetPack 6 index; CUDA comes with JetPack
+else
+  # the CUDA/cuDNN runtime from pip; the same version as onnxruntime, else (not published) the newest >= the floor
+  SPEC=("onnxruntime-gpu[cuda,cudnn]${ORT_VERSION:+==$ORT_VERSION}")
+  [ -z "$ORT_VERSION" ] || FALLBACK="onnxruntime-gpu[cuda,cudnn]>=$FLOOR"
+  [ -n "$ORT_VERSION" ] || SPEC=("onnxruntime-gpu[cuda,cudnn]>=$FLOOR")
+fi
+HINT=""
+if [ "$JETSON" -eq 1 ] || [ "$(uname -m)" = aarch64 ]; then
+  HINT=" On aarch64 PyPI has no CUDA build: take NVIDIA's JetPack wheel (onnxruntime-gpu >= $FLOOR; JetPack 6: $JETPACK6_INDEX; older: $JETSON_ZOO) and pass it with --ort-wheel FILE."
+fi
+
+[ "$PLAN" -eq 1 ] || mkdir -p "$REPORT/logs" "$REPORT/bundles"
 SUMMARY="$REPORT/summary.md"
-START=$(date +%s)
-{
-  echo "# edgespec GPU check"
-  echo
-  echo "- date (UTC): $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "- GPU: $GPUS"
-  echo "- host: $(uname -srm), $(nproc) CPU cores"
-  echo "- commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo
-  echo "| step | exit | seconds | log |"
-  echo "|---|---|---|---|"
-} > "$SUMMARY"
 FAILED=0
+START=$(date +%s)
+# show ARGS...: a command as one line a shell would read back (arguments with spaces or quotes in '...')
+show() {
+  local a out=""
+  for a in "$@"; do
+    if [[ "$a" =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then out+="$a "; else out+="'${a//\'/\'\\\'\'}' "; fi
+  done
+  echo "${out% }"
+}
 
 # step NAME TIMEOUT_S COMMAND...: runs it with a time limit, logs it, records the exit status
 step() {
   local name=$1 limit=$2; shift 2
+  if [ "$PLAN" -eq 1 ]; then echo "[$name, ${limit}s] $(show "$@")"; return 0; fi
   local log="$REPORT/logs/$name.log" t0 rc
   t0=$(date +%s)
   echo "== $name: $*" | tee "$log"
@@ -79,56 +115,89 @@ step() {
   [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
   echo "| $name | $rc | $(( $(date +%s) - t0 )) | logs/$name.log |" >> "$SUMMARY"
   echo "   exit $rc ($(( $(date +%s) - t0 )) s)"
-  return 0
 }
 
+# --- 1. onnxruntime-gpu in its own venv (the active environment is never changed)
 if [ "$INSTALL" -eq 1 ]; then
-  ORT_VERSION=$("$PY" -c 'import onnxruntime; print(onnxruntime.__version__)' 2>/dev/null || echo "")
-  step install-onnxruntime-gpu 900 bash -c "$PY -m pip uninstall -y onnxruntime && $PY -m pip install 'onnxruntime-gpu${ORT_VERSION:+==$ORT_VERSION}'"
+  VENV="$REPORT/venv"
+  # pip >= 22.3 installs into another interpreter (--python); an older one (Ubuntu 22.04's, JetPack 6)
+  # cannot, so the venv then gets a pip of its own. Either way pip runs as the venv's, and so never
+  # removes a package of the active environment (outside its environment).
+  if "$PY" -m pip --help 2>/dev/null | grep -q -- '--python <python>'; then
+    VENV_ARGS=(--without-pip) PIP=("$PY" -m pip --python "$VENV/bin/python")
+  else
+    VENV_ARGS=() PIP=("$VENV/bin/python" -m pip)
+  fi
+  if [ "$PLAN" -eq 1 ]; then
+    echo "# onnxruntime-gpu into $VENV (it sees this python's packages; this python is not changed)"
+    show "$PY" -m venv "${VENV_ARGS[@]}" "$VENV"
+    echo "(writes $VENV/.../site-packages/_edgespec_base.pth: site.addsitedir of each of $PY's site-packages, user site too)"
+    show "${PIP[@]}" install "${SPEC[@]}"
+    [ -z "$FALLBACK" ] || echo "(if that version is not published: $(show "${PIP[@]}" install "$FALLBACK"))"
+    [ "$JETSON" -eq 1 ] || echo "(writes _edgespec_preload.pth: onnxruntime.preload_dlls() at every start of $VENV/bin/python, through edgespec.bench.gpucheck)"
+  else
+    SITE=""
+    { "$PY" -m venv "${VENV_ARGS[@]}" "$VENV" &&
+      SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))') &&
+      "$PY" -c 'import site; u = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []; print("import site; " + "; ".join("site.addsitedir(%r)" % p for p in site.getsitepackages() + u))' > "$SITE/_edgespec_base.pth" &&
+      { "${PIP[@]}" install "${SPEC[@]}" ||
+        { [ -n "$FALLBACK" ] && SPEC=("$FALLBACK") && "${PIP[@]}" install "$FALLBACK"; }; }
+    } > "$REPORT/logs/install.log" 2>&1 || EXIT=3 die "could not install ${SPEC[*]} into $VENV (log: $REPORT/logs/install.log). $PY and its onnxruntime ${ORT_VERSION:-?} were not changed.$HINT"
+    [ "$JETSON" -eq 1 ] || echo "import os; os.environ.get('EDGESPEC_NO_PRELOAD') or __import__('edgespec.bench.gpucheck', fromlist=['x']).preload()" > "$SITE/_edgespec_preload.pth"
+  fi
+  PY="$VENV/bin/python"
 fi
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+
+if [ "$PLAN" -eq 1 ]; then
+  echo "# gpu-check plan: GPU: $GPUS; report: $REPORT; python for the steps: $PY"
+else
+  { echo "# edgespec GPU check"; echo
+    echo "- date (UTC): $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "- GPU: $GPUS"
+    if [ "$INSTALL" -eq 1 ]; then echo "- onnxruntime: ${SPEC[*]} into $PY"; else echo "- onnxruntime: ${ORT_VERSION:-not importable} as found (--no-install)"; fi
+    echo "- host: $(uname -srm), $(nproc) CPU cores; commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo; echo "| step | exit | seconds | log |"; echo "|---|---|---|---|"; } > "$SUMMARY"
+fi
+
+# --- 2. the steps
 step versions 60 "$PY" -c 'import onnxruntime as o, sys; print(sys.version); print(o.__version__, o.get_available_providers())'
 step doctor 120 "$PY" -m edgespec doctor --json
-cp "$REPORT/logs/doctor.log" "$REPORT/doctor.json" 2>/dev/null || true
+step test-gpu 600 bash -c "$PY -m pytest -q -rs tests/test_gpu.py --junitxml '$REPORT/test_gpu.xml'; rc=\$?; $PY -m edgespec.bench.gpucheck junit '$REPORT/test_gpu.xml' && exit \$rc"
 
-# bundles: passed in, or exported here (cuda flavor)
+GGUF_OF="from edgespec.models.store import find_model as f; import sys; print(f(sys.argv[1]) or '')"
 if [ -z "$SMOL" ]; then
   SMOL="$REPORT/bundles/smollm2-int8-cuda"
-  step pull-smollm2 600 "$PY" -m edgespec pull smollm2-135m-instruct
-  GGUF=$("$PY" -c 'from edgespec.models.store import find_model; print(find_model("smollm2-135m-instruct") or "")')
-  step export-smollm2 900 "$PY" -m edgespec export --target "$GGUF" --quant int8 --ep cuda -o "$SMOL" -q
+  step export-smollm2 900 bash -c "$PY -m edgespec pull smollm2-135m-instruct && $PY -m edgespec export --target \"\$($PY -c \"$GGUF_OF\" smollm2-135m-instruct)\" --quant int8 --ep cuda -o '$SMOL' -q"
 fi
 BUNDLES=("$SMOL")
-if [ "$DO_QWEN" -eq 1 ]; then
+if [ "$FULL" -eq 1 ]; then
   if [ -z "$QWEN" ]; then
     QWEN="$REPORT/bundles/qwen-coder-cuda"
-    step pull-qwen 1200 bash -c "$PY -m edgespec pull qwen2.5-coder-1.5b-instruct && $PY -m edgespec pull qwen2.5-coder-0.5b-instruct"
-    TQ=$("$PY" -c 'from edgespec.models.store import find_model; print(find_model("qwen2.5-coder-1.5b-instruct") or "")')
-    DQ=$("$PY" -c 'from edgespec.models.store import find_model; print(find_model("qwen2.5-coder-0.5b-instruct") or "")')
-    step export-qwen 1800 "$PY" -m edgespec export --target "$TQ" --draft "$DQ" --ep cuda -o "$QWEN" -q
+    step export-qwen 2400 bash -c "$PY -m edgespec pull qwen2.5-coder-1.5b-instruct && $PY -m edgespec pull qwen2.5-coder-0.5b-instruct && $PY -m edgespec export --target \"\$($PY -c \"$GGUF_OF\" qwen2.5-coder-1.5b-instruct)\" --draft \"\$($PY -c \"$GGUF_OF\" qwen2.5-coder-0.5b-instruct)\" --ep cuda -o '$QWEN' -q"
   fi
   BUNDLES+=("$QWEN")
 fi
 
-step test-gpu 600 "$PY" -m pytest -q -rs tests/test_gpu.py --junitxml "$REPORT/test_gpu.xml"
-
+PROMPTS=(code) LIMIT=3
+[ "$FULL" -eq 0 ] || { PROMPTS=(code chat); LIMIT=6; }
 for B in "${BUNDLES[@]}"; do
   N=$(basename "$B")
-  [ -f "$B/manifest.json" ] || { echo "| $N | missing | 0 | no bundle at $B |" >> "$SUMMARY"; FAILED=$((FAILED + 1)); continue; }
   step "verify-$N" 300 "$PY" -m edgespec verify --load "$B"
   step "placement-$N" 300 bash -c "$PY -m edgespec.bench.placement '$B' --providers cuda,cpu > '$REPORT/placement-$N.json'"
-  for P in code chat; do
-    # every mode the bundle supports (target, model with a draft, ngram, auto); 6 prompts, 1 repeat: the budget
-    step "bench-$N-$P" 900 "$PY" -m edgespec bench "$B" --prompts "$P" --limit 6 --repeats 1 \
+  for P in "${PROMPTS[@]}"; do
+    step "bench-$N-$P" 900 "$PY" -m edgespec bench "$B" --prompts "$P" --limit "$LIMIT" --repeats 1 \
       --json "$REPORT/bench-$N-$P.json" --project none
   done
   step "plan-measure-$N" 600 bash -c "$PY -m edgespec plan '$B' --measure --json > '$REPORT/plan-$N.json'"
 done
 
-{
-  echo
+if [ "$PLAN" -eq 1 ]; then echo "# nothing was run (--plan)"; exit 0; fi
+{ echo
   echo "Total: $(( $(date +%s) - START )) s, $FAILED step(s) failed."
   echo "Placement: placement-*.json (op type -> provider -> nodes; Memcpy nodes; key ops off CUDA)."
-  echo "Speed: bench-*.json (edgespec bench --json); memory: plan-*.json (host RSS and device_measured_bytes)."
+  echo "Speed: bench-*.json; memory: plan-*.json (host RSS, device memory and the CUDA context's own cost)."
+  "$PY" -m edgespec.bench.gpucheck summary "$REPORT" || echo "(no findings: the summary could not be read)"
 } >> "$SUMMARY"
 echo "report: $SUMMARY"
 [ "$FAILED" -eq 0 ]

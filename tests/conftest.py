@@ -66,6 +66,18 @@ def tiny_deep_bundle(bundle_root) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_int8_bundle(bundle_root) -> Path:
+    """qwen-agree's shapes with int8 weights (MatMulNBits, accuracy level 4), cpu flavor, with a draft."""
+    return _bundle(bundle_root, "qwen-int8")
+
+
+@pytest.fixture(scope="session")
+def tiny_int4_bundle(bundle_root) -> Path:
+    """The same with int4 weights (8-bit lm_head)."""
+    return _bundle(bundle_root, "qwen-int4")
+
+
+@pytest.fixture(scope="session")
 def tiny_bundle_disagree(bundle_root) -> Path:
     return _bundle(bundle_root, "qwen-disagree")
 

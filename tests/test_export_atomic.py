@@ -198,6 +198,47 @@ def test_sigint_to_the_cli_stops_child_and_leaves_nothing(tmp_path, tiny_src):
     wait_for("the model children to exit", lambda: all(not _alive(pid) for pid in children))
 
 
+def test_sigterm_unwinds_the_export_like_ctrl_c(tmp_path, tiny_src, monkeypatch):
+    """SIGTERM mid-export raises where the export stands, the partial folder is removed, and then the
+    signal goes on to the handler that was there before (here a recorder; by default: death by SIGTERM)."""
+    from edgespec_export import writer
+
+    def sigterm_now(*a):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(pipeline, "_check_disk", sigterm_now)  # the first step after <out>.partial exists
+    seen = []
+
+    def recorder(sig, frame):
+        seen.append(sig)
+
+    previous = signal.signal(signal.SIGTERM, recorder)
+    try:
+        with pytest.raises(writer.Terminated):
+            run_export(str(tiny_src), tmp_path / "b", options=ExportOptions(quant="fp32", isolate=False))
+        assert seen == [signal.SIGTERM]
+        assert leftovers(tmp_path) == []
+        assert signal.getsignal(signal.SIGTERM) is recorder  # put back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_cli_stops_child_and_leaves_nothing(tmp_path, tiny_src):
+    """`systemctl stop`, `kill`, a CI timeout: SIGTERM to `edgespec export` while a model child runs
+    cleans up as Ctrl-C does, then the process dies of SIGTERM. It used to leave `<out>.partial`."""
+    out = tmp_path / "b"
+    proc = subprocess.Popen([sys.executable, "-m", "edgespec", "export", str(tiny_src), "-o", str(out), "--quant", "fp32"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for("the export to start its model job", (tmp_path / "b.partial" / ".work").exists, timeout=120)
+    children = _children(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM
+    assert leftovers(tmp_path) == []
+    wait_for("the model children to exit", lambda: all(not _alive(pid) for pid in children))
+
+
 @pytest.mark.slow
 def test_sigkill_leaves_only_a_partial_folder_that_verify_refuses(tmp_path, tiny_src):
     out = tmp_path / "b"
@@ -235,3 +276,38 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_sigterm_during_the_cleanup_waits_for_it(tmp_path, monkeypatch):
+    """A service manager signals the export and its model child together: the child's death may be
+    the failure being cleaned up when the export's own SIGTERM arrives. It must not cut that cleanup
+    short: it is raised once the partial folder is gone."""
+    from edgespec_export import writer
+
+    tmp = writer.start(tmp_path / "b", overwrite=False)
+    (tmp / "target").mkdir()
+    (tmp / "target" / "model.onnx").write_bytes(b"x" * 1000)
+    real_rmtree = writer.shutil.rmtree
+
+    def rmtree_interrupted(path, **kw):
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives mid-cleanup
+        real_rmtree(path, **kw)
+
+    monkeypatch.setattr(writer.shutil, "rmtree", rmtree_interrupted)
+    seen = []
+
+    def recorder(sig, frame):
+        seen.append(sig)
+
+    previous = signal.signal(signal.SIGTERM, recorder)
+    try:
+        with pytest.raises(writer.Terminated):
+            with writer.sigterm_cleans_up():
+                try:
+                    raise ExportError("model export died with exit code -15")
+                except ExportError:
+                    writer.remove_partial(tmp)
+                    raise
+        assert leftovers(tmp_path) == [] and seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)

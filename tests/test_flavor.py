@@ -237,14 +237,17 @@ def test_old_bundle_without_flavor_fields_still_verifies(tiny_bundle, bundle_cop
 
 
 def test_the_memory_plan_counts_the_graph_the_runner_loads(tiny_both_flavors_bundle, fake_cuda):
-    """CUDA first: the cuda graph (float16 KV) is what gets loaded, and what the plan counts."""
+    """CUDA first: the cuda graph (float16 KV) is what gets loaded, and what the plan counts; its KV
+    cache is device memory (the device side), not host memory."""
     from edgespec.edge import memory
     from edgespec.engine import build
 
     b = Bundle.open(tiny_both_flavors_bundle)
     on_cuda = build.memory_plan(b, max_len=256, want_draft=False, profile=None, budget=None, providers="cuda,cpu")
     on_cpu = build.memory_plan(b, max_len=256, want_draft=False, profile=None, budget=None, providers="cpu")
-    assert on_cuda.breakdown["target_kv"] * 2 == on_cpu.breakdown["target_kv"]
+    assert on_cuda.device_breakdown["target_kv"] * 2 == on_cpu.breakdown["target_kv"]
+    assert on_cuda.breakdown["target_kv"] == 0 and on_cpu.device_breakdown == {}
+    assert not on_cuda.unified  # no profile: not known to share the DRAM, so the device side is reported apart
     cuda_graph = b.target.graphs()["cuda"]
     assert on_cuda.breakdown["target_weights"] == int(1.32 * memory.graph_file_bytes(b, cuda_graph))
 

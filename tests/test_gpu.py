@@ -12,6 +12,7 @@ import pytest
 
 from edgespec.edge import providers
 from edgespec.models.bundle import Bundle
+from edgespec.models.kernels import floor_problem
 from edgespec.errors import ProviderError
 from edgespec.edge.providers import CPU, CUDA
 
@@ -70,6 +71,9 @@ def test_greedy_speculative_equals_target_alone_on_cuda(tiny_cuda_bundle):
             assert eng.generate(prompt, max_new_tokens=32, draft=mode, k=k).token_ids == ref.token_ids, (i, mode, k)
 
 
+@pytest.mark.skipif(floor_problem(ort.__version__, "cpu") is not None,
+                    reason=f"onnxruntime {ort.__version__} is below the cpu flavor's floor (kernels.ORT_FLOORS): "
+                           f"no cpu-flavored bundle can be built or loaded here")
 def test_cpu_flavored_bundle_is_refused_on_cuda(tiny_bundle_nodraft, monkeypatch):
     from edgespec.edge import flavor
     from edgespec.engine.build import load_runner
@@ -87,3 +91,12 @@ def test_device_memory_is_measurable(tiny_cuda_bundle):
 
     m = device_memory()
     assert m is not None and 0 < m.free <= m.total, m
+
+
+def test_the_cuda_context_is_measured_from_outside_cuda():
+    """NVML (a discrete GPU) or MemAvailable (a Jetson), read in a fresh process before and after a
+    CUDA session exists: a CUDA context costs tens to hundreds of MB, never nothing."""
+    from edgespec.edge.gpumem import measure_context_fresh
+
+    m = measure_context_fresh()
+    assert m.get("context_bytes", 0) > 32 << 20, m

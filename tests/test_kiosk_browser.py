@@ -502,3 +502,37 @@ def test_stop_is_a_large_target_while_answering(open_page, server):
     assert box["height"] >= 48 and box["width"] >= 48
     page.tap("#stop")  # a finger, not a mouse
     wait_turn_state(page, "stopped")
+
+
+# ------------------------------------------------------------------------------ with an API key
+def test_the_page_works_with_an_api_key_by_its_session_and_renews_it(browser, tmp_path):
+    """`serve --ui` with an API key, the real server (fake engine): the page never sees the key; the
+    session cookie set with the page admits it, and when the session changes (a restarted server
+    makes a new one) the next question renews it and is answered."""
+    from helpers.fake_server import FakeEngine, Server
+
+    key = tmp_path / "key"
+    key.write_text("browser-key-0123456789abcdef")
+    key.chmod(0o600)
+    s = Server(FakeEngine(), ui=True, api_key_file=str(key))
+    ctx = browser.new_context(viewport=TOUCH, has_touch=True)
+    try:
+        page = ctx.new_page()
+        page.set_default_timeout(20_000)
+        url = f"http://127.0.0.1:{s.port}/?max_tokens=3"
+        log = RequestLog(page, url)
+        page.goto(url)
+        wait_js(page, "document.body.dataset.server === 'ready'")
+        assert page.inner_text("#model") == "fake"  # GET /v1/models was admitted
+        ask(page, "first question")
+        wait_turn_state(page, "done")
+        assert answer_text(page).strip() == "w0 w1 w2"
+        s.service.state.session = "a-new-session-as-after-a-restart-000000000"
+        ask(page, "second question")
+        wait_turn_state(page, "done")
+        assert answer_text(page).strip() == "w0 w1 w2"
+        assert len(s.engine.runs) == 2 and log.errors() == [] and log.foreign() == []
+        assert not any("Authorization" in c or "browser-key" in c for c in log.console)
+    finally:
+        ctx.close()
+        s.stop()

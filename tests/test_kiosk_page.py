@@ -109,3 +109,42 @@ def test_static_files_are_package_data():
     assert "static/*" in patterns
     # flat folder: "static/*" does not reach into subfolders
     assert all(p.is_file() for p in STATIC.iterdir() if not p.name.startswith(".")), "static/ must stay flat"
+
+
+def test_api_calls_renew_the_session_once_on_401():
+    """With an API key the server admits the page by a session cookie that serving the page sets; after
+    a server restart the old cookie gets 401, and the page must renew it (by asking for itself) and
+    retry, once - a second 401 is real and shown. Runs the page's apiFetch in node with a stub fetch."""
+    node = shutil.which("node")
+    if not node:
+        pytest.skip("node not installed; the browser tests still load the script")
+    text = (STATIC / "app.js").read_text(encoding="utf-8")
+    assert not re.findall(r"(?<![\w.])fetch\(\s*[\"'`]/v1/", text), "an API call bypasses apiFetch"
+    fn = re.search(r"  async function apiFetch\(url, init\) \{\n.*?\n  \}\n", text, re.S)
+    assert fn, "apiFetch not found in app.js"
+    harness = fn.group(0) + """
+const cases = JSON.parse(process.argv[1]);
+(async () => {
+  const out = [];
+  for (const statuses of cases) {
+    const calls = [];
+    globalThis.fetch = async (url, init) => {
+      calls.push(url);
+      return { status: url === "/" ? 200 : statuses.shift() };
+    };
+    const res = await apiFetch("/v1/chat/completions", { method: "POST", body: "{}" });
+    out.push({ status: res.status, calls });
+  }
+  console.log(JSON.stringify(out));
+})();
+"""
+    import json
+
+    r = subprocess.run([node, "-e", harness, json.dumps([[200], [401, 200], [401, 401]])],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    ok, renewed, refused = json.loads(r.stdout)
+    api = "/v1/chat/completions"
+    assert ok == {"status": 200, "calls": [api]}
+    assert renewed == {"status": 200, "calls": [api, "/", api]}
+    assert refused == {"status": 401, "calls": [api, "/", api]}

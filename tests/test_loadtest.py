@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 
+from edgespec import limits
 from edgespec.edge import memory
 from edgespec.models.bundle import Bundle
 from edgespec.errors import DraftUnavailable, InvalidRequest
@@ -45,9 +46,12 @@ def test_auto_parallel_counts_slots_in_the_budget(tiny_bundle):
     b = Bundle.open(tiny_bundle, verify=False)
     plan = memory.plan(b, max_len=256, want_draft=False, budget_bytes=None)
     per = memory.slot_bytes(b.target, 256)
-    # a slot costs its cache, its verify rows of logits and its request's copy of the suffix history
-    assert per - memory.slot_bytes(b.target, 256, suffix_tokens=0) == 4 << 20
-    assert memory.slot_bytes(b.target, 257) - per == b.target.kv_bytes_per_token()
+    # a slot costs its cache, its verify rows of logits and the suffix index of its own text (max_len
+    # tokens and the last sampled one): not a copy of the shared history, whatever its capacity
+    kv, own = b.target.kv_bytes_per_token(), memory.suffix_index_bytes(257)
+    assert per == kv * 257 + 9 * b.target.vocab_size * 4 + own
+    assert own == 258 * limits.SUFFIX_BYTES_PER_TOKEN and per < memory.suffix_index_bytes(limits.SUFFIX_CAPACITY)
+    assert memory.slot_bytes(b.target, 257) - per == kv + limits.SUFFIX_BYTES_PER_TOKEN
     assert memory.slots_that_fit(b, plan, plan.predicted_bytes) == 1  # nothing left after one slot
     assert memory.slots_that_fit(b, plan, plan.predicted_bytes + 2 * per) == 3
     assert memory.slots_that_fit(b, plan, plan.predicted_bytes + 100 * per) == memory.MAX_AUTO_SLOTS

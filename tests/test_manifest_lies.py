@@ -9,7 +9,7 @@ from edgespec.cli.main import main
 from edgespec.errors import BundleCorrupt
 from edgespec.models.bundle import Bundle
 from edgespec.models.graphfacts import read_graph_io
-from edgespec.models.manifest import verify_bundle
+from edgespec.models.manifest import FORMAT_VERSION, READ_VERSIONS, verify_bundle
 from helpers.manifests import rewrite_manifest
 
 
@@ -20,6 +20,14 @@ def _drop_tokenizer_json(d):
 
 def _drop_weights_listing(d):
     del d["files"]["target/model.onnx.data"]
+
+
+def _tok(key, value):
+    return lambda d: d["tokenizer"].update({key: value})
+
+
+def _target(key, value):
+    return lambda d: d["models"]["target"].update({key: value})
 
 
 # (name, edit of the manifest, files to delete, the one line expected)
@@ -42,6 +50,43 @@ LIES = [
      "manifest.json: 'tokenizer.json' is not listed (the runtime loads the tokenizer from it)"),
     ("weights_file", _drop_weights_listing, ["target/model.onnx.data"],
      "target/model.onnx: its weights file 'target/model.onnx.data' is not listed in the manifest"),
+    # the probe's lies (issue 23): each field typed and range-checked where it is read
+    ("eos_empty", _tok("eos_ids", []), [],
+     "manifest.json: tokenizer.eos_ids is empty: generation would never stop at an end token"),
+    ("eos_past_vocab", _tok("eos_ids", [999999]), [],
+     "manifest.json: tokenizer.eos_ids holds token id 999999, outside the vocabulary [0, 400)"),
+    ("eos_negative", _tok("eos_ids", [-1]), [],
+     "manifest.json: tokenizer.eos_ids holds token id -1, outside the vocabulary [0, 400)"),
+    ("eos_string", _tok("eos_ids", "2"), [], "manifest.json: tokenizer.eos_ids must be a list of integers, got '2'"),
+    ("eos_float", _tok("eos_ids", [2.5]), [], "manifest.json: tokenizer.eos_ids must be a list of integers, got [2.5]"),
+    ("eos_null", _tok("eos_ids", None), [], "manifest.json: tokenizer.eos_ids must be a list of integers, got None"),
+    ("bos_past_vocab", _tok("bos_id", 999999), [],
+     "manifest.json: tokenizer.bos_id holds token id 999999, outside the vocabulary [0, 400)"),
+    ("usable_vocab", _tok("usable_vocab", "x"), [], "manifest.json: tokenizer.usable_vocab must be an integer, got 'x'"),
+    ("usable_over_rows", _tok("usable_vocab", 513), [],
+     "manifest.json: tokenizer.usable_vocab is 513, more than the target model's 512 logits rows"),
+    ("chat_template", _tok("chat_template", 5), [], "manifest.json: tokenizer.chat_template must be a string or null, got 5"),
+    ("past_key_int", _target("past_key", 5), [], "manifest.json: models.target.past_key must be a string, got 5"),
+    ("past_key_pattern", _target("past_key", "past_key_values.%d.key%s"), [],
+     "manifest.json: models.target.past_key 'past_key_values.%d.key%s' must hold one '%d' (the layer number) and no "
+     "other '%'"),
+    ("logits_list", _target("logits", []), [], "manifest.json: models.target.logits must be a string, got []"),
+    ("path_int", _target("path", 123), [], "manifest.json: models.target.path must be a string, got 123"),
+    ("max_context", _target("max_context", 1), [],
+     "manifest.json: models.target.max_context must be from 16 to 16,777,216, got 1"),
+    ("position_ids_null", _target("position_ids", None), [],
+     f"manifest.json: models.target.position_ids is null, but format_version {FORMAT_VERSION} graphs take it "
+     "(docs/graph-contract.md)"),
+    ("attention_bias_null", _target("attention_bias", None), [],
+     f"manifest.json: models.target.attention_bias is null, but format_version {FORMAT_VERSION} graphs take it "
+     "(docs/graph-contract.md)"),
+    ("skip_string", _target("self_draft", {"skip": "abc"}), [],
+     "manifest.json: models.target.self_draft.skip must be a list of layer numbers from 1 to 1, got 'abc'"),
+    ("format_version_bool", lambda d: d.update(format_version=True), [],
+     f"manifest.json: format_version True is not supported by this edgespec (reads {', '.join(map(str, READ_VERSIONS))})"),
+    ("format_1_over_newer_graphs", lambda d: d.update(format_version=1), [],
+     tuple(f"{r}/model.onnx: the graph takes input 'position_ids', which manifest models.{r} does not name (a manifest "
+           "of another format_version than the graph's contract? re-export the bundle)" for r in ("target", "draft"))),
 ]
 
 
@@ -74,7 +119,7 @@ def test_each_lie_is_one_clear_line_from_verify_and_the_loader(lying, name, caps
     assert out == [f"{b}: {x}" for x in lines] + [f"{b}: NOT OK ({len(lines)} problem(s))"]
 
 
-@pytest.mark.parametrize("name", ["layers", "head_dim", "kv_dtype", "tokenizer_json"])
+@pytest.mark.parametrize("name", ["layers", "head_dim", "kv_dtype", "tokenizer_json", "eos_past_vocab", "path_int"])
 def test_serve_exits_78_on_each_lie(lying, name, capsys):
     b, line = lying(name)
     assert main(["serve", str(b), "--port", "0", "--no-warmup"]) == 78

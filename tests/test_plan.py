@@ -9,6 +9,7 @@ import pytest
 from edgespec.cli import main as cli
 
 from edgespec import units
+from edgespec import limits
 from edgespec.edge import memory
 
 
@@ -68,7 +69,10 @@ def test_plan_measure_compares_with_a_fresh_process(tiny_bundle, capsys, monkeyp
         return {"peak": 2 * predicted[0], "baseline": 1, "after_load": 2, "pid": -1,
                 "device_note": "no CUDA runtime (libcudart) on this machine: device memory cannot be measured here"}
 
-    predicted = [memory.plan(tiny_bundle, max_len=256, want_draft=True, budget_bytes=None).predicted_bytes]
+    p = memory.plan(tiny_bundle, max_len=256, want_draft=True, budget_bytes=None)
+    # a fresh engine's suffix index holds nothing: the comparison leaves the plan's full index out
+    assert p.breakdown["suffix_index"] == (limits.SUFFIX_CAPACITY + 1) * limits.SUFFIX_BYTES_PER_TOKEN
+    predicted = [p.predicted_bytes - p.breakdown["suffix_index"]]
     from edgespec.engine import measure
 
     monkeypatch.setattr(measure, "measure_fresh", fake_fresh)

@@ -541,6 +541,22 @@ def test_ui_serves_package_files_only(serve):
         assert status == 404, evil
 
 
+def test_ready_carries_the_pinned_system_prompt_to_the_kiosk_page_only(serve):
+    """serve --system-prompt: /ready names the pinned prompt when the page is served (the page sends it
+    back as its system message); a plain API server does not show it to unauthenticated callers."""
+    from types import SimpleNamespace
+
+    eng = FakeEngine()
+    eng.pinned = SimpleNamespace(text="You are the museum's guide.")
+    files = static_files(__import__("edgespec.server.state", fromlist=["STATIC_DIR"]).STATIC_DIR)
+    if "/" in files:
+        s = serve(engine=eng, ui=True)
+        body = json.loads(s.get("/ready")[2])
+        assert body == {"status": "ready", "model": "fake", "system_prompt": "You are the museum's guide."}
+    s = serve(engine=eng)
+    assert "system_prompt" not in json.loads(s.get("/ready")[2])
+
+
 def test_static_table_lists_regular_files_only(tmp_path):
     (tmp_path / "index.html").write_text("<p>hi</p>")
     (tmp_path / "a").mkdir()
@@ -573,3 +589,54 @@ def test_engine_invalid_request_maps_to_400(serve):
     s = serve(eng)
     status, _, body = s.post(CHAT, chat_body())
     assert assert_openai_error(status, body, 400, "stop")["message"] == "stop strings must not be empty"
+
+
+def test_a_stream_cut_by_the_shutdown_grace_still_ends_with_an_error_and_done(serve, monkeypatch):
+    """The drain cancels the running request at its deadline, but an engine pass that outlasts the
+    shutdown grace too is cut by uvicorn (the handler task is cancelled): the stream still ends with
+    an error event and [DONE], not mid-air."""
+    from edgespec.server import service
+
+    monkeypatch.setattr(service, "SHUTDOWN_GRACE", 0.0)
+    engine = FakeEngine(delay=0.3)
+    s = serve(engine, drain_timeout=1.0)
+    out = {}
+
+    def stream():
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        conn.request("POST", CHAT, body=json.dumps(chat_body(stream=True, max_tokens=50)),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        out["raw"] = resp.read()
+
+    t = threading.Thread(target=stream, daemon=True)
+    t.start()
+    wait_until(lambda: engine.busy.is_set(), what="the stream to start generating")
+    engine.delay = 8.0  # the next pass outlasts the drain (1 s) and the grace (0)
+    s.stop(timeout=30)
+    t.join(30)
+    events = sse_events(out["raw"])
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "shutting_down"
+
+
+def test_reload_api_key_keeps_the_key_in_force_on_a_bad_file(serve, tmp_path):
+    """What SIGHUP runs (the signal itself: test_server_process.py). A key cannot be switched on by it,
+    and a missing, short or empty file leaves the key in force."""
+    key = tmp_path / "key"
+    key.write_text("first-key-0123456789abcdef")
+    key.chmod(0o600)
+    s = serve(api_key_file=str(key))
+    auth = lambda k: {"Authorization": f"Bearer {k}"}  # noqa: E731
+    for bad in ("short", "", None):
+        if bad is None:
+            key.unlink()
+        else:
+            key.write_text(bad)
+        assert s.service.reload_api_key() is False
+        assert s.get("/v1/models", headers=auth("first-key-0123456789abcdef"))[0] == 200
+    key.write_text("second-key-0123456789abcdef")
+    assert s.service.reload_api_key() is True
+    assert s.get("/v1/models", headers=auth("second-key-0123456789abcdef"))[0] == 200
+    assert s.get("/v1/models", headers=auth("first-key-0123456789abcdef"))[0] == 401
+    open_server = serve()
+    assert open_server.service.reload_api_key() is False and open_server.get("/v1/models")[0] == 200

@@ -221,10 +221,10 @@ def test_hung_serving_loop_stops_the_watchdog_pings(proc, tiny_bundle):
     assert p.notify.count("STOPPING=1") == 0
 
 
-def _stream_in_background(p, body, out):
+def _stream_in_background(p, body, out, headers=None):
     def go():
         req = urllib.request.Request(p.url("/v1/chat/completions"), data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
                 out["status"] = r.status
@@ -333,6 +333,8 @@ def test_environment_file_settings_and_journal_priorities(proc, tiny_bundle, tmp
     with urllib.request.urlopen(req, timeout=30) as r:
         body = json.loads(r.read())
     assert body["model"] == "alias" and body["usage"]["completion_tokens"] == 3
+    p.p.send_signal(signal.SIGUSR2)  # without the test hooks: logged and ignored, not an abrupt death
+    _wait_line(p, "SIGUSR2 ignored")
     p.p.send_signal(signal.SIGTERM)
     assert p.wait() == 0
     assert all(re.match(r"<[0-7]>", line) for line in p.lines if line), p.lines
@@ -352,3 +354,86 @@ def test_cli_help_and_no_bundle(monkeypatch, capsys):
     assert "--api-key-file" in out and "[EDGESPEC_HOST]" in out and "--memory-budget" in out
     assert main(["serve"]) == 78
     assert "no bundle given" in capsys.readouterr().err
+
+
+def _wait_line(p, text, timeout=30):
+    end = time.monotonic() + timeout
+    while text not in "\n".join(p.lines):
+        assert time.monotonic() < end and p.p.poll() is None, f"no {text!r} in the log:\n" + "\n".join(p.lines)
+        time.sleep(0.02)
+
+
+def _wait_busy(p, key, timeout=30):
+    """Until /metrics (read with the key) says a request is generating."""
+    end = time.monotonic() + timeout
+    while True:
+        req = urllib.request.Request(p.url("/metrics"), headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            if "\nedgespec_busy 1\n" in r.read().decode():
+                return
+        assert time.monotonic() < end, "no request started generating"
+        time.sleep(0.02)
+
+
+def _status_with_key(p, key):
+    req = urllib.request.Request(p.url("/v1/models"), headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_sighup_reloads_the_key_and_usr1_is_ignored_mid_stream(proc, tiny_bundle, tmp_path):
+    """SIGHUP and SIGUSR1 used to kill the server where it stood (the stream cut, nothing logged).
+    Now a stream in flight finishes normally through both, SIGHUP puts a rewritten key file in force,
+    and the server stays up. (SIGUSR2 is the hang hook here, with the test hooks on; without them it
+    is ignored: test_environment_file_settings_and_journal_priorities.)"""
+    keyfile = tmp_path / "key"
+    old, new = "old-key-0123456789abcdef", "new-key-0123456789abcdef"
+    keyfile.write_text(old)
+    keyfile.chmod(0o600)
+    p = proc(tiny_bundle, "--api-key-file", str(keyfile), env={**HOOKS, "EDGESPEC_TEST_TOKEN_DELAY": "0.03"})
+    p.wait_port()
+    p.notify.wait_for("READY=1")
+    running = {}
+    t = _stream_in_background(p, {"messages": MSG, "max_tokens": 300, "stream": True}, running,
+                              {"Authorization": f"Bearer {old}"})  # 300 x 0.03 s: the signals land mid-stream
+    keyfile.write_text(new)
+    _wait_busy(p, old)
+    for sig in (signal.SIGHUP, signal.SIGUSR1):
+        p.p.send_signal(sig)
+    _wait_line(p, "SIGUSR1 ignored")
+    _wait_line(p, "SIGHUP: API key reloaded from")
+    assert t.is_alive(), "the stream ended before the signals were handled: not a mid-stream test"
+    t.join(120)
+    assert running["status"] == 200 and running["raw"].endswith("data: [DONE]\n\n"), running
+    events = [json.loads(b[6:]) for b in running["raw"].split("\n\n") if b.startswith("data: {")]
+    assert events[-1]["choices"][0]["finish_reason"] == "length" and events[-1]["usage"]["completion_tokens"] == 300
+    assert p.p.poll() is None
+    assert _status_with_key(p, new) == 200 and _status_with_key(p, old) == 401
+    log = "\n".join(p.lines)
+    assert "SIGHUP: API key reloaded from" in log and "(changed)" in log and "SIGUSR1 ignored" in log
+    keyfile.write_text("short")  # a bad file on the next SIGHUP: logged, the key in force stays
+    p.p.send_signal(signal.SIGHUP)
+    _wait_line(p, "previous one stays in force")
+    assert _status_with_key(p, new) == 200
+    p.p.send_signal(signal.SIGTERM)
+    assert p.wait() == 0
+
+
+def test_second_sigterm_cancels_now_and_the_stream_still_ends_with_done(proc, tiny_bundle):
+    p = proc(tiny_bundle, "--drain-timeout", "60", env={**HOOKS, "EDGESPEC_TEST_TOKEN_DELAY": "0.05"})
+    p.wait_port()
+    p.notify.wait_for("READY=1")
+    running = {}
+    t = _stream_in_background(p, {"messages": MSG, "max_tokens": 500, "stream": True}, running)
+    p.wait_metric("edgespec_busy", 1)
+    p.p.send_signal(signal.SIGTERM)
+    _wait_line(p, "SIGTERM: draining")
+    p.p.send_signal(signal.SIGTERM)
+    assert p.wait(30) == 0  # 500 tokens x 0.05 s would be 25 s; the drain allows 60: it was the second signal
+    t.join(10)
+    assert running["status"] == 200 and running["raw"].endswith("data: [DONE]\n\n"), running
+    last = [json.loads(b[6:]) for b in running["raw"].split("\n\n") if b.startswith("data: {")][-1]
+    assert last["error"]["code"] == "shutting_down"

@@ -260,6 +260,37 @@ def test_greedy_tree_output_is_target_alone_output_for_widths_and_depths(tree_en
     assert trees > 50 and len(shapes) > 10  # trees really ran, in many shapes
 
 
+def test_greedy_tree_widens_a_suffix_chain_with_the_index_alternatives(tree_engines):
+    """draft=suffix, tree=on: the chain is widened with the index's other continuations of the
+    longest match (SuffixIndex.alternatives); the output stays the target's."""
+    eng, _ = tree_engines["agree"]
+    sources: list[str] = []
+    widen = eng._tree._widen
+
+    def spy(*a, **kw):
+        tree = widen(*a, **kw)
+        sources.extend(tree.source)
+        return tree
+
+    eng._tree._widen = spy
+    bad = []
+    try:
+        prompts = ["one two three one two four one two five one two three one two", *_prompts(eng, 21, 2)]
+        for i, prompt in enumerate(prompts):
+            ref = eng.generate(prompt, max_new_tokens=32, draft="none")
+            for width in (2, 4):
+                eng._tree.width = width
+                for depth in (2, 6):
+                    r = eng.generate(prompt, max_new_tokens=32, draft="suffix", k=depth, tree="on")
+                    if r.token_ids != ref.token_ids:
+                        bad.append((i, width, depth))
+    finally:
+        del eng._tree._widen
+        eng._tree.width = 4
+    assert not bad, bad[:5]
+    assert sources.count("suffix-alt") > 10 and sources.count("suffix") > 10
+
+
 @pytest.mark.parametrize("name", ["agree", "llama"])
 def test_greedy_tree_is_lossless_at_the_cache_limit(tree_engines, name):
     eng, _ = tree_engines[name]
@@ -352,11 +383,11 @@ def test_a_format_1_bundle_runs_chain_only_and_refuses_tree_on(tiny_bundle, bund
         Engine.open(b, max_len=64, warmup=False, tree="on")
 
 
-def test_a_current_export_is_format_2_with_the_tree_inputs(tiny_bundle):
+def test_a_current_cpu_export_is_format_3_with_the_tree_inputs(tiny_bundle):
     import onnx
 
     m = json.loads((tiny_bundle / "manifest.json").read_text())
-    assert m["format_version"] == 3
+    assert m["format_version"] == 3  # contract v3: the cpu flavor keeps both tree inputs
     for facts in m["models"].values():
         assert facts["position_ids"] == "position_ids" and facts["attention_bias"] == "attention_bias"
         g = onnx.load(str(tiny_bundle / facts["path"]), load_external_data=False).graph
@@ -436,8 +467,10 @@ def test_verify_names_a_format_2_manifest_whose_graph_lacks_the_tree_inputs(tiny
         facts["position_ids"], facts["attention_bias"] = "position_ids", "attention_bias"
     m["digest"] = content_digest(m)
     (b / "manifest.json").write_text(json.dumps(m, indent=2))
-    manifest, problems = verify_bundle(b)
-    assert problems == []
+    manifest, problems = verify_bundle(b)  # the graph facts say it, before any dtype check
+    assert problems == [f"{r}/model.onnx: manifest models.{r}.{name} names input '{name}', which the graph does "
+                        "not have (a graph of an older contract: re-export the bundle)"
+                        for r in ("target", "draft") for name in ("position_ids", "attention_bias")]
     lines = bundle_problems(b, manifest)
     assert any("has no input 'position_ids' (graph contract v2): re-export" in x for x in lines), lines
     assert bundle_problems(tiny_bundle, verify_bundle(tiny_bundle)[0]) == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -68,6 +69,9 @@ def measure(path: str | os.PathLike, facts: ModelFacts, providers=None, *, max_l
 
     from ..edge.providers import default_provider_options, device_of, normalize, session_options
     from ..core.runner import ModelRunner
+    from ..models.kernels import require_floor
+
+    require_floor(ort.__version__, facts.graph_flavor())  # the same one line the engine's loader gives
 
     available = set(ort.get_available_providers())
     chain = [(n, default_provider_options(n)) for n in normalize(providers) if n in available]
@@ -112,7 +116,10 @@ def _main(argv: list[str] | None = None) -> int:
             p = measure(b.root / g.path, replace(g, flavors={}), a.providers)
             off = p.off_provider(first)
             out[f"{role}:{flavor}"] = {**p.to_dict(), "key_ops_off_" + first: off}
-            bad |= bool(off or p.memcpy_inside_layers())
+            if off or p.memcpy_inside_layers():  # the reason, in the step's log (the JSON goes to a file)
+                bad = True
+                print(f"placement: {role}:{flavor} on {p.providers[0]}: {len(off)} {'/'.join(KEY_OPS)} nodes off "
+                      f"{first}, {len(p.memcpy_inside_layers())} Memcpy nodes inside layers", file=sys.stderr)
     print(json.dumps(out, indent=2))
     return 1 if bad else 0
 

@@ -96,6 +96,57 @@ def summarize(run: BenchRun, by: str = "category") -> list[Row]:
     return rows
 
 
+# --- auto against its parts ----------------------------------------------------------------------
+SINGLE_MODES = ("model", "suffix", "recycle", "ngram", "self")  # one source each (adaptive k)
+AUTO_VS_BEST = 0.98  # auto's floor: this share of the best single mode's speed-up in the group ...
+AUTO_VS_TARGET = 0.95  # ... and this share of the target alone's
+
+
+@dataclass
+class AutoCheck:
+    """One group's `auto` beside the best single mode the run measured there (the target alone
+    counts: a source that never pays is "none")."""
+
+    group: str
+    mode: str  # "auto", or an auto variant ("auto+tree")
+    speedup: float
+    best_mode: str
+    best_speedup: float
+
+    @property
+    def ratio(self) -> float:
+        return self.speedup / self.best_speedup if self.best_speedup > 0 else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.ratio >= AUTO_VS_BEST and self.speedup >= AUTO_VS_TARGET
+
+
+def auto_checks(rows: Sequence[Row]) -> list[AutoCheck]:
+    """Per group and auto mode: its speed-up, the best single mode's, and whether the rule holds.
+    Empty when the run has no auto mode or no single mode to compare with."""
+    out = []
+    for g in dict.fromkeys(r.group for r in rows):
+        in_g = [r for r in rows if r.group == g and r.speedup is not None]
+        singles = [r for r in in_g if r.mode in SINGLE_MODES or r.mode == "target"]
+        if not any(r.mode != "target" for r in singles):
+            continue
+        best = max(singles, key=lambda r: r.speedup)
+        for r in in_g:
+            if r.mode.startswith("auto") and " k=" not in r.mode:
+                out.append(AutoCheck(g, r.mode, r.speedup, best.mode, best.speedup))
+    return out
+
+
+def format_auto_checks(checks: Sequence[AutoCheck], group_title: str = "category") -> str:
+    cols = [group_title, "mode", "speed-up", "best single mode", "its speed-up", "auto / best", "rule"]
+    lines = []
+    for c in checks:
+        lines.append([c.group, c.mode, f"{c.speedup:.2f}x", c.best_mode, f"{c.best_speedup:.2f}x",
+                      f"{c.ratio:.2f}", "ok" if c.ok else "BELOW"])
+    return _grid(cols, lines, right_from=2)
+
+
 # --- where the time goes -------------------------------------------------------------------------
 @dataclass
 class Breakdown:
@@ -311,7 +362,13 @@ def format_by_source(rows) -> str:
 
 
 def report_text(run: BenchRun, projections: Sequence = (), hw_list: Sequence = (), *, per_prompt: bool = False) -> str:
-    parts = [header(run), "", format_table(summarize(run, "category"))]
+    rows = summarize(run, "category")
+    parts = [header(run), "", format_table(rows)]
+    checks = auto_checks(rows)
+    if checks:
+        parts += ["", f"auto beside the best single mode (rule: >= {AUTO_VS_BEST:.2f}x the best of "
+                      f"{', '.join(m for m in SINGLE_MODES if m in {r.mode for r in rows})} and the target alone, "
+                      f">= {AUTO_VS_TARGET:.2f}x the target):", format_auto_checks(checks)]
     if per_prompt:
         parts += ["", format_table(summarize(run, "prompt"), "prompt")]
     bd = breakdown(run)
@@ -359,8 +416,10 @@ def tree_lines(run: BenchRun) -> list[str]:
 # --- JSON --------------------------------------------------------------------------------------
 def report_json(run: BenchRun, projections: Sequence = ()) -> dict[str, Any]:
     d = run.to_dict()
-    d["summary"] = {"by_category": [asdict(r) for r in summarize(run, "category")],
-                    "by_prompt": [asdict(r) for r in summarize(run, "prompt")]}
+    rows = summarize(run, "category")
+    d["summary"] = {"by_category": [asdict(r) for r in rows],
+                    "by_prompt": [asdict(r) for r in summarize(run, "prompt")],
+                    "auto_vs_best": [{**asdict(c), "ratio": c.ratio, "ok": c.ok} for c in auto_checks(rows)]}
     d["breakdown"] = [asdict(b) for b in breakdown(run)]
     d["projection"] = [p.to_dict() for p in projections]
     return d

@@ -396,6 +396,7 @@ def run_meta(engine, **settings) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "bundle": str(b.root),
         "bundle_name": b.name,
+        "deterministic": bool(getattr(engine, "deterministic", False)),
         "models": models,
         "max_len": engine.max_len,
         "draft_loaded": getattr(engine, "draft_runner", None) is not None,

@@ -16,6 +16,12 @@ block of the buffers, so a prefill does not pay for the other N-1 rows. On CPU a
 contiguous and an OrtValue made from the numpy view shares its memory; elsewhere single-slot steps
 go through the batched step with the other rows idle.
 
+Deterministic mode (`deterministic=True`, as core/runner.py's): a row whose last real token would
+be computed alone (core/runner.py's step_rows: 1 token, or 17, 33, ...) gets a copy of it as one more
+real token, written past the slot's length, its logits dropped; rows do not depend on the other
+rows of the pass nor on their padding (measured, docs/runtime.md). The cache gets one more spare
+position for the copy.
+
 Shapes: `step(rows)` rows {slot: tokens [s_b]} -> {slot: logits [s_b, V]} (copies);
 `step_one(slot, tokens, n_logits)` -> logits [n_logits, V] (a view of a reused buffer).
 """
@@ -29,7 +35,7 @@ import numpy as np
 
 from ..errors import EdgespecError
 from ..models.manifest import ModelFacts
-from .runner import CacheFull, StepTimes
+from .runner import CacheFull, StepTimes, contract_inputs, step_rows
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 PADDED_QUERIES_KEY = "edgespec.padded_queries"  # graph metadata written by export/graph_batch.py
@@ -37,6 +43,17 @@ PADDED_QUERIES_KEY = "edgespec.padded_queries"  # graph metadata written by expo
 
 class BatchUnsupported(EdgespecError):
     """The bundle's graph cannot run batched steps over a cache (exported before batching)."""
+
+
+def check_batchable(facts: ModelFacts, slots: int) -> None:
+    """Raises BatchUnsupported (one line) when `slots` > 1 and the graph is the cuda flavor: batched
+    steps need GroupQueryAttention's query_seqlens, which no onnxruntime-gpu release takes, so the
+    cuda flavor is exported without it (kernels.ORT_FLOORS) and batched serving runs on the cpu flavor."""
+    if slots > 1 and facts.graph_flavor() == "cuda":
+        raise BatchUnsupported(
+            f"batched serving runs on the cpu flavor: {facts.path} is the cuda flavor, whose GroupQueryAttention "
+            f"takes no per-row query lengths (query_seqlens, in no onnxruntime-gpu release); serve it with "
+            f"--parallel 1, or serve a bundle exported with --ep cpu (or --ep cpu,cuda) with --providers cpu")
 
 
 def graph_batches(session) -> bool:
@@ -70,13 +87,14 @@ class BatchTimes:
 
 class BatchRunner:
     def __init__(self, session, facts: ModelFacts, max_len: int, slots: int, *, device: str = "cpu",
-                 device_id: int = 0):
+                 device_id: int = 0, deterministic: bool = False):
         import onnxruntime as ort
 
         if max_len < 2:
             raise ValueError(f"max_len must be at least 2, got {max_len}")
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
+        check_batchable(facts, slots)
         if slots > 1 and not graph_batches(session):
             raise BatchUnsupported(
                 "this bundle's graph cannot verify several requests in one pass (it was exported before "
@@ -90,6 +108,7 @@ class BatchRunner:
         self.lengths = [0] * slots  # tokens each slot's cache holds
         self.times = BatchTimes()
         self.device = device
+        self.deterministic = bool(deterministic)
         self._has_logits_to_keep = facts.logits_to_keep is not None and facts.logits_to_keep in {
             i.name for i in session.get_inputs()
         }
@@ -97,11 +116,13 @@ class BatchRunner:
         names = {i.name for i in session.get_inputs()}
         # graph contract v2 (tree verification) adds per-token positions and an attention bias; a
         # batched step feeds each row's positions (L_b + j) and a zero bias
-        self._v2 = (getattr(facts, "position_ids", None) in names and getattr(facts, "attention_bias", None) in names)
+        self._positions_in, self._bias_in = contract_inputs(facts, names)  # runner.py: v3 cuda has no bias
         self._bias_dtype = kv_dtype
         # one spare position: a full row padded in a batched step needs a mask one wider than the
-        # cache (its padding mark's cell), and the operator wants the mask to fit the buffer
-        shape = (slots, facts.kv_heads, self.max_len + 1, facts.head_dim)
+        # cache (its padding mark's cell), and the operator wants the mask to fit the buffer; one
+        # more in deterministic mode for a last token's copy
+        self._rows = self.max_len + 1 + (1 if deterministic else 0)
+        shape = (slots, facts.kv_heads, self._rows, facts.head_dim)
         self._arrays: list[np.ndarray] = []  # CPU only: the numpy buffers the OrtValues share
         self._kv: list = []  # in binding order: key_0, value_0, key_1, ...
         for _ in range(facts.layers * 2):
@@ -185,7 +206,7 @@ class BatchRunner:
         self.reset()
 
     def kv_bytes(self) -> int:
-        return self.facts.kv_bytes_per_token() * (self.max_len + 1) * self.slots
+        return self.facts.kv_bytes_per_token() * self._rows * self.slots
 
     # -- steps ----------------------------------------------------------------------------------
     def step_one(self, slot: int, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
@@ -206,19 +227,29 @@ class BatchRunner:
             return out[s - n_logits :]
         return self._run(self._range_binding(slot, slot + 1), 1, [np.asarray(tokens)], [slot], n_logits)[0]
 
+    def _padded(self, toks) -> np.ndarray:
+        """A row's tokens as int64, with deterministic mode's copy rows appended (module docstring)."""
+        t = np.asarray(toks, dtype=np.int64)
+        if step_rows(t.shape[0], self.deterministic) > t.shape[0]:
+            t = np.concatenate([t, t[-1:]])
+        return t
+
     def _run(self, binding, rows: int, toks: list[np.ndarray], slots: list[int], n_logits: int) -> list[np.ndarray]:
         """A single-row step on `binding` (one slot's view, or the whole cache when N == 1)."""
         f = self.facts
         (t,) = toks
         s = t.shape[0]
+        t = self._padded(t)
+        n = t.shape[0]  # s, or more with deterministic mode's copy rows (dropped below)
         length = self.lengths[slots[0]]
         t0 = time.perf_counter()
-        binding.bind_cpu_input(f.input_ids, t.astype(np.int64).reshape(1, s))
-        binding.bind_cpu_input(f.attention_mask, np.ones((1, length + s), dtype=np.int64))
-        if self._v2:
-            binding.bind_cpu_input(f.position_ids, np.arange(length, length + s, dtype=np.int64).reshape(1, s))
-            binding.bind_cpu_input(f.attention_bias, np.zeros((1, 1, s, length + s), dtype=self._bias_dtype))
-        keep = n_logits if self._has_logits_to_keep else s
+        binding.bind_cpu_input(f.input_ids, t.reshape(1, n))
+        binding.bind_cpu_input(f.attention_mask, np.ones((1, length + n), dtype=np.int64))
+        if self._positions_in:
+            binding.bind_cpu_input(f.position_ids, np.arange(length, length + n, dtype=np.int64).reshape(1, n))
+        if self._bias_in:
+            binding.bind_cpu_input(f.attention_bias, np.zeros((1, 1, n, length + n), dtype=self._bias_dtype))
+        keep = n_logits + n - s if self._has_logits_to_keep else n
         if self._has_logits_to_keep:
             binding.bind_cpu_input(f.logits_to_keep, np.array([keep], dtype=np.int64))
         arr, ov = self._logits_out(1, keep)
@@ -226,7 +257,7 @@ class BatchRunner:
         self.session.run_with_iobinding(binding)
         self.lengths[slots[0]] += s
         self.times.table(1).add(s, time.perf_counter() - t0)
-        return [arr[0][keep - n_logits :]]
+        return [arr[0][keep - (n - s) - n_logits : keep - (n - s)]]
 
     def step(self, rows: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
         """One pass over every slot: slot b in `rows` appends its tokens and gets the logits of all
@@ -234,7 +265,6 @@ class BatchRunner:
         writing nothing, if a row does not fit."""
         if not rows:
             raise ValueError("a batched step needs at least one row")
-        S = 0
         for slot, toks in rows.items():
             if not 0 <= slot < self.slots:
                 raise ValueError(f"slot {slot} is not in [0, {self.slots})")
@@ -243,7 +273,8 @@ class BatchRunner:
             if self.lengths[slot] + len(toks) > self.max_len:
                 raise CacheFull(f"{len(toks)} token(s) at position {self.lengths[slot]} of slot {slot} "
                                 f"do not fit a cache of {self.max_len}")
-            S = max(S, len(toks))
+        padded = {slot: self._padded(toks) for slot, toks in rows.items()}
+        S = max(len(t) for t in padded.values())
         if len(rows) == 1 and (self.device == "cpu" or self.slots == 1):
             ((slot, toks),) = rows.items()
             binding = self._range_binding(slot, slot + 1)  # the whole cache when there is one slot
@@ -252,7 +283,7 @@ class BatchRunner:
         lo, hi = self.pass_range(rows)
         n = hi - lo
         ids = np.zeros((n, S), dtype=np.int64)
-        real = [len(rows.get(lo + b, ())) for b in range(n)]
+        real = [len(padded.get(lo + b, ())) for b in range(n)]  # copy rows included
         lengths = self.lengths[lo:hi]
         # width: every row's ones, plus one cell for the padding mark where a row is padded
         kept = [max(1, lengths[b] + real[b]) for b in range(n)]
@@ -260,7 +291,7 @@ class BatchRunner:
         mask = np.zeros((n, width), dtype=np.int64)
         for b in range(n):
             if real[b]:
-                ids[b, : real[b]] = rows[lo + b]
+                ids[b, : real[b]] = padded[lo + b]
             # an empty idle slot still reports one cached row (the operator needs seqlens_k >= 0);
             # with no real tokens it neither reads the result nor writes anything
             mask[b, : kept[b]] = 1
@@ -271,19 +302,20 @@ class BatchRunner:
         bd = self._range_binding(lo, hi)
         bd.bind_cpu_input(f.input_ids, ids)
         bd.bind_cpu_input(f.attention_mask, mask)
-        if self._v2:
+        if self._positions_in:
             pos = np.asarray(lengths, dtype=np.int64).reshape(n, 1) + np.arange(S, dtype=np.int64)
             bd.bind_cpu_input(f.position_ids, pos)
+        if self._bias_in:
             bd.bind_cpu_input(f.attention_bias, np.zeros((1, 1, S, width), dtype=self._bias_dtype))
         if self._has_logits_to_keep:
             bd.bind_cpu_input(f.logits_to_keep, np.array([S], dtype=np.int64))
         arr, ov = self._logits_out(n, S)
         bd.bind_ortvalue_output(f.logits, ov)
         self.session.run_with_iobinding(bd)
-        for b in rows:
-            self.lengths[b] += real[b - lo]
-        self.times.table(n).add(S, time.perf_counter() - t0)
-        return {b: arr[b - lo, : real[b - lo]].copy() for b in rows}
+        for b, toks in rows.items():
+            self.lengths[b] += len(toks)  # a copy row's position is past the length: never read
+        self.times.table(n).add(max(len(t) for t in rows.values()), time.perf_counter() - t0)
+        return {b: arr[b - lo, : len(toks)].copy() for b, toks in rows.items()}
 
 
 class SlotRunner:
@@ -293,6 +325,7 @@ class SlotRunner:
     def __init__(self, runner: BatchRunner, slot: int = 0):
         self.runner, self.slot = runner, slot
         self.max_len = runner.max_len
+        self.deterministic = runner.deterministic
         self.vocab_size = runner.vocab_size
         self.times: StepTimes = runner.times.table(1)
 

@@ -6,13 +6,11 @@ template is data from a file, not code we trust.
 """
 from __future__ import annotations
 
-import json
 import threading
-from datetime import datetime
-from functools import lru_cache
 from typing import Any, Sequence
 
 from ..errors import InvalidRequest
+from ..models.template import TemplateRefused, compiled, render_budgeted
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -58,37 +56,28 @@ def _raise(message: str):
     raise InvalidRequest(f"chat template: {message}", param="messages")
 
 
-def _tojson(x, indent=None, ensure_ascii=False, sort_keys=False):
-    return json.dumps(x, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
-
-
-@lru_cache(maxsize=8)
-def _compile(template: str):
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(template)
-
-
 def render(template: str | None, messages: Sequence[dict], *, add_generation_prompt: bool = True,
            bos_token: str = "", eos_token: str = "", **extra: Any) -> str:
     """The prompt text for `messages`, ending with the assistant's turn opener when
-    `add_generation_prompt` (the model then writes the assistant's reply)."""
+    `add_generation_prompt` (the model then writes the assistant's reply). The template runs in
+    models/template.py's metered sandbox: one that loops, balloons or recurses is a 400 here (and
+    was refused when the bundle was read, if the probe conversation already showed it)."""
     if not template:
         raise InvalidRequest("this bundle has no chat template: pass a plain prompt instead of messages", param="messages")
-    from jinja2 import TemplateError
-
     msgs = validate_messages(messages)
     try:
-        return _compile(template).render(messages=msgs, add_generation_prompt=add_generation_prompt,
-                                         bos_token=bos_token, eos_token=eos_token, **extra)
-    except InvalidRequest:
+        return render_budgeted(compiled(template, _raise), len(msgs), messages=msgs,
+                               add_generation_prompt=add_generation_prompt, bos_token=bos_token,
+                               eos_token=eos_token, **extra)
+    except InvalidRequest:  # the template's own raise_exception
         raise
-    except TemplateError as e:
-        raise InvalidRequest(f"the bundle's chat template failed on these messages: {e}", param="messages") from e
+    except TemplateRefused as e:
+        raise InvalidRequest(f"the bundle's chat template was stopped: {e}", param="messages") from None
+    except RecursionError:
+        raise InvalidRequest("the bundle's chat template recursed too deeply (a macro that calls itself "
+                             "without end?)", param="messages") from None
+    except Exception as e:  # noqa: BLE001 - TemplateError, or a TypeError/ZeroDivisionError in the template
+        raise InvalidRequest(f"the bundle's chat template failed on these messages: {e}", param="messages") from None
 
 
 # --- chat -> token ids, with message text kept apart from control tokens ----------------------------

@@ -16,6 +16,18 @@ graph lacks both inputs: the runner then binds neither and can only run chains (
 Graph contract v3 adds the output `hidden_states` [1, n, hidden] (the final normed hidden state of
 the n logits rows): when the graph has it, every chain step also fills a reused buffer with it, and
 `hidden_row(pos, token)` hands draft heads the row of an earlier position of the last step.
+
+Contract v3's cuda-flavored graph has `position_ids` but no `attention_bias` (CUDA's
+GroupQueryAttention refuses one): the runner binds each input only if the graph has it
+(`contract_inputs`), so such a graph runs chains, never trees.
+
+Deterministic mode (`deterministic=True`, docs/runtime.md "Deterministic mode"): onnxruntime's CPU
+kernels compute a trailing block of ONE row (a 1-token step, or the last row of a 129-token chunk
+for SmolLM2) on another path than rows in blocks of several, and the two round differently (SmolLM2
+int8: logits up to 1.3 apart, argmax flips); every other row is bitwise the same whatever the chunking.
+So such a step runs one more token, a copy of its last, whose logits are dropped and whose cache
+row, past `length`, is never read: every position is computed on the same path, whatever the prefix
+cache held or the drafter proposed. The cache gets one spare row for that copy.
 """
 from __future__ import annotations
 
@@ -32,7 +44,25 @@ from ..models.manifest import ModelFacts
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 _ZERO_BIAS_CAP = 1 << 16  # elements of the reused zero bias (256 KB in fp32): decode/verify steps
+# deterministic mode: a step of s tokens with s % ROW_BLOCK == 1 gets a copy row. Measured with
+# onnxruntime 1.32 on the CPU, the attention computes the last row of a step apart when it is alone
+# in a block of 2 x head_dim rows: 33 and 65 tokens (head_dim 16), 129 and 257 (64), 257 (128). 16
+# covers every such block of 16 rows or more at no cost to steps of 2-16 tokens.
+ROW_BLOCK = 16
 log = logging.getLogger("edgespec.runner")
+
+
+def step_rows(s: int, deterministic: bool) -> int:
+    """Rows a step of s tokens runs: s, or s + 1 in deterministic mode when its last row would be
+    alone in a block (module docstring)."""
+    return s + 1 if deterministic and s % ROW_BLOCK == 1 else s
+
+
+def contract_inputs(facts: ModelFacts, names: set[str]) -> tuple[bool, bool]:
+    """(bind position_ids, bind attention_bias): each only when the manifest names it and the graph
+    (a session's input names) has it. Every runner asks this one function."""
+    return (facts.position_ids is not None and facts.position_ids in names,
+            facts.attention_bias is not None and facts.attention_bias in names)
 
 
 class CacheFull(EdgespecError):
@@ -81,7 +111,8 @@ class ModelRunner:
     """`step(tokens, n_logits)` appends tokens to the cache and returns the last n_logits rows of
     logits; `rewind(length)` forgets everything after `length`.
 
-    Shapes: tokens [S] -> logits [n_logits, vocab]; cache buffers [1, kv_heads, max_len, head_dim].
+    Shapes: tokens [S] -> logits [n_logits, vocab]; cache buffers [1, kv_heads, max_len, head_dim]
+    (max_len + 1 in deterministic mode).
     """
 
     # contract v3's hidden output: off unless __init__ finds it (subclasses that bind their own
@@ -89,13 +120,17 @@ class ModelRunner:
     has_hidden = False
     _hidden: np.ndarray | None = None
     _last_tokens: Sequence[int] = ()
+    deterministic = False  # class default: a subclass with its own __init__ (the self-draft) is not
 
-    def __init__(self, session, facts: ModelFacts, max_len: int, *, device: str = "cpu", device_id: int = 0):
+    def __init__(self, session, facts: ModelFacts, max_len: int, *, device: str = "cpu", device_id: int = 0,
+                 deterministic: bool = False):
         import onnxruntime as ort
 
         if max_len < 2:
             raise ValueError(f"max_len must be at least 2, got {max_len}")
         self.session = session
+        self.deterministic = bool(deterministic)
+        rows = self.max_len_rows = int(max_len) + (1 if deterministic else 0)  # + a spare row for a copy
         self.facts = facts
         self.max_len = int(max_len)
         self.length = 0  # tokens currently held in the cache
@@ -103,15 +138,16 @@ class ModelRunner:
         self.vocab_size = facts.vocab_size
         inputs = {i.name for i in session.get_inputs()}
         self._has_logits_to_keep = facts.logits_to_keep is not None and facts.logits_to_keep in inputs
-        # contract v2 (per-token positions + attention bias); False for a version-1 graph
-        self.supports_tree = (facts.position_ids is not None and facts.attention_bias is not None
-                              and facts.position_ids in inputs and facts.attention_bias in inputs)
+        # contract v2/v3: per-token positions (v2, and v3 in both flavors) and the attention bias (v2, and
+        # v3's cpu flavor); trees need both: False for a version-1 graph and a v3 cuda graph
+        self._bind_positions, self._bind_bias = contract_inputs(facts, inputs)
+        self.supports_tree = self._bind_positions and self._bind_bias
         kv_dtype = _NP_DTYPES[facts.kv_dtype]
         self._bias_dtype = kv_dtype  # GQA's attention_bias has the attention's float type (= the cache's)
-        self._positions = np.arange(self.max_len, dtype=np.int64).reshape(1, self.max_len)
+        self._positions = np.arange(rows, dtype=np.int64).reshape(1, rows)
         self._zeros = np.zeros(0, dtype=kv_dtype)  # grown on demand up to _ZERO_BIAS_CAP elements
         self._kv_np: list[np.ndarray] | None = [] if device == "cpu" else None  # host views for compact()
-        shape = (1, facts.kv_heads, self.max_len, facts.head_dim)
+        shape = (1, facts.kv_heads, rows, facts.head_dim)
         self._kv: list = []  # OrtValues, in binding order: (key_0, value_0, key_1, ...)
         for _ in range(facts.layers):
             for _ in ("key", "value"):
@@ -123,7 +159,7 @@ class ModelRunner:
                     ov = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), kv_dtype, device, device_id)
                 self._kv.append(ov)
         # attention_mask is all ones; the graph reads only its width. One buffer, sliced per step.
-        self._ones = np.ones((1, self.max_len), dtype=np.int64)
+        self._ones = np.ones((1, rows), dtype=np.int64)
         self._logits_dtype = _NP_DTYPES[facts.logits_dtype]
         self._logits_bufs: dict[int, tuple[np.ndarray, object]] = {}  # n_logits -> (array, OrtValue)
         # contract v3: the hidden state of the logits rows, [1, n, hidden] float32, a reused buffer per n
@@ -155,7 +191,7 @@ class ModelRunner:
         return self.max_len - self.length
 
     def kv_bytes(self) -> int:
-        return self.facts.kv_bytes_per_token() * self.max_len
+        return self.facts.kv_bytes_per_token() * self.max_len_rows
 
     def kv_pair(self, layer: int):
         """The (key, value) OrtValues of one layer: the self-draft runner binds them too."""
@@ -199,15 +235,21 @@ class ModelRunner:
         if self.length + s > self.max_len:
             raise CacheFull(f"{s} token(s) at position {self.length} do not fit a cache of {self.max_len}")
         t0 = time.perf_counter()
+        ids = np.asarray(tokens, dtype=np.int64)
+        n = step_rows(s, self.deterministic)
+        drop = n - s
+        if drop:  # the copy row: computed, written past `length`, dropped (module docstring)
+            ids = np.concatenate([ids, ids[-1:]])
         b = self._binding
         f = self.facts
         self._last_tokens = tokens
-        b.bind_cpu_input(f.input_ids, np.asarray(tokens, dtype=np.int64).reshape(1, s))
-        b.bind_cpu_input(f.attention_mask, self._ones[:, : self.length + s])
-        if self.supports_tree:
-            b.bind_cpu_input(f.position_ids, self._positions[:, self.length : self.length + s])
-            b.bind_cpu_input(f.attention_bias, self._zero_bias(s, self.length + s))
-        return self._run(s, n_logits, t0)
+        b.bind_cpu_input(f.input_ids, ids.reshape(1, n))
+        b.bind_cpu_input(f.attention_mask, self._ones[:, : self.length + n])
+        if self._bind_positions:
+            b.bind_cpu_input(f.position_ids, self._positions[:, self.length : self.length + n])
+        if self._bind_bias:
+            b.bind_cpu_input(f.attention_bias, self._zero_bias(n, self.length + n))
+        return self._run(s, n_logits, t0, drop)
 
     def _zero_bias(self, s: int, total: int) -> np.ndarray:
         """A zero attention bias [1, 1, s, total]: a contiguous view of one reused zero buffer (a
@@ -226,8 +268,8 @@ class ModelRunner:
         parent precedes its children). Returns logits [N, vocab] (a reused buffer, like step).
         `length` grows by N; the caller keeps the accepted path with `compact` and `rewind`."""
         if not self.supports_tree:
-            raise ValueError("this graph has no position_ids/attention_bias inputs (a format-1 bundle): "
-                             "re-export it with this edgespec for tree verification")
+            raise ValueError("this graph has no position_ids/attention_bias inputs (a format-1 bundle, or a "
+                             "cuda-flavored graph): trees run on a cpu-flavored graph of format 2 or later")
         s = len(tokens)
         if s == 0:
             raise ValueError("step_tree needs at least one token")
@@ -237,6 +279,9 @@ class ModelRunner:
                              f"{len(depths)} and {anc.shape}")
         if self.length + s > self.max_len:
             raise CacheFull(f"{s} token(s) at position {self.length} do not fit a cache of {self.max_len}")
+        if self.deterministic:
+            raise ValueError("tree steps are not part of deterministic mode (a tree's rows round unlike a "
+                             "chain's): verify chains")
         t0 = time.perf_counter()
         L = self.length
         bias = np.zeros((1, 1, s, L + s), dtype=self._bias_dtype)
@@ -270,12 +315,38 @@ class ModelRunner:
         for arr in self._kv_np:
             arr[0, :, dst] = arr[0, :, src]  # fancy indexing reads a copy first: overlaps are safe
 
-    def _run(self, s: int, n_logits: int, t0: float) -> np.ndarray:
+    def snapshot(self, n: int) -> list[np.ndarray] | None:
+        """Copies of the first n rows of every cache buffer (key_0, value_0, key_1, ...; each
+        [1, kv_heads, n, head_dim]), for a prefix kept aside (engine/pinned.py); None when the cache
+        is not on the host."""
+        if self._kv_np is None or not 0 < n <= self.length:
+            return None
+        return [arr[:, :, :n].copy() for arr in self._kv_np]
+
+    def restore(self, rows: Sequence[np.ndarray]) -> None:
+        """Writes a snapshot back as the cache's first rows; the cache then holds exactly them."""
+        if self._kv_np is None or len(rows) != len(self._kv_np):
+            raise ValueError("restore: the snapshot does not match this cache's buffers")
+        n = rows[0].shape[2]
+        for arr, r in zip(self._kv_np, rows):
+            if r.shape != arr[:, :, :n].shape or r.dtype != arr.dtype or n > self.max_len:
+                raise ValueError(f"restore: a snapshot row block {r.shape} {r.dtype} does not fit {arr.shape} {arr.dtype}")
+        for arr, r in zip(self._kv_np, rows):
+            arr[:, :, :n] = r
+        self.length = n
+        self._hidden = None  # the rows it held belong to another context
+
+    def _run(self, s: int, n_logits: int, t0: float, drop: int = 0) -> np.ndarray:
+        """Runs the bound step of s tokens plus `drop` trailing copy rows (deterministic mode) and
+        returns the logits of the last n_logits real tokens. The copies' cache rows lie past
+        `length`: never read, overwritten by the next step. Times are kept under s: what a step of
+        s tokens costs in this mode."""
         b = self._binding
         f = self.facts
-        rows = n_logits if self._has_logits_to_keep else s
+        keep = n_logits + drop
+        rows = keep if self._has_logits_to_keep else s + drop
         if self._has_logits_to_keep:
-            b.bind_cpu_input(f.logits_to_keep, np.array([n_logits], dtype=np.int64))
+            b.bind_cpu_input(f.logits_to_keep, np.array([keep], dtype=np.int64))
         arr, ov = self._logits_out(rows)
         b.bind_ortvalue_output(f.logits, ov)
         if self.has_hidden:
@@ -286,11 +357,11 @@ class ModelRunner:
         self.length += s
         self.times.add(s, time.perf_counter() - t0)
         if self.has_hidden:
-            self._hidden = harr[0, rows - n_logits :]
+            self._hidden = harr[0, rows - keep : rows - drop]
             self._hidden_pos = start + s - n_logits
             self._hidden_tokens = [int(t) for t in self._last_tokens[s - n_logits :]]
         out = arr[0]
-        return out[rows - n_logits :] if rows != n_logits else out
+        return out[rows - keep : rows - drop]
 
     def _hidden_out(self, n_rows: int):
         buf = self._hidden_bufs.get(n_rows)

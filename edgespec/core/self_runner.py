@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .runner import ModelRunner, StepTimes
+from .runner import ModelRunner, StepTimes, contract_inputs
 
 PREPACK_CONFIG = "session.disable_prepacking"
 EXTERNAL_FOLDER_CONFIG = "session.model_external_initializers_file_folder_path"
@@ -143,8 +143,8 @@ class SelfRunner(ModelRunner):
         # graph contract v2 (runner.py): chain steps bind positions and a zero bias like the target's;
         # no tree steps and no compaction of its own (the rows it writes are the target's)
         inputs = {i.name for i in session.get_inputs()}
-        self.supports_tree = (f.position_ids is not None and f.attention_bias is not None
-                              and f.position_ids in inputs and f.attention_bias in inputs)
+        self._bind_positions, self._bind_bias = contract_inputs(f, inputs)
+        self.supports_tree = self._bind_positions and self._bind_bias
         self._bias_dtype = target._bias_dtype
         self._positions = target._positions
         self._zeros = np.zeros(0, dtype=self._bias_dtype)

@@ -23,7 +23,8 @@ class AutoDrafter(DrafterBase):
       whenever the promise was noise;
     - a rate known only from rounds that used the source (Quote.probe) is probed, replacing a
       plain step: first after EARLY_TRIES rounds of a request, then after EXPLORE_EVERY rounds, the
-      gap doubling after each probe, at most MAX_PROBES per request. A probe costs about one draft
+      gap doubling after each probe, at most MAX_PROBES per request, and none after MAX_LOST_PROBES
+      probes whose rounds left its rate under its margin (a source that keeps losing on this text). A probe costs about one draft
       catch-up, its draft steps and a slightly longer verify, so the probing of a request is
       bounded by a few target steps whatever the text.
     A free source needs no probe: every round's lookup is scored, used or not.
@@ -39,6 +40,7 @@ class AutoDrafter(DrafterBase):
     EXPLORE_EVERY = 8  # rounds without a probed source before its next probe (doubles after each)
     EARLY_TRIES = 2  # a request's first rounds that do not use it before it is probed
     MAX_PROBES = 4  # probes of each source per request
+    MAX_LOST_PROBES = 2  # probes after which its rate still did not clear its margin: no more this request
     TRUST_PRIOR = 4.0  # promised tokens' worth of evidence that a free source's quotes come true
     TRUST_KEEP = 0.95  # per round that used the source: the weight of the earlier ones
 
@@ -113,6 +115,11 @@ class AutoDrafter(DrafterBase):
             p = self._probe_state(s)
             if p is None:
                 continue
+            if p.checking:  # probed last round: did its rate, updated by that round, clear its margin?
+                p.checking = False
+                q = quotes.get(s.name)
+                if q is None or q.rate < r0 * (1.0 + q.min_gain):
+                    p.losses += 1
             if s is best:
                 p.used(self.EXPLORE_EVERY)
                 continue
@@ -120,7 +127,7 @@ class AutoDrafter(DrafterBase):
             # probe instead of a plain step (a free round in hand is not given up for a probe), and
             # only where the quote allows it (a cold draft cache would make the probe pay a prefill)
             q = quotes.get(s.name)
-            if best is None and q is not None and q.probe and p.due(self.MAX_PROBES):
+            if best is None and q is not None and q.probe and p.due(self.MAX_PROBES, self.MAX_LOST_PROBES):
                 p.probed()
                 best, best_quote = s, None
         if best is None:
@@ -151,22 +158,24 @@ class AutoDrafter(DrafterBase):
 class _ProbeState:
     """When a source whose rate only using it can measure is next tried (see AutoDrafter)."""
 
-    __slots__ = ("idle", "gap", "probes")
+    __slots__ = ("idle", "gap", "probes", "losses", "checking")
 
     def __init__(self) -> None:
-        self.idle = self.gap = self.probes = 0
+        self.idle = self.gap = self.probes = self.losses = 0
+        self.checking = False  # probed in the last round: its next quote says whether the probe won
 
     def begin(self, idle: int, gap: int) -> None:
-        self.idle, self.gap, self.probes = idle, gap, 0
+        self.idle, self.gap, self.probes, self.losses, self.checking = idle, gap, 0, 0, False
 
     def used(self, gap: int) -> None:
         self.idle, self.gap = 0, gap
 
-    def due(self, max_probes: int) -> bool:
-        return self.idle >= self.gap and self.probes < max_probes
+    def due(self, max_probes: int, max_lost: int) -> bool:
+        return self.idle >= self.gap and self.probes < max_probes and self.losses < max_lost
 
     def probed(self) -> None:
         self.probes += 1
+        self.checking = True
         self.idle = 0
         if self.probes > 1:  # the early probe is a request's first look, not a failure
             self.gap *= 2

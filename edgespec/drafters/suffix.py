@@ -11,6 +11,12 @@ On one request's text alone it is the n-gram prompt lookup (NgramDrafter) with l
 to 32 tokens, not 5) and frequency among all earlier occurrences instead of the latest one; across
 requests it also copies what earlier answers said (a visitor's follow-up quoting the last answer,
 the same question asked again, a repeated system prompt).
+
+Two levels (batched requests, engine/batch_drafters.py): `index` holds only this request's text and
+`shared` the finished requests' history, read here and never written. A lookup asks both and keeps
+the better chain: the longer match, then the more tokens expected accepted (the own text first on a
+tie: it is the most recent). Requests running side by side so never see each other's text, and none
+copies the history to start.
 """
 from __future__ import annotations
 
@@ -47,8 +53,10 @@ class SuffixDrafter(FreeLookupDrafter):
 
     name = "suffix"
 
-    def __init__(self, index: SuffixIndex, costs: CostModel | None = None, *, adaptive: bool = True):
-        self.index = index
+    def __init__(self, index: SuffixIndex, costs: CostModel | None = None, *, adaptive: bool = True,
+                 shared: SuffixIndex | None = None):
+        self.index = index  # the text this drafter appends to (the serial engine's: every request's)
+        self.shared = shared  # read-only earlier text (batched requests: the finished ones'), or None
         self.costs = costs
         self.adaptive = adaptive and costs is not None
         self.min_gain = NGRAM_MIN_GAIN
@@ -64,8 +72,9 @@ class SuffixDrafter(FreeLookupDrafter):
             for b in row:
                 b.fade(NEW_REQUEST_KEEP)
         self.index.start_doc()
+        # the prompt is indexed at the first lookup (after the first token) or when the request ends,
+        # not here: the automaton's insert (~10 us a token) stays out of the time to first token
         self._open, self._indexed = True, 0
-        self.sync(ctx)
 
     def sync(self, ctx: Sequence[int]) -> None:
         """Appends what the current request added since the last call (ctx only grows within a
@@ -108,9 +117,20 @@ class SuffixDrafter(FreeLookupDrafter):
         self._scorer.score(ctx)
         self.sync(ctx)
         # the whole tail is in the index already (the current document's end): look it up there
-        chain = self.index.lookup(ctx[-self.index.max_match :], k)
+        tail = ctx[-self.index.max_match :]
+        chain = self.index.lookup(tail, k)
+        if self.shared is not None:
+            chain = max(chain, self.shared.lookup(tail, k), key=self._rank)
         self._scorer.remember(len(ctx), chain.tokens, self.betas(chain))
         return chain
+
+    def _rank(self, chain: Chain) -> tuple[int, float]:
+        """Which of two chains to take: the longer match, then the more tokens expected accepted."""
+        expected, p = 0.0, 1.0
+        for b in self.betas(chain):
+            p *= b.mean
+            expected += p
+        return chain.matched, expected
 
     def plan(self, chain: Chain) -> tuple[int, float]:
         if not chain.tokens:

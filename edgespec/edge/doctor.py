@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import devices, providers, sensors
+from ..models.kernels import ORT_FLOORS, floor_problem
 from ..units import format_size
 
 GPU_LIB_GLOBS = {
@@ -64,7 +65,9 @@ def collect(root: str | os.PathLike = "/", *, device=None, path: str | None = No
     try:
         import onnxruntime as ort
 
-        ort_info = {"version": ort.__version__, "build_providers": list(ort.get_available_providers())}
+        ort_info = {"version": ort.__version__, "build_providers": list(ort.get_available_providers()),
+                    "floors": dict(ORT_FLOORS),  # per graph flavor: onnxruntime-gpu lags the CPU wheel
+                    "below_floor": {f: p for f in ORT_FLOORS if (p := floor_problem(ort.__version__, f))}}
     except ImportError as e:
         ort_info = {"version": None, "build_providers": [], "error": str(e)}
     report["onnxruntime"] = ort_info
@@ -91,6 +94,22 @@ def collect(root: str | os.PathLike = "/", *, device=None, path: str | None = No
     report["recommended"] = _recommend(profile, results, board)
     report["notes"] = list(profile.notes)
     return report
+
+
+def tensorrt_report(bundle_path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Per graph of a bundle: which nodes TensorRT's provider would take (kernels.TENSORRT_OPS) and
+    which it leaves to CUDA or the CPU, by op. Read from the graphs, nothing is run."""
+    from ..models.bundle import Bundle, resolve_bundle
+    from ..models.graphfacts import read_graph_io
+    from ..models.kernelcheck import tensorrt_split
+
+    bundle = Bundle.open(resolve_bundle(bundle_path), verify=False)
+    out = []
+    for role, facts in bundle.manifest.models.items():
+        for flavor, g in facts.graphs().items():
+            taken, left = tensorrt_split(read_graph_io(bundle.root / g.path))
+            out.append({"role": role, "flavor": flavor, "path": g.path, "tensorrt": taken, "not_tensorrt": left})
+    return out
 
 
 def _throttling(reading: sensors.Reading, found: sensors.Sensors) -> dict[str, Any]:
@@ -206,7 +225,13 @@ def render(report: dict[str, Any]) -> str:
         mem += " (shared with the GPU)"
     row("memory", mem)
     o = report["onnxruntime"]
-    row("onnxruntime", o["version"] or f"not importable: {o.get('error')}")
+    version = o["version"] or f"not importable: {o.get('error')}"
+    floors = o.get("floors") or {}
+    if floors:
+        version += " (edgespec needs " + ", ".join(f">= {v} for the {f} flavor" for f, v in floors.items()) + ")"
+    for f, problem in (o.get("below_floor") or {}).items():
+        version += f"\nTOO OLD for the {f} flavor: {problem}"
+    row("onnxruntime", version)
     prov = []
     for r in report["providers"]:
         if r["works"]:
@@ -268,6 +293,12 @@ def render(report: dict[str, Any]) -> str:
         row("provider order", f"{','.join(po['order'])}: {po['why']}")
     for miss in report["missing"]:
         row("missing", f"{miss['what']}: {miss['why']}\nhow: {miss['how']}")
+    for t in report.get("tensorrt_nodes", []):
+        n_in, n_out = sum(t["tensorrt"].values()), sum(t["not_tensorrt"].values())
+        rest = ", ".join(f"{op} x{n}" for op, n in sorted(t["not_tensorrt"].items(), key=lambda kv: -kv[1]))
+        row("tensorrt", f"{t['path']} ({t['flavor']}): TensorRT would take {n_in} of {n_in + n_out} nodes "
+                        f"({', '.join(sorted(t['tensorrt']))})" + (f"; not: {rest}" if rest else "")
+                        + (" (onnxruntime's own ops: not in onnx-tensorrt's operator list)" if rest else ""))
     for n in report.get("notes", []):
         row("note", n)
     for n in s.get("notes", []):

@@ -13,7 +13,9 @@ The prediction is the resident memory of the whole process once a request has fi
 
 A cuda-flavored graph on a GPU provider (docs/edge.md, "Memory on a Jetson") also has a device
 side, `predict_device`: its weights, float16 KV cache and activations live in CUDA memory, which
-RSS does not show (on a Jetson it is the same DRAM: the two add up against one budget).
+RSS does not show, and its KV cache is then not host memory. On a board whose GPU shares the DRAM
+(every Jetson: `memory_shared_with_gpu`) the two add up against one budget, and the retreat below
+is decided on the sum; on a discrete GPU they are kept apart (the budget is the host's).
 
 Order of retreat when the budget is too small: shrink max_len (down to a floor), then drop the draft
 model (n-gram drafting needs no memory), then refuse with BudgetError. The constants below were fitted
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BudgetError, InvalidRequest
-from ..limits import DEFAULT_MAX_LEN, PREFILL_CHUNK, SUFFIX_CAPACITY
+from ..limits import DEFAULT_MAX_LEN, PREFILL_CHUNK, SUFFIX_BYTES_PER_TOKEN, SUFFIX_CAPACITY
 from ..models.bundle import Bundle
 from ..units import format_size, measure_rss
 
@@ -45,17 +47,25 @@ SESSION_OVERHEAD = 2 << 20  # per onnxruntime session: graph, kernels, arena boo
 # arenas and onnxruntime's per-run buffers. 64 MiB covers the largest gap with 18 MiB to spare.
 UNACCOUNTED = 64 << 20
 # Device side of a cuda-flavored graph. Estimates from NVIDIA's documentation, NOT measured here
-# (no GPU): `plan --measure` on a GPU measures them (gpumem.py), scripts/gpu-check.sh records both.
+# (no GPU): `plan --measure` on a GPU measures the context first (gpumem.py, a fresh process) and
+# plans with that number instead; scripts/gpu-check.sh records both.
 CUDA_CONTEXT = 300 << 20  # CUDA context + onnxruntime's CUDA kernels resident on the device
 CUBLAS_WORKSPACE = 32 << 20  # per session (cuBLAS default workspace, plus cuBLASLt's)
 CUDA_ARENA_SLACK = 0.10  # the arena (kSameAsRequested) holds ~10 % more than the peak it was asked for
+# A float16 KV cache run by the CPU provider (a cuda-flavored graph on the CPU: how cuda graphs are
+# tested, and a Jetson without onnxruntime-gpu) held 2.15-2.25x its float16 bytes, measured (SmolLM2
+# int8 cuda flavor, peak RSS at max_len 512/2048/4096: 0.047-0.049 MiB per token against 0.022 of
+# float16 KV; without this the plan was up to 15-19 % under at 4096). 2.5 keeps the plan over.
+CPU_FP16_KV_FACTOR = 2.5
 MIN_MAX_LEN = 256  # below this a chat turn does not fit; the plan refuses instead of shrinking further
 LEN_ALIGN = 64  # shrunk lengths are multiples of this (the floor itself is kept as given)
 
 
 @dataclass
 class MemoryPlan:
-    """What to load and how big the caches may be. `breakdown` sums to `predicted_bytes`."""
+    """What to load and how big the caches may be. `breakdown` (host memory) sums to `predicted_bytes`,
+    plus `device_breakdown` where the device shares the host's DRAM (`unified`); on a discrete GPU
+    the device side is reported beside it and not counted against the (host) budget."""
 
     max_len: int
     load_draft: bool
@@ -65,6 +75,12 @@ class MemoryPlan:
     budget_bytes: int | None = None
     prefill_chunk: int = PREFILL_CHUNK
     requested_max_len: int | None = None
+    device_breakdown: dict[str, int] = field(default_factory=dict)  # empty: the graphs run on the CPU
+    unified: bool = False
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(self.device_breakdown.values())
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,14 +91,19 @@ class MemoryPlan:
             "prefill_chunk": self.prefill_chunk,
             "requested_max_len": self.requested_max_len,
             "breakdown": dict(self.breakdown),
+            "device_breakdown": dict(self.device_breakdown),
+            "device_bytes": self.device_bytes,
+            "unified": self.unified,
             "notes": list(self.notes),
         }
 
     def describe(self) -> str:
         """Several lines for `edgespec plan` and logs: the numbers, then what was given up and why."""
         lines = [f"max_len {self.max_len}, draft model {'loaded' if self.load_draft else 'not loaded'}"]
-        width = max(len(k) for k in self.breakdown) if self.breakdown else 0
-        for k, v in self.breakdown.items():
+        dev = {f"device {k}": v for k, v in self.device_breakdown.items()} if self.unified else {}
+        parts = {**self.breakdown, **dev}
+        width = max(len(k) for k in parts) if parts else 0
+        for k, v in parts.items():
             if v:
                 lines.append(f"  {k:<{width}}  {format_size(v):>10}")
         total = f"  {'total':<{width}}  {format_size(self.predicted_bytes):>10}"
@@ -168,38 +189,52 @@ def runtime_bytes(b) -> int:
 
 
 def predict(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int = PREFILL_CHUNK,
-            flavor: str | None = None) -> dict[str, int]:
+            flavor: str | None = None, device: str = "cpu", suffix_tokens: int = SUFFIX_CAPACITY) -> dict[str, int]:
     """The host breakdown (bytes) for one choice of max_len and draft; `plan` searches over these.
-    `flavor`: the graphs the runtime will load (None: each model's primary graph), run on the CPU."""
+    `flavor`: the graphs the runtime will load (None: each model's primary graph). `device` "cuda":
+    the KV caches are device memory (predict_device), not host memory. The weights stay counted
+    here too until a measurement on a board says how much of the host copy onnxruntime releases.
+    `suffix_tokens`: the suffix index's capacity, counted full (it fills as requests accumulate)."""
     b = _open(bundle)
     t = graph_facts(b, "target", flavor)
     parts = {
         "runtime": runtime_bytes(b),
         "target_weights": weights_bytes(b, "target", flavor),
-        "target_kv": t.kv_bytes_per_token() * max_len,
+        "target_kv": _host_kv(t, max_len, device),
         "working": working_bytes(t, max_len, prefill_chunk),
         "draft_weights": 0,
         "draft_kv": 0,
+        "suffix_index": suffix_index_bytes(suffix_tokens),
         "margin": UNACCOUNTED,
     }
     if load_draft and b.draft is not None:
         d = graph_facts(b, "draft", flavor)
         parts["draft_weights"] = weights_bytes(b, "draft", flavor)
-        parts["draft_kv"] = d.kv_bytes_per_token() * max_len
+        parts["draft_kv"] = _host_kv(d, max_len, device)
         parts["working"] += working_bytes(d, max_len, prefill_chunk)
+    if device == "cuda":
+        parts["target_kv"] = parts["draft_kv"] = 0
     return parts
 
 
+def _host_kv(facts, max_len: int, device: str) -> int:
+    """Host bytes of one model's KV cache: its own size, x CPU_FP16_KV_FACTOR for a float16 cache on
+    the CPU provider (a cuda-flavored graph there)."""
+    kv = facts.kv_bytes_per_token() * max_len
+    return int(CPU_FP16_KV_FACTOR * kv) if device == "cpu" and facts.graph_flavor() == "cuda" else kv
+
+
 def predict_device(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int = PREFILL_CHUNK,
-                   trt_workspace: int = 0) -> dict[str, int]:
+                   trt_workspace: int = 0, context_bytes: int | None = None) -> dict[str, int]:
     """Device memory (bytes) of the cuda-flavored graphs on the CUDA provider: the weights copied to
     the device (their file size: MatMulNBits keeps the packed bytes), the float16 KV cache, the
     activations (float16: half of `working_bytes`'s float32 figure) with the arena's slack, and the
     fixed costs (CUDA_CONTEXT, CUBLAS_WORKSPACE per session, TensorRT's workspace when it is in the
-    order). The fixed costs are estimates, not measurements (see the constants)."""
+    order). The fixed costs are estimates, not measurements (see the constants), except a
+    `context_bytes` measured on this machine (gpumem.context_cost)."""
     b = _open(bundle)
     roles = ["target"] + (["draft"] if load_draft and b.draft is not None else [])
-    parts = {"cuda_context": CUDA_CONTEXT, "cublas_workspace": CUBLAS_WORKSPACE * len(roles),
+    parts = {"cuda_context": CUDA_CONTEXT if context_bytes is None else int(context_bytes), "cublas_workspace": CUBLAS_WORKSPACE * len(roles),
              "trt_workspace": int(trt_workspace)}
     for role in roles:
         f = graph_facts(b, role, "cuda")
@@ -219,11 +254,16 @@ def plan(
     min_len: int = MIN_MAX_LEN,
     prefill_chunk: int = PREFILL_CHUNK,
     flavor: str | None = None,
+    device: str = "cpu",
+    context_bytes: int | None = None,
 ) -> MemoryPlan:
     """Chooses max_len and whether to load the draft so the prediction fits `budget_bytes`.
 
     `max_len=None` takes the device profile's default (else 2048), capped at the model's context.
     `budget_bytes=None` takes the profile's default budget; with neither, nothing is shrunk.
+    `device` "cuda" (the graphs run on the CUDA provider) adds the device side (predict_device, with
+    a measured `context_bytes` if given); on a profile with `memory_shared_with_gpu` it counts
+    against the budget with the host side, so shrinking, dropping the draft and refusing follow the sum.
     Raises BudgetError, with the numbers, when even the target alone at the floor length is too big.
     """
     b = _open(bundle)
@@ -251,12 +291,25 @@ def plan(
     if want_draft and b.draft is None:
         notes.append("bundle has no draft model: drafting can use n-gram lookup only")
 
+    unified = bool(device == "cuda" and getattr(profile, "memory_shared_with_gpu", False))
+
     def make(length: int, draft: bool) -> MemoryPlan:
-        parts = predict(b, length, draft, prefill_chunk=prefill_chunk, flavor=flavor)
+        parts = predict(b, length, draft, prefill_chunk=prefill_chunk, flavor=flavor, device=device)
+        dev = predict_device(b, length, draft, prefill_chunk=prefill_chunk,
+                             context_bytes=context_bytes) if device == "cuda" else {}
         return MemoryPlan(
-            max_len=length, load_draft=draft, predicted_bytes=sum(parts.values()), breakdown=parts,
-            notes=notes, budget_bytes=budget_bytes, prefill_chunk=prefill_chunk, requested_max_len=want_len,
+            max_len=length, load_draft=draft, predicted_bytes=sum(parts.values()) + unified * sum(dev.values()),
+            breakdown=parts, notes=notes, budget_bytes=budget_bytes, prefill_chunk=prefill_chunk,
+            requested_max_len=want_len, device_breakdown=dev, unified=unified,
         )
+
+    def fits(draft: bool):
+        return lambda n: make(n, draft).predicted_bytes <= budget_bytes
+
+    def sum_words(p: MemoryPlan) -> str:
+        """Where a unified plan's number comes from (the host side alone is not the whole story)."""
+        return (f" (host {format_size(p.predicted_bytes - p.device_bytes)} + device {format_size(p.device_bytes)}: "
+                f"one DRAM on this board)") if unified else ""
 
     full = make(want_len, load_draft)
     if budget_bytes is None or full.predicted_bytes <= budget_bytes:
@@ -264,29 +317,32 @@ def plan(
     over = full.predicted_bytes - budget_bytes
     # 1. shrink the cache, keeping the draft
     if load_draft:
-        length = _longest_fitting(b, True, floor, want_len, budget_bytes, prefill_chunk, flavor)
+        length = _longest_fitting(fits(True), floor, want_len)
         if length is not None:
             notes.append(
                 f"max_len shrunk from {want_len} to {length}: the full length needs "
-                f"{format_size(full.predicted_bytes)}, {format_size(over)} over the budget"
+                f"{format_size(full.predicted_bytes)}{sum_words(full)}, {format_size(over)} over the budget"
             )
             return make(length, True)
     # 2. drop the draft model (n-gram drafting costs no memory), as long a cache as then fits
-    length = _longest_fitting(b, False, floor, want_len, budget_bytes, prefill_chunk, flavor)
+    length = _longest_fitting(fits(False), floor, want_len)
     if length is not None:
         if load_draft:
-            at_floor = make(floor, True).predicted_bytes
+            at_floor = make(floor, True)
             notes.append(
-                f"draft model dropped: with it even max_len {floor} needs {format_size(at_floor)} "
+                f"draft model dropped: with it even max_len {floor} needs {format_size(at_floor.predicted_bytes)}"
+                f"{sum_words(at_floor)} "
                 f"(budget {format_size(budget_bytes)}); n-gram drafting still works"
             )
         if length < want_len:
-            notes.append(f"max_len shrunk from {want_len} to {length} to fit the budget")
+            notes.append(f"max_len shrunk from {want_len} to {length} to fit the budget"
+                         + (f": the full length needs {format_size(full.predicted_bytes)}{sum_words(full)}" if unified else ""))
         return make(length, False)
     # 3. refuse, with the numbers
     smallest = make(floor, False)
-    parts = smallest.breakdown
+    parts = {**smallest.breakdown, **({f"device_{k}": v for k, v in smallest.device_breakdown.items()} if unified else {})}
     detail = " + ".join(f"{k.replace('_', ' ')} {format_size(v)}" for k, v in parts.items() if v)
+    detail += " (host and device: one DRAM on this board)" if unified else ""
     err = BudgetError(
         f"memory budget {format_size(budget_bytes)} is too small for bundle {b.name}: the smallest plan "
         f"(target model only, max_len {floor}) needs {format_size(smallest.predicted_bytes)} = {detail}; "
@@ -303,11 +359,17 @@ def plan(
 MAX_AUTO_SLOTS = 4  # --parallel auto stops here: past it each row's share of a pass grows, not the aggregate
 
 
-def slot_bytes(facts, max_len: int, *, verify_rows: int = 9, suffix_tokens: int = SUFFIX_CAPACITY) -> int:
+def slot_bytes(facts, max_len: int, *, verify_rows: int = 9) -> int:
     """What one more concurrent request costs (server --parallel): its cache slot, its rows of a
-    batched verify's logits, and its copy of the suffix history it drafts from (int32 tokens)."""
+    batched verify's logits, and the suffix index of its own text (at most max_len tokens; it drafts
+    from the shared history of finished requests without a copy, engine/batch_drafters.py)."""
     return (facts.kv_bytes_per_token() * (max_len + 1) + verify_rows * facts.vocab_size * 4
-            + (suffix_tokens + 1) * 4)
+            + suffix_index_bytes(max_len + 1))
+
+
+def suffix_index_bytes(tokens: int = SUFFIX_CAPACITY) -> int:
+    """Host bytes of a full suffix index of `tokens` tokens (limits.SUFFIX_BYTES_PER_TOKEN)."""
+    return (tokens + 1) * SUFFIX_BYTES_PER_TOKEN
 
 
 def slots_that_fit(bundle, plan_: "MemoryPlan", budget_bytes: int, *, cap: int = MAX_AUTO_SLOTS) -> int:
@@ -319,13 +381,9 @@ def slots_that_fit(bundle, plan_: "MemoryPlan", budget_bytes: int, *, cap: int =
     return max(1, min(cap, 1 + max(0, extra) // per))
 
 
-def _longest_fitting(b, draft: bool, floor: int, want: int, budget: int, chunk: int,
-                     flavor: str | None = None) -> int | None:
-    """Largest max_len in [floor, want] whose prediction fits (prediction grows with max_len), aligned
-    down to LEN_ALIGN unless that would cross the floor."""
-    def fits(n: int) -> bool:
-        return sum(predict(b, n, draft, prefill_chunk=chunk, flavor=flavor).values()) <= budget
-
+def _longest_fitting(fits, floor: int, want: int) -> int | None:
+    """Largest max_len in [floor, want] for which `fits(max_len)` (the prediction grows with max_len),
+    aligned down to LEN_ALIGN unless that would cross the floor."""
     if not fits(floor):
         return None
     lo, hi = floor, want  # fits(lo) is true
@@ -358,11 +416,13 @@ class MemoryCheck:
 
 
 def compare(plan_: MemoryPlan, measured_bytes: int | None = None) -> MemoryCheck:
-    """Predicted vs measured resident memory of this process (peak RSS unless given)."""
+    """Predicted vs measured resident memory of this process (peak RSS unless given). The measurement
+    is of an engine that has just opened, whose suffix index holds nothing yet: the plan's full index
+    (what a long-running server grows to) is left out of the comparison."""
     if measured_bytes is None:
         m = measure_rss()
         measured_bytes = m.get("peak") or m.get("rss") or 0
-    return MemoryCheck(plan_.predicted_bytes, int(measured_bytes))
+    return MemoryCheck(plan_.predicted_bytes - plan_.breakdown.get("suffix_index", 0), int(measured_bytes))
 
 
 def available_bytes(root: str | os.PathLike = "/") -> int | None:

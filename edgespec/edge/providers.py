@@ -39,7 +39,7 @@ class ProfileOrder(list):
     """A provider order that came from a device profile, not from the user (devices.engine_defaults).
 
     It is tried like the default order: a provider this onnxruntime lacks is skipped quietly (a
-    Jetson profile lists TensorRT first, and PyPI's CPU-only wheel must not log a warning per
+    Jetson profile lists CUDA first, and PyPI's CPU-only wheel must not log a warning per
     session for it), while an order the user typed gets a warning for every provider it lacks."""
 
 
@@ -189,7 +189,8 @@ def _chain(order: list[str], i: int, available: set[str], options: dict) -> list
 
 
 def create_session(path: str | os.PathLike, *, providers=None, threads: int | None = None, provider_options=None,
-                   profile=None, spinning: bool | None = None, shared_threads: bool = False, configure=None):
+                   profile=None, spinning: bool | None = None, shared_threads: bool = False, configure=None,
+                   flavor: str | None = None):
     """Returns (session, device). Tries each requested provider that this onnxruntime has.
 
     `providers=None` uses CUDA -> CPU (those this onnxruntime lacks are skipped quietly);
@@ -197,10 +198,14 @@ def create_session(path: str | os.PathLike, *, providers=None, threads: int | No
     line (a ProfileOrder, a device profile's default, is quiet like the default order). `profile`
     sets the TensorRT options (workspace limit, fp16) for the board. `path` may be a serialized model
     (bytes: the self-draft graph, engine/selfdraft.py); `configure(session_options)`, if given, is
-    called on the options before each try (shared weights). Raises ProviderError listing every
-    provider's reason when none works."""
+    called on the options before each try (shared weights). `flavor`: the graph's flavor, whose
+    onnxruntime floor is checked first (kernels.ORT_FLOORS; None: the lowest floor). Raises
+    ProviderError listing every provider's reason when none works."""
     import onnxruntime as ort
 
+    from ..models.kernels import require_floor
+
+    require_floor(ort.__version__, flavor)  # one line naming the release needed, not onnxruntime's "invalid model"
     explicit = providers is not None and not isinstance(providers, ProfileOrder)
     order = normalize(providers)
     available = set(ort.get_available_providers())
@@ -218,6 +223,8 @@ def create_session(path: str | os.PathLike, *, providers=None, threads: int | No
             continue
         if name == TRT:
             Path(options[TRT]["trt_engine_cache_path"]).mkdir(parents=True, exist_ok=True)
+        if name in (TRT, CUDA):
+            preload_cuda_libraries()
         chain = _chain(order, i, available, options)
         try:
             so = session_options(threads, spinning=spinning, shared_threads=shared_threads)
@@ -241,6 +248,35 @@ def create_session(path: str | os.PathLike, *, providers=None, threads: int | No
     if explicit and CPU not in order:
         hint = " (add cpu to the list to fall back to the CPU)"
     raise ProviderError(f"no execution provider could run {name_of}: " + "; ".join(errors) + hint)
+
+
+_preloaded = False
+
+
+def preload_cuda_libraries() -> str:
+    """Loads the CUDA and cuDNN libraries of the nvidia-* wheels (onnxruntime-gpu's `[cuda,cudnn]`
+    extras) before the first CUDA session: onnxruntime finds them only then
+    (`onnxruntime.preload_dlls()`, onnxruntime >= 1.21). Once per process, and only where those
+    wheels are installed (JetPack's system CUDA needs nothing). Returns one line on what it did."""
+    global _preloaded
+    import importlib.util
+
+    import onnxruntime as ort
+
+    fn = getattr(ort, "preload_dlls", None)
+    if _preloaded:
+        return "already preloaded"
+    if importlib.util.find_spec("nvidia") is None:
+        return "no nvidia-* wheels: CUDA from the system's library path"
+    if fn is None:
+        return f"onnxruntime {ort.__version__} has no preload_dlls (added in 1.21): put the CUDA libraries on the loader's path"
+    try:
+        fn()
+    except Exception as e:  # a failed preload shows up as the CUDA provider failing, with its reason
+        log.info("onnxruntime.preload_dlls() failed: %s", _first_line(e))
+        return f"preload_dlls() failed: {_first_line(e)}"
+    _preloaded = True
+    return f"onnxruntime {ort.__version__}: preload_dlls() done"
 
 
 def missing_hint(name: str) -> str:
@@ -322,6 +358,8 @@ def probe(names=None, *, profile=None) -> list[ProbeResult]:
         try:
             with tempfile.TemporaryDirectory(prefix="edgespec-probe-") as tmp:
                 opts = default_provider_options(name, profile=profile, cache_dir=Path(tmp))
+                if name in (TRT, CUDA):
+                    preload_cuda_libraries()
                 sess = ort.InferenceSession(model, session_options(1), providers=[(name, opts)])
                 got_provider = sess.get_providers()[0]
                 if got_provider != name:

@@ -20,7 +20,8 @@ A round (one call of `round()`):
    its own slot.
 Requests join and leave between rounds. Every request in the batch gets the tokens it would get
 alone: greedy rows are the target's argmax whatever their neighbours, and a sampled request draws
-from its own seeded RNG in the same order as it would alone (with a fixed k or no drafting).
+from its own seeded RNG in the same order as it would alone (with a fixed k or no drafting);
+bitwise with `deterministic=True` (without, a padded 1-token row may flip a near-tie).
 
 Drafting in a batch (batch_drafters.py): "none", "ngram", "suffix" (a shared history of finished
 requests plus the request's own text) and "auto" choosing between the suffix index and nothing, each
@@ -110,16 +111,17 @@ class BatchEngine:
         self._stopping = False
         self.rounds = 0
         self.last_batch = 0  # rows in the last decode round (for /metrics)
-        self._drafters = BatchDrafters(suffix_capacity)  # each request's drafters, and what they share
+        self._drafters = BatchDrafters(suffix_capacity, runner.max_len)  # each request's drafters, and what they share
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
     def open(cls, bundle, *, parallel: int, draft: str = "auto", k: int | None = None, max_len: int | None = None,
              providers=None, threads: int | None = None, device=None, memory_budget=None, power_budget=None,
              max_temp=None, verify: bool = True, warmup: bool = True,
-             suffix_capacity: int = SUFFIX_CAPACITY, tree: str = "auto") -> "BatchEngine":
+             suffix_capacity: int = SUFFIX_CAPACITY, tree: str = "auto", deterministic: bool = False) -> "BatchEngine":
         """Loads the target with `parallel` cache slots (no draft model: see the module docstring).
-        suffix_capacity: tokens of finished requests the shared suffix history keeps (batch_drafters.py)."""
+        suffix_capacity: tokens of finished requests the shared suffix history keeps (batch_drafters.py).
+        deterministic: tokens independent of the batch and the slot's cache (docs/runtime.md)."""
         from ..models.bundle import Bundle
 
         if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
@@ -134,7 +136,8 @@ class BatchEngine:
                                  budget=edge["memory_budget"])
         max_len = plan.max_len
         runner = build.load_batch_runner(b.model_path("target"), b.target, max_len, parallel,
-                                   providers=edge["providers"], threads=edge["threads"], profile=edge["profile"])
+                                         providers=edge["providers"], threads=edge["threads"], profile=edge["profile"],
+                                         deterministic=deterministic)
         governor = build.governor(edge, spinning=True)
         # the engine validates and tokenizes; batched requests draft with BatchDrafters, so its own
         # suffix index is the smallest there is

@@ -4,11 +4,14 @@ A batched request cannot share the serial engine's drafter objects: several run 
 drafter holds per-request state (its last lookup, the text it has indexed). So every request gets
 fresh drafters, seeded from what finished requests left:
 
-- the suffix index: a shared history of finished requests' prompts and answers (bounded like the
-  serial engine's, oldest evicted). A request drafts from its own copy of that history with its own
-  text appended as it grows, so requests running together never interleave their text in one index;
-  the copy costs one memcpy of the history (4 bytes a token) at admission, and a slot's copy lives
-  as long as its request. When a request ends, its text joins the history;
+- the suffix index, in two levels (drafters/suffix.py): a shared history of finished requests'
+  prompts and answers (bounded like the serial engine's, oldest evicted), which every request reads
+  and none writes while it runs, and a small index of the request's own prompt and output (sized by
+  the slot's max_len, not the history's capacity). A lookup takes the better of the two chains. So
+  requests running together never see each other's text, admission copies nothing (the history is
+  the same object for all: a copy of 1M tokens cost 50-100 MB and 60-170 ms on a loaded 2-core VM,
+  docs/speed.md), and a running slot costs its own text's index only. When a request ends, its
+  text joins the history, between rounds: requests still running draft from it from then on;
 - acceptance estimates (n-gram per matched length, suffix per length and frequency bin): a new
   request starts from the last finished request's, faded as the serial drafters fade them.
 
@@ -26,7 +29,7 @@ from ..drafters import AutoDrafter, Drafter, NgramDrafter, NoDrafter
 from ..drafters.suffix import SuffixDrafter
 from ..drafters.suffix_index import SuffixIndex
 from ..errors import DraftUnavailable, InvalidRequest
-from ..limits import DEFAULT_K_CAP, SUFFIX_CAPACITY
+from ..limits import DEFAULT_K_CAP, DEFAULT_MAX_LEN, SUFFIX_CAPACITY
 from .requests import check_tree_mode
 
 BATCHED_MODES = ("none", "ngram", "suffix", "auto")
@@ -50,9 +53,16 @@ def check_batched_tree(tree: str | None) -> None:
                              "use tree 'auto' or 'off', or serve one client at a time (--parallel 1)", param="tree")
 
 
+def request_index_capacity(max_len: int) -> int:
+    """Tokens a batched request's own suffix index holds: its whole text (prompt and output fit the
+    slot's cache of max_len tokens; one more for the token sampled last), at least the index's 16."""
+    return max(16, max_len + 1)
+
+
 class BatchDrafters:
-    def __init__(self, suffix_capacity: int = SUFFIX_CAPACITY):
-        self.history = SuffixIndex(suffix_capacity)
+    def __init__(self, suffix_capacity: int = SUFFIX_CAPACITY, max_len: int = DEFAULT_MAX_LEN):
+        self.history = SuffixIndex(suffix_capacity)  # finished requests' text: read by all, written between rounds
+        self.request_capacity = request_index_capacity(max_len)
         self._ngram = NgramDrafter(None)  # the last finished request's n-gram estimates
         self._suffix_acc = None  # ... and its suffix acceptance table
 
@@ -71,7 +81,8 @@ class BatchDrafters:
             ng.next.a, ng.next.b = ev.next.a, ev.next.b
             ng.cont.a, ng.cont.b = ev.cont.a, ev.cont.b
             return ng, cap
-        sx = SuffixDrafter(self.history.copy(), costs, adaptive=adaptive)
+        own = SuffixIndex(self.request_capacity, self.history.max_match, self.history.max_chain)
+        sx = SuffixDrafter(own, costs, adaptive=adaptive, shared=self.history)
         if self._suffix_acc is not None:
             sx.acc = copy.deepcopy(self._suffix_acc)
         if mode == "suffix":

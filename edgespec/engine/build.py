@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..core.batch_runner import BatchRunner
+from ..core.batch_runner import BatchRunner, check_batchable
 from ..core.runner import ModelRunner
 from ..edge import devices, flavor, memory, providers as prov
 from ..edge import governor as gov
@@ -17,7 +17,7 @@ from ..units import parse_celsius, parse_size, parse_watts
 
 def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, threads: int | None = None,
                 spinning: bool | None = None, shared_threads: bool = False, profile=None,
-                force_flavor: bool | None = None) -> ModelRunner:
+                force_flavor: bool | None = None, deterministic: bool = False) -> ModelRunner:
     """Creates the session (trying providers in order, see edge/providers.py) and its runner.
 
     The graph is the bundle's one whose flavor matches the provider (edge/flavor.py): with a cpu and
@@ -44,15 +44,16 @@ def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, 
     first = flavor.first_usable(prov.normalize(providers), ort.get_available_providers())
     chosen = flavor.choose(facts, first) if root is not None else facts
     gpath = root / chosen.path if root is not None else Path(path)
-    session, device = prov.create_session(gpath, providers=providers, threads=threads, profile=profile, **kw)
+    session, device = prov.create_session(gpath, providers=providers, threads=threads, profile=profile,
+                                          flavor=chosen.graph_flavor(), **kw)
     got = flavor.flavor_for_device(device)
     if got != chosen.graph_flavor() and got in graphs:
         # the GPU provider failed and the session fell to the CPU: load the graph made for it
         chosen = graphs[got]
         session, device = prov.create_session(root / chosen.path, providers=[prov.CPU], threads=threads,
-                                              profile=profile, **kw)
+                                              profile=profile, flavor=got, **kw)
     flavor.check(chosen, device, force=force_flavor)
-    return ModelRunner(session, chosen, max_len, device=device)
+    return ModelRunner(session, chosen, max_len, device=device, deterministic=deterministic)
 
 
 def load_heads_session(path: Path):
@@ -75,14 +76,15 @@ def _bundle_root(path: Path, facts: ModelFacts) -> Path | None:
 
 
 def load_batch_runner(path: Path, facts: ModelFacts, max_len: int, slots: int, *, providers=None,
-                      threads: int | None = None, profile=None) -> BatchRunner:
+                      threads: int | None = None, profile=None, deterministic: bool = False) -> BatchRunner:
     """The target with `slots` cache slots (server --parallel): one session, no draft model."""
     # on the process-wide pool like load_runner's sessions: an engine opened later in this process
     # (a test, a bench) then finds the same thread setup whichever kind of engine came first
+    check_batchable(facts, slots)  # before the session: a cuda graph cannot batch on any provider
     shared = prov.use_shared_thread_pool(threads) or prov.shared_pool_active()
     session, device = prov.create_session(path, providers=providers, threads=threads, profile=profile,
-                                          shared_threads=shared)
-    return BatchRunner(session, facts, max_len, slots, device=device)
+                                          shared_threads=shared, flavor=facts.graph_flavor())
+    return BatchRunner(session, facts, max_len, slots, device=device, deterministic=deterministic)
 
 
 def parallel_slots(b: Bundle, plan: memory.MemoryPlan) -> int:
@@ -134,8 +136,9 @@ def memory_plan(b: Bundle, *, max_len, want_draft: bool, profile, budget: int | 
     import onnxruntime as ort
 
     first = flavor.first_usable(prov.normalize(providers), ort.get_available_providers())
+    graph = flavor.choose(b.target, first).graph_flavor()
     return memory.plan(b, max_len=max_len, want_draft=want_draft, budget_bytes=budget, profile=profile,
-                       flavor=flavor.choose(b.target, first).graph_flavor())
+                       flavor=graph, device=prov.device_of(first) if first and graph == "cuda" else "cpu")
 
 
 def sessions_spin(load_draft: bool) -> bool:

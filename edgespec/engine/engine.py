@@ -27,7 +27,7 @@ from ..limits import DEFAULT_K_CAP, PREFILL_CHUNK, SUFFIX_CAPACITY
 from ..models.bundle import Bundle
 from ..drafters.heads import NO_HEADS, from_record
 from . import build, selfdraft
-from .loop import Parts, PrefixCache, decode
+from .loop import Parts, PrefixCache, decode, pin_for_determinism
 from .requests import (Encoder, Request, cancel_fn, check_draft_mode, check_k, check_max_new_tokens, check_stop,
                        check_tree_mode)
 from .results import GenerationResult, Stream
@@ -40,8 +40,11 @@ class Engine:
     def __init__(self, bundle: Bundle, target: ModelRunner, draft: ModelRunner | None, tokenizer, *,
                  draft_mode: str = "auto", k: int | None = None, governor=None, memory_plan=None,
                  prefill_chunk: int = PREFILL_CHUNK, self_runner=None, tree: str = "auto",
-                 suffix_capacity: int = SUFFIX_CAPACITY, heads: bool = False):
+                 suffix_capacity: int = SUFFIX_CAPACITY, deterministic: bool | None = None, heads: bool = False):
         self.bundle = bundle
+        # deterministic mode lives in the target runner (core/runner.py); the engine pins requests
+        # to what keeps it (loop.pin_for_determinism). None: whatever the runner was built with
+        self.deterministic = bool(getattr(target, "deterministic", False)) if deterministic is None else deterministic
         self.target = target
         self.draft_runner = draft
         self.tokenizer = tokenizer
@@ -89,6 +92,7 @@ class Engine:
         self.tree_mode = tree
         self._tree = TreeVerifier(self.costs, ngram, model)
         self._cache = PrefixCache()
+        self.pinned = None  # a PinnedPrefix (pinned.py): written back before a request that starts with it
         self._lock = threading.Lock()
         cfg = bundle.tokenizer_config()
         self._encode = Encoder(tokenizer, tf,
@@ -101,7 +105,8 @@ class Engine:
     def open(cls, bundle: str | os.PathLike | Bundle, *, draft: str = "auto", k: int | None = None,
              max_len: int | None = None, providers=None, draft_providers=None, threads: int | None = None,
              device=None, memory_budget=None, power_budget=None, max_temp=None, verify: bool = True,
-             warmup: bool = True, tree: str = "auto", suffix_capacity: int = SUFFIX_CAPACITY) -> "Engine":
+             warmup: bool = True, tree: str = "auto", suffix_capacity: int = SUFFIX_CAPACITY,
+             deterministic: bool = False) -> "Engine":
         """Verifies the bundle (sha256 unless verify=False), plans memory, loads the models.
 
         draft: the default drafting mode of requests ("auto" | "model" | "suffix" | "recycle" |
@@ -117,10 +122,15 @@ class Engine:
         device: None (no board defaults), "auto" (this board, detected) or a profile name: its
         provider orders, threads, default memory budget and max_len fill what is left unset
         (docs/edge.md, "What --device sets"); explicit options always win.
-        tree: the default tree verification of requests ("auto" | "on" | "off", docs/runtime.md)."""
+        tree: the default tree verification of requests ("auto" | "on" | "off", docs/runtime.md).
+        deterministic: the same request gives the same tokens whatever the cache holds and whichever
+        drafter runs (docs/runtime.md, "Deterministic mode"); chains only, sampled requests undrafted."""
         check_draft_mode(draft)
         check_k(k)
         check_tree_mode(tree)
+        if deterministic and tree == "on":
+            raise InvalidRequest("tree='on' is not possible in deterministic mode: use tree='auto' or 'off'",
+                                 param="tree")
         # every edge option is checked before the bundle is read: a typo costs no model load
         edge = build.edge_options(device, providers, draft_providers, threads, memory_budget, power_budget, max_temp)
         providers, draft_providers, threads = edge["providers"], edge["draft_providers"], edge["threads"]
@@ -141,12 +151,13 @@ class Engine:
         target = self_runner = None
         if selfdraft.wanted(draft, plan.load_draft):
             pair = selfdraft.open_for_engine(b, plan.max_len, required=draft == "self", providers=providers,
-                                             threads=threads, profile=edge["profile"])
+                                             threads=threads, profile=edge["profile"], deterministic=deterministic)
             if pair is not None:
                 target, self_runner = pair.target, pair.runner
         if target is None:
             target = build.load_runner(b.model_path("target"), b.target, plan.max_len, providers=providers,
-                                       threads=threads, shared_threads=plan.load_draft, profile=edge["profile"])
+                                       threads=threads, shared_threads=plan.load_draft, profile=edge["profile"],
+                                       deterministic=deterministic)
         draft_runner = None
         if plan.load_draft:
             draft_runner = build.load_runner(b.model_path("draft"), b.draft, plan.max_len,
@@ -155,7 +166,7 @@ class Engine:
         governor = build.governor(edge, spinning=build.sessions_spin(plan.load_draft))
         eng = cls(b, target, draft_runner, b.load_tokenizer(), draft_mode=draft, k=k, governor=governor,
                   memory_plan=plan, prefill_chunk=plan.prefill_chunk, self_runner=self_runner, tree=tree,
-                  suffix_capacity=suffix_capacity,
+                  suffix_capacity=suffix_capacity, deterministic=deterministic,
                   heads=draft in ("auto", "heads") and b.manifest.heads is not None and target.has_hidden)
         if tree == "on":
             eng._check_tree_possible("on")
@@ -252,6 +263,9 @@ class Engine:
                    "edgespec (`edgespec export`) for tree verification"
                    if not self.target.supports_tree else "the target does not run on the CPU provider "
                    "(tree verification compacts the cache on the host)")
+            if self.target.facts.graph_flavor() == "cuda":  # graph contract v3: no attention_bias on CUDA
+                why = ("its cuda-flavored graph has no attention_bias input (onnxruntime's CUDA "
+                       "GroupQueryAttention refuses one): trees run on the CPU provider with a cpu-flavored graph")
             raise InvalidRequest(f"tree='on' is not possible with bundle {self.bundle.name}: {why}; "
                                  "use tree='auto' or 'off'", param="tree")
 
@@ -281,8 +295,8 @@ class Engine:
         ids = self._encode(prompt, messages)
         if len(ids) >= self.max_len:
             raise PromptTooLong(len(ids), max_new_tokens, self.max_len)
-        return Request(ids, max_new_tokens, params, stops, mode, self.k if k is None else k, cancel_fn(cancel),
-                       tree)
+        req = Request(ids, max_new_tokens, params, stops, mode, self.k if k is None else k, cancel_fn(cancel), tree)
+        return pin_for_determinism(req) if self.deterministic else req
 
     def _drafter(self, mode: str, k: int | None) -> tuple[Drafter, int]:
         """The drafter and per-round proposal cap for a mode. k=None lets the drafter choose each
@@ -307,6 +321,8 @@ class Engine:
             if self.target is None:
                 raise InvalidRequest("this engine is closed", param=None)
             drafter, k_cap = self._drafter(req.draft, req.k)
+            if self.pinned is not None:
+                self.pinned.restore(req.ids, self.target, self._cache)
             parts = Parts(self.target, self.tokenizer, self.eos_ids, self.usable, self.prefill_chunk,
                           free_drafter=self._suffix, governor=self.governor, tree=self._tree,
                           on_end=self._suffix.record)

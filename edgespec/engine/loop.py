@@ -10,7 +10,7 @@ the rest. Rewinding is exact, so reuse never changes the output.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Generator, Protocol
 
 from ..core.detokenize import TextStream
@@ -19,6 +19,7 @@ from ..core.runner import ModelRunner
 from ..core.sampling import choose, make_rng
 from ..core.speculative import speculative_round
 from ..drafters.base import Drafter
+from ..errors import InvalidRequest
 from .requests import Request
 from .tree_round import TreeVerifier
 from .results import GenerationResult, GenerationStats
@@ -58,6 +59,20 @@ class Parts:
     tree: TreeVerifier | None = None  # runs the rounds when given (chain or tree, per req.tree)
     # called with the request's whole text when it ends, whatever its mode (the suffix index records it)
     on_end: Callable[[list[int]], None] | None = None
+
+
+def pin_for_determinism(req: Request) -> Request:
+    """What deterministic mode (the runners' `deterministic=True`, docs/runtime.md) changes in a
+    request. Chains only: a tree's rows sit at other cache rows than the chain's and round
+    differently. A sampled request runs without drafts: which tokens were proposed decides how its
+    random draws are spent, and proposals depend on what earlier requests left (the suffix index)
+    and on measured step times (adaptive k); without drafts a seed spends one draw per token and
+    replays. Greedy requests keep their drafter: every token is the target's argmax whatever was
+    proposed. Raises InvalidRequest for tree="on"."""
+    if req.tree == "on":
+        raise InvalidRequest("tree='on' is not possible in deterministic mode (tree rows round unlike chain "
+                             "rows): use tree='auto' or 'off'", param="tree")
+    return replace(req, tree="off", draft=req.draft if req.params.greedy else "none")
 
 
 @dataclass

@@ -19,16 +19,19 @@ from .engine import Engine
 
 
 def measure_engine(bundle, *, max_len: int, load_draft: bool, fill: bool = True, providers=None,
-                   threads: int | None = None) -> dict[str, int]:
+                   threads: int | None = None, root: str = "/", unified: bool | None = None) -> dict[str, int]:
     """Opens an Engine the way a user would (in this process), fills every KV cache to max_len in
     prefill chunks (the worst case a budget must hold), and returns RSS numbers in bytes:
-    {"after_load", "peak", "baseline", "pid"}, plus "device_used_delta" (bytes of device memory the load
-    and fill took: cudaMemGetInfo before and after, edge/gpumem.py) where a GPU exists, else
-    "device_note" saying why not. Run it in a fresh process (`measure_fresh`): the peak RSS of a
-    process that already did other work says nothing about this plan."""
+    {"after_load", "peak", "baseline", "pid"}. Device memory (edge/gpumem.py) is read before the
+    engine exists, so the CUDA context is in the delta: "device_used_delta" (NVML: the device's free
+    memory that went), or on a unified-memory board (a Jetson) "shared_used_delta" (MemAvailable that
+    went: host and device together) with "device_used_delta" the part beyond the RSS growth; where
+    neither can be read, "device_note" says why. Run it in a fresh process (`measure_fresh`): the
+    peak RSS of a process that already did other work says nothing about this plan."""
     from ..edge import gpumem
 
-    dev0 = gpumem.device_memory()
+    rd = gpumem.reader(root, unified=unified)
+    free0 = rd.free() if rd is not None else None  # before any CUDA call: the context is not there yet
     baseline = measure_rss().get("rss", 0)
     eng = Engine.open(bundle, draft="auto" if load_draft else "ngram", max_len=max_len, providers=providers,
                       threads=threads, verify=False)
@@ -46,14 +49,19 @@ def measure_engine(bundle, *, max_len: int, load_draft: bool, fill: bool = True,
                 runner.step(rng.integers(0, vocab, size=n).tolist(), 1)
             runner.reset()
     peak = measure_rss().get("peak", 0)
-    dev1 = gpumem.device_memory()
+    free1 = rd.free() if rd is not None else None
     eng.close()
     out: dict = {"baseline": baseline, "after_load": after_load, "peak": peak, "pid": os.getpid()}
-    if dev0 is not None and dev1 is not None:
-        # free device memory that went while this process loaded and filled the plan
-        out["device_used_delta"] = max(0, dev0.free - dev1.free)
+    if free0 is not None and free1 is not None:
+        went = max(0, free0 - free1)
+        if rd.unified:
+            out["shared_used_delta"] = went
+            out["device_used_delta"] = max(0, went - (peak - baseline))
+        else:
+            out["device_used_delta"] = went
+        out["device_reader"] = rd.name
     else:
-        out["device_note"] = gpumem.why_not()
+        out["device_note"] = gpumem.why_not(root)
     return out
 
 

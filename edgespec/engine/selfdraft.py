@@ -23,7 +23,8 @@ class SelfPair:
 
 
 def open_pair(model_path: Path, facts: ModelFacts, max_len: int, choice: SkipChoice, *, providers=None,
-              threads: int | None = None, shared_threads: bool = True, profile=None) -> SelfPair:
+              threads: int | None = None, shared_threads: bool = True, profile=None,
+              deterministic: bool = False) -> SelfPair:
     """Creates the target's session and runner and the self-draft session on the same weights.
 
     Raises DraftUnavailable (with the reason) when the self-draft graph cannot be made: `onnx`
@@ -48,12 +49,14 @@ def open_pair(model_path: Path, facts: ModelFacts, max_len: int, choice: SkipCho
     folder = model_path.parent
     tsess, device = create_session(weights.proto.SerializeToString(), providers=providers, threads=threads,
                                    profile=profile, shared_threads=shared_threads,
-                                   configure=lambda so: weights.configure(so, folder=folder), **kw)
+                                   configure=lambda so: weights.configure(so, folder=folder),
+                                   flavor=facts.graph_flavor(), **kw)
     names = [t.name for t in dproto.graph.initializer]
     dsess, _ = create_session(dproto.SerializeToString(), providers=providers, threads=threads, profile=profile,
                               shared_threads=shared_threads,
-                              configure=lambda so: weights.configure(so, names, folder=folder), **kw)
-    target = ModelRunner(tsess, facts, max_len, device=device)
+                              configure=lambda so: weights.configure(so, names, folder=folder),
+                              flavor=facts.graph_flavor(), **kw)
+    target = ModelRunner(tsess, facts, max_len, device=device, deterministic=deterministic)
     kept = [i for i in range(facts.layers) if i not in set(choice.skip)]
     runner = SelfRunner(dsess, target, kept)
     # both sessions read the weights from memory these arrays own (OrtValues borrow it): they must
@@ -74,7 +77,7 @@ def wanted(draft: str, load_draft: bool) -> bool:
 
 
 def open_for_engine(bundle, max_len: int, *, required: bool, providers=None, threads=None,
-                    profile=None) -> SelfPair | None:
+                    profile=None, deterministic: bool = False) -> SelfPair | None:
     """open_pair for Engine.open. With required=False, a self-draft that cannot be made is logged
     and skipped (None)."""
     import onnxruntime as ort
@@ -94,7 +97,7 @@ def open_for_engine(bundle, max_len: int, *, required: bool, providers=None, thr
                                    f"{facts.graph_flavor()} one (export it with --ep cpu)", param="draft")
         choice = skip_for(facts)
         pair = open_pair(bundle.root / cpu.path, cpu, max_len, choice, providers=["cpu"],
-                         threads=threads, shared_threads=True, profile=profile)
+                         threads=threads, shared_threads=True, profile=profile, deterministic=deterministic)
     except DraftUnavailable:
         if required:
             raise

@@ -4,7 +4,9 @@ the longest path -> compact the caches.
 The round starts like a chain round (the drafter proposes, with its own adaptive length) and then
 widens the chain with candidates that cost no extra draft step:
 - the draft model's runners-up at each depth it drafted (its logits rows are already computed);
-- the n-gram drafter's alternative continuations (other earlier matches of the context's suffix).
+- the n-gram drafter's alternative continuations (other earlier matches of the context's suffix);
+- the suffix index's other continuations of the context's longest earlier match (each first token
+  that followed it, then its most frequent path: `SuffixIndex.alternatives`, O(match length)).
 Merged into a trie (core/tree.py) they are verified in one target step: node i at cache row L+i and
 rotary position L+depth(i), seeing only its ancestors (graph contract v2). The accepted path's rows
 are then copied to rows L+1.. (`ModelRunner.compact`), so afterwards the target cache holds exactly
@@ -34,7 +36,7 @@ from ..core.proposal import EMPTY, Proposal, common_prefix
 from ..core.runner import ModelRunner
 from ..core.sampling import SamplingParams
 from ..core.speculative import Round, usable_draft, verify_chain
-from ..drafters import AutoDrafter, Beta, Drafter, ModelDrafter, NgramDrafter
+from ..drafters import AutoDrafter, Beta, Drafter, ModelDrafter, NgramDrafter, SuffixDrafter
 DEFAULT_TREE_WIDTH = 4  # most children per node (the chain's token + runners-up / alternatives)
 MAX_TREE_NODES = 32  # root included: a verify of more rows than this never paid in any measurement
 TREE_MIN_GAIN = 0.05  # a tree must promise this much more than the chain it widens
@@ -87,7 +89,8 @@ class TreeVerifier:
         self.width = width
         # P(a non-first child is the target's token | its parent was reached and the first child was
         # not): priors low (a runner-up is right far less often than the draft's first choice)
-        self.alt = {"model-alt": Beta(0.15, weight=6.0), "ngram": Beta(0.15, weight=6.0)}
+        self.alt = {"model-alt": Beta(0.15, weight=6.0), "ngram": Beta(0.15, weight=6.0),
+                    "suffix-alt": Beta(0.15, weight=6.0)}
         self.stats = TreeStats()
 
     def begin(self) -> None:
@@ -127,15 +130,21 @@ class TreeVerifier:
             for t, _p in ups[: self.width - 1]:
                 if 0 <= t < usable:
                     paths.append((draft[:j] + [t], None, "model-alt"))
+        alternatives: list[tuple[list[int], str]] = []
+        suffix = _suffix_of(drafter)
+        if suffix is not None:
+            idx = suffix.index
+            alternatives += [(c, "suffix-alt") for c in idx.alternatives(ctx[-idx.max_match :], k, self.width)]
         if isinstance(drafter, (NgramDrafter, AutoDrafter)):
-            for cont in ngram_alternatives(ctx, k, self.width):
-                cut = [t for t in cont]
-                for i, t in enumerate(cut):
-                    if not 0 <= t < usable:
-                        cut = cut[:i]
-                        break
-                if cut:
-                    paths.append((cut, None, "ngram"))
+            alternatives += [(c, "ngram") for c in ngram_alternatives(ctx, k, self.width)]
+        for cont, src in alternatives:
+            cut = list(cont)
+            for i, t in enumerate(cut):
+                if not 0 <= t < usable:
+                    cut = cut[:i]
+                    break
+            if cut:
+                paths.append((cut, None, src))
         tree = treelib.from_paths(ctx[-1], paths, max_nodes=max_nodes)
         return _cap_width(tree, self.width)
 
@@ -169,6 +178,8 @@ class TreeVerifier:
         if prop.source == "ngram":
             first = self.ngram._first_estimate(prop.ngram).mean
             return [first] + [self.ngram.next.mean] * (n - 1)
+        if prop.accept:  # a free drafter's own per-token estimates (suffix, recycle)
+            return [float(a) for a in prop.accept[:n]] + [0.0] * max(0, n - len(prop.accept))
         return [0.0] * n
 
     def _prune(self, tree: treelib.Tree, prop: Proposal, draft: list[int]) -> treelib.Tree:
@@ -277,6 +288,13 @@ class TreeVerifier:
             for c in kids[1:]:
                 src = tree.source[c] if tree.source[c] in self.alt else "ngram"
                 self.alt[src].add(c == taken, c != taken)
+
+
+def _suffix_of(drafter: Drafter) -> SuffixDrafter | None:
+    """The suffix drafter that drafts (or may draft) this round: the drafter itself or one of auto's sources."""
+    if isinstance(drafter, SuffixDrafter):
+        return drafter
+    return next((s for s in getattr(drafter, "sources", ()) if isinstance(s, SuffixDrafter)), None)
 
 
 def subtree(tree: treelib.Tree, keep: set[int]) -> treelib.Tree:

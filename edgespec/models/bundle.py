@@ -1,22 +1,113 @@
 """Opening a bundle on the device: nothing is loaded until the manifest, every checksum and the
 draft/target compatibility have been checked, so a corrupt or mismatched bundle fails with a list of
-problems instead of garbage text or a crash deep inside onnxruntime."""
+problems instead of garbage text or a crash deep inside onnxruntime.
+
+`read_bundle` is the one strict reading of a bundle: Bundle.open and `edgespec verify` both run it,
+so what verify accepts is exactly what the runtime loads. It adds to verify_bundle (schema, digest,
+files inside the bundle, the facts against the graphs) the graphs' dtypes, draft/target
+compatibility, the tokenizer parsed under a guard, and the chat template compiled and rendered
+under a budget (models/template.py)."""
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import BundleCorrupt, BundleNotFound, TokenizerMismatch
+from .bundlefiles import read_json
 from .files import bundles_dir
 from .manifest import MANIFEST_NAME, Manifest, ModelFacts, verify_bundle
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
+MAX_TOKENIZER_BYTES = 128 << 20  # the largest real tokenizer.json files are about 35 MB
+
+
+@dataclass
+class Reading:
+    """What read_bundle found: the manifest (None when it could not be read), the problems (each
+    one line naming a field or file), and the tokenizer it parsed (so it is not parsed twice)."""
+
+    manifest: Manifest | None
+    problems: list[str]
+    mismatches: list[str] = field(default_factory=list)  # draft/target compatibility (TokenizerMismatch)
+    tokenizer: Any = None
+
+
+def read_bundle(root: str | os.PathLike, *, checksums: bool = True) -> Reading:
+    """Every check a bundle must pass before anything of it is loaded (see the module docstring)."""
+    from .graphcheck import bundle_problems
+
+    root = Path(root)
+    manifest, problems = verify_bundle(root, checksums=checksums)
+    if manifest is None or problems:
+        return Reading(manifest, problems)
+    problems += bundle_problems(root, manifest)  # each graph's flavor and dtypes vs the manifest
+    tokenizer, more = _tokenizer(root, manifest)
+    problems += more
+    config, why = _config(root, manifest)
+    if why:
+        problems.append(why)
+    template = manifest.tokenizer.chat_template
+    if template is not None:
+        from .template import probe
+
+        said = probe(template, bos_token=_text(config.get("bos_token")), eos_token=_text(config.get("eos_token")))
+        if said:
+            problems.append(f"manifest.json: tokenizer.chat_template {said}")
+    return Reading(manifest, problems, compatibility_problems(manifest), tokenizer)
+
+
+def _tokenizer(root: Path, manifest: Manifest) -> tuple[Any, list[str]]:
+    """tokenizer.json parsed and tried on a few words; its size against usable_vocab."""
+    from tokenizers import Tokenizer
+
+    size = manifest.files["tokenizer.json"]["size"]  # checked against the file already
+    if size > MAX_TOKENIZER_BYTES:  # parsed in one call that holds the GIL: SIGTERM would wait for it
+        return None, [f"tokenizer.json: {size:,} bytes, over the {MAX_TOKENIZER_BYTES:,} this edgespec reads"]
+    try:
+        tok = Tokenizer.from_file(str(root / "tokenizer.json"))
+        tok.decode(tok.encode("Hello, world", add_special_tokens=False).ids)
+        size = tok.get_vocab_size(with_added_tokens=True)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - a Rust panic is a BaseException (pyo3's PanicException)
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        return None, [f"tokenizer.json: not a tokenizer this runtime can load ({type(e).__name__}: {first})"]
+    usable = manifest.tokenizer.usable_vocab
+    if usable > size:
+        return tok, [f"manifest.json: tokenizer.usable_vocab is {usable}, but tokenizer.json has {size} tokens"]
+    return tok, []
+
+
+def _config(root: Path, manifest: Manifest) -> tuple[dict, str | None]:
+    """tokenizer_config.json when the bundle lists it ({} when not), parsed under a guard."""
+    if TOKENIZER_CONFIG not in manifest.files:
+        return {}, None
+    d, why = read_json(root / TOKENIZER_CONFIG)
+    if why:
+        return {}, why
+    if not isinstance(d, dict):
+        return {}, f"{TOKENIZER_CONFIG}: not a JSON object"
+    for key in ("bos_token", "eos_token"):
+        v = d.get(key)
+        if not (v is None or isinstance(v, str) or (isinstance(v, dict) and isinstance(v.get("content"), str))):
+            return {}, f"{TOKENIZER_CONFIG}: {key} must be a string, {{\"content\": string}} or null"
+    return d, None
+
+
+def _text(v: Any) -> str:
+    """A tokenizer_config token entry as text: "<s>" or {"content": "<s>", ...}."""
+    if isinstance(v, dict):
+        v = v.get("content")
+    return v if isinstance(v, str) else ""
 
 
 @dataclass
 class Bundle:
     root: Path
     manifest: Manifest
+    _tokenizer: Any = field(default=None, repr=False, compare=False)  # parsed by read_bundle, handed out once
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, verify: bool = True) -> "Bundle":
@@ -27,13 +118,12 @@ class Bundle:
             raise BundleNotFound(f"bundle {root} does not exist (create one with `edgespec export`)")
         if root.is_file() and root.name == MANIFEST_NAME:
             root = root.parent
-        manifest, problems = verify_bundle(root, checksums=verify)
-        if problems or manifest is None:
-            raise BundleCorrupt(str(root), problems)
-        problems = compatibility_problems(manifest)
-        if problems:
-            raise TokenizerMismatch(f"bundle {root}: " + "; ".join(problems))
-        return cls(root=root, manifest=manifest)
+        reading = read_bundle(root, checksums=verify)
+        if reading.problems or reading.manifest is None:
+            raise BundleCorrupt(str(root), reading.problems)
+        if reading.mismatches:
+            raise TokenizerMismatch(f"bundle {root}: " + "; ".join(reading.mismatches))
+        return cls(root=root, manifest=reading.manifest, _tokenizer=reading.tokenizer)
 
     # -- conveniences ---------------------------------------------------------------------------
     @property
@@ -57,14 +147,19 @@ class Bundle:
         return sum(e["size"] for rel, e in self.manifest.files.items() if Path(rel).parent.as_posix() == folder)
 
     def load_tokenizer(self):
-        """A `tokenizers.Tokenizer` from the bundle's tokenizer.json (imported lazily: fast CLI start)."""
+        """A `tokenizers.Tokenizer` from the bundle's tokenizer.json (imported lazily: fast CLI start).
+        The first call hands out the one Bundle.open parsed and checked; later calls parse again
+        (each caller gets its own)."""
+        tok, self._tokenizer = self._tokenizer, None
+        if tok is not None:
+            return tok
         from tokenizers import Tokenizer
 
         return Tokenizer.from_file(str(self.root / "tokenizer.json"))
 
     def tokenizer_config(self) -> dict:
-        p = self.root / "tokenizer_config.json"
-        return json.loads(p.read_text(encoding="utf-8")) if p.exists() else {}
+        """tokenizer_config.json ({} when the bundle does not list it, or it cannot be used)."""
+        return _config(self.root, self.manifest)[0]
 
 
 def compatibility_problems(manifest: Manifest) -> list[str]:

@@ -14,14 +14,19 @@ and this reads only the few fields it needs, skipping weights without copying th
 from __future__ import annotations
 
 import mmap
+import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
 # TensorProto.DataType numbers -> the names the manifest uses
-ELEM_TYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool", 10: "float16",
-              11: "float64", 16: "bfloat16"}
+ELEM_TYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
+              10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16", 17: "float8e4m3fn",
+              21: "uint4", 22: "int4"}
 KV_DTYPES = ("float32", "float16", "bfloat16")
+# the ModelFacts fields that name one graph input each (None: the graph has no such input)
+GRAPH_INPUT_FIELDS = ("input_ids", "attention_mask", "logits_to_keep", "position_ids", "attention_bias")
 
 
 class GraphFormatError(ValueError):
@@ -37,9 +42,12 @@ class Tensor:
 @dataclass
 class Node:
     op_type: str
-    inputs: list[str]
+    inputs: list[str]  # "" for an optional input left out (its slot kept)
     outputs: list[str]
     ints: dict[str, int]  # the integer attributes
+    name: str = ""
+    domain: str = ""  # "" is the ONNX domain (ai.onnx), "com.microsoft" onnxruntime's contrib ops
+    tensor_type: str | None = None  # a Constant's value type (its `value` attribute)
 
 
 @dataclass
@@ -49,6 +57,9 @@ class GraphIO:
     external_files: set[str] = field(default_factory=set)  # initializers' external_data locations
     initializer_dims: dict[str, list[int]] = field(default_factory=dict)
     nodes: list[Node] = field(default_factory=list)
+    # element types of the graph's values as the file states them: initializers and value_info
+    # (the builder writes one for most intermediate values); the kernel check derives the rest
+    value_types: dict[str, str] = field(default_factory=dict)
 
     def attention_shape(self) -> tuple[int, int, int | None] | None:
         """(num_heads, kv_heads, head_dim) from the first GroupQueryAttention node: its attributes and
@@ -167,26 +178,41 @@ def _node(buf: memoryview) -> Node:
             node.inputs.append(_text(v))
         elif num == 2 and wt == 2:
             node.outputs.append(_text(v))
+        elif num == 3 and wt == 2:
+            node.name = _text(v)
         elif num == 4 and wt == 2:
             node.op_type = _text(v)
-        elif num == 5 and wt == 2:  # AttributeProto: name 1, i 3
+        elif num == 7 and wt == 2:
+            node.domain = _text(v)
+        elif num == 5 and wt == 2:  # AttributeProto: name 1, i 3, t 5 (a TensorProto: data_type 2)
             name, value = None, None
             for anum, awt, av in _fields(v):
                 if anum == 1 and awt == 2:
                     name = _text(av)
                 elif anum == 3 and awt == 0:
                     value = av - (1 << 64) if av >= 1 << 63 else av
+                elif anum == 5 and awt == 2:
+                    node.tensor_type = _data_type(av)
             if name is not None and value is not None:
                 node.ints[name] = value
     return node
 
 
-def _tensor(buf: memoryview) -> tuple[str, list[int], str | None]:
-    """TensorProto: name (8), dims (1, packed or not), external_data (13) {key: 'location', value: file}."""
-    name, dims, location = "", [], None
+def _data_type(buf: memoryview) -> str:
+    """A TensorProto's element type (field 2), without reading its data."""
+    elem = next((v for num, wt, v in _fields(buf) if num == 2 and wt == 0), 0)
+    return ELEM_TYPES.get(elem, f"type{elem}")
+
+
+def _tensor(buf: memoryview) -> tuple[str, list[int], str | None, str]:
+    """TensorProto: name (8), dims (1, packed or not), external_data (13) {key: 'location', value: file},
+    data_type (2)."""
+    name, dims, location, elem = "", [], None, 0
     for num, wt, v in _fields(buf):
         if num == 8 and wt == 2:
             name = _text(v)
+        elif num == 2 and wt == 0:
+            elem = v
         elif num == 1 and wt == 0:
             dims.append(v)
         elif num == 1 and wt == 2:
@@ -203,11 +229,19 @@ def _tensor(buf: memoryview) -> tuple[str, list[int], str | None]:
                     value = _text(ev)
             if key == "location":
                 location = value
-    return name, dims, location
+    return name, dims, location, ELEM_TYPES.get(elem, f"type{elem}")
 
 
 def read_graph_io(path: Path) -> GraphIO:
-    """Inputs, outputs and external weight files of an ONNX model, without loading any weights."""
+    """Inputs, outputs and external weight files of an ONNX model, without loading any weights.
+    Cached by the file's identity (inode, size, mtime): Bundle.open reads each graph's facts and its
+    dtypes (graphcheck), one parse serves both. Callers must not modify the result."""
+    st = os.stat(path)
+    return _read_graph_io(os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _read_graph_io(path: str, ino: int, size: int, mtime_ns: int) -> GraphIO:
     io = GraphIO()
     with open(path, "rb") as f:
         size = f.seek(0, 2)
@@ -226,9 +260,14 @@ def read_graph_io(path: Path) -> GraphIO:
                     elif num == 12 and wt == 2:
                         name, t = _value_info(v)
                         io.outputs[name] = t
+                    elif num == 13 and wt == 2:  # value_info
+                        name, t = _value_info(v)
+                        if t.elem_type not in ("unknown", "type0"):
+                            io.value_types[name] = t.elem_type
                     elif num == 5 and wt == 2:  # initializer
-                        name, dims, loc = _tensor(v)
+                        name, dims, loc, elem = _tensor(v)
                         io.initializer_dims[name] = dims
+                        io.value_types[name] = elem
                         if loc:
                             io.external_files.add(loc)
                     elif num == 1 and wt == 2:
@@ -240,25 +279,38 @@ def read_graph_io(path: Path) -> GraphIO:
     return io
 
 
+def graph_readable(path: Path) -> bool:
+    """Does read_graph_io read this file (cached: the checks that follow parse it once)?"""
+    try:
+        read_graph_io(path)
+    except Exception:  # noqa: BLE001 - model_problems says what is wrong, one line
+        return False
+    return True
+
+
 # --- the manifest against the graph ------------------------------------------------------------------
-def model_problems(root: Path, role: str, facts: Any, listed: set[str]) -> list[str]:
+def model_problems(root: Path, role: str, facts: Any, listed: set[str], contract_inputs: Any = ()) -> list[str]:
     """One line per fact of models.<role> the graph contradicts (empty: consistent). A wrong fact is
-    said once, however many layers or places show it."""
+    said once, however many layers or places show it. `contract_inputs`: the input fields a graph
+    contract version added (their absence means an older graph)."""
     rel = facts.path
     try:
         io = read_graph_io(root / rel)
     except (OSError, GraphFormatError) as e:
         return [f"{rel}: not a readable ONNX graph ({e})"]
+    except Exception as e:  # noqa: BLE001 - any bytes at all: a damaged graph is one line, never a traceback
+        return [f"{rel}: not a readable ONNX graph ({type(e).__name__})"]
     where = f"{rel}: manifest models.{role}"
     found: dict[str, str] = {}  # fact -> the line that names it
 
     def say(fact: str, line: str) -> None:
         found.setdefault(fact, line)
 
-    for what, name in (("input_ids", facts.input_ids), ("attention_mask", facts.attention_mask),
-                       ("logits_to_keep", facts.logits_to_keep)):
+    for what in GRAPH_INPUT_FIELDS:
+        name = getattr(facts, what)
         if name and name not in io.inputs:
-            say(what, f"{where}.{what} names input {name!r}, which the graph does not have")
+            hint = " (a graph of an older contract: re-export the bundle)" if what in contract_inputs else ""
+            say(what, f"{where}.{what} names input {name!r}, which the graph does not have{hint}")
     logits = io.outputs.get(facts.logits)
     if logits is None:
         say("logits", f"{where}.logits names output {facts.logits!r}, which the graph does not have")
@@ -292,6 +344,18 @@ def model_problems(root: Path, role: str, facts: Any, listed: set[str]) -> list[
                 say("kv_heads", f"{where}.kv_heads is {facts.kv_heads}, the graph's cache has {t.dims[1]} heads")
             if isinstance(t.dims[3], int) and t.dims[3] != facts.head_dim:
                 say("head_dim", f"{where}.head_dim is {facts.head_dim}, the graph's cache has head_dim {t.dims[3]}")
+    for i in range(min(graph_layers, facts.layers)):
+        for pattern in (facts.present_key, facts.present_value):
+            if _name(pattern, i) not in io.outputs:
+                say(pattern, f"{where}: the graph has no output {_name(pattern, i)!r}")
+    # the runner feeds exactly the inputs the manifest names: one more is a graph of another contract
+    n = max(graph_layers, facts.layers)
+    named = {getattr(facts, what) for what in GRAPH_INPUT_FIELDS}
+    named |= {_name(p, i) for p in (facts.past_key, facts.past_value) for i in range(n)}
+    misnamed = found.keys() & {*GRAPH_INPUT_FIELDS, "layers", facts.past_key, facts.past_value}
+    for name in [x for x in io.inputs if x not in named and not misnamed][:1]:
+        say("unnamed", f"{rel}: the graph takes input {name!r}, which manifest models.{role} does not name "
+                       "(a manifest of another format_version than the graph's contract? re-export the bundle)")
     # the flavor rule, as graphcheck.dtype_problems states it (that check runs after this one, with onnx)
     flavor = facts.graph_flavor() if hasattr(facts, "graph_flavor") else None
     if flavor == "cuda" and facts.kv_dtype != "float16":

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ..limits import QUANTS
+from .schema import (all_of, between, check_object, ids_below, int_of, io_name, is_int, layer_pattern, listed_in,
+                     not_empty, one_of, show, text)
 
 FORMAT = "edgespec-bundle"
 FORMAT_VERSION = 3
@@ -30,10 +32,15 @@ FORMAT_VERSION = 3
 # `position_ids` and an additive `attention_bias` (docs/graph-contract.md), which tree verification
 # needs. A version-1 bundle's graphs lack them: it runs in chain-only mode (`--tree on` is refused
 # with a line saying to re-export), so bundles exported before the bump keep working.
+# Version 3 (graph contract v3): a cuda-flavored graph has no attention_bias (onnxruntime's CUDA
+# GroupQueryAttention refuses one on every run, edgespec/models/kernels.py); cpu graphs are as in v2.
+# A version-2 bundle with a cuda graph is refused with "re-export"; its cpu graphs would be fine, but
+# the bundle is one unit (`verify` says what to do). A version-1 cuda graph had no attention_bias.
 # Version 3 (graph contract v3) adds the `hidden_states` output (ModelFacts.hidden_states) and the
 # optional draft heads trained at export (Manifest.heads); a version-2 bundle has neither.
 READ_VERSIONS = (1, 2, 3)
 TREE_FORMAT_VERSION = 2
+CUDA_FORMAT_VERSION = 3  # the first version whose cuda-flavored graphs onnxruntime's CUDA kernels accept
 MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft")
 FLAVORS = ("cpu", "cuda")  # graph flavors (ModelFacts.flavor)
@@ -106,7 +113,10 @@ class ModelFacts:
 
         out = {self.graph_flavor(): self}
         for flavor, diff in self.flavors.items():
-            out[flavor] = replace(self, flavor=flavor, flavors={}, **{k: v for k, v in diff.items() if k != "flavor"})
+            fields = {k: v for k, v in diff.items() if k != "flavor"}
+            if flavor == "cuda":  # graph contract v3: a cuda graph takes no attention_bias
+                fields["attention_bias"] = None
+            out[flavor] = replace(self, flavor=flavor, flavors={}, **fields)
         return out
     # a pruned lm_head (`export --draft-vocab`): an int32 .npy [vocab_size], logits row j -> token id
     vocab_map: str | None = None
@@ -171,6 +181,80 @@ class Manifest:
         return cls(models=models, tokenizer=tok, **rest)
 
 
+# --- the ranges: one line per field (its type comes from the annotation above, models/schema.py) ---
+MIN_CONTEXT, MAX_CONTEXT = 16, 1 << 24  # a context of a few tokens cannot hold a chat turn
+# Graph inputs a format_version's graphs take beyond input_ids, attention_mask and the caches
+# (docs/graph-contract.md): the manifest may not name them null, and graphfacts checks that the
+# graph has every input the manifest names and names every input the graph has. A new contract
+# version is one row.
+# version -> flavor -> the fields; contract v3: a cuda graph takes no attention_bias.
+CONTRACT_INPUTS: dict[int, dict[str, tuple[str, ...]]] = {
+    1: {},
+    2: {"cpu": ("position_ids", "attention_bias"), "cuda": ("position_ids",)},  # (v2 cuda: re-export, always)
+    3: {"cpu": ("position_ids", "attention_bias"), "cuda": ("position_ids",)},
+}
+
+
+def _usable(obj, root):
+    return int_of(obj, "usable_vocab")
+
+
+def _target_vocab(obj, root):
+    return int_of(root["models"].get("target"), "vocab_size")
+
+
+def _self_draft(v, obj, root):
+    skip, layers = v.get("skip", []), int_of(obj, "layers")
+    if not isinstance(skip, list) or not all(is_int(i) and 1 <= i < (layers or 0) for i in skip):
+        return f".skip must be a list of layer numbers from 1 to {(layers or 2) - 1}, got {show(skip)}"
+    return None
+
+
+def _at_most_target_vocab(v, obj, root):
+    n = _target_vocab(obj, root)
+    return None if n is None or v <= n else f"is {v}, more than the target model's {n} logits rows"
+
+
+_positive = between(1, 1 << 40)
+_listed = listed_in("files")
+MODEL_RULES = {
+    "path": _listed, "arch": text(), "layers": between(1, 4096), "kv_heads": between(1, 4096),
+    "head_dim": between(1, 65536), "hidden_size": _positive, "vocab_size": between(1, 1 << 24),
+    "quant": one_of(QUANTS), "max_context": between(MIN_CONTEXT, MAX_CONTEXT), "params": between(0, 1 << 50),
+    "block_size": between(1, 1 << 20), "accuracy_level": between(0, 4), "head_bits": between(1, 32),
+    "kv_dtype": one_of(DTYPES), "logits_dtype": one_of(DTYPES), "activation_dtype": one_of(DTYPES),
+    "flavor": one_of(FLAVORS),
+    "input_ids": io_name, "attention_mask": io_name, "logits": io_name, "logits_to_keep": io_name,
+    "position_ids": io_name, "attention_bias": io_name, "hidden_states": io_name,
+    "past_key": layer_pattern, "past_value": layer_pattern, "present_key": layer_pattern,
+    "present_value": layer_pattern,
+    "self_draft": _self_draft, "vocab_map": _listed,
+}
+TOKENIZER_RULES = {
+    "usable_vocab": all_of(_positive, _at_most_target_vocab),
+    "bos_id": ids_below(_usable), "eos_ids": all_of(not_empty("generation would never stop at an end token"), ids_below(_usable)),
+    "pad_id": ids_below(_target_vocab), "special_tokens": ids_below(_target_vocab),
+}
+HEADS_METHODS = ("medusa",)
+
+
+def _heads(v, obj, root):
+    """The optional draft-heads record (Manifest.heads, `export --heads`): the first problem, or None."""
+    if v.get("method") not in HEADS_METHODS:
+        return f".method {show(v.get('method'))} is not one of {', '.join(HEADS_METHODS)}"
+    for f in ("path", "vocab_map"):
+        if not isinstance(v.get(f), str) or v[f] not in root["files"]:
+            return f".{f} {show(v.get(f))} is not listed in 'files'"
+    for f in ("n_heads", "hidden_size"):
+        if not is_int(v.get(f)) or v[f] <= 0:
+            return f".{f} must be a positive integer, got {show(v.get(f))}"
+    return None
+
+
+TOP_RULES = {"name": text(200), "heads": _heads}
+_SHA256 = lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)  # noqa: E731
+
+
 def content_digest(d: dict[str, Any]) -> str:
     """sha256 of a parsed manifest without its 'digest' field, as canonical JSON (sorted keys, no
     whitespace), so re-indenting the file does not change it but editing any value does."""
@@ -192,69 +276,38 @@ def file_entry(path: Path) -> dict[str, Any]:
 
 
 def check_schema(d: Any) -> list[str]:
-    """Every schema problem of a parsed manifest, one readable line each (empty list: fine)."""
-    problems: list[str] = []
+    """Every schema problem of a parsed manifest, one readable line each (empty list: fine): each
+    field's type from its dataclass annotation and its range from the rule tables above."""
     if not isinstance(d, dict):
         return ["manifest.json: top level is not a JSON object"]
+    problems: list[str] = []
     if d.get("format") != FORMAT:
-        problems.append(f"manifest.json: 'format' is {d.get('format')!r}, expected {FORMAT!r}")
+        problems.append(f"manifest.json: 'format' is {show(d.get('format'))}, expected {FORMAT!r}")
     fv = d.get("format_version")
-    if fv not in READ_VERSIONS:
-        problems.append(
-            f"manifest.json: format_version {fv!r} is not supported by this edgespec (reads "
-            f"{', '.join(map(str, READ_VERSIONS))})"
-        )
+    if not is_int(fv) or fv not in READ_VERSIONS:
+        problems.append(f"manifest.json: format_version {show(fv)} is not supported by this edgespec (reads "
+                        f"{', '.join(map(str, READ_VERSIONS))})")
     for key, typ in (("name", str), ("models", dict), ("tokenizer", dict), ("files", dict)):
         if not isinstance(d.get(key), typ):
             problems.append(f"manifest.json: '{key}' is missing or not a {typ.__name__}")
     if problems:
         return problems
     for key in sorted(d.keys() - Manifest.__dataclass_fields__.keys()):
-        problems.append(f"manifest.json: '{key}' is not a known field (written by a newer edgespec, or edited)")
-    if "target" not in d["models"]:
-        problems.append("manifest.json: models has no 'target'")
-    required = _required_fields(ModelFacts)
-    for role, facts in d["models"].items():
-        if role not in ROLES:
-            problems.append(f"manifest.json: unknown model role {role!r} (expected one of {', '.join(ROLES)})")
-            continue
-        if not isinstance(facts, dict):
-            problems.append(f"manifest.json: models.{role} is not an object")
-            continue
-        for f in sorted(required - facts.keys()):
-            problems.append(f"manifest.json: models.{role}.{f} is missing")
-        unknown = facts.keys() - ModelFacts.__dataclass_fields__.keys()
-        for f in sorted(unknown):
-            problems.append(f"manifest.json: models.{role}.{f} is not a known field")
-        for f in ("layers", "kv_heads", "head_dim", "hidden_size", "vocab_size", "max_context"):
-            v = facts.get(f)
-            if f in facts and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
-                problems.append(f"manifest.json: models.{role}.{f} must be a positive integer, got {v!r}")
-        if "quant" in facts and facts["quant"] not in QUANTS:
-            problems.append(f"manifest.json: models.{role}.quant {facts['quant']!r} is not one of {QUANTS}")
-        p = facts.get("path")
-        if isinstance(p, str) and p not in d["files"]:
-            problems.append(f"manifest.json: models.{role}.path {p!r} is not listed in 'files'")
-        problems += _flavor_problems(role, facts, d["files"])
-        vm = facts.get("vocab_map")
-        if vm is not None and (not isinstance(vm, str) or vm not in d["files"]):
-            problems.append(f"manifest.json: models.{role}.vocab_map {vm!r} is not listed in 'files'")
-    problems += _heads_problems(d.get("heads"), d["files"])
-    tok_required = _required_fields(TokenizerFacts)
-    for f in sorted(tok_required - d["tokenizer"].keys()):
-        problems.append(f"manifest.json: tokenizer.{f} is missing")
-    tok_files = d["tokenizer"].get("files", []) or []
-    for f in tok_files:
-        if f not in d["files"]:
-            problems.append(f"manifest.json: tokenizer file {f!r} is not listed in 'files'")
-    for f in RUNTIME_TOKENIZER_FILES:
-        if f not in tok_files or f not in d["files"]:
-            problems.append(f"manifest.json: {f!r} is not listed (the runtime loads the tokenizer from it)")
+        problems.append(f"manifest.json: {show(key)} is not a known field (written by a newer edgespec, or edited)")
+    top = {k: v for k, v in d.items() if k not in ("models", "tokenizer")}
+    problems += check_object(top, Manifest, "manifest.json:", TOP_RULES, d)
     for rel, entry in d["files"].items():
         if not _safe_relpath(rel):
-            problems.append(f"manifest.json: file path {rel!r} leaves the bundle folder")
-        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) or not isinstance(entry.get("size"), int):
-            problems.append(f"manifest.json: files[{rel!r}] needs a 'sha256' string and a 'size' integer")
+            problems.append(f"manifest.json: file path {show(rel)} leaves the bundle folder")
+        if not (isinstance(entry, dict) and _SHA256(entry.get("sha256")) and is_int(entry.get("size"))
+                and entry["size"] >= 0):
+            problems.append(f"manifest.json: files[{show(rel)}] needs a 'sha256' (64 hex digits) and a 'size' "
+                            "(bytes, an integer >= 0)")
+    if "target" not in d["models"]:
+        problems.append("manifest.json: models has no 'target'")
+    for role, facts in d["models"].items():
+        problems += _model_problems(role, facts, d)
+    problems += _tokenizer_problems(d)
     if not problems:
         try:
             Manifest.from_dict(d)
@@ -263,25 +316,38 @@ def check_schema(d: Any) -> list[str]:
     return problems
 
 
-HEADS_METHODS = ("medusa",)
+def _model_problems(role: str, facts: Any, d: dict) -> list[str]:
+    where = f"manifest.json: models.{role}"
+    if role not in ROLES:
+        return [f"manifest.json: unknown model role {show(role)} (expected one of {', '.join(ROLES)})"]
+    if not isinstance(facts, dict):
+        return [f"{where} is not an object"]
+    out = [f"{where}.{f} is missing" for f in sorted(_required_fields(ModelFacts) - facts.keys())]
+    out += [f"{where}.{_key(f)} is not a known field" for f in sorted(facts.keys() - ModelFacts.__dataclass_fields__.keys())]
+    out += check_object(facts, ModelFacts, where, MODEL_RULES, d)
+    if out:  # the cross-field checks below read these fields
+        return out
+    flavor = facts.get("flavor") or ("cuda" if facts.get("kv_dtype") == "float16" else "cpu")  # graph_flavor()
+    for name in CONTRACT_INPUTS.get(d["format_version"], {}).get(flavor, ()):
+        if name in facts and facts[name] is None:
+            out.append(f"{where}.{name} is null, but format_version {d['format_version']} graphs take it "
+                       f"(docs/graph-contract.md)")
+    return out + _flavor_problems(role, facts, d["files"])
 
 
-def _heads_problems(heads: Any, files: dict) -> list[str]:
-    """Checks of the optional draft-heads record (Manifest.heads)."""
-    if heads is None:
-        return []
-    if not isinstance(heads, dict):
-        return ["manifest.json: 'heads' must be an object"]
-    out = []
-    if heads.get("method") not in HEADS_METHODS:
-        out.append(f"manifest.json: heads.method {heads.get('method')!r} is not one of {', '.join(HEADS_METHODS)}")
-    for f in ("path", "vocab_map"):
-        if not isinstance(heads.get(f), str) or heads[f] not in files:
-            out.append(f"manifest.json: heads.{f} {heads.get(f)!r} is not listed in 'files'")
-    for f in ("n_heads", "hidden_size"):
-        v = heads.get(f)
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            out.append(f"manifest.json: heads.{f} must be a positive integer, got {v!r}")
+def _tokenizer_problems(d: dict) -> list[str]:
+    tok = d["tokenizer"]
+    out = [f"manifest.json: tokenizer.{f} is missing" for f in sorted(_required_fields(TokenizerFacts) - tok.keys())]
+    out += [f"manifest.json: tokenizer.{_key(f)} is not a known field"
+            for f in sorted(tok.keys() - TokenizerFacts.__dataclass_fields__.keys())]
+    out += check_object(tok, TokenizerFacts, "manifest.json: tokenizer", TOKENIZER_RULES, d)
+    files = tok.get("files") if isinstance(tok.get("files"), list) else []
+    for f in files:
+        if isinstance(f, str) and f not in d["files"]:
+            out.append(f"manifest.json: tokenizer file {show(f)} is not listed in 'files'")
+    for f in RUNTIME_TOKENIZER_FILES:
+        if f not in files or f not in d["files"]:
+            out.append(f"manifest.json: {f!r} is not listed (the runtime loads the tokenizer from it)")
     return out
 
 
@@ -320,6 +386,41 @@ def _flavor_problems(role: str, facts: dict, files: dict) -> list[str]:
     return out
 
 
+def cuda_format_problems(manifest: Manifest) -> list[str]:
+    """A bundle older than contract v3 with a cuda-flavored graph: one line saying to re-export."""
+    out = []
+    for role, facts in manifest.models.items():
+        if "cuda" in facts.graphs():
+            path = facts.graphs()["cuda"].path
+            out.append(f"{path}: a format-{manifest.format_version} cuda-flavored graph wires attention_bias into "
+                       "GroupQueryAttention, which onnxruntime's CUDA kernel refuses on every step: re-export the "
+                       f"bundle with this edgespec (`edgespec export ... --ep cuda` writes format {FORMAT_VERSION})")
+    return out
+
+
+def kernel_problems(root: Path, manifest: Manifest) -> list[str]:
+    """Each graph checked against its flavor's kernel table: one line per rule a graph breaks."""
+    from .graphfacts import GraphFormatError
+    from .kernelcheck import check_graph, summarize
+    from .kernels import PROVIDER_OF_FLAVOR
+
+    out = []
+    for facts in manifest.models.values():
+        for flavor, graph in facts.graphs().items():
+            provider = PROVIDER_OF_FLAVOR[flavor]
+            try:
+                found = check_graph(root / graph.path, provider)
+            except (OSError, GraphFormatError) as e:
+                out.append(f"{graph.path}: not a readable ONNX graph ({e})")
+                continue
+            out += summarize(found, provider, prefix=f"{graph.path}: ")
+    return out
+
+
+def _key(k: str) -> str:
+    return k if k.isidentifier() and len(k) <= 60 else show(k)
+
+
 def _required_fields(cls: type) -> set[str]:
     return {name for name, f in cls.__dataclass_fields__.items() if f.default is MISSING and f.default_factory is MISSING}
 
@@ -330,53 +431,47 @@ def _safe_relpath(rel: str) -> bool:
 
 
 def verify_bundle(root: str | os.PathLike, *, checksums: bool = True) -> tuple[Manifest | None, list[str]]:
-    """Reads `root/manifest.json` and checks the schema, that every listed file exists with its size
-    and sha256, and that no unlisted file sits in the bundle. Returns (manifest or None, problems).
+    """Reads `root/manifest.json` and checks the schema, that every listed file is inside the
+    bundle with its size and sha256, that no unlisted file sits in the bundle, and the facts against
+    the graphs. Returns (manifest or None, problems). models/bundle.py's read_bundle adds the
+    tokenizer and the chat template: that is what `verify` and Bundle.open run.
 
     `checksums=False` skips hashing (sizes are still checked) for callers that accept that trade."""
+    from .bundlefiles import file_problems, outside, read_json, stray_problems
+
     root = Path(root)
-    problems: list[str] = []
     if not root.is_dir():
         return None, [f"{root}: not a folder"]
     mpath = root / MANIFEST_NAME
+    if outside(Path(os.path.realpath(root)), mpath) is not None:
+        return None, [f"{MANIFEST_NAME}: a symbolic link out of the bundle: refused"]
     if not mpath.is_file():
         hint = " (a '.partial' folder is an export that did not finish)" if root.name.endswith(".partial") else ""
         return None, [f"{mpath}: missing: not a bundle, or an unfinished export{hint}"]
-    try:
-        d = json.loads(mpath.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        return None, [f"{mpath}: unreadable JSON: {e}"]
-    problems += check_schema(d)
-    if problems:
-        return None, problems
-    if not d.get("digest"):
-        problems.append("manifest.json: no digest: not written by `edgespec export`, or edited")
-    elif d["digest"] != content_digest(d):
-        problems.append("manifest.json: edited after export (its content does not match its digest)")
+    d, why = read_json(mpath)
+    if why:
+        return None, [why]
+    try:  # a value nested nearly as deep as json.loads allows can be too deep to print or re-encode
+        problems = check_schema(d)
+        if problems:
+            return None, problems
+        if not d.get("digest"):
+            problems.append("manifest.json: no digest: not written by `edgespec export`, or edited")
+        elif d["digest"] != content_digest(d):
+            problems.append("manifest.json: edited after export (its content does not match its digest)")
+    except RecursionError:
+        return None, ["manifest.json: unreadable JSON: nested too deeply"]
     manifest = Manifest.from_dict(d)
-    for rel, entry in manifest.files.items():
-        f = root / rel
-        if not f.is_file():
-            problems.append(f"{rel}: missing")
-            continue
-        size = f.stat().st_size
-        if size != entry["size"]:
-            problems.append(f"{rel}: size {size} bytes, manifest says {entry['size']}")
-            continue
-        if checksums:
-            got = sha256_file(f)
-            if got != entry["sha256"]:
-                problems.append(f"{rel}: sha256 {got[:16]}… does not match the manifest's {entry['sha256'][:16]}…")
+    problems += file_problems(root, manifest.files, checksums, sha256_file)
+    if not problems and TREE_FORMAT_VERSION <= manifest.format_version < CUDA_FORMAT_VERSION:
+        problems += cuda_format_problems(manifest)  # format 2 wired attention_bias into every graph
     if not problems:  # the facts against the graphs themselves (a digest can be recomputed after an edit)
-        from .graphfacts import model_problems
+        from .graphfacts import graph_readable, model_problems
 
-        for role, facts in manifest.models.items():
-            for graph in facts.graphs().values():  # each flavor's graph (export --ep cpu,cuda)
-                problems += model_problems(root, role, graph, set(manifest.files))
-    listed = set(manifest.files) | {MANIFEST_NAME}
-    for f in sorted(root.rglob("*")):
-        if f.is_file():
-            rel = f.relative_to(root).as_posix()
-            if rel not in listed:
-                problems.append(f"{rel}: present but not listed in the manifest")
-    return manifest, problems
+        added = {n for rows in CONTRACT_INPUTS.values() for names in rows.values() for n in names}
+        graphs = [(role, g) for role, facts in manifest.models.items() for g in facts.graphs().values()]
+        for role, graph in graphs:  # each flavor's graph (export --ep cpu,cuda)
+            problems += model_problems(root, role, graph, set(manifest.files), added)
+        if all(graph_readable(root / g.path) for _, g in graphs):  # each node against its provider's kernels
+            problems += kernel_problems(root, manifest)  # (kernelcheck.py), whatever the facts said
+    return manifest, problems + stray_problems(root, set(manifest.files) | {MANIFEST_NAME})

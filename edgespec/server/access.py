@@ -1,26 +1,69 @@
-"""Per-request admission: the API key, the serving phase, and reading the body within its size and
-time limits. Each check raises an APIError; none of them touches the engine."""
+"""Per-request admission: the API key (or the kiosk page's session), the serving phase, and reading
+the body within its size and time limits. Each check raises an APIError; none of them touches the engine.
+
+The kiosk page with an API key (`serve --ui --api-key-file`): a page in a browser cannot be given the
+key (anything that can read the page could read it too), so the server admits the page by a session
+instead. Serving the page to a loopback peer sets SESSION_COOKIE, a random token made once per
+process (HttpOnly: no script reads it; SameSite=Strict: no other site's page makes the browser send
+it). A request carrying it is admitted like one with the key when its peer is loopback and it has no
+Origin or the server's own: the browser on the device itself, the kiosk's. Everything else needs the
+key. What that admits beyond a browser: any process on the device can fetch the page and so get a
+session - with --ui, the device's own users can use the model, as they could use its screen; the
+key keeps out the network and, through the guard, other sites' pages (docs/server.md "Security").
+"""
 from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import time
 from typing import Any, Awaitable, Callable
 
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, cookie_parser
 
-from .apierror import APIError
+from .apierror import APIError, echo
 
 DRAIN_BODY_LIMIT = 16 << 20  # an oversized body up to this is read and dropped so the client sees the 413
+SESSION_COOKIE = "edgespec_session"
 
 
-def check_auth(state: Any, headers: Any) -> None:
+def check_auth(state: Any, headers: Any, peer: str | None = None) -> None:
+    """Admits a request with the API key (or none configured), or the kiosk page's session from
+    `peer`, the client's address (see the module docstring)."""
     if not state.api_key:
         return
     scheme, _, token = headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), state.api_key.encode()):
+    if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), state.api_key.encode()):
+        return
+    if not kiosk_session(state, headers, peer):
         raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
                        code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+def session_cookie(state: Any, peer: str | None) -> str | None:
+    """The Set-Cookie value that goes with the kiosk page served to `peer`, or None (no key, no
+    session, or a peer that is not this device)."""
+    if not state.session or not is_loopback(peer):
+        return None
+    return f"{SESSION_COOKIE}={state.session}; Path=/; HttpOnly; SameSite=Strict"
+
+
+def kiosk_session(state: Any, headers: Any, peer: str | None) -> bool:
+    if not state.session or not is_loopback(peer):
+        return False
+    origin = headers.get("origin")
+    if origin is not None and origin.rstrip("/").lower() != f"http://{headers.get('host', '').lower()}":
+        return False  # a --cors-origin site's page is not the kiosk page
+    token = cookie_parser(headers.get("cookie", "")).get(SESSION_COOKIE, "")
+    return hmac.compare_digest(token.encode(), state.session.encode())
+
+
+def is_loopback(peer: str | None) -> bool:
+    try:
+        ip = ipaddress.ip_address(peer or "")
+    except ValueError:
+        return False
+    return ip.is_loopback or bool(getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback)
 
 
 def check_ready(state: Any) -> None:
@@ -45,7 +88,7 @@ async def read_body(receive: Callable[[], Awaitable[dict]], headers: Any, limit:
         try:
             size = int(declared)
         except ValueError:
-            raise APIError(400, f"Content-Length is not a number: {declared[:20]!r}") from None
+            raise APIError(400, f"Content-Length is not a number: {echo(declared, 20)}") from None
         if size > DRAIN_BODY_LIMIT:
             raise too_big  # not worth reading: answer now and let the connection close
     deadline = time.monotonic() + timeout

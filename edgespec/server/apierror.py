@@ -7,6 +7,9 @@ status code to its exception class (400 BadRequestError, 401 AuthenticationError
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+ECHO_LIMIT = 200  # characters of a client's value an error message or a log line may repeat
 
 # status -> OpenAI error type
 _TYPES = {
@@ -42,6 +45,23 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def clip(text: str, limit: int = ECHO_LIMIT) -> str:
+    """`text` cut to `limit` characters, with an ellipsis and the full length when it was longer."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+def echo(value: Any, limit: int = ECHO_LIMIT) -> str:
+    """A client's value as an error body or a log line may show it: repr(), at most `limit` characters
+    of it. The one way a request's value is repeated back: a request may carry a 900 KB model name,
+    and an answer or a log line holding it whole costs 900 KB each time."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= limit else f"{value[:limit]!r}… ({len(value)} characters)"
+    try:
+        return clip(repr(value), limit)
+    except ValueError:  # repr() of an integer of over 4300 digits raises (Python >= 3.11)
+        return f"<{type(value).__name__}>"
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

@@ -63,6 +63,10 @@ class ServerConfig:
             problems.append(f"parallel must be an integer from 1 to 64, got {self.parallel!r}")
         if self.max_connections < 0 or self.max_connections_per_client < 0:
             problems.append("connection limits must be >= 0 (0: the default)")
+        from .guard import parse_host
+
+        problems += [f"allowed host must be '*' or host[:port], got {h!r}" for h in self.allowed_hosts
+                     if h != "*" and parse_host(h) is None]
         for origin in self.cors_origins:
             if origin != "*" and not origin.startswith(("http://", "https://")):
                 problems.append(f"CORS origin must be '*' or start with http:// or https://, got {origin!r}")

@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 
 from .. import __version__
-from .access import check_auth
-from .apierror import APIError
+from .access import check_auth, session_cookie
+from .apierror import APIError, clip, echo
 from .responses import error_response, json_response
 from .state import ServerState
 
@@ -46,27 +46,31 @@ class Endpoints:
     async def ready(self, request: Request) -> Response:
         state = self.state
         if state.phase == "ready":
-            return json_response({"status": "ready", "model": state.model_id})
+            ready: dict[str, Any] = {"status": "ready", "model": state.model_id}
+            pinned = getattr(state.engine, "pinned", None)
+            if "/" in state.static and pinned is not None and pinned.text:  # the kiosk page sends it back
+                ready["system_prompt"] = pinned.text
+            return json_response(ready)
         body: dict[str, Any] = {"status": state.phase}
         if state.failure:
             body["error"] = state.failure
         return json_response(body, 503, {"Retry-After": "5"} if state.phase == "loading" else None)
 
     async def models(self, request: Request) -> Response:
-        check_auth(self.state, request.headers)
+        check_auth(self.state, request.headers, _peer(request))
         return json_response({"object": "list", "data": [self._model_card()]})
 
     async def model(self, request: Request) -> Response:
-        check_auth(self.state, request.headers)
+        check_auth(self.state, request.headers, _peer(request))
         name = request.path_params["name"]
         if name not in self.state.names:
-            raise APIError(404, f"model {name!r} is not served here; this server serves {self.state.model_id!r}",
+            raise APIError(404, f"model {echo(name)} is not served here; this server serves {self.state.model_id!r}",
                            param="model", code="model_not_found")
         return json_response(self._model_card())
 
     async def metrics(self, request: Request) -> Response:
         state = self.state
-        check_auth(state, request.headers)
+        check_auth(state, request.headers, _peer(request))
         sched = state.scheduler
         gauges = {
             "edgespec_ready": ("1 when the model is loaded and requests are served", int(state.phase == "ready")),
@@ -83,7 +87,11 @@ class Endpoints:
     async def index(self, request: Request) -> Response:
         state = self.state
         if "/" in state.static:
-            return _static(state.static["/"])
+            page = _static(state.static["/"])
+            cookie = session_cookie(state, _peer(request))
+            if cookie:
+                page.headers.append("set-cookie", cookie)
+            return page
         return json_response({
             "service": "edgespec", "version": __version__, "model": state.model_id, "phase": state.phase,
             "endpoints": ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /health",
@@ -99,15 +107,19 @@ class Endpoints:
     async def on_http_error(self, request: Request, exc: Exception) -> Response:
         code = getattr(exc, "status_code", 500)
         if code == 405:
-            return error_response(APIError(405, f"method {request.method} is not allowed on {request.url.path}"))
+            return error_response(APIError(405, f"method {request.method} is not allowed on {clip(request.url.path)}"))
         if code == 404:
-            return error_response(APIError(404, f"no such endpoint: {request.method} {request.url.path}",
+            return error_response(APIError(404, f"no such endpoint: {request.method} {clip(request.url.path)}",
                                            code="not_found"))
         return error_response(APIError(code, str(getattr(exc, "detail", "error"))))
 
     def _model_card(self) -> dict[str, Any]:
         s = self.state
         return {"id": s.model_id, "object": "model", "created": s.created, "owned_by": "edgespec"}
+
+
+def _peer(request: Request) -> str | None:
+    return request.client.host if request.client else None
 
 
 def _static(path: Path) -> Response:

@@ -100,7 +100,7 @@ class GenerationEndpoint:
         headers = Headers(scope=scope)
         if scope["method"] != "POST":
             raise APIError(405, f"use POST for {scope['path']}", headers={"Allow": "POST"})
-        check_auth(self.state, headers)
+        check_auth(self.state, headers, (scope.get("client") or (None,))[0])
         check_ready(self.state)
         cfg = self.state.config
         raw = await read_body(receive, headers, cfg.max_body_bytes, cfg.body_timeout)
@@ -222,7 +222,20 @@ class GenerationEndpoint:
                     tail = writer.final(value, _queue_s(job), job.request.include_usage)
                 await send({"type": "http.response.body", "body": tail + shapes.DONE, "more_body": False})
                 return
-            kind, value = await self._next(job)
+            try:
+                kind, value = await self._next(job)
+            except asyncio.CancelledError:
+                # the server is stopping and its grace ran out before the engine's pass did: still end
+                # the stream the documented way (the write goes out at once; nothing is awaited)
+                err = APIError(503, f"the server shut down during this request (after {out.tokens_sent} tokens); "
+                                    "retry", code="shutting_down")
+                out.status, out.error = err.status, err.message
+                try:
+                    await send({"type": "http.response.body", "body": writer.error(err.body()) + shapes.DONE,
+                                "more_body": False})
+                except Exception:  # noqa: BLE001 - the connection may be gone already; we are leaving anyway
+                    pass
+                raise
 
     def _finish(self, rid: str, t0: float, stream: bool, job: Job | None, out: Outcome) -> None:
         total = time.monotonic() - t0

@@ -5,6 +5,9 @@ the device - the kiosk's own Chromium included - can reach it on behalf of any w
  * a cross-origin "simple" request (POST with Content-Type text/plain, no preflight) is sent as is;
  * a DNS-rebinding site makes its own name resolve to 127.0.0.1 and is then "same-origin" to itself.
 So every request must pass, in this order (each refusal is an OpenAI-style JSON error):
+ 0. Host is read strictly: one header, `host[:port]` and nothing else (400 otherwise), so no
+    value such as `127.0.0.1:8000@evil.example` can read as ours to one check and as another name
+    to whatever reads it next.
  1. Host: the bound address, a loopback name, an IP literal when bound to every interface, or a
     name from --allowed-hosts ("*" turns the check off). Rebinding needs a foreign name: refused (403).
  2. Origin, when the browser sends one: the server's own origin (the kiosk page), or one listed in
@@ -18,23 +21,35 @@ having to name the JSON they send.
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Any
 
 from starlette.datastructures import Headers
 
-from .apierror import APIError
+from .apierror import APIError, echo
 from .responses import error_response
 
 PREFLIGHT_MAX_AGE = "600"
+# on every answer: no page of another site may frame the kiosk page (clickjacking) or any other answer
+FRAME_HEADERS = [(b"content-security-policy", b"frame-ancestors 'none'"), (b"x-frame-options", b"DENY")]
 ALLOWED_HEADERS = "authorization, content-type, accept, x-request-id"
 
 
-def _hostname(host_header: str) -> str:
-    """'Example.com:8000' -> 'example.com'; '[::1]:8000' -> '::1'."""
-    h = host_header.strip().lower()
-    if h.startswith("["):
-        return h[1:h.find("]")] if "]" in h else h
-    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+# RFC 9110 Host = uri-host [ ":" port ]; uri-host: an IP-literal in brackets, or a name / IPv4 address
+# (letters, digits, '.', '-', '_': what DNS names and addresses use; no userinfo, no lists)
+_HOST = re.compile(r"(?:\[(?P<ip6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9._-]+))(?::(?P<port>[0-9]{0,5}))?")
+
+
+def parse_host(value: str) -> str | None:
+    """The host of a Host header value, lower case: 'Example.com:8000' -> 'example.com',
+    '[::1]:8000' -> '::1'. None unless the whole value is host[:port]."""
+    m = _HOST.fullmatch(value.lower())
+    if m is None or (m["port"] and int(m["port"]) > 65535):
+        return None
+    if m["ip6"] is not None:
+        ip = _ip(m["ip6"])
+        return m["ip6"] if isinstance(ip, ipaddress.IPv6Address) else None
+    return m["name"]
 
 
 def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -54,14 +69,14 @@ class HostPolicy:
     def __init__(self, bound: str, allowed: list[str]):
         self.bound = bound.strip("[]").lower()
         self.any = "*" in allowed
-        self.names = {_hostname(a) for a in allowed if a != "*"}
+        self.names = {parse_host(a) or a.lower() for a in allowed if a != "*"}
 
     def allows(self, host_header: str | None) -> bool:
         if self.any:
             return True
-        if not host_header:
-            return False
-        name = _hostname(host_header)
+        name = parse_host(host_header) if host_header else None
+        if name is None:
+            return False  # none, or not host[:port] (the guard answers 400 for that before asking)
         if name in self.names or name == self.bound or name == "localhost":
             return True
         ip = _ip(name)
@@ -87,31 +102,36 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
+        extra = list(FRAME_HEADERS)
+
+        async def send_with(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
         try:
             cors = self.check(scope, headers)
         except APIError as e:
             self.state.metrics.observe_request("refused", e.status, 0.0)
-            await error_response(e)(scope, receive, send)
+            await error_response(e)(scope, receive, send_with)
             return
         if cors is None:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_with)
             return
         if scope["method"] == "OPTIONS":  # a preflight from an allowed origin
-            await _preflight(cors)(scope, receive, send)
+            await _preflight(cors)(scope, receive, send_with)
             return
-
-        async def send_with_cors(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *_cors_headers(cors)]}
-            await send(message)
-
-        await self.app(scope, receive, send_with_cors)
+        extra += _cors_headers(cors)
+        await self.app(scope, receive, send_with)
 
     def check(self, scope: dict, headers: Headers) -> str | None:
         """Raises the refusal, or returns the origin to answer with CORS headers (None: no CORS)."""
-        host = headers.get("host")
+        hosts = headers.getlist("host")
+        host = hosts[0] if hosts else None
+        if len(hosts) > 1 or (host is not None and parse_host(host) is None):
+            raise APIError(400, f"Host header {echo(', '.join(hosts))} is not one host[:port]", code="invalid_host")
         if not self.hosts.allows(host):
-            raise APIError(403, f"Host {(host or '')[:80]!r} is not a name of this server; add it with "
+            raise APIError(403, f"Host {echo(host or '')} is not a name of this server; add it with "
                                 "--allowed-hosts if clients really use it", code="host_not_allowed")
         origin = headers.get("origin")
         cors = None
@@ -120,13 +140,13 @@ class Guard:
             same = o in (f"http://{(host or '').lower()}", f"https://{(host or '').lower()}")
             if not same:
                 if not (self.any_origin or o in self.origins):
-                    raise APIError(403, f"cross-origin request from {origin[:80]!r} refused; allow the origin "
+                    raise APIError(403, f"cross-origin request from {echo(origin)} refused; allow the origin "
                                         "with --cors-origin", code="origin_not_allowed")
                 cors = origin
         if scope["method"] == "POST":
             ctype = headers.get("content-type", "")
             if ctype.split(";", 1)[0].strip().lower() != "application/json":
-                raise APIError(415, f"Content-Type must be application/json, got {ctype[:60]!r} "
+                raise APIError(415, f"Content-Type must be application/json, got {echo(ctype, 60)} "
                                     "(curl: -H 'Content-Type: application/json')", code="unsupported_media_type")
         return cors
 

@@ -7,8 +7,14 @@
  * A header timeout: a connection must deliver a request's headers within `header_timeout` seconds of
    connecting (or of its first byte, for the next request on a kept-alive connection); otherwise it is
    answered 408 and closed. The body has its own limit in the endpoint (access.read_body).
- * Connection caps checked when a connection is made: `total` open connections, `per_client` from one
-   address, so one client cannot take every slot. A refused connection gets a JSON 503 and is closed.
+ * A fair connection table, checked when a connection is made: at most `total` open connections and
+   `per_client` from one address. A connection beyond either limit makes room by closing an *idle*
+   one (no request in flight) - the address's own for the per-address limit - instead of being
+   refused, so sockets held open without a request cannot starve a client that has one to send.
+   Order: sockets that never sent a byte, oldest first; then kept-alive ones between requests, the
+   longest idle first; then ones still sending their headers. Only when every connection in the way
+   has a request in flight is the new one refused (a JSON 503). While the table is more than
+   PRESSURE full, sockets that have sent nothing for SILENT_GRACE seconds are closed at once.
  * uvicorn's plain-text 400 for a malformed request (no Host header, headers too large, bad syntax)
    becomes the API's JSON error.
 """
@@ -16,10 +22,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
+import time
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger("edgespec.server")
+
+SILENT_GRACE = 2.0  # seconds a socket may stay silent while the table is under pressure
+PRESSURE = 0.75  # fraction of the table in use from which silent sockets get SILENT_GRACE only
+EVICTION_LOG_EVERY = 10.0  # seconds between the warnings that idle connections are being closed
+
+# eviction classes: lower goes first
+SILENT, KEPT_ALIVE, SENDING = 0, 1, 2
 
 
 def raw_json_response(status: int, reason: str, message: str, code: str, err_type: str = "invalid_request_error") -> bytes:
@@ -30,8 +47,12 @@ def raw_json_response(status: int, reason: str, message: str, code: str, err_typ
 
 def make_protocol(header_timeout: float, total: int, per_client: int) -> type:
     """An H11Protocol subclass with these limits (uvicorn takes a class for Config(http=...))."""
+    silent_grace = min(SILENT_GRACE, header_timeout)
+    evictions = {"count": 0, "logged": 0, "last_log": -EVICTION_LOG_EVERY}  # shared by every connection
 
     class GuardedH11Protocol(H11Protocol):
+        evicted = evictions  # for the tests and the log
+
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             sock = transport.get_extra_info("socket")
@@ -41,20 +62,74 @@ def make_protocol(header_timeout: float, total: int, per_client: int) -> type:
                 except OSError:
                     pass
             self._header_timer: asyncio.TimerHandle | None = None
-            host = self.client[0] if self.client else None
-            same = sum(1 for c in self.connections if c.client and c.client[0] == host) if host else 0
-            if len(self.connections) > total:
-                self._refuse(f"the server has {total} connections open; retry shortly")
-            elif host and same > per_client:
-                self._refuse(f"too many connections from {host} ({per_client} at most); reuse a connection")
-            else:
+            self._made = self._active = time.monotonic()
+            self._spoke = False  # any byte received on this connection
+            self._sending = False  # bytes of a request whose headers are not complete yet
+            if self._make_room():
                 self._arm_header_timer()
+
+        # -- the connection table -----------------------------------------------------------------
+        def _open(self) -> list["GuardedH11Protocol"]:
+            return [c for c in self.connections if c is not self and isinstance(c, GuardedH11Protocol)
+                    and not c.transport.is_closing()]
+
+        def _idle_rank(self) -> tuple[int, float] | None:
+            """(class, since) when closing this connection loses no request; None while one is in flight."""
+            if self.transport.is_closing():
+                return None
+            if self.cycle is not None and not self.cycle.response_complete:
+                return None
+            if not self._spoke:
+                return (SILENT, self._made)
+            return (SENDING if self._sending else KEPT_ALIVE, self._active)
+
+        def _make_room(self) -> bool:
+            """Applies the limits to this new connection; False when it was refused."""
+            others = self._open()
+            now = time.monotonic()
+            if len(others) + 1 > total * PRESSURE:
+                for c in others:
+                    if not c._spoke and now - c._made >= silent_grace:
+                        c._evict()
+                others = self._open()
+            host = self.client[0] if self.client else None
+            if host:
+                same = [c for c in others if c.client and c.client[0] == host]
+                if len(same) + 1 > per_client and not self._evict_one(same):
+                    self._refuse(f"too many connections from {host} with a request in flight "
+                                 f"({per_client} at most); retry shortly")
+                    return False
+                others = self._open()
+            if len(others) + 1 > total and not self._evict_one(others):
+                self._refuse(f"the server has {total} connections with a request in flight; retry shortly")
+                return False
+            return True
+
+        def _evict_one(self, candidates: list["GuardedH11Protocol"]) -> bool:
+            ranked = [(r, i) for i, c in enumerate(candidates) if (r := c._idle_rank()) is not None]
+            if not ranked:
+                return False
+            candidates[min(ranked)[1]]._evict()
+            return True
+
+        def _evict(self) -> None:
+            """Closes an idle connection to make room (no answer: it has no request to answer)."""
+            self._disarm_header_timer()
+            self._unset_keepalive_if_required()
+            evictions["count"] += 1
+            now = time.monotonic()
+            if now - evictions["last_log"] >= EVICTION_LOG_EVERY:
+                log.warning("connection table full: closed %d idle connection(s) to make room (latest from %s)",
+                            evictions["count"] - evictions["logged"], self.client[0] if self.client else "?")
+                evictions["logged"], evictions["last_log"] = evictions["count"], now
+            self.transport.close()
 
         def _refuse(self, message: str) -> None:
             self.transport.write(raw_json_response(503, "Service Unavailable", message, "too_many_connections",
                                                    "service_unavailable"))
             self.transport.close()
 
+        # -- the header timeout -------------------------------------------------------------------
         def _arm_header_timer(self) -> None:
             if self._header_timer is None:
                 self._header_timer = self.loop.call_later(header_timeout, self._headers_timed_out)
@@ -74,13 +149,21 @@ def make_protocol(header_timeout: float, total: int, per_client: int) -> type:
             self.transport.close()
 
         def data_received(self, data: bytes) -> None:
+            self._spoke = True
+            self._active = time.monotonic()
             super().data_received(data)
+            self._sending = self.conn.their_state is h11.IDLE and bool(data)
             if self.transport.is_closing():
                 self._disarm_header_timer()
             elif self.conn.their_state is h11.IDLE:
                 self._arm_header_timer()  # headers still incomplete (or the next request has begun)
             else:
                 self._disarm_header_timer()
+
+        def on_response_complete(self) -> None:
+            self._active = time.monotonic()
+            self._sending = False
+            super().on_response_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_header_timer()

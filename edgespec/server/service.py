@@ -6,7 +6,11 @@ Life of the process:
   -> Engine.open + a short warm-up generation  ->  READY=1, /ready 200
   -> WATCHDOG=1 every third of WatchdogSec from the event loop, only while the worker is not stuck
   -> SIGTERM/SIGINT: STOPPING=1, stop accepting, 503 to queued requests, the running one may finish
-     within --drain-timeout and is cancelled after it, then exit 0.
+     within --drain-timeout and is cancelled after it, then exit 0. A second one cancels the running
+     request at once; its stream still ends with an error event and [DONE] (FORCE_GRACE).
+  SIGHUP re-reads the API key from where it was read at start (a bad file keeps the old key);
+  SIGUSR1 and SIGUSR2 are logged and ignored. Their default action would end the process where it
+  stands, cutting every stream without an error event.
 
 Test hooks (only with EDGESPEC_TEST_HOOKS=1 in the environment, for the systemd and drain tests):
   EDGESPEC_TEST_READY_DELAY=S  wait S seconds after the warm-up before READY=1
@@ -36,6 +40,8 @@ from .sdnotify import Notifier, ping_interval
 log = logging.getLogger("edgespec.server")
 
 STATUS_EVERY = 10.0  # seconds between STATUS= updates for `systemctl status`
+FORCE_GRACE = 2.0  # second SIGTERM: seconds the cancelled streams get to send their error event and [DONE]
+SHUTDOWN_GRACE = 5.0  # after the drain deadline: seconds before uvicorn cancels what still runs
 
 
 @dataclass
@@ -113,6 +119,9 @@ class Service:
         self.state = ServerState(config, self.scheduler, default_name=default_name, api_key=api_key)
         if config.ui and "/" not in self.state.static:
             raise ConfigError("--ui: the kiosk page is not installed (edgespec/static/index.html is missing)")
+        if config.ui and api_key:
+            log.info("--ui with an API key: the page admits the browser on this device by a session cookie; "
+                     "every other client needs the key (docs/kiosk.md)")
         if not _is_loopback(config.host) and not api_key:
             log.warning("listening on %s without an API key: anyone who can reach this port can use the model "
                         "(set --api-key-file)", config.host)
@@ -137,14 +146,19 @@ class Service:
             server_header=False, loop="asyncio", timeout_keep_alive=5,
             # header timeout, connection caps (a JSON 503 beyond them), TCP_NODELAY, JSON 400s
             http=make_protocol(self.config.header_timeout, total, per_client),
-            limit_concurrency=total + 1,  # uvicorn's own plain 503, a backstop behind protocol.py's cap
-            timeout_graceful_shutdown=int(self.config.drain_timeout + 5),
+            # uvicorn's own plain 503, a backstop behind protocol.py's table (connections it closed to make
+            # room stay counted here until their close completes, hence the margin)
+            limit_concurrency=2 * total + 1,
+            timeout_graceful_shutdown=int(self.config.drain_timeout + SHUTDOWN_GRACE),
         )
         self.server = _Uvicorn.make(uv_config, self._on_signal)
+        previous = self._catch_other_signals()
         try:
             asyncio.run(self._main())
         finally:
             self.sock.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         if self.exit_error is not None:
             raise self.exit_error
         if self._loader is not None and self._loader.is_alive():
@@ -162,8 +176,6 @@ class Service:
                  _url_host(self.config.host), self.port)
         self._loader = threading.Thread(target=self._load, name="edgespec-load", daemon=True)
         self._loader.start()
-        if self.hooks.enabled:
-            signal.signal(signal.SIGUSR2, lambda *_: self.loop.call_soon_threadsafe(self._hang))
         beat = asyncio.create_task(self._heartbeat())
         try:
             await self.server.serve(sockets=[self.sock])
@@ -261,13 +273,15 @@ class Service:
             self.server.should_exit = True
 
     def _drain(self, sig: int) -> None:
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        name = _signal_name(sig)
         if self.state.phase == "draining":  # a second signal: stop now
             log.warning("%s again: cancelling the running request now", name)
             running = self.scheduler.running
-            if running is not None:
-                running.cancel(SHUTDOWN)
-            self.server.force_exit = True
+            if running is None:
+                self.server.force_exit = True
+                return
+            running.cancel(SHUTDOWN)  # the worker stops at its next pass; the stream sends its error and [DONE]
+            self.loop.call_later(FORCE_GRACE, setattr, self.server, "force_exit", True)
             return
         self.notifier.stopping()
         self.state.phase = "draining"
@@ -280,6 +294,52 @@ class Service:
             log.info("%s: stopping", name)
         self.server.should_exit = True
 
+    # -- the other signals --------------------------------------------------------------------------
+    def _catch_other_signals(self) -> dict[int, Any]:
+        """SIGHUP, SIGUSR1, SIGUSR2 handled for the whole run (main thread only: the tests that run the
+        server in a thread call reload_api_key directly). Returns the handlers to put back."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {}
+        for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            previous[sig] = signal.signal(sig, self._on_other_signal)
+        return previous
+
+    def _on_other_signal(self, sig: int, frame: Any) -> None:
+        """Runs as a signal handler: the work goes to the loop (before the loop runs there is none)."""
+        if sig == signal.SIGHUP:
+            work, args = self.reload_api_key, ()
+        elif sig == signal.SIGUSR2 and self.hooks.enabled:
+            work, args = self._hang, ()
+        else:
+            work, args = log.info, ("%s ignored (it has no meaning to edgespec serve)", _signal_name(sig))
+        if self.loop is not None:
+            try:
+                self.loop.call_soon_threadsafe(work, *args)
+            except RuntimeError:  # the loop has closed: we are stopping anyway
+                pass
+
+    def reload_api_key(self) -> bool:
+        """SIGHUP: read the API key again from where it was read at start. A key cannot be added or
+        removed this way (auth on or off is a restart); a file that is now missing or bad is logged
+        and the key in force stays. True when a key was (re)loaded."""
+        where = self.config.api_key_file or "$CREDENTIALS_DIRECTORY/api-key"
+        if self.state.api_key is None:
+            log.info("SIGHUP: no API key is configured, nothing to reload (turning auth on needs a restart)")
+            return False
+        try:
+            key = read_api_key(self.config.api_key_file)
+        except ConfigError as e:
+            log.error("SIGHUP: the API key was not reloaded, the previous one stays in force: %s", e)
+            return False
+        if key is None:
+            log.error("SIGHUP: %s is gone; the previous API key stays in force", where)
+            return False
+        changed = key != self.state.api_key
+        self.state.api_key = key
+        log.info("SIGHUP: API key reloaded from %s (%s)", where, "changed" if changed else "unchanged")
+        return True
+
     def _hang(self) -> None:
         log.warning("test hook (SIGUSR2): blocking the event loop for good after %d watchdog pings; the "
                     "watchdog will fire", self.notifier.watchdog_sent)
@@ -289,6 +349,10 @@ class Service:
 
 def _is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _signal_name(sig: int) -> str:
+    return signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
 
 
 def _url_host(host: str) -> str:

@@ -2,6 +2,7 @@
 and the serving phase (loading -> ready -> draining, or failed)."""
 from __future__ import annotations
 
+import secrets
 import time
 from pathlib import Path
 
@@ -31,6 +32,8 @@ class ServerState:
         self.limits = Limits(self.names, config.max_tokens_limit, config.default_max_tokens, config.default_temperature)
         self.created = int(time.time())
         self.static = static_files(STATIC_DIR) if config.ui else {}
+        # the kiosk page's session when an API key is set (access.py): new with every process
+        self.session = secrets.token_urlsafe(32) if config.ui and api_key else None
 
     def set_engine(self, engine: ServedEngine) -> None:
         """Called once the engine is loaded and warm; from then on /ready is 200."""

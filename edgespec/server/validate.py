@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..limits import DRAFT_MODES, K_LIMIT
-from .apierror import APIError, bad_request
+from .apierror import APIError, bad_request, clip, echo
 
 log = logging.getLogger("edgespec.server")
 
@@ -126,6 +126,7 @@ def check_structure(body: Any) -> None:
 
 
 def _check_text(s: str, path: str) -> None:
+    path = clip(path)  # it holds the client's keys
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -140,7 +141,7 @@ def _show(v: Any) -> str:
     if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 64:
         return f"{'-' if v < 0 else ''}<{v.bit_length()}-bit integer>"
     try:
-        return json.dumps(v)[:40]
+        return clip(json.dumps(v), 40)
     except (ValueError, TypeError, RecursionError):
         return f"<{_type_name(v)}>"
 
@@ -206,7 +207,7 @@ def _model(body: dict, limits: Limits) -> str:
     if limits.model_names and v not in limits.model_names:
         served = ", ".join(repr(n) for n in limits.model_names)
         raise bad_request(
-            f"model {v!r} is not served here; this server serves {served} (see GET /v1/models)",
+            f"model {echo(v)} is not served here; this server serves {served} (see GET /v1/models)",
             param="model",
             code="model_not_found",
         )
@@ -302,7 +303,7 @@ def _content(msg: dict, i: int) -> str:
         for j, part in enumerate(c):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else _type_name(part)
-                raise bad_request(f"{where}[{j}] must be a text part ({{'type': 'text', 'text': ...}}), got {kind!r}", param=where)
+                raise bad_request(f"{where}[{j}] must be a text part ({{'type': 'text', 'text': ...}}), got {echo(kind)}", param=where)
             parts.append(part["text"])
         return "".join(parts)
     if c is None:
@@ -379,6 +380,6 @@ def parse_request(kind: str, raw: bytes, limits: Limits) -> GenRequest:
         raise
     except Exception as e:  # noqa: BLE001 - see the docstring: the caller's input, so the caller's error
         log.warning("request body refused by the validation net (%s: %s); a specific check is missing",
-                    type(e).__name__, e)
+                    type(e).__name__, clip(str(e)))
         raise bad_request(f"the request body could not be validated ({type(e).__name__})",
                           code="invalid_request") from None

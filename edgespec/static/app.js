@@ -14,6 +14,9 @@
  *                               carries `usage` and `edgespec` (tokens/s, acceptance rate)
  *
  * Stopping an answer = aborting the fetch; the server cancels generation when the client goes.
+ * With an API key on the server the page sends no key: serving the page to a browser on the device
+ * set a session cookie that the API accepts in its place (apiFetch renews it when the server was
+ * restarted).
  * Every turn sends the whole conversation: the engine reuses the cached prefix, so this is cheap.
  *
  * Settings come from the page URL (the kiosk unit sets them), for example
@@ -52,6 +55,7 @@
     system: (params.get("system") || "").slice(0, 4000),
     model: params.get("model") || "",
   };
+  const urlSystem = config.system !== "";
 
   const POLL_READY_MS = 5000; // while the server is up: a cheap GET /ready
   const POLL_DOWN_MIN_MS = 500; // after a failure: retry quickly, backing off to POLL_DOWN_MAX_MS
@@ -132,6 +136,12 @@
       const res = await fetch("/ready", { cache: "no-store", signal: AbortSignal.timeout(POLL_TIMEOUT_MS) });
       // 404: a server without /ready; it answered, so it is up.
       if (res.ok || res.status === 404) {
+        if (res.ok && !urlSystem) {
+          // the server's pinned system prompt (serve --system-prompt), when the URL sets none:
+          // sending the same text lets every visitor reuse its prefilled cache
+          const body = await res.json().catch(() => null);
+          if (body && typeof body.system_prompt === "string") config.system = body.system_prompt;
+        }
         if (server.state !== "ready" || !server.model) await loadModel();
         setServerState("ready");
         downDelay = POLL_DOWN_MIN_MS;
@@ -148,12 +158,29 @@
     schedulePoll(next);
   }
 
+  /**
+   * fetch() for the API (/v1/...). A server started with an API key admits this page by a session
+   * cookie that serving the page sets (HttpOnly, SameSite=Strict, new each time the server starts):
+   * on a 401 the page asks for itself once, which renews the cookie, and sends the request again.
+   * A 401 after that is real (the page was not opened on the device itself) and is shown as such.
+   */
+  async function apiFetch(url, init) {
+    const res = await fetch(url, init);
+    if (res.status !== 401) return res;
+    try {
+      await fetch("/", { cache: "no-store", signal: init && init.signal });
+    } catch (err) {
+      return res;
+    }
+    return fetch(url, init);
+  }
+
   async function loadModel() {
     if (config.model) {
       server.model = config.model;
     } else {
       try {
-        const res = await fetch("/v1/models", { cache: "no-store", signal: AbortSignal.timeout(POLL_TIMEOUT_MS) });
+        const res = await apiFetch("/v1/models", { cache: "no-store", signal: AbortSignal.timeout(POLL_TIMEOUT_MS) });
         if (res.ok) {
           const body = await res.json();
           const first = body && Array.isArray(body.data) && body.data[0];
@@ -490,7 +517,7 @@
         return "The assistant could not take this question" + (err.message ? `: ${err.message}` : ".");
       }
       if (err.status === 401 || err.status === 403) {
-        return "This page is not allowed to use the assistant (the server asks for an API key).";
+        return "This page is not allowed to use the assistant: the server asks for an API key, and admits the page without one only in a browser on the device itself.";
       }
       return `Something went wrong on the assistant's side (error ${err.status}). Please try again.`;
     }
@@ -511,7 +538,7 @@
     let failure = null;
     for (;;) {
       try {
-        const res = await fetch("/v1/chat/completions", {
+        const res = await apiFetch("/v1/chat/completions", {
           method: "POST",
           headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
           body: JSON.stringify({

@@ -7,7 +7,8 @@ runtime binds both to one OrtValue). We drive it with three changes that keep th
   (same onnxruntime kernels, byte-identical output, the float weights never held twice);
 - its genai_config/tokenizer side outputs are skipped (the bundle writer owns those).
 Then `graph_edit.add_logits_to_keep` adds the input that limits logits to the last n positions, and
-`graph_edit.add_tree_inputs` the contract-v2 inputs (position_ids, attention_bias) tree verification needs,
+`graph_edit.add_tree_inputs` the contract inputs (position_ids; attention_bias, for trees, on the cpu
+flavor only: contract v3), and `check_kernels` holds the graph to its provider's kernel contract,
 `graph_edit.add_hidden_output` the contract-v3 output `hidden_states` draft heads read.
 `graph_batch.add_padded_queries` lets one step carry several requests' rows of different lengths.
 """
@@ -195,15 +196,43 @@ def build_graph(
     del model, onnx_builder
     add_logits_to_keep(onnx_path)
     add_hidden_output(onnx_path)  # graph contract v3: the kept rows' final hidden state (draft heads)
-    add_tree_inputs(onnx_path)  # graph contract v2: per-token positions + attention bias (tree verify)
+    # graph contract v3: per-token positions everywhere; the attention bias (tree verify) on the cpu
+    # flavor only, since CUDA's GroupQueryAttention refuses one
+    add_tree_inputs(onnx_path, bias=flavor != "cuda")
     if flavor == "cuda":
         logits_to_float32(onnx_path)
-    add_padded_queries(onnx_path)  # batched verify of several requests (server --parallel)
+    if flavor != "cuda":
+        # batched verify of several requests (server --parallel): GroupQueryAttention's query_seqlens,
+        # onnxruntime 1.32.0 and newer; the cuda flavor wires none, so it loads on the onnxruntime-gpu
+        # releases that exist (kernels.ORT_FLOORS) and batched serving runs on the cpu flavor
+        add_padded_queries(onnx_path)
+    check_kernels(onnx_path, flavor, role)
     facts = facts_from_config(cfg, out_dir, quant=quant, block_size=block_size, accuracy_level=accuracy_level,
                               name=name, flavor=flavor)
     if quant in QUANT_BITS:
         facts.head_bits = head_bits
     return facts
+
+
+def check_kernels(onnx_path: Path, flavor: str, role: str = "model") -> None:
+    """Refuses a graph that breaks its provider's kernel contract (edgespec/models/kernels.py) before
+    any bundle is written: one line per rule broken, each naming the first node and the rule. Also
+    one line when the installed onnxruntime is below the flavor's floor (kernels.ORT_FLOORS), which
+    would otherwise fail the parity check with onnxruntime's own "invalid model"."""
+    import onnxruntime
+
+    from edgespec.errors import ExportError
+    from edgespec.models.kernelcheck import check_graph, summarize
+    from edgespec.models.kernels import floor_problem
+
+    lines = summarize(check_graph(onnx_path, flavor), flavor)
+    if lines:
+        raise ExportError(f"the {flavor} graph of {role} breaks onnxruntime's {flavor} kernel contract, so no "
+                          f"bundle was written: " + "; ".join(lines))
+    problem = floor_problem(onnxruntime.__version__, flavor)
+    if problem:
+        raise ExportError(f"the {flavor} graph of {role} cannot be checked with this onnxruntime, so no bundle "
+                          f"was written: {problem}")
 
 
 def facts_from_config(cfg: dict, out_dir: Path, *, quant: str, block_size: int, accuracy_level: int,
@@ -241,6 +270,6 @@ def facts_from_config(cfg: dict, out_dir: Path, *, quant: str, block_size: int, 
         flavor=flavor,
         activation_dtype=activation_dtype,
         position_ids=POSITION_IDS,
-        attention_bias=ATTENTION_BIAS,
+        attention_bias=ATTENTION_BIAS if ATTENTION_BIAS in inputs else None,  # cuda flavor: none (contract v3)
         hidden_states=HIDDEN_STATES,
     )

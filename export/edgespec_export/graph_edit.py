@@ -91,14 +91,18 @@ _GQA_POSITION_SLOT = 9
 _GQA_BIAS_SLOT = 10
 
 
-def add_tree_inputs(model_path: Path) -> None:
-    """Adds the contract-v2 inputs and wires them into every GroupQueryAttention node, in place:
+def add_tree_inputs(model_path: Path, *, bias: bool = True) -> None:
+    """Adds the contract inputs and wires them into every GroupQueryAttention node, in place:
 
     - `position_ids` int64 [batch, seq]: the rotary position of each input token (a chain step
       feeds L..L+S-1, a tree feeds L + depth of each node);
     - `attention_bias` [batch or 1, heads or 1, seq, total] of the attention's float type, added to
       the attention scores on top of GQA's own causal mask (0 = may attend, a large negative
       number = may not): a tree's ancestor mask. A chain step feeds zeros.
+
+    `bias=False` (the cuda flavor, graph contract v3): `position_ids` only. onnxruntime's CUDA
+    GroupQueryAttention refuses any attention_bias on every run (edgespec/models/kernels.py), and a
+    chain needs none: GQA's own causal mask is the chain's mask. Trees stay on the cpu flavor.
 
     Why a graph edit and not a builder option: the builder leaves both slots empty, and GQA's CPU
     kernel derives positions from the cache length when they are absent, which is right for a chain
@@ -109,7 +113,7 @@ def add_tree_inputs(model_path: Path) -> None:
     model = onnx.load(str(model_path), load_external_data=False)
     g = model.graph
     names = {i.name for i in g.input}
-    if POSITION_IDS in names and ATTENTION_BIAS in names:
+    if POSITION_IDS in names and (ATTENTION_BIAS in names or not bias):
         return
     gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
     if not gqa:
@@ -118,16 +122,18 @@ def add_tree_inputs(model_path: Path) -> None:
     if past is None:
         raise ValueError("no past_key_values input: not a graph of the runtime's contract")
     float_type = past.type.tensor_type.elem_type  # the attention's T (the cache has the query's type)
+    slots = {_GQA_POSITION_SLOT: POSITION_IDS, **({_GQA_BIAS_SLOT: ATTENTION_BIAS} if bias else {})}
     for n in gqa:
-        while len(n.input) <= _GQA_BIAS_SLOT:
+        while len(n.input) <= max(slots):
             n.input.append("")
-        if n.input[_GQA_POSITION_SLOT] or n.input[_GQA_BIAS_SLOT]:
+        if any(n.input[slot] for slot in slots):
             raise ValueError(f"{n.name}: position_ids/attention_bias already wired to something else")
-        n.input[_GQA_POSITION_SLOT] = POSITION_IDS
-        n.input[_GQA_BIAS_SLOT] = ATTENTION_BIAS
+        for slot, name in slots.items():
+            n.input[slot] = name
     g.input.append(helper.make_tensor_value_info(POSITION_IDS, TensorProto.INT64, ["batch_size", "sequence_length"]))
-    g.input.append(helper.make_tensor_value_info(
-        ATTENTION_BIAS, float_type, ["bias_batch", "bias_heads", "sequence_length", "total_sequence_length"]))
+    if bias:
+        g.input.append(helper.make_tensor_value_info(
+            ATTENTION_BIAS, float_type, ["bias_batch", "bias_heads", "sequence_length", "total_sequence_length"]))
     onnx.save(model, str(model_path))
 
 

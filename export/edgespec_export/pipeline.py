@@ -3,8 +3,8 @@
 Everything cheap that can refuse an export (a missing source, an unsupported architecture, a tokenizer
 mismatch, an existing output folder, too little disk) runs before anything expensive. Each model is
 then exported in its own child process (isolate.py), and the bundle is written to `<out>.partial/` and
-renamed into place only when complete (writer.py): a crash, Ctrl-C or a full disk leaves nothing that
-`verify` or the runtime would accept.
+renamed into place only when complete (writer.py): a crash, Ctrl-C, SIGTERM or a full disk leaves nothing
+that `verify` or the runtime would accept (Ctrl-C and SIGTERM: nothing at all).
 """
 from __future__ import annotations
 
@@ -117,8 +117,11 @@ def run_export(
     target: str, out: Path, *, draft: str | None = None, options: ExportOptions | None = None,
     progress: Progress | None = None,
 ) -> ExportSummary:
-    o = options or ExportOptions()
-    progress = progress or NullProgress()
+    with writer.sigterm_cleans_up():  # SIGTERM leaves nothing behind, as Ctrl-C does
+        return _run_export(target, out, draft, options or ExportOptions(), progress or NullProgress())
+
+
+def _run_export(target: str, out: Path, draft: str | None, o: ExportOptions, progress: Progress) -> ExportSummary:
     validate_options(o)
     out = Path(out).expanduser()
     t_start = time.perf_counter()
@@ -157,7 +160,7 @@ def run_export(
             }
             writer.finish(manifest, tmp, out)
         except OSError as e:
-            shutil.rmtree(tmp, ignore_errors=True)
+            writer.remove_partial(tmp)
             if e.errno == errno.ENOSPC:
                 raise ExportError(
                     f"disk full while writing the bundle next to {out} ({e.filename or 'a bundle file'}): "
@@ -165,7 +168,7 @@ def run_export(
                 ) from e
             raise
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            writer.remove_partial(tmp)
             raise
     manifest, problems = verify_bundle(out)
     if problems or manifest is None:  # pragma: no cover - would be a bug in the writer

@@ -2,17 +2,75 @@
 
 Everything goes into `<out>.partial/`; manifest.json (with every file's sha256) is written last and
 fsynced, then the folder is renamed to `<out>`. A crash, Ctrl-C or full disk leaves at most a
-`.partial` folder, which has no manifest or fails `verify`.
+`.partial` folder, which has no manifest or fails `verify`; Ctrl-C and SIGTERM (the pipeline runs
+under `sigterm_cleans_up`) leave nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import shutil
+import signal
+import threading
 from pathlib import Path
+from typing import Iterator
 
 from edgespec import __version__
 from edgespec.models.manifest import MANIFEST_NAME, Manifest, file_entry
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the export stands so that it unwinds like Ctrl-C does."""
+
+
+# a SIGTERM that arrives while remove_partial runs waits for it to finish (it would cut the cleanup short)
+_held = {"cleaning": False, "pending": False}
+
+
+@contextlib.contextmanager
+def sigterm_cleans_up() -> Iterator[None]:
+    """SIGTERM's default action ends the process where it stands, skipping the cleanup that Ctrl-C's
+    KeyboardInterrupt runs on its way out (the `.partial` folder removed, the model child killed).
+    Inside this block SIGTERM raises Terminated instead; once the export has unwound, the signal is
+    handed to the handler that was there before (by default the process then dies of SIGTERM, as a
+    service manager expects). Only in the main thread, and not when SIGTERM is ignored or was set
+    outside Python."""
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
+        yield
+        return
+
+    def terminate(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough; a second would cut the cleanup short
+        if _held["cleaning"]:
+            _held["pending"] = True  # raised by remove_partial once the folder is gone
+            return
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    except Terminated:
+        signal.signal(signal.SIGTERM, previous)
+        signal.raise_signal(signal.SIGTERM)
+        raise  # the previous handler returned: the caller sees an interruption
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def remove_partial(tmp: Path) -> None:
+    """Removes an unfinished bundle's folder after a failure. A SIGTERM arriving meanwhile (a service
+    manager signals the export and its model child together, and the child's death may be the failure
+    being cleaned up) is raised only once the folder is gone."""
+    _held["cleaning"] = True
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        _held["cleaning"] = False
+    if _held["pending"]:
+        _held["pending"] = False
+        raise Terminated()
 
 
 def partial_dir(out: Path) -> Path:

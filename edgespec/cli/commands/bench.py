@@ -39,6 +39,9 @@ def register(sub) -> None:
     p.add_argument("--per-prompt", action="store_true", help="also print the table per prompt")
     p.add_argument("--max-len", type=int, default=None, help="cache length (default: the engine's)")
     p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    p.add_argument("--deterministic", action="store_true",
+                   help="open the engine in deterministic mode (docs/runtime.md): chains only, so '+tree' modes "
+                        "are refused; compare a run with and without it for the mode's cost")
     p.add_argument("--no-verify", action="store_true", help="skip the bundle's sha256 check")
     p.add_argument("--quiet", action="store_true", help="no progress line per generation")
     p.set_defaults(func=run)
@@ -77,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         names = args.modes
     modes = bench.parse_modes(names, args.k, has_draft=b.draft is not None, has_heads=b.manifest.heads is not None)
+    if args.deterministic and any(m.tree == "on" for m in modes):
+        raise InvalidRequest("--deterministic runs chains only: leave the '+tree' modes out of --modes")
     if args.repeats < 1:
         raise InvalidRequest(f"--repeats must be at least 1, got {args.repeats}")
     if args.max_new_tokens < 1:
@@ -89,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     if any(m.draft == "self" for m in modes):
         draft = "self"  # loads the self-draft; auto then also has it as an option
     print(f"loading {b.root} ...", file=sys.stderr, flush=True)
-    engine = Engine.open(b, draft=draft, max_len=args.max_len, threads=args.threads, verify=False)
+    engine = Engine.open(b, draft=draft, max_len=args.max_len, threads=args.threads, verify=False,
+                         deterministic=args.deterministic)
     try:
         if any(m.draft == "model" for m in modes) and not engine.has_draft:
             raise InvalidRequest("--modes model: the draft model was not loaded (memory plan); leave 'model' out")

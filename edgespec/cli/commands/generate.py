@@ -27,6 +27,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "(always widen drafts into a tree), off (chains only)")
     p.add_argument("--max-len", type=int, default=None, metavar="N",
                    help="cache length in tokens, prompt + output (default: min(model context, 2048))")
+    p.add_argument("--deterministic", action="store_true",
+                   help="the same request gives the same tokens whatever the cache holds and whichever drafter "
+                        "runs (chains only; sampled requests are not drafted; docs/runtime.md)")
     p.add_argument("--suffix-capacity", type=int, default=None, metavar="TOKENS",
                    help="tokens of earlier requests and answers the suffix index keeps for drafting (4 bytes "
                         "each; the oldest are evicted; default 1048576 = 4 MB)")
@@ -82,6 +85,7 @@ def open_engine(args: argparse.Namespace):
         providers=args.providers,
         draft_providers=args.draft_providers, threads=args.threads, device=args.device, memory_budget=args.memory_budget,
         power_budget=args.power_budget, max_temp=args.max_temp, verify=not args.no_verify,
+        deterministic=args.deterministic,
         **({} if args.suffix_capacity is None else {"suffix_capacity": args.suffix_capacity}),
     )
 

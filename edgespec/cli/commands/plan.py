@@ -27,7 +27,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...edge import devices, memory
+    from ...edge import devices, gpumem, memory
     from ...engine.measure import measure_fresh
     from ...units import format_size, parse_size
     from ...models.bundle import Bundle
@@ -38,20 +38,24 @@ def run(args) -> int:
     bundle = Bundle.open(resolve_bundle(args.bundle), verify=False)
     budget = parse_size(args.memory_budget) if args.memory_budget is not None else None
     want_draft = args.draft in ("auto", "model")
-    plan = memory.plan(bundle, max_len=args.max_len, want_draft=want_draft, budget_bytes=budget, profile=profile)
     here = not args.device or args.device == "auto" or profile.detected.get("memory_measured_on") == "this board"
+    flavor, device = _runs_on(bundle, profile, here)
+    context = None
+    if args.measure and device == "cuda":  # the context first (a fresh process), so the plan uses it
+        context = gpumem.measure_context_fresh(args.root, unified=profile.memory_shared_with_gpu)
+    ctx_bytes = (context or {}).get("context_bytes")
+    plan = memory.plan(bundle, max_len=args.max_len, want_draft=want_draft, budget_bytes=budget, profile=profile,
+                       flavor=flavor, device=device, context_bytes=ctx_bytes)
     warning = memory.fits_now(plan, args.root) if here else None
     if args.draft == "model" and not plan.load_draft:
         plan.notes.append("--draft model asked for, but the plan has no draft model: the engine would refuse")
-    device = _device_plan(bundle, plan, profile)
-    check = None
-    device_measured, device_note = None, None
+    check, rss = None, {}
     if args.measure:
         rss = measure_fresh(bundle.root, max_len=plan.max_len, load_draft=plan.load_draft)
-        check = memory.compare(plan, rss["peak"])
-        device_measured = rss.get("device_used_delta")
-        if device_measured is None:
-            device_note = rss.get("device_note") or "device memory not measured"
+        check = memory.compare(plan, rss["peak"] + (rss.get("device_used_delta") or 0) * plan.unified)
+    device_measured = rss.get("device_used_delta")
+    device_note = (rss.get("device_note") or "device memory not measured") if args.measure and device_measured is None else None
+    estimated = [k for k in ("cuda_context", "cublas_workspace") if not (k == "cuda_context" and ctx_bytes is not None)]
     if args.json:
         out = {"bundle": str(bundle.root), "device": profile.id, "memory_bytes": profile.memory_bytes,
                "memory_source": _memory_source(profile), **plan.to_dict()}
@@ -60,50 +64,69 @@ def run(args) -> int:
         if check is not None:
             out["measured_peak_bytes"] = check.measured_bytes
             out["error"] = round(check.error, 4)
-        if device is not None:
-            out["device_plan"] = {"predicted_bytes": sum(device.values()), "breakdown": device,
-                                  "estimated": ["cuda_context", "cublas_workspace", "trt_workspace"]}
+        if plan.device_breakdown:
+            out["device_plan"] = {"predicted_bytes": plan.device_bytes, "breakdown": plan.device_breakdown,
+                                  "estimated": estimated, "counted_in_budget": plan.unified}
+        if context is not None:
+            out["cuda_context_measured_bytes"] = ctx_bytes
+            if ctx_bytes is None:
+                out["cuda_context_note"] = context.get("note")
         if args.measure:
             out["device_measured_bytes"] = device_measured
+            if "shared_used_delta" in rss:
+                out["shared_measured_bytes"] = rss["shared_used_delta"]
             if device_note:
                 out["device_note"] = device_note
         print(json.dumps(out, indent=2))
-    else:
-        mem = f", {format_size(profile.memory_bytes)} memory" if profile.memory_bytes else ""
-        print(f"bundle {bundle.name} ({bundle.root}) on {profile.name} ({profile.id}{mem})")
-        print(f"memory: {_memory_source(profile)}")
-        print(plan.describe())
-        if warning:
-            print(f"warning: {warning}")
-        if check is not None:
-            print(check.describe() + " after filling the caches to max_len")
-        if device is not None:
-            print("device memory if run on the CUDA provider (cuda-flavored graphs; context and workspaces "
-                  "are estimates, not measurements):")
-            for k, v in device.items():
-                if v:
-                    print(f"  {k:<18}  {format_size(v):>10}")
-            print(f"  {'total':<18}  {format_size(sum(device.values())):>10}"
-                  + ("  (same DRAM as the host plan on a Jetson: add them)" if profile.id.startswith("jetson") else ""))
-        if device_measured is not None:
-            print(f"device memory: measured {format_size(device_measured)} used by the process (cudaMemGetInfo delta)")
-        elif device_note:
-            print(f"device memory: {device_note}")
+        return 0
+    mem = f", {format_size(profile.memory_bytes)} memory" if profile.memory_bytes else ""
+    print(f"bundle {bundle.name} ({bundle.root}) on {profile.name} ({profile.id}{mem})")
+    print(f"memory: {_memory_source(profile)}")
+    if context is not None:
+        print(f"CUDA context: measured {format_size(ctx_bytes)} in a fresh process ({context.get('reader')})"
+              if ctx_bytes is not None else f"CUDA context: not measured ({context.get('note')}); the estimate is used")
+    print(plan.describe())
+    if warning:
+        print(f"warning: {warning}")
+    if check is not None:
+        print(check.describe() + " after filling the caches to max_len"
+              + (" (RSS + device memory: one DRAM)" if plan.unified and device_measured is not None else ""))
+    if plan.device_breakdown and not plan.unified:
+        print(f"device memory on the CUDA provider, apart from the host budget ({', '.join(estimated)}: "
+              "estimates, projected, not measured):")
+        for k, v in plan.device_breakdown.items():
+            if v:
+                print(f"  {k:<18}  {format_size(v):>10}")
+        print(f"  {'total':<18}  {format_size(plan.device_bytes):>10}")
+    elif plan.unified:
+        print(f"device lines: projected ({', '.join(estimated)} estimated), counted in the budget: "
+              "host and GPU share this board's DRAM")
+    if device_measured is not None:
+        print(f"device memory: measured {format_size(device_measured)} used by the process, the CUDA context "
+              f"included ({rss.get('device_reader')}, read before the context existed)"
+              + (f"; the plan's device side: {format_size(plan.device_bytes)}" if plan.device_breakdown else ""))
+    elif device_note:
+        print(f"device memory: {device_note}")
     return 0
 
 
-def _device_plan(bundle, plan, profile) -> dict | None:
-    """The device side of the plan, for a bundle with cuda-flavored graphs (else None)."""
-    from ...edge import memory
-    from ...edge.providers import TRT, normalize
+def _runs_on(bundle, profile, here: bool) -> tuple[str | None, str]:
+    """(graph flavor, "cuda" | "cpu"): where the engine would run the target on this profile: the first
+    provider of its order that this onnxruntime has (here), or its first provider (a board planned
+    for from elsewhere). The device side is planned only for a cuda-flavored graph on CUDA."""
+    from ...edge import flavor as fl
+    from ...edge.providers import device_of, normalize
 
-    if not any("cuda" in f.graphs() for f in bundle.manifest.models.values()):
-        return None
     order = normalize(getattr(profile, "providers", None) or None)
-    trt = getattr(profile, "trt", None) or {}
-    workspace = int(float(trt.get("workspace_gib", 1)) * (1 << 30)) if TRT in order else 0
-    return memory.predict_device(bundle, plan.max_len, plan.load_draft, prefill_chunk=plan.prefill_chunk,
-                                 trt_workspace=workspace)
+    if here:
+        import onnxruntime as ort
+
+        first = fl.first_usable(order, ort.get_available_providers())
+    else:
+        first = order[0]
+    graph = fl.choose(bundle.target, first).graph_flavor()
+    device = device_of(first) if first and graph == "cuda" else "cpu"
+    return graph, device
 
 
 def _memory_source(profile) -> str:

@@ -125,11 +125,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "off (default auto) [EDGESPEC_TREE]")
     eng.add_argument("--max-len", type=int, help="KV cache length in tokens (default: from the memory plan) "
                      "[EDGESPEC_MAX_LEN]")
+    eng.add_argument("--deterministic", action="store_true", default=None,
+                     help="the same request gets the same tokens whatever the cache holds, whatever it is batched "
+                     "with and whichever drafter runs (chains only; sampled requests are not drafted; "
+                     "docs/runtime.md) [EDGESPEC_DETERMINISTIC=1]")
     eng.add_argument("--suffix-capacity", type=int, metavar="TOKENS", help="tokens of earlier requests and "
-                     "answers the suffix index keeps for drafting (4 bytes each, the oldest evicted; default 1048576 "
-                     "= 4 MB; with --parallel the shared history of finished requests, plus one copy per running "
-                     "request) "
+                     "answers the suffix index keeps for drafting (the oldest evicted; default 1048576; a token "
+                     "buffer of 4 bytes each plus a suffix automaton of ~120 bytes per token held; with "
+                     "--parallel the shared history of finished requests, plus one copy per running request) "
                      "[EDGESPEC_SUFFIX_CAPACITY]")
+    eng.add_argument("--system-prompt", metavar="FILE", help="a system prompt (UTF-8 text file) every "
+                     "conversation starts with: prefilled before READY, kept in the cache across conversations and "
+                     "saved under $EDGESPEC_HOME/pinned so a restart starts warm; the kiosk page sends it when its "
+                     "URL sets none (--parallel 1 only) [EDGESPEC_SYSTEM_PROMPT]")
     eng.add_argument("--memory-budget", metavar="SIZE", help="memory the engine may use, e.g. 3GiB: shrinks the "
                      "cache or drops the draft [EDGESPEC_MEMORY_BUDGET]")
     eng.add_argument("--power-budget", metavar="WATTS", help="e.g. 10W (needs a power sensor) [EDGESPEC_POWER_BUDGET]")
@@ -193,6 +201,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         "draft_providers": _pick(args.draft_providers, "EDGESPEC_DRAFT_PROVIDERS"),
         "threads": _pick(args.threads, "EDGESPEC_THREADS", int),
         "verify": _pick(args.verify, "EDGESPEC_VERIFY", _bool),
+        "deterministic": _pick(getattr(args, "deterministic", None), "EDGESPEC_DETERMINISTIC", _bool),
     }
     return {k: v for k, v in opts.items() if v is not None}
 
@@ -247,6 +256,24 @@ def check_engine_options(parallel: int, options: dict[str, Any]) -> None:
         check_batched_tree(options.get("tree"))
 
 
+def system_prompt(value, parallel: int) -> str | None:
+    """--system-prompt FILE / EDGESPEC_SYSTEM_PROMPT: the file's text, checked before the bundle loads."""
+    from ...server.config import ConfigError
+
+    path = value if value is not None else _env("EDGESPEC_SYSTEM_PROMPT")
+    if not path:
+        return None
+    if parallel > 1:
+        raise ConfigError("--system-prompt pins one prefix in a single cache: use it with --parallel 1")
+    try:
+        text = open(path, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--system-prompt {path}: cannot be read ({e})") from None
+    if not text.strip():
+        raise ConfigError(f"--system-prompt {path} is empty")
+    return text.strip()
+
+
 def run(args: argparse.Namespace) -> int:
     from ...errors import BundleNotFound, EdgespecError
 
@@ -270,6 +297,8 @@ def run(args: argparse.Namespace) -> int:
         config.parallel = parallel
         check_engine_options(parallel, options)
 
+        system = system_prompt(getattr(args, "system_prompt", None), parallel)
+
         def open_engine():
             if parallel > 1:
                 from ...engine.batch import BatchEngine
@@ -278,7 +307,13 @@ def run(args: argparse.Namespace) -> int:
                 return BatchEngine.open(path, parallel=parallel, **opts)
             from ...engine import Engine
 
-            return Engine.open(path, **options)
+            eng = Engine.open(path, **options)
+            if system is not None:
+                from ...engine.pinned import pin_system_prompt
+                from ...models.files import edgespec_home
+
+                pin_system_prompt(eng, system, save_dir=edgespec_home() / "pinned")
+            return eng
 
         from ...server.service import Service
 

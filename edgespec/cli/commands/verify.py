@@ -1,9 +1,13 @@
 """`edgespec verify BUNDLE`: is this bundle exactly what the exporter wrote?
 
-Runs the checks Bundle.open runs (schema, manifest digest, every file's size and sha256, no stray
+Runs exactly the checks Bundle.open runs (models.bundle.read_bundle: schema with every field typed
+and range-checked, manifest digest, every file inside the bundle with its size and sha256, no stray
 files, the manifest's facts against the graphs themselves - input names, layer count, kv heads,
-head_dim, dtypes, weights files - and tokenizer/model compatibility) and prints one line per
-problem; exit 0 when there are none.
+head_dim, dtypes, weights files - every node against its provider's kernel contract, the cpu table
+for a cpu graph and the cuda table for a cuda one (models/kernels.py, naming the node and the rule),
+tokenizer/model compatibility, tokenizer.json parsed, the chat template compiled and rendered under a
+budget) and prints one line per problem; exit 0 when there are none (1 otherwise; `serve` exits 78 on
+the same problems).
 `--load` also opens each graph with onnxruntime and runs one step, for a bundle that verifies but was
 built for a different runtime.
 """
@@ -18,7 +22,8 @@ from pathlib import Path
 def register(sub) -> None:
     p = sub.add_parser("verify", help="check a bundle's manifest, checksums and compatibility",
                        description="Check a bundle: manifest schema and digest, every file's size and sha256, "
-                       "no unlisted files, the manifest's facts against the graphs, target/draft compatibility. One line per problem; exit 0 if none.")
+                       "no unlisted files, the manifest's facts against the graphs, every node against its provider's "
+                       "kernel contract, target/draft compatibility. One line per problem; exit 0 if none.")
     p.add_argument("bundle", metavar="BUNDLE", help="bundle folder (or its manifest.json)")
     p.add_argument("--fast", action="store_true", help="check sizes only, not sha256 (seconds instead of minutes on a Pi)")
     p.add_argument("--load", action="store_true", help="also load each model with onnxruntime and run one step")
@@ -27,22 +32,18 @@ def register(sub) -> None:
 
 
 def check(path: Path, *, checksums: bool = True, load: bool = False) -> tuple[object, list[str]]:
-    """(manifest or None, problems): the same checks as Bundle.open, plus the optional load test."""
-    from ...models.bundle import compatibility_problems
-    from ...models.manifest import MANIFEST_NAME, verify_bundle
+    """(manifest or None, problems): exactly Bundle.open's checks (models.bundle.read_bundle), plus
+    the optional load test."""
+    from ...models.bundle import read_bundle
+    from ...models.manifest import MANIFEST_NAME
 
     path = path.expanduser()
     if path.is_file() and path.name == MANIFEST_NAME:
         path = path.parent
     if not path.exists():
         return None, [f"{path}: does not exist"]
-    manifest, problems = verify_bundle(path, checksums=checksums)
-    if manifest is not None and not problems:
-        problems += compatibility_problems(manifest)
-    if manifest is not None and not problems:
-        from ...models.graphcheck import bundle_problems
-
-        problems += bundle_problems(path, manifest)  # each graph's flavor and dtypes vs the manifest
+    reading = read_bundle(path, checksums=checksums)
+    manifest, problems = reading.manifest, reading.problems + reading.mismatches
     if load and manifest is not None and not problems:
         problems += load_problems(path, manifest)
     return manifest, problems
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     how = "sizes checked (--fast)" if args.fast else "sha256 checked"
     models = ", ".join(f"{role} {f.arch} {f.quant} ({'+'.join(f.graphs())}: "
                        f"{'/'.join(g.kv_dtype for g in f.graphs().values())} KV)" for role, f in manifest.models.items())
-    extra = "; loaded and stepped" if args.load else ""
+    extra = "; kernel contract kept" + ("; loaded and stepped" if args.load else "")
     from ...models.manifest import TREE_FORMAT_VERSION
 
     if manifest.format_version < TREE_FORMAT_VERSION:  # readable, but graph contract v1

@@ -1,0 +1,160 @@
+"""A pinned prefix: the tokens every conversation starts with (a kiosk's system prompt), prefilled
+once before the server is ready and kept for every later conversation.
+
+Why: the engine reuses the longest common prefix of the target cache and the next request
+(loop.py), so visitors after the first already skip the system prompt's prefill; but the first
+visitor after every start paid it all (44 s for a 900-token prompt on a loaded 2-core board), and a
+request that shares nothing with it (another client, the server's warm-up) overwrites those rows.
+Pinning keeps a copy of the prefix's K/V rows (`ModelRunner.snapshot`: kv_bytes_per_token x its
+length, ~25 MB for 900 tokens of the int4 1.5B target's fp32 cache) and writes it back
+(`ModelRunner.restore`, a memory copy) whenever a request starting with the prefix finds the cache
+holding something else. Where the cache is not on the host (a GPU provider) there is no copy: the
+prefix is prefilled at start and reused while requests share it, as before.
+
+Saved (optional) next to the bundle's cache: `<dir>/<key>.npz`, key = sha256 of the bundle's
+manifest digest, its chat template and the prompt, holding the rows, the prefix's token ids and a
+sha256 of all of it. A restart loads it instead of prefilling; a file that is corrupt, stale (other
+tokens, other cache shape or dtype) or unreadable is ignored with one log line and replaced.
+
+    pin = pinned.pin_system_prompt(engine, text, save_dir=edgespec_home() / "pinned")
+    engine.pinned = pin          # Engine._run restores it before a request that starts with it
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..core.proposal import common_prefix
+from ..errors import InvalidRequest
+
+log = logging.getLogger("edgespec.engine")
+
+
+@dataclass
+class PinnedPrefix:
+    tokens: list[int]
+    rows: list[np.ndarray] | None  # the target cache's rows for `tokens` (None: cache not on the host)
+    source: str = "prefill"  # "prefill" | "file": how this start got them (logs and tests)
+    text: str = ""  # the system prompt (the kiosk page sends it when its URL sets none)
+
+    def restore(self, ids: Sequence[int], target, cache) -> bool:
+        """Before a request: if it starts with the prefix (and goes on past it) and the target cache
+        lost it, writes the rows back so the request reuses them. True when it did."""
+        n = len(self.tokens)
+        if self.rows is None or len(ids) <= n or list(ids[:n]) != self.tokens:
+            return False
+        if common_prefix(cache.tokens[: target.length], self.tokens) >= n:
+            return False  # still there
+        target.restore(self.rows)
+        cache.tokens = list(self.tokens)
+        return True
+
+
+def prefix_tokens(engine, system: str) -> list[int]:
+    """The tokens every conversation with this system prompt starts with, whatever follows: the
+    common prefix of two renderings that differ only in the user's turn (template-agnostic; a
+    bundle without a chat template: the prompt text itself, as a completion's prompt)."""
+    try:
+        a = engine.encode(messages=[{"role": "system", "content": system}, {"role": "user", "content": "A"}])
+        b = engine.encode(messages=[{"role": "system", "content": system}, {"role": "user", "content": "Z"}])
+    except InvalidRequest:
+        a, b = engine.encode(system + "A"), engine.encode(system + "Z")
+    return a[: common_prefix(a, b)]
+
+
+def cache_key(engine, tokens: Sequence[int]) -> str:
+    m = engine.bundle.manifest
+    template = engine.bundle.tokenizer_config().get("chat_template") or ""
+    h = hashlib.sha256()
+    weights = m.digest or json.dumps(m.files, sort_keys=True)  # the files' sha256s when the digest is absent
+    for part in (weights, json.dumps(template), json.dumps(list(map(int, tokens)))):
+        h.update(str(part).encode("utf-8"))
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def _checksum(tokens: np.ndarray, rows: Sequence[np.ndarray]) -> str:
+    h = hashlib.sha256(np.ascontiguousarray(tokens).tobytes())
+    for r in rows:
+        h.update(str((r.shape, r.dtype.str)).encode())
+        h.update(np.ascontiguousarray(r).tobytes())
+    return h.hexdigest()
+
+
+def save(path: Path, tokens: Sequence[int], rows: Sequence[np.ndarray]) -> None:
+    """Writes the rows atomically (a temporary file renamed over the old one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    toks = np.asarray(tokens, dtype=np.int64)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, tokens=toks, sha256=np.array(_checksum(toks, rows)), **{f"kv{i}": r for i, r in enumerate(rows)})
+    os.replace(tmp, path)
+
+
+def load(path: Path, tokens: Sequence[int], like: Sequence[np.ndarray] | None) -> list[np.ndarray]:
+    """The saved rows for `tokens`, checked against the checksum and the live cache's buffers
+    (`like`: shapes [1, heads, max_len, dim] and dtype). Raises ValueError saying what is wrong."""
+    with np.load(path, allow_pickle=False) as z:
+        toks = z["tokens"]
+        want = str(z["sha256"])
+        rows = [z[f"kv{i}"] for i in range(sum(1 for k in z.files if k.startswith("kv")))]
+    if toks.tolist() != list(tokens):
+        raise ValueError("it holds other tokens (stale)")
+    if _checksum(toks, rows) != want:
+        raise ValueError("checksum mismatch (corrupt)")
+    if like is None or len(rows) != len(like):
+        raise ValueError("it does not match this model's cache buffers")
+    for r, a in zip(rows, like):
+        if r.dtype != a.dtype or r.shape[:2] != a.shape[:2] or r.shape[3:] != a.shape[3:] or r.shape[2] != len(tokens):
+            raise ValueError(f"cache rows {r.shape} {r.dtype} do not fit {a.shape} {a.dtype} (stale)")
+    return rows
+
+
+def pin_system_prompt(engine, system: str, *, save_dir: str | os.PathLike | None = None) -> PinnedPrefix | None:
+    """Prefills (or loads) the system prompt's prefix into the engine's target cache and pins it:
+    sets `engine.pinned`, returns it. None (and a log line) when the prompt does not fit the cache."""
+    tokens = prefix_tokens(engine, system)
+    if not tokens:
+        return None
+    if len(tokens) >= engine.max_len - 1:
+        log.warning("pinned prefix: the system prompt's %d tokens do not fit the cache (%d): not pinned",
+                    len(tokens), engine.max_len)
+        return None
+    path = Path(save_dir) / f"{cache_key(engine, tokens)}.npz" if save_dir is not None else None
+    with engine._lock:
+        target, cache = engine.target, engine._cache
+        like = getattr(target, "_kv_np", None)
+        pin = None
+        if path is not None and path.exists():
+            try:
+                pin = PinnedPrefix(list(tokens), load(path, tokens, like), source="file")
+            except (ValueError, OSError, KeyError, EOFError) as e:
+                log.warning("pinned prefix: ignoring %s: %s", path, e)
+            except Exception as e:  # noqa: BLE001 - a damaged zip raises many kinds; never fatal
+                log.warning("pinned prefix: ignoring %s: unreadable (%s)", path, type(e).__name__)
+        if pin is not None:
+            target.restore(pin.rows)
+            cache.tokens = list(tokens)
+        else:
+            reuse = min(common_prefix(cache.tokens[: target.length], tokens), target.length)
+            target.rewind(reuse)
+            cache.tokens = list(tokens)
+            for i in range(reuse, len(tokens), engine.prefill_chunk):
+                target.step(tokens[i : i + engine.prefill_chunk], 1)
+            pin = PinnedPrefix(list(tokens), target.snapshot(len(tokens)))
+            if path is not None and pin.rows is not None:
+                try:
+                    save(path, tokens, pin.rows)
+                except OSError as e:
+                    log.warning("pinned prefix: cannot save %s: %s", path, e)
+        pin.text = system
+        engine.pinned = pin
+    log.info("pinned prefix: %d tokens of system prompt (%s)", len(tokens), pin.source)
+    return pin

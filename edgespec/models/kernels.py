@@ -1,0 +1,240 @@
+"""The kernel contract: what onnxruntime's providers accept for every op our graphs use, as data.
+
+Why a table: no GPU has been lent to this project, so a cuda-flavored graph is never run on CUDA
+here. What CUDA would refuse is written down from onnxruntime's own kernel sources, row by row,
+and `kernelcheck.py` checks every graph against the row of each of its nodes (export, `verify`,
+Bundle.open), naming the node and the rule. The CPU table is the same kind of reading, and the
+tests hold it against real CPU inference sessions in both directions (tests/test_kernelcheck.py):
+that proves the checker; the CUDA table is then as good as its reading of the sources.
+
+Each Kernel row: op type + domain, the element types each input may have (the kernel's type
+constraints), optional inputs that must be absent, attribute values allowed, and named runtime
+checks the kernel makes that the graph alone decides (kernelcheck.CHECKS), with the file of
+onnxruntime's repository it was read from and which version. Updating a row: docs/graph-contract.md
+("The kernel contract").
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# The onnxruntime floor, per graph flavor: the first release whose kernels take every input that
+# flavor's graphs wire (export/edgespec_export/build.py). Per flavor because the two differ and the
+# GPU wheels lag: onnxruntime-gpu stops at 1.31.1 on PyPI while the cpu flavor needs 1.32.0. The cpu
+# flavor wires GroupQueryAttention's query_seqlens (input 16, batched serving, export/graph_batch.py);
+# the cuda flavor does not (batched serving runs on the cpu flavor), so it stops at position_ids (9).
+ORT_FLOORS = {"cpu": "1.32.0", "cuda": "1.24.1"}
+ORT_FLOOR = ORT_FLOORS["cpu"]  # pyproject.toml's: the `onnxruntime` wheel is the CPU build
+FLOOR_SOURCES = {  # the evidence for each floor (docs/graph-contract.md, "The onnxruntime floor, per flavor")
+    "cpu": "query_seqlens (input 16) is in onnxruntime 1.32.0's GroupQueryAttention schema and in no earlier "
+           "one. Tested on the CPU provider: the tiny cpu-flavored graphs fail to load on 1.22.1, 1.23.0, "
+           "1.23.2, 1.24.1, 1.24.4, 1.26.0, 1.28.0, 1.30.0 and 1.31.1 ('invalid model': the node has more "
+           "inputs than the schema) and load and step on 1.32.0.",
+    "cuda": "onnxruntime-gpu wheels from PyPI, the strings of their CUDA provider library: 1.23.2's "
+            "GroupQueryAttention has 'position_ids and attention_bias are not supported in GroupQueryAttention "
+            "cuda kernel.' (it refuses input 9); 1.24.1, the next onnxruntime-gpu on PyPI, refuses only "
+            "attention_bias and has the 8-bit MatMulNBits (matmul_8bits.cu) and uint8 data / float16 scales "
+            "GatherBlockQuantized kernels the cuda flavor uses; every later one on PyPI (1.24.4 to 1.31.1) "
+            "reads position_ids too (from 1.29.0 it also takes an attention_bias). No release up to 1.31.1 has "
+            "query_seqlens in its CUDA library. Tested on the CPU provider: the tiny cuda-flavored graphs load "
+            "and step on 1.23.0, 1.23.2, 1.24.1 and 1.32.0 (1.22.1 has no float16 GatherBlockQuantized). Not "
+            "run on a GPU.",
+}
+
+CPU_READ = "onnxruntime 1.32.0 (its CPU kernel registry, onnxruntime.capi get_all_opkernel_def)"
+CUDA_READ = ("onnxruntime main, stored snapshot of group_query_attention.cc with k_scale/v_scale and XQA "
+             "(after the CUDA GQA rework that made it read position_ids, onnxruntime PR 26920 of January 2026; "
+             "before the query_seqlens input of 1.32); other files as noted")
+FLOATS = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One op as one provider runs it. Input indices are the operator schema's."""
+
+    op: str
+    domain: str  # "" is ONNX's own domain, "com.microsoft" onnxruntime's contrib ops
+    types: tuple[tuple[int, str, tuple[str, ...]], ...] = ()  # (input, name, element types allowed)
+    absent: tuple[tuple[int, str, str], ...] = ()  # (input, name, why): optional inputs the kernel refuses
+    attrs: tuple[tuple[str, tuple[int, ...], int | None], ...] = ()  # (attribute, allowed, default when unset)
+    checks: tuple[str, ...] = ()  # runtime checks the graph decides (kernelcheck.CHECKS)
+    source: str = ""  # path in github.com/microsoft/onnxruntime
+    read_from: str = ""
+    note: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.domain, self.op)
+
+
+def _t(*specs: tuple[int, str, tuple[str, ...]]):
+    return tuple(specs)
+
+
+# ONNX ops the builder may emit around the contrib ops (qwen3's q/k norm, the fp16 path, llama's
+# reshapes): rows that name the op and check no types (the schema's; onnxruntime type-checks at load)
+SHAPE_OPS = ("Cast", "Constant", "Shape", "Slice", "Reshape", "Concat", "Unsqueeze", "Squeeze", "Transpose",
+             "Identity", "Expand", "Split", "Range", "ConstantOfShape", "Tile", "Where", "Equal", "Greater",
+             "Less", "Not", "And", "Or", "Softmax", "Div", "Pow", "Sqrt", "ReduceMean", "Tanh", "Erf", "Gemm",
+             "Trilu", "GatherND", "ScatterND", "CumSum")
+_BINARY_CPU = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+_CPU_CORE = "onnxruntime/core/providers/cpu/cpu_execution_provider.cc"
+# float16 on an ONNX op with only a float kernel still runs on the CPU: the session inserts Casts around
+# it (InsertCastTransformer), which is how the cuda flavor runs on the CPU provider. bfloat16 gets none.
+_HALF_OK = "float16 runs through Casts the CPU session inserts (InsertCastTransformer)"
+
+CPU: tuple[Kernel, ...] = (
+    Kernel("GroupQueryAttention", "com.microsoft",
+           _t((0, "query", ("float32", "float16")), (3, "past_key", ("float32", "float16", "uint8", "int8")),
+              (4, "past_value", ("float32", "float16", "uint8", "int8")), (5, "seqlens_k", ("int32",)),
+              (6, "total_sequence_length", ("int32",)), (9, "position_ids", ("int64",)),
+              (10, "attention_bias", ("float32", "float16")), (16, "query_seqlens", ("int32",))),
+           absent=((14, "q_norm_weight", "the fused q/k-norm is CUDA's (the CPU kernel refuses it)"),
+                   (15, "k_norm_weight", "the fused q/k-norm is CUDA's (the CPU kernel refuses it)")),
+           checks=("gqa_heads", "gqa_rotary"),
+           source="onnxruntime/contrib_ops/cpu/bert/group_query_attention.cc", read_from=CPU_READ),
+    Kernel("MatMulNBits", "com.microsoft",
+           _t((0, "A", ("float32", "float16")), (1, "B", ("uint8",)), (2, "scales", ("float32", "float16"))),
+           attrs=(("bits", (2, 4, 8), None),),  # the constructor: "Only 2b, 4b and 8b quantization is supported"
+           source="onnxruntime/contrib_ops/cpu/quantization/matmul_nbits.cc", read_from=CPU_READ),
+    Kernel("GatherBlockQuantized", "com.microsoft",
+           _t((0, "data", ("uint8", "uint4", "int4")), (1, "indices", ("int32", "int64")),
+              (2, "scales", ("float32", "float16"))),
+           attrs=(("bits", (2, 4, 8), 4),), checks=("block_size_pow2",),  # the schema: "bits must be 2, 4, or 8"
+           source="onnxruntime/contrib_ops/cpu/quantization/gather_block_quantized.cc", read_from=CPU_READ),
+    Kernel("SkipSimplifiedLayerNormalization", "com.microsoft",
+           _t((0, "input", ("float32", "float64", "float16", "bfloat16"))),
+           source="onnxruntime/contrib_ops/cpu/skip_layer_norm.cc", read_from=CPU_READ),
+    Kernel("SimplifiedLayerNormalization", "",
+           _t((0, "X", ("float32", "float64", "float16", "bfloat16"))),
+           source="onnxruntime/core/providers/cpu/nn/layer_norm.cc", read_from=CPU_READ),
+    Kernel("RotaryEmbedding", "com.microsoft", _t((0, "input", ("float32", "float16")), (1, "position_ids", ("int64",))),
+           source="onnxruntime/contrib_ops/cpu/bert/rotary_embedding.cc", read_from=CPU_READ),
+    Kernel("MatMul", "", _t((0, "A", ("float32", "float64", "int32", "int64", "uint32", "uint64", "float16"))),
+           source=_CPU_CORE, read_from=CPU_READ, note=_HALF_OK),
+    Kernel("Gather", "", _t((0, "data", ("float32", "float16", "bfloat16", "float64", "int8", "int16", "int32",
+                                        "int64", "uint8", "uint16", "uint32", "uint64", "bool")),
+                            (1, "indices", ("int32", "int64"))), source=_CPU_CORE, read_from=CPU_READ),
+    *(Kernel(op, "", _t((0, "A", _BINARY_CPU + ("float16",)), (1, "B", _BINARY_CPU + ("float16",))),
+             source=_CPU_CORE, read_from=CPU_READ, note=_HALF_OK) for op in ("Add", "Sub", "Mul")),
+    *(Kernel(op, "", _t((0, "data_0", ("float32", "float64", "float16", "int8", "int32", "int64", "uint8", "uint32",
+                                       "uint64"))), source=_CPU_CORE, read_from=CPU_READ) for op in ("Max", "Min")),
+    Kernel("Neg", "", _t((0, "X", ("float32", "float64", "int8", "int16", "int32", "int64", "float16"))),
+           source=_CPU_CORE, read_from=CPU_READ, note=_HALF_OK),
+    Kernel("ReduceSum", "", _t((0, "data", ("float32", "float64", "int32", "int64", "float16"))),
+           source=_CPU_CORE, read_from=CPU_READ, note=_HALF_OK),
+    Kernel("Sigmoid", "", _t((0, "X", ("float32", "float64", "float16"))), source=_CPU_CORE, read_from=CPU_READ,
+           note=_HALF_OK),
+    *(Kernel(op, "", source=_CPU_CORE, read_from=CPU_READ, note="types not checked here: the schema's")
+      for op in SHAPE_OPS),
+)
+
+_CUDA_CORE = "onnxruntime/core/providers/cuda/cuda_execution_provider.cc"
+_PLACEMENT = ("not read line by line: an ONNX op without a CUDA kernel for its type is placed on the CPU "
+              "by onnxruntime (copies, not a refusal), so the row only names the op as expected")
+
+CUDA: tuple[Kernel, ...] = (
+    Kernel("GroupQueryAttention", "com.microsoft",
+           _t((0, "query", ("float16", "bfloat16")), (3, "past_key", ("float16", "bfloat16", "int8")),
+              (4, "past_value", ("float16", "bfloat16", "int8")), (5, "seqlens_k", ("int32",)),
+              (6, "total_sequence_length", ("int32",)), (9, "position_ids", ("int64",))),
+           absent=((10, "attention_bias",
+                    'the CUDA kernel returns INVALID_ARGUMENT "attention_bias is not supported in '
+                    'GroupQueryAttention cuda kernel." on every run'),
+                   (16, "query_seqlens",
+                    "no onnxruntime-gpu release has it (PyPI's newest, 1.31.1, has no input 16 in its "
+                    "schema and no query_seqlens in its CUDA provider library): batched serving runs on "
+                    "the cpu flavor; a cuda graph exported with it: re-export the bundle with this edgespec")),
+           checks=("gqa_heads", "gqa_rotary", "gqa_head_size", "gqa_shared_cache"),
+           source="onnxruntime/contrib_ops/cuda/bert/group_query_attention.cc", read_from=CUDA_READ),
+    Kernel("MatMulNBits", "com.microsoft",
+           _t((0, "A", FLOATS), (1, "B", ("uint8",)), (2, "scales", FLOATS)),
+           attrs=(("bits", (4, 8), None),),
+           source="onnxruntime/contrib_ops/cuda/quantization/matmul_nbits.cc",
+           read_from="onnxruntime main, stored snapshot (kernel registrations float/MLFloat16/BFloat16; "
+                     "dequantize paths for 8 bits and 4 bits)"),
+    Kernel("GatherBlockQuantized", "com.microsoft",
+           _t((0, "data", ("uint8", "uint4", "int4")), (1, "indices", ("int32", "int64")), (2, "scales", FLOATS)),
+           attrs=(("bits", (4, 8), 4),), checks=("block_size_pow2", "gbq_last_axis"),
+           note="bits 2 is in the operator schema; the CUDA kernel read does not show 2-bit data handled",
+           source="onnxruntime/contrib_ops/cuda/quantization/gather_block_quantized.cc",
+           read_from="onnxruntime main, stored snapshot (REGISTER_GATHERBLOCKQUANTIZED rows; the constructor's "
+                     "block_size check; quantize_axis == rank - 1 enforced in ComputeInternal)"),
+    Kernel("SkipSimplifiedLayerNormalization", "com.microsoft", _t((0, "input", ("float32", "float16"))),
+           source="onnxruntime/contrib_ops/cuda/bert/skip_layer_norm.cc",
+           read_from="onnxruntime main, stored snapshot (REGISTER_KERNEL_TYPED float, MLFloat16)"),
+    Kernel("SimplifiedLayerNormalization", "", _t((0, "X", FLOATS + ("float64",))),
+           source="onnxruntime/core/providers/cuda/nn/layer_norm.cc", read_from=_PLACEMENT),
+    Kernel("RotaryEmbedding", "com.microsoft", _t((0, "input", FLOATS), (1, "position_ids", ("int64",))),
+           source="onnxruntime/contrib_ops/cuda/bert/rotary_embedding.cc", read_from=_PLACEMENT,
+           note="not emitted by the cuda flavor (GroupQueryAttention rotates with do_rotary=1)"),
+    *(Kernel(op, "", source=_CUDA_CORE, read_from=_PLACEMENT)
+      for op in ("Add", "Sub", "Mul", "Max", "Min", "Neg", "ReduceSum", "Sigmoid", "MatMul", "Gather") + SHAPE_OPS),
+)
+
+# TensorRT's execution provider takes standard ONNX ops only: onnx-tensorrt's operator list
+# (github.com/onnx/onnx-tensorrt, docs/operators.md) has no com.microsoft op, so GroupQueryAttention,
+# MatMulNBits, GatherBlockQuantized and the fused norms stay with CUDA (or the CPU), node by node.
+TENSORRT_SOURCE = "onnx/onnx-tensorrt docs/operators.md (no com.microsoft domain ops)"
+TENSORRT_OPS = frozenset(("Add", "Sub", "Mul", "Max", "Min", "Neg", "ReduceSum", "Sigmoid", "MatMul", "Gather")
+                         + SHAPE_OPS)
+
+TABLES: dict[str, tuple[Kernel, ...]] = {"cpu": CPU, "cuda": CUDA}
+PROVIDER_OF_FLAVOR = {"cpu": "cpu", "cuda": "cuda"}  # which provider's table a graph flavor answers to
+
+
+def table(provider: str) -> dict[tuple[str, str], Kernel]:
+    """{(domain, op): row} of one provider's table."""
+    if provider not in TABLES:
+        raise ValueError(f"no kernel table for provider {provider!r} (have {', '.join(TABLES)})")
+    return {k.key: k for k in TABLES[provider]}
+
+
+JETSON_WHEELS = ("on a Jetson, the onnxruntime-gpu wheel for your JetPack from NVIDIA's Jetson AI Lab index "
+                 "(JetPack 6: pip install 'onnxruntime-gpu>={floor}' --index-url https://pypi.jetson-ai-lab.io/jp6/cu126), "
+                 "or one built from source where no such wheel exists yet (JetPack 5)")
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """'1.32.0' -> (1, 32, 0); '1.33.0.dev20261101' and '1.32.0rc1' -> their release numbers only."""
+    out = []
+    for part in version.split(".")[:3]:
+        m = re.match(r"\d+", part)
+        if m is None:
+            break
+        out.append(int(m.group()))
+    return tuple(out)
+
+
+def floor_problem(version: str, flavor: str | None = "cpu") -> str | None:
+    """One line naming the release needed when `version` (onnxruntime.__version__) is below the floor
+    of `flavor`'s graphs (ORT_FLOORS); flavor None: the lowest floor, below which no graph loads."""
+    if flavor is None:
+        flavor = min(ORT_FLOORS, key=lambda f: version_tuple(ORT_FLOORS[f]))
+    floor = ORT_FLOORS[flavor]
+    if version_tuple(version) >= version_tuple(floor):
+        return None
+    if flavor == "cuda":
+        return (f"onnxruntime {version} is older than {floor}, the first release whose CUDA GroupQueryAttention "
+                f"takes every input edgespec's cuda-flavored graphs wire (position_ids): pip install "
+                f"'onnxruntime-gpu>={floor}' (or 'onnxruntime>={floor}' for the CPU); "
+                + JETSON_WHEELS.format(floor=floor))
+    return (f"onnxruntime {version} is older than {floor}, the first release whose GroupQueryAttention takes "
+            f"every input edgespec's {flavor}-flavored graphs wire (query_seqlens, for batched serving): pip "
+            f"install 'onnxruntime>={floor}'; on a GPU (onnxruntime-gpu {ORT_FLOORS['cuda']} or newer) use a "
+            f"bundle exported with --ep cuda instead")
+
+
+def require_floor(version: str | None = None, flavor: str | None = "cpu") -> None:
+    """Raises OnnxruntimeTooOld when the installed onnxruntime is below the floor of `flavor`'s graphs
+    (before any session: an older one would refuse them with its own "invalid model" error, far
+    from the cause). flavor None: the lowest floor (a graph whose flavor is not known)."""
+    from ..errors import OnnxruntimeTooOld
+
+    if version is None:
+        import onnxruntime
+
+        version = onnxruntime.__version__
+    problem = floor_problem(version, flavor)
+    if problem:
+        raise OnnxruntimeTooOld(problem)

@@ -1,0 +1,85 @@
+"""Batched requests' suffix drafting: the shared history of finished requests read in place, each
+request's own text in an index of its own (engine/batch_drafters.py, drafters/suffix.py)."""
+from __future__ import annotations
+
+from edgespec.core.costmodel import CostModel
+from edgespec.drafters.suffix import SuffixDrafter
+from edgespec.drafters.suffix_index import SEP
+from edgespec.engine.batch_drafters import BatchDrafters, request_index_capacity
+from helpers.costs import times
+
+
+def _suffix(bd: BatchDrafters, ctx: list[int]) -> SuffixDrafter:
+    d, cap = bd.for_request("suffix", 8, None)
+    assert isinstance(d, SuffixDrafter) and cap == 8
+    d.begin(ctx)
+    return d
+
+
+def test_running_requests_never_see_each_other_but_all_see_finished_ones():
+    bd = BatchDrafters(suffix_capacity=1024, max_len=64)
+    f_ctx = [30, 31, 32, 33, 34, 35]
+    f = _suffix(bd, f_ctx)
+    f.lookup(f_ctx, 8)
+    bd.finished(f, f_ctx)
+    a_ctx, b_ctx = [10, 11, 12, 13, 14, 15, 16], [20, 21, 22, 23, 24, 25]
+    a, b = _suffix(bd, a_ctx), _suffix(bd, b_ctx)
+    a.lookup(a_ctx, 8)
+    b.lookup(b_ctx, 8)  # both requests' text is indexed now, each in its own index
+    assert list(a.index.text) == a_ctx and list(b.index.text) == b_ctx
+    # neither sees the other's in-flight text ...
+    assert a.lookup(a_ctx + [20, 21], 8).tokens == []
+    assert b.lookup(b_ctx + [10, 11], 8).tokens == []
+    # ... both see the finished request's, and their own
+    assert a.lookup(a_ctx + [20, 21, 30, 31], 8).tokens == [32, 33, 34, 35]
+    assert b.lookup(b_ctx + [30, 31, 32], 3).tokens == [33, 34, 35]
+    assert b.lookup(b_ctx + [30, 31, 32, 21, 22], 2).tokens == [23, 24]
+    # a request that ends joins the history at once: the one still running drafts from it next
+    a_done = a_ctx + [20, 21, 30, 31, 40]
+    bd.finished(a, a_done)
+    assert b.lookup(b_ctx + [30, 31, 32, 21, 22, 12, 13], 3).tokens == [14, 15, 16]
+    assert list(bd.history.text) == f_ctx + [SEP] + a_done  # b's text is not there while it runs
+    b_done = b_ctx + [30, 31, 32, 21, 22, 12, 13, 14]
+    bd.finished(b, b_done)
+    assert list(bd.history.text) == f_ctx + [SEP] + a_done + [SEP] + b_done
+
+
+def test_admission_copies_nothing_and_the_own_index_holds_only_the_request():
+    bd = BatchDrafters(suffix_capacity=1 << 14, max_len=200)
+    old = list(range(1, 5001))
+    bd.history.extend(old)
+    history, held, states = bd.history, len(bd.history), bd.history.states
+    for mode in ("suffix", "auto"):
+        d, _ = bd.for_request(mode, None, CostModel(times(s1=0.1)))
+        sx = d if mode == "suffix" else d.sources[0]
+        assert sx.shared is history and sx.index is not history  # the history itself, not a copy
+        assert len(sx.index) == 0 and sx.index.states == 1  # an empty automaton (its root) to start
+        assert sx.index.capacity == request_index_capacity(200) == 201  # sized by the slot, not the history
+        ctx = [7, 8, 9, 4000, 4001]
+        d.begin(ctx)
+        sx.lookup(ctx, 8)
+        assert list(sx.index.text) == ctx
+        # drafting reads the history and never writes it
+        assert sx.lookup(ctx, 4).tokens == [4002, 4003, 4004, 4005]
+        assert bd.history is history and len(history) == held and history.states == states
+        assert history.text.tolist() == old
+    assert request_index_capacity(4) == 16  # the index's smallest
+
+
+def test_the_better_chain_wins_longest_match_first_then_own_text_on_a_tie():
+    bd = BatchDrafters(suffix_capacity=256, max_len=64)
+    bd.history.extend([4, 1, 2, 3, 7])
+    d = _suffix(bd, [])
+    # own text: "1 2 3" then 8; history: "4 1 2 3" then 7. The tail "... 4 1 2 3" matches 4 tokens there
+    assert d.lookup([1, 2, 3, 8, 4, 1, 2, 3], 1).tokens == [7]
+    # the tail "... 5 1 2 3": 3 tokens match in both, with the same estimate: the request's own text
+    assert _suffix(bd, []).lookup([1, 2, 3, 8, 5, 1, 2, 3], 1).tokens == [8]
+
+
+def test_forget_clears_the_shared_history_for_new_requests():
+    bd = BatchDrafters(suffix_capacity=256, max_len=64)
+    f = _suffix(bd, [1, 2, 3])
+    bd.finished(f, [1, 2, 3, 4])
+    assert _suffix(bd, []).lookup([9, 2, 3], 1).tokens == [4]
+    bd.forget()
+    assert len(bd.history) == 0 and _suffix(bd, []).lookup([9, 2, 3], 1).tokens == []

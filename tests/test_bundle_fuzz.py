@@ -1,0 +1,156 @@
+"""The manifest fuzz: every field x every JSON type x out-of-range values, digests recomputed, seeded.
+
+Each case is read exactly as `verify` and Bundle.open read it (models.bundle.read_bundle). The
+property: zero tracebacks. A case either loads (no problems) or is refused with lines that are each
+one line naming a field or a file. The cases that load are then opened and run by the engine, so a
+lie the reader lets through cannot crash later either.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from edgespec.errors import EdgespecError
+from edgespec.models.bundle import read_bundle
+from edgespec.models.manifest import check_schema, content_digest
+
+SEED = 23
+ENGINE_RUNS = 60  # accepted cases opened and run by the engine (a seeded sample; each costs a model load)
+# every JSON type, and the values that break naive readers
+VALUES = [None, True, False, 0, -1, 1, 7, 2**31, 2**63, 10**30, 1.5, -0.0, float("nan"), "", "x", "%d",
+          "%s%d", "../x", "/etc/passwd", "past_key_values.%d.key%s", [], [1], [-1], ["x"], [2.5], [None], {},
+          {"a": 1}, {"skip": "abc"}, [[[]]], {"a": json.loads("[" * 800 + "]" * 800)}]
+
+
+def _paths(d: dict) -> list[tuple[str, ...]]:
+    """Every field of the manifest down to the facts of each model and the tokenizer."""
+    out = [(k,) for k in d]
+    for role, facts in d["models"].items():
+        out += [("models", role, k) for k in facts]
+        out.append(("models", role, "self_draft", "skip"))
+    out += [("tokenizer", k) for k in d["tokenizer"]]
+    rel = next(iter(d["files"]))
+    out += [("files", rel, "size"), ("files", rel, "sha256")]
+    return out
+
+
+def _get(d, path):
+    for k in path:
+        d = d[k]
+    return d
+
+
+def _set(d, path, value):
+    for k in path[:-1]:
+        if not isinstance(d.get(k), dict):
+            d[k] = {}
+        d = d[k]
+    if value is _DELETE:
+        d.pop(path[-1], None)
+    else:
+        d[path[-1]] = value
+
+
+_DELETE = object()
+
+
+def _near(v, rng: random.Random) -> list:
+    """Out-of-range neighbours of a value actually in the manifest."""
+    if isinstance(v, bool):
+        return [not v]
+    if isinstance(v, int):
+        return [v + 1, v - 1, -v, v * 1000 + rng.randrange(1000), 0, rng.randrange(-2**40, 2**40)]
+    if isinstance(v, list) and v and all(isinstance(i, int) for i in v):
+        return [[i + 1000000 for i in v], [-1], v * 3, [str(i) for i in v], [float(i) + 0.5 for i in v]]
+    if isinstance(v, str):
+        return [v + "x", v.upper(), v * 50, v[:-1]]
+    return []
+
+
+def _cases(d: dict) -> list[tuple[tuple[str, ...], object]]:
+    rng = random.Random(SEED)
+    cases = []
+    for path in _paths(d):
+        try:
+            current = _get(d, path)
+        except (KeyError, TypeError):
+            current = None
+        cases += [(path, v) for v in [*VALUES, *_near(current, rng), _DELETE]]
+    return cases
+
+
+@pytest.fixture(scope="module")
+def scratch(tiny_bundle, tmp_path_factory):
+    """One copy of the tiny bundle for the whole module: each case rewrites only its manifest."""
+    b = tmp_path_factory.mktemp("fuzz") / "b"
+    shutil.copytree(tiny_bundle, b)
+    return b
+
+
+def _named(line: str, files: set[str]) -> bool:
+    """A refusal names a field of manifest.json or one of the bundle's files."""
+    head = line.split(":", 1)[0]
+    return head in ("manifest.json", "tokenizer.json", "tokenizer_config.json") or head in files or \
+        line.startswith(("target model scores", "draft model scores"))
+
+
+def test_fuzzed_manifests_load_or_are_one_line_each(scratch):
+    mpath = scratch / "manifest.json"
+    original = json.loads(mpath.read_text())
+    files = set(original["files"])
+    base = json.dumps(original)
+    loaded, refused = [], 0
+    for path, value in _cases(original):
+        d = json.loads(base)  # a fresh copy (faster than deepcopy)
+        _set(d, path, value)
+        d["digest"] = content_digest(d)
+        text = json.dumps(d)
+        case = f"{'.'.join(path)} = {value!r}"[:200]
+        # read_bundle reads the file, then stops at the schema when it has problems: that first
+        # step is run in memory (the filesystem is the slow part of this test), the rest for real
+        problems = check_schema(json.loads(text))
+        if not problems:
+            mpath.write_text(text)
+            reading = read_bundle(scratch, checksums=False)  # any exception fails the test
+            problems = reading.problems + reading.mismatches
+        for line in problems:
+            assert "\n" not in line and len(line) < 400, (case, line)
+            assert _named(line, files), (case, line)
+        if problems:
+            refused += 1
+        elif path[0] not in _NOT_READ and path[-1] not in _NOT_READ:
+            loaded.append((case, d))
+    mpath.write_text(json.dumps(original, indent=2))
+    assert refused > 2000  # the fuzz really ran its cases (about 3,000 of them)
+    _run_what_loads(scratch, loaded, original)
+
+
+# fields nothing at runtime reads (notes for people): a case that only changes one is not run
+_NOT_READ = {"created_by", "created_at", "extra", "drafting", "digest", "parity", "source", "arch"}
+
+
+def _run_what_loads(b: Path, loaded: list, original: dict) -> None:
+    """A manifest the reader accepts must also open and generate (or refuse with our own error)."""
+    from edgespec.engine import Engine
+
+    mpath = b / "manifest.json"
+    rng = random.Random(SEED)
+    for case, d in rng.sample(loaded, min(len(loaded), ENGINE_RUNS)):
+        mpath.write_text(json.dumps(d))
+        try:  # the draft model is loaded only when the case edits its facts (half the cost otherwise)
+            draft = "auto" if case.startswith("models.draft") else "none"
+            eng = Engine.open(b, verify=False, warmup=False, max_len=64, draft=draft)
+        except EdgespecError:
+            continue
+        try:
+            out = eng.generate(prompt="Hello", max_new_tokens=3)
+            assert isinstance(out.text, str), case
+        except EdgespecError:
+            pass
+        finally:
+            eng.close()
+    mpath.write_text(json.dumps(original, indent=2))
