@@ -142,7 +142,7 @@ def fake_cuda(monkeypatch):
         return _SessionOn(real(path, so, providers=[CPU]), names[0])
 
     class Recorder:
-        def __init__(self, session, facts, max_len, *, device="cpu", device_id=0):
+        def __init__(self, session, facts, max_len, *, device="cpu", device_id=0, deterministic=False):
             made.append((session._real._model_path if hasattr(session._real, "_model_path") else None, facts, device))
 
     monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, CPU])
