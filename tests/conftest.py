@@ -42,6 +42,18 @@ def tiny_pruned_bundle(bundle_root) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_heads_bundle(bundle_root) -> Path:
+    """fp32 Qwen2-shaped target, no draft, Medusa heads trained at export (a few hundred tokens)."""
+    return _bundle(bundle_root, "qwen-heads")
+
+
+@pytest.fixture(scope="session")
+def tiny_cuda_heads_bundle(bundle_root) -> Path:
+    """The same over the cuda flavor (8-bit MatMulNBits lm_head, float16 activations)."""
+    return _bundle(bundle_root, "qwen-cuda-heads")
+
+
+@pytest.fixture(scope="session")
 def tiny_bundle(bundle_root) -> Path:
     """fp32 Qwen2-shaped target + a draft that agrees often (target weights + 5 % noise)."""
     return _bundle(bundle_root, "qwen-agree")

@@ -19,7 +19,7 @@ from edgespec.server import validate
 
 
 @pytest.mark.parametrize("kw,param,words", [
-    ({"draft": "fast"}, "draft", "unknown drafter 'fast': choose one of auto, model, suffix, recycle, ngram, self, none"),
+    ({"draft": "fast"}, "draft", "unknown drafter 'fast': choose one of auto, model, suffix, recycle, ngram, self, heads, none"),
     ({"k": 0}, "k", "k must be an integer from 1 to 16"),
     ({"tree": "maybe"}, "tree", "unknown tree mode 'maybe': choose one of auto, on, off"),
     ({"max_len": 1}, "max_len", "max_len must be an integer >= 2"),
@@ -83,18 +83,31 @@ def test_the_server_the_bench_and_the_batch_read_the_table():
 
 
 def test_bench_opens_its_engine_with_the_mode_that_loads_what_its_columns_need():
-    pick = lambda names: bench.engine_mode(bench.parse_modes(names, None, has_draft=True))  # noqa: E731
+    from edgespec.cli.commands.bench import engine_mode
+
+    pick = lambda names: engine_mode(bench.parse_modes(names, None, has_draft=True))  # noqa: E731
     assert pick("target,ngram,suffix") == "ngram"  # nothing but the target
-    assert pick("target,model,ngram") == "auto"  # the draft model (auto keeps working if the plan drops it)
-    assert pick("target,self,suffix") == "self"  # the self-draft
+    assert pick("target,model,ngram") == "model"  # the draft model alone (no heads, no self-draft)
+    assert pick("target,heads,suffix") == "heads"  # the heads alone, not the draft model too
+    assert pick("target,model,auto") == "auto"  # auto: the draft model and the heads
+    assert pick("target,self,suffix,auto") == "self"  # the self-draft (its auto has it)
 
 
 def test_the_engine_builds_every_row_it_has_a_runner_for(tiny_bundle):
     eng = Engine.open(tiny_bundle, max_len=64, warmup=False)
     try:
-        assert set(eng._drafters) == {m.name for m in modes.MODES if m.runner != "self"}
-        ranked = [m.name for m in sorted((m for m in modes.MODES if m.auto_rank is not None and m.runner != "self"),
-                                         key=lambda m: m.auto_rank)]
+        # tiny_bundle has a draft model, no self-draft record and no heads
+        assert set(eng._drafters) == {m.name for m in modes.MODES if m.runner not in ("self", "heads")}
+        ranked = [m.name for m in sorted((m for m in modes.MODES if m.auto_rank is not None
+                                          and m.runner not in ("self", "heads")), key=lambda m: m.auto_rank)]
         assert [s.name for s in eng._drafters["auto"].sources] == ranked == ["suffix", "recycle", "model"]
+    finally:
+        eng.close()
+
+
+def test_heads_is_one_row_the_engine_builds_when_the_bundle_has_them(tiny_heads_bundle):
+    eng = Engine.open(tiny_heads_bundle, max_len=64, warmup=False)
+    try:
+        assert "heads" in eng._drafters and eng._drafters["heads"] in eng._drafters["auto"].sources
     finally:
         eng.close()

@@ -27,14 +27,19 @@ VARIANTS = {
     # int8/int4 MatMulNBits (accuracy level 4) on the cpu flavor: deterministic mode's kernels
     "qwen-int8": ("qwen2", 0.05, "int8"),
     "qwen-int4": ("qwen2", 0.05, "int4"),
+    "qwen-heads": ("qwen2", None, "fp32"),  # Medusa heads trained at export (HEADS), no draft model
+    "qwen-cuda-heads": ("qwen2", None, "int8", ("cuda",)),  # the same over an 8-bit float16 target
 }
 # export options per variant: a random 64-wide model at int4 agrees with float on ~82 % of tokens
 EXPORT_OPTIONS = {"qwen-int4": {"min_top1": 0.7, "draft_min_top1": 0.7}}
 DRAFT_VOCAB = {"qwen-pruned": 200}  # export --draft-vocab, per variant (of 400 usable ids)
 SELF_DRAFT = {"qwen-deep", "qwen-nodraft"}  # export --self-draft: the layer search, for draft="self"
+# export --heads medusa, the fast path: a few hundred tokens, a few dozen steps, a pruned head
+HEADS = {name: dict(tokens=600, steps=40, answers=2, vocab=200) for name in ("qwen-heads", "qwen-cuda-heads")}
 
 
 def build(name: str, root: Path) -> Path:
+    from edgespec_export.heads import HeadsOptions
     from edgespec_export.pipeline import export_bundle
     from edgespec_export.tiny import make_tiny_draft, make_tiny_model
 
@@ -49,7 +54,7 @@ def build(name: str, root: Path) -> Path:
     # in-process (no child per model): these models are tiny and the fixtures must be quick
     return export_bundle(target, out, draft=draft, quant=quant, isolate=False, eps=eps,
                          draft_vocab=DRAFT_VOCAB.get(name, 0), self_draft=name in SELF_DRAFT,
-                         **EXPORT_OPTIONS.get(name, {}))
+                         **EXPORT_OPTIONS.get(name, {}), heads=HeadsOptions(**HEADS[name]) if name in HEADS else None)
 
 
 def build_all(root: Path) -> dict[str, Path]:

@@ -73,7 +73,7 @@ class Mode:
         return self.draft != "none"
 
 
-def parse_modes(modes: str, ks: str | None, *, has_draft: bool) -> list[Mode]:
+def parse_modes(modes: str, ks: str | None, *, has_draft: bool, has_heads: bool = True) -> list[Mode]:
     """'target,model,ngram,auto' and '2,4,8' -> modes; the target alone always comes first (every
     speed-up is relative to it). Fixed-k variants are added for the FIXED_K_MODES."""
     names = [m.strip() for m in modes.split(",") if m.strip()]
@@ -85,8 +85,11 @@ def parse_modes(modes: str, ks: str | None, *, has_draft: bool) -> list[Mode]:
     if "model" in bases and not has_draft:
         raise DraftUnavailable("--modes model: the bundle has no draft model (use target,ngram,self,auto)",
                                param="modes")
+    if "heads" in bases and not has_heads:
+        raise DraftUnavailable("--modes heads: the bundle has no draft heads (export it with --heads medusa)",
+                               param="modes")
     with_runner = [b for b in dict.fromkeys(bases) if b != "target" and drafting.get(b).runner]
-    if len({drafting.get(b).runner for b in with_runner}) > 1:
+    if "self" in with_runner and len(with_runner) > 1:  # the self-draft's engine loads nothing else
         raise InvalidRequest(f"--modes: {' and '.join(with_runner)} need differently opened engines (the self-draft "
                              "shares unpacked weights with the target, docs/runtime.md): run them in two benches",
                              param="modes")
@@ -110,15 +113,8 @@ def parse_modes(modes: str, ks: str | None, *, has_draft: bool) -> list[Mode]:
             out += [Mode(base, k, tree) for k in k_list]
     if len(out) == 1:
         raise InvalidRequest("--modes: nothing to compare with the target alone (add auto, suffix, recycle, "
-                             "ngram or model)",
-                             param="modes")
+                             "ngram or model)", param="modes")
     return out
-
-
-def engine_mode(modes: Sequence[Mode]) -> str:
-    """The engine's mode: the table's first that loads every runner the modes need, else "ngram"."""
-    needed = {r for m in modes for r in drafting.get(m.draft).loads}
-    return next(row.name for row in drafting.MODES if needed <= set(row.loads)) if needed else "ngram"
 
 
 # --- measuring ------------------------------------------------------------------------------------

@@ -13,6 +13,10 @@ buffer), so it allocates nothing more than before; `step_tree` binds a tree's pe
 its ancestor mask, and `compact` moves the accepted path's rows to contiguous positions. A version-1
 graph lacks both inputs: the runner then binds neither and can only run chains (`supports_tree`).
 
+Graph contract v3 adds the output `hidden_states` [1, n, hidden] (the final normed hidden state of
+the n logits rows): when the graph has it, every chain step also fills a reused buffer with it, and
+`hidden_row(pos, token)` hands draft heads the row of an earlier position of the last step.
+
 Contract v3's cuda-flavored graph has `position_ids` but no `attention_bias` (CUDA's
 GroupQueryAttention refuses one): the runner binds each input only if the graph has it
 (`contract_inputs`), so such a graph runs chains, never trees.
@@ -111,6 +115,11 @@ class ModelRunner:
     (max_len + 1 in deterministic mode).
     """
 
+    # contract v3's hidden output: off unless __init__ finds it (subclasses that bind their own
+    # graph, like the self-draft's SelfRunner, never fill it)
+    has_hidden = False
+    _hidden: np.ndarray | None = None
+    _last_tokens: Sequence[int] = ()
     deterministic = False  # class default: a subclass with its own __init__ (the self-draft) is not
 
     def __init__(self, session, facts: ModelFacts, max_len: int, *, device: str = "cpu", device_id: int = 0,
@@ -153,6 +162,15 @@ class ModelRunner:
         self._ones = np.ones((1, rows), dtype=np.int64)
         self._logits_dtype = _NP_DTYPES[facts.logits_dtype]
         self._logits_bufs: dict[int, tuple[np.ndarray, object]] = {}  # n_logits -> (array, OrtValue)
+        # contract v3: the hidden state of the logits rows, [1, n, hidden] float32, a reused buffer per n
+        outputs = {o.name for o in session.get_outputs()}
+        self.has_hidden = facts.hidden_states is not None and facts.hidden_states in outputs
+        self._hidden_bufs: dict[int, tuple[np.ndarray, object]] = {}
+        # the last step's hidden rows: row j is cache position _hidden_pos + j, fed token _hidden_tokens[j]
+        self._hidden: np.ndarray | None = None
+        self._hidden_pos = 0
+        self._hidden_tokens: list[int] = []
+        self._last_tokens: Sequence[int] = ()
         self._binding = session.io_binding()
         for i in range(facts.layers):
             k, v = self._kv[2 * i], self._kv[2 * i + 1]
@@ -187,6 +205,24 @@ class ModelRunner:
             self._logits_bufs[n_rows] = buf
         return buf
 
+    @property
+    def hidden(self) -> np.ndarray | None:
+        """The hidden rows of the last chain step, [n_logits, hidden] float32 (a view of a reused
+        buffer, like the logits), or None (no such output, or the last step was a tree)."""
+        return self._hidden
+
+    def hidden_row(self, pos: int, token: int) -> np.ndarray | None:
+        """The final hidden state at cache position `pos` (the state after `token`, which predicts the
+        token at pos + 1) if the last chain step computed it and the cache still holds that position
+        with that token; else None. [hidden] float32, a view of a reused buffer."""
+        h = self._hidden
+        if h is None or pos >= self.length:
+            return None
+        j = pos - self._hidden_pos
+        if not 0 <= j < h.shape[0] or self._hidden_tokens[j] != token:
+            return None
+        return h[j]
+
     def step(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
         """Runs the graph on `tokens` placed at positions [length, length+S) and returns logits of the
         last `n_logits` of them, shape [n_logits, vocab] (a view into a reused buffer: copy it if it
@@ -206,6 +242,7 @@ class ModelRunner:
             ids = np.concatenate([ids, ids[-1:]])
         b = self._binding
         f = self.facts
+        self._last_tokens = tokens
         b.bind_cpu_input(f.input_ids, ids.reshape(1, n))
         b.bind_cpu_input(f.attention_mask, self._ones[:, : self.length + n])
         if self._bind_positions:
@@ -252,11 +289,14 @@ class ModelRunner:
         pos = (L + np.asarray(depths, dtype=np.int64)).reshape(1, s)
         b = self._binding
         f = self.facts
+        self._last_tokens = tokens
         b.bind_cpu_input(f.input_ids, np.asarray(tokens, dtype=np.int64).reshape(1, s))
         b.bind_cpu_input(f.attention_mask, self._ones[:, : L + s])
         b.bind_cpu_input(f.position_ids, pos)
         b.bind_cpu_input(f.attention_bias, bias)
-        return self._run(s, s, t0)
+        out = self._run(s, s, t0)
+        self._hidden = None  # a tree's rows are nodes, not positions: no head reads them
+        return out
 
     def compact(self, rows: Sequence[int], start: int) -> None:
         """Copies the K/V of cache rows `rows` (ascending, each >= start) to rows start, start+1, ...
@@ -294,6 +334,7 @@ class ModelRunner:
         for arr, r in zip(self._kv_np, rows):
             arr[:, :, :n] = r
         self.length = n
+        self._hidden = None  # the rows it held belong to another context
 
     def _run(self, s: int, n_logits: int, t0: float, drop: int = 0) -> np.ndarray:
         """Runs the bound step of s tokens plus `drop` trailing copy rows (deterministic mode) and
@@ -308,11 +349,27 @@ class ModelRunner:
             b.bind_cpu_input(f.logits_to_keep, np.array([keep], dtype=np.int64))
         arr, ov = self._logits_out(rows)
         b.bind_ortvalue_output(f.logits, ov)
+        if self.has_hidden:
+            harr, hov = self._hidden_out(rows)
+            b.bind_ortvalue_output(f.hidden_states, hov)
         self.session.run_with_iobinding(b)
+        start = self.length
         self.length += s
         self.times.add(s, time.perf_counter() - t0)
+        if self.has_hidden:
+            self._hidden = harr[0, rows - keep : rows - drop]
+            self._hidden_pos = start + s - n_logits
+            self._hidden_tokens = [int(t) for t in self._last_tokens[s - n_logits :]]
         out = arr[0]
         return out[rows - keep : rows - drop]
+
+    def _hidden_out(self, n_rows: int):
+        buf = self._hidden_bufs.get(n_rows)
+        if buf is None:
+            arr = np.empty((1, n_rows, self.facts.hidden_size), dtype=np.float32)
+            buf = (arr, self._ort.OrtValue.ortvalue_from_numpy(arr))
+            self._hidden_bufs[n_rows] = buf
+        return buf
 
     def rewind(self, length: int) -> None:
         """Keeps the first `length` positions. O(1): stale rows are overwritten by the next step."""
@@ -322,4 +379,5 @@ class ModelRunner:
 
     def reset(self) -> None:
         self.length = 0
+        self._hidden = None
 

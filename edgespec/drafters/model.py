@@ -168,23 +168,8 @@ class ModelDrafter(CostedDrafter):
         return Proposal(tokens, np.stack(qs) if qs else None, "model", confs)
 
     def _pick(self, row: np.ndarray, params: SamplingParams, rng) -> tuple[int, float, np.ndarray | None]:
-        """The draft's token from its logits row, the draft's probability for it, and (sampling
-        only) the distribution q it was drawn from, [usable]."""
-        m = self.vocab_map
-        if params.greedy:
-            x = row[: self.scored]
-            j = self._picked_row = int(np.argmax(x))
-            return (j if m is None else int(m[j])), float(1.0 / np.exp(x - x[j]).sum()), None
-        q = probs(row, params, self.scored)  # over the scored rows only: renormalised there
-        j = self._picked_row = sample(q, rng)
-        c = float(q[j])
-        if m is not None:
-            full = np.zeros(self.usable)
-            full[m] = q
-            return int(m[j]), c, full
-        if self.scored < self.usable:
-            q = np.concatenate([q, np.zeros(self.usable - self.scored)])
-        return j, c, q
+        t, c, q, self._picked_row = pick(row, params, rng, self.scored, self.usable, self.vocab_map)
+        return t, c, q
 
     def _step(self, t: int) -> np.ndarray:
         row = self.runner.step([t], 1)[0]
@@ -207,6 +192,29 @@ class ModelDrafter(CostedDrafter):
             ok = i < accepted
             self.by_conf[conf_bin(c)].add(ok, not ok)
             self.mean.add(ok, not ok)
+
+
+def pick(row: np.ndarray, params: SamplingParams, rng, scored: int, usable: int,
+         vocab_map: np.ndarray | None) -> tuple[int, float, np.ndarray | None, int]:
+    """A drafter's token from its logits row (its first `scored` entries), its probability for it,
+    (sampling only) the distribution q it was drawn from, [usable], and the row index picked.
+    vocab_map: row j scores token vocab_map[j] (a pruned head); q is zero elsewhere, renormalised
+    over the scored rows, which keeps rejection sampling exact."""
+    m = vocab_map
+    if params.greedy:
+        x = row[:scored]
+        j = int(np.argmax(x))
+        return (j if m is None else int(m[j])), float(1.0 / np.exp(x - x[j]).sum()), None, j
+    q = probs(row, params, scored)  # over the scored rows only: renormalised there
+    j = sample(q, rng)
+    c = float(q[j])
+    if m is not None:
+        full = np.zeros(usable)
+        full[m] = q
+        return int(m[j]), c, full, j
+    if scored < usable:
+        q = np.concatenate([q, np.zeros(usable - scored)])
+    return j, c, q, j
 
 
 def runner_ups(row: np.ndarray, chosen: int, n: int) -> list[tuple[int, float]]:

@@ -25,6 +25,7 @@ class Kit:
     runners: dict[str, Any] | None = None  # "draft": the draft model's runner, "self": the self-draft's
     suffix_capacity: int = 1 << 20
     vocab_map: Any = None  # the pruned draft's logits row -> token id map (`export --draft-vocab`)
+    bundle: Any = None  # models.bundle.Bundle (its manifest's records: the draft heads')
 
     def runner(self, name: str):
         return (self.runners or {}).get(name)
@@ -35,7 +36,7 @@ class DraftMode:
     name: str
     help: str  # one phrase for --help texts and docs
     runner: str | None = None  # the runner it drafts with ("draft": the draft model, "self": the
-    # self-draft); without it loaded the mode is unavailable. None: free (no model step)
+    # self-draft, "heads": the heads' session); without it loaded the mode is unavailable. None: free
     loads: tuple[str, ...] = ()  # runners an engine opened with this default mode loads (when it can)
     batched: bool = False  # runs in a batched engine (`serve --parallel N`), each request its own drafter
     fixed_k: bool = True  # the bench adds "mode k=N" columns for it (auto picks its k every round)
@@ -77,6 +78,15 @@ def _self(kit: Kit):
     return None if runner is None else SelfDrafter(runner, kit.usable, CostModel(kit.target_times, runner.times))
 
 
+def _heads(kit: Kit):
+    from .heads import from_record
+
+    session = kit.runner("heads")
+    if session is None:
+        return None
+    return from_record(kit.bundle.manifest.heads, kit.bundle.root, session, kit.target, kit.usable)
+
+
 def _none(kit: Kit):
     from .base import NoDrafter
 
@@ -88,8 +98,8 @@ def _none(kit: Kit):
 # "Self-speculative drafting"), a cost paid whether or not a round drafts. An engine opened with
 # draft="self" has it as one more source of its `auto`.
 MODES: tuple[DraftMode, ...] = (
-    DraftMode("auto", "per round, whichever source (suffix index, recycled candidates, draft model) pays most "
-              "by measured cost, or none", loads=("draft",), batched=True, fixed_k=False),
+    DraftMode("auto", "per round, whichever source (suffix index, recycled candidates, draft model, heads) pays "
+              "most by measured cost, or none", loads=("draft", "heads"), batched=True, fixed_k=False),
     DraftMode("model", "the bundle's draft model", runner="draft", loads=("draft",), auto_rank=2, build=_model),
     DraftMode("suffix", "the suffix index over this and earlier requests", batched=True, auto_rank=0,
               build=_suffix),
@@ -97,6 +107,8 @@ MODES: tuple[DraftMode, ...] = (
     DraftMode("ngram", "prompt lookup (n-gram)", batched=True, build=_ngram),
     DraftMode("self", "the target with some layers skipped drafts for itself (a bundle exported with "
               "--self-draft)", runner="self", loads=("self",), auto_rank=3, build=_self),
+    DraftMode("heads", "draft heads over the target's hidden state (a bundle exported with --heads)",
+              runner="heads", loads=("heads",), auto_rank=4, build=_heads),
     DraftMode("none", "the target alone", batched=True, fixed_k=False, build=_none),
 )
 BY_NAME = {m.name: m for m in MODES}

@@ -21,6 +21,7 @@ from typing import Generator
 from ..core.costmodel import CostModel
 from ..core.runner import ModelRunner
 from ..drafters import AutoDrafter, Drafter, modes
+from ..drafters.heads import NO_HEADS
 from ..errors import InvalidRequest
 from ..limits import DEFAULT_K_CAP
 from ..models.bundle import Bundle
@@ -39,7 +40,8 @@ class Engine:
     def __init__(self, plan: Plan, target: ModelRunner, runners: dict[str, ModelRunner | None], *,
                  governor=None):
         """The engine over runners already loaded for `plan` (Engine.open loads them): `runners`
-        holds the draft model's ("draft") and the self-draft's ("self") where loaded."""
+        holds the draft model's ("draft"), the self-draft's ("self") and the draft heads' session
+        ("heads") where loaded."""
         s = plan.settings
         bundle = plan.bundle
         self.settings = s
@@ -65,8 +67,8 @@ class Engine:
         self.costs = CostModel(target.times, draft.times if draft is not None else None)
         # every mode the table can build with what is loaded (drafters/modes.py); the free drafters
         # learn across requests: the suffix index (bounded; reset_cache() clears it), the recycle table
-        kit = modes.Kit(self.costs, self.usable, target, target.times, {"draft": draft, "self": self.self_runner},
-                        s.suffix_capacity, _draft_vocab_map(bundle) if draft is not None else None)
+        kit = modes.Kit(self.costs, self.usable, target, target.times, runners, s.suffix_capacity,
+                        _draft_vocab_map(bundle) if draft is not None else None, bundle)
         self._drafters: dict[str, Drafter] = {}
         for row in modes.MODES:
             d = row.build(kit) if row.build is not None else None
@@ -136,8 +138,11 @@ class Engine:
                                              providers=p.draft_providers if p.draft_providers is not None
                                              else p.providers, threads=p.threads, shared_threads=True,
                                              profile=p.profile)  # proposals only: the target decides every token
+        heads = None  # draft heads (`export --heads`): a small graph over the target's hidden state
+        if "heads" in p.runners and target.has_hidden:
+            heads = build.load_heads_session(b.root / b.manifest.heads["path"])
         governor = build.governor(p, spinning=build.sessions_spin(with_draft))
-        eng = cls(p, target, {"draft": draft_runner, "self": self_runner}, governor=governor)
+        eng = cls(p, target, {"draft": draft_runner, "self": self_runner, "heads": heads}, governor=governor)
         if s.tree == "on":
             eng._check_tree_possible("on")
         if s.warmup and s.draft != "none":
@@ -208,6 +213,8 @@ class Engine:
                     for _ in range(2):
                         self.draft_runner.rewind(0)
                         self.draft_runner.step([0] * s, 1)
+            if "heads" in self._drafters:
+                self._drafters["heads"].warmup()
             if self.self_runner is not None:  # its steps are 1 token (it never catches up)
                 for _ in range(3):
                     self.self_runner.rewind(0)
@@ -246,6 +253,8 @@ class Engine:
             return ("the bundle has no draft model" if self.bundle.draft is None else
                     f"the draft model was not loaded (engine opened with draft={self.draft_mode!r}, or the "
                     "memory plan left it out)")
+        if runner == "heads" and self.bundle.manifest.heads is None:
+            return NO_HEADS.format(name=self.bundle.name)
         return f"the {mode} drafter was not loaded (open the engine with draft={mode!r})"
 
     def _drafter(self, mode: str, k: int | None) -> tuple[Drafter, int]:

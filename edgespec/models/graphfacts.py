@@ -319,6 +319,9 @@ def model_problems(root: Path, role: str, facts: Any, listed: set[str], contract
             say("logits_dtype", f"{rel}: {facts.logits} is {logits.elem_type}, the manifest says {facts.logits_dtype}")
         if logits.dims and isinstance(logits.dims[-1], int) and logits.dims[-1] != facts.vocab_size:
             say("vocab_size", f"{where}.vocab_size is {facts.vocab_size}, the graph's logits have {logits.dims[-1]} rows")
+    hidden = getattr(facts, "hidden_states", None)
+    if hidden and hidden not in io.outputs:
+        say("hidden_states", f"{where}.hidden_states names output {hidden!r}, which the graph does not have")
     graph_layers = 0
     while _has(io.inputs, facts.past_key, graph_layers):
         graph_layers += 1

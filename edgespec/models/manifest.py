@@ -10,6 +10,7 @@ Layout (format_version 3; versions 1 and 2 are still read, see READ_VERSIONS):
       manifest.json
       target/model.onnx  target/model.onnx.data
       draft/model.onnx   draft/model.onnx.data        (optional)
+      heads/model.onnx   heads/vocab_map.npy          (optional: `export --heads`)
       tokenizer.json     tokenizer_config.json
 """
 from __future__ import annotations
@@ -35,6 +36,8 @@ FORMAT_VERSION = 3
 # GroupQueryAttention refuses one on every run, edgespec/models/kernels.py); cpu graphs are as in v2.
 # A version-2 bundle with a cuda graph is refused with "re-export"; its cpu graphs would be fine, but
 # the bundle is one unit (`verify` says what to do). A version-1 cuda graph had no attention_bias.
+# Version 3 (graph contract v3) adds the `hidden_states` output (ModelFacts.hidden_states) and the
+# optional draft heads trained at export (Manifest.heads); a version-2 bundle has neither.
 READ_VERSIONS = (1, 2, 3)
 TREE_FORMAT_VERSION = 2
 CUDA_FORMAT_VERSION = 3  # the first version whose cuda-flavored graphs onnxruntime's CUDA kernels accept
@@ -79,6 +82,9 @@ class ModelFacts:
     # and the attention's float type [1, 1, S, L+S], added to the scores (0 = attend, -inf-ish = not)
     position_ids: str | None = "position_ids"
     attention_bias: str | None = "attention_bias"
+    # contract v3 (None before it): float32 [1, n, hidden] output, the final normed hidden state of
+    # the n logits rows; draft heads (`export --heads`) read it
+    hidden_states: str | None = None
     parity: dict[str, Any] = field(default_factory=dict)  # {"top1": 0.945, "mean_kl": ..., ...}
     # Flavor of the graph at `path` (docs/export.md, "Flavors"): "cpu" (float32 activations and KV) or
     # "cuda" (float16 activations, GroupQueryAttention and KV). Optional: a bundle written before
@@ -147,6 +153,10 @@ class Manifest:
     # runtime defaults chosen at export, e.g. {"max_len": 4096} (`edgespec export --max-context`)
     defaults: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # exporter's notes: peak memory, timings, versions
+    # draft heads trained at export (`edgespec export --heads medusa`), None without: {"method": "medusa",
+    # "path": "heads/model.onnx", "vocab_map": "heads/vocab_map.npy", "n_heads", "hidden_size", "kept",
+    # "training": {data, split, steps, seconds, heldout_top1 per head, ...}} (export/edgespec_export/heads.py)
+    heads: dict[str, Any] | None = None
     # sha256 of the manifest's own content (every field but this one, canonical JSON): an edited
     # manifest is caught like a damaged weight file. Integrity, not authenticity.
     digest: str = ""
@@ -215,7 +225,7 @@ MODEL_RULES = {
     "kv_dtype": one_of(DTYPES), "logits_dtype": one_of(DTYPES), "activation_dtype": one_of(DTYPES),
     "flavor": one_of(FLAVORS),
     "input_ids": io_name, "attention_mask": io_name, "logits": io_name, "logits_to_keep": io_name,
-    "position_ids": io_name, "attention_bias": io_name,
+    "position_ids": io_name, "attention_bias": io_name, "hidden_states": io_name,
     "past_key": layer_pattern, "past_value": layer_pattern, "present_key": layer_pattern,
     "present_value": layer_pattern,
     "self_draft": _self_draft, "vocab_map": _listed,
@@ -225,7 +235,23 @@ TOKENIZER_RULES = {
     "bos_id": ids_below(_usable), "eos_ids": all_of(not_empty("generation would never stop at an end token"), ids_below(_usable)),
     "pad_id": ids_below(_target_vocab), "special_tokens": ids_below(_target_vocab),
 }
-TOP_RULES = {"name": text(200)}
+HEADS_METHODS = ("medusa",)
+
+
+def _heads(v, obj, root):
+    """The optional draft-heads record (Manifest.heads, `export --heads`): the first problem, or None."""
+    if v.get("method") not in HEADS_METHODS:
+        return f".method {show(v.get('method'))} is not one of {', '.join(HEADS_METHODS)}"
+    for f in ("path", "vocab_map"):
+        if not isinstance(v.get(f), str) or v[f] not in root["files"]:
+            return f".{f} {show(v.get(f))} is not listed in 'files'"
+    for f in ("n_heads", "hidden_size"):
+        if not is_int(v.get(f)) or v[f] <= 0:
+            return f".{f} must be a positive integer, got {show(v.get(f))}"
+    return None
+
+
+TOP_RULES = {"name": text(200), "heads": _heads}
 _SHA256 = lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)  # noqa: E731
 
 

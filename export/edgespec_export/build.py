@@ -8,7 +8,8 @@ runtime binds both to one OrtValue). We drive it with three changes that keep th
 - its genai_config/tokenizer side outputs are skipped (the bundle writer owns those).
 Then `graph_edit.add_logits_to_keep` adds the input that limits logits to the last n positions, and
 `graph_edit.add_tree_inputs` the contract inputs (position_ids; attention_bias, for trees, on the cpu
-flavor only: contract v3), and `check_kernels` holds the graph to its provider's kernel contract.
+flavor only: contract v3), and `check_kernels` holds the graph to its provider's kernel contract,
+`graph_edit.add_hidden_output` the contract-v3 output `hidden_states` draft heads read.
 `graph_batch.add_padded_queries` lets one step carry several requests' rows of different lengths.
 """
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any
 from edgespec.models.manifest import ModelFacts
 
 from .graph_batch import add_padded_queries
-from .graph_edit import ATTENTION_BIAS, LOGITS_TO_KEEP, POSITION_IDS, add_logits_to_keep, add_tree_inputs, logits_to_float32
+from .graph_edit import (ATTENTION_BIAS, HIDDEN_STATES, LOGITS_TO_KEEP, POSITION_IDS, add_hidden_output, add_logits_to_keep,
+                         add_tree_inputs, logits_to_float32)
 from .progress import NullProgress, Progress, trim_malloc
 from .quantize import QuantSettings, quantizable_nodes, quantize_graph
 
@@ -193,6 +195,7 @@ def build_graph(
                 callback=lambda _tensor, _meta: bar.update(1))
     del model, onnx_builder
     add_logits_to_keep(onnx_path)
+    add_hidden_output(onnx_path)  # graph contract v3: the kept rows' final hidden state (draft heads)
     # graph contract v3: per-token positions everywhere; the attention bias (tree verify) on the cpu
     # flavor only, since CUDA's GroupQueryAttention refuses one
     add_tree_inputs(onnx_path, bias=flavor != "cuda")
@@ -268,4 +271,5 @@ def facts_from_config(cfg: dict, out_dir: Path, *, quant: str, block_size: int, 
         activation_dtype=activation_dtype,
         position_ids=POSITION_IDS,
         attention_bias=ATTENTION_BIAS if ATTENTION_BIAS in inputs else None,  # cuda flavor: none (contract v3)
+        hidden_states=HIDDEN_STATES,
     )

@@ -56,6 +56,20 @@ def register(sub) -> None:
     p.add_argument("--draft-vocab", type=int, default=0, metavar="N",
                    help="keep the draft lm_head's rows for the N most frequent tokens only: a cheaper draft step, "
                    "the output unchanged (the target verifies); 0 = keep all (default). See docs/speed.md")
+    p.add_argument("--heads", choices=("medusa",), metavar="METHOD",
+                   help="train draft heads on the target's own hidden states, here on this CPU (minutes): "
+                   "medusa; then `--draft heads` at run time (docs/export.md, \"Draft heads\")")
+    from edgespec_export.heads import HeadsOptions
+
+    d = HeadsOptions()  # the defaults live there
+    p.add_argument("--heads-n", type=int, default=d.n_heads, metavar="N", help=f"number of heads (default {d.n_heads})")
+    p.add_argument("--heads-tokens", type=int, default=d.tokens, metavar="N",
+                   help=f"tokens of training data, 1 in 5 documents held out (default {d.tokens})")
+    p.add_argument("--heads-steps", type=int, default=d.steps, metavar="N", help=f"training steps (default {d.steps})")
+    p.add_argument("--heads-answers", type=int, default=d.answers, metavar="N",
+                   help=f"shipped prompts the target answers for the data (default {d.answers})")
+    p.add_argument("--heads-vocab", type=int, default=d.vocab, metavar="N",
+                   help=f"lm_head rows the heads score (default {d.vocab}; 0 = all)")
     p.add_argument("--in-process", action="store_true",
                    help="build the models in this process instead of one child each (uses more memory)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
@@ -81,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
             f"the exporter needs the workstation extra ({', '.join(missing)} missing): "
             "pip install torch==2.13.0 && pip install ./export  (from the edgespec source tree)"
         )
+    from edgespec_export.heads import HeadsOptions
     from edgespec_export.pipeline import ExportOptions, run_export
     from edgespec_export.progress import TqdmProgress
     from pathlib import Path
@@ -91,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
         min_top1=args.min_top1, draft_min_top1=args.draft_min_top1, force=args.force,
         parity_tokens=args.parity_tokens, isolate=not args.in_process, eps=args.ep, draft_vocab=args.draft_vocab,
         self_draft=args.self_draft,
+        heads=None if args.heads is None else HeadsOptions(
+            method=args.heads, n_heads=args.heads_n, tokens=args.heads_tokens, steps=args.heads_steps,
+            answers=args.heads_answers, vocab=args.heads_vocab),
     )
     progress = TqdmProgress(enabled=not args.quiet and not args.json)
     summary = run_export(target, Path(args.out), draft=draft, options=options, progress=progress)

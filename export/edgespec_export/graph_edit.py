@@ -135,3 +135,42 @@ def add_tree_inputs(model_path: Path, *, bias: bool = True) -> None:
         g.input.append(helper.make_tensor_value_info(
             ATTENTION_BIAS, float_type, ["bias_batch", "bias_heads", "sequence_length", "total_sequence_length"]))
     onnx.save(model, str(model_path))
+
+
+# --- graph contract v3: the final normed hidden state of the kept rows ----------------------------
+HIDDEN_STATES = "hidden_states"
+
+
+def add_hidden_output(model_path: Path, logits_name: str = "logits") -> None:
+    """Adds the output `hidden_states` [batch, n, hidden] float32, in place: the final normed hidden
+    state of the rows the logits are computed for (the lm_head's input after `add_logits_to_keep`'s
+    slice, so n = num_logits_to_keep). Draft heads trained at export (`--heads`) read it.
+
+    Why the lm_head's input: it is the hidden state after the final norm, already computed for the
+    logits, so the output costs no extra pass (a float16 graph adds one Cast of n x hidden values).
+    Run after add_logits_to_keep; a graph that already has the output is unchanged."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    g = model.graph
+    if any(o.name == HIDDEN_STATES for o in g.output):
+        return
+    producers = [n for n in g.node if logits_name in n.output or "/edgespec/logits_fp16" in n.output]
+    head = next((n for n in producers if n.op_type in ("MatMul", "MatMulNBits", "Gemm")), None)
+    if head is None:
+        raise ValueError(f"no lm_head MatMul produces {logits_name!r}: cannot expose its hidden state")
+    hidden = head.input[0]
+    logits = next(o for o in g.output if o.name == logits_name)
+    dims = [d.dim_param or d.dim_value for d in logits.type.tensor_type.shape.dim][:2] or ["batch_size", "n"]
+    elem = next((v.type.tensor_type.elem_type for v in g.value_info if v.name == hidden), None)
+    if elem is None:  # the builder's graphs type the hidden state as their io dtype (the cache's)
+        past = next(i for i in g.input if i.name.startswith("past_key_values."))
+        elem = past.type.tensor_type.elem_type
+    if elem == TensorProto.FLOAT:
+        g.node.append(helper.make_node("Identity", [hidden], [HIDDEN_STATES], name="/edgespec/HiddenOut"))
+    else:
+        g.node.append(helper.make_node("Cast", [hidden], [HIDDEN_STATES], name="/edgespec/HiddenToFloat32",
+                                       to=TensorProto.FLOAT))
+    g.output.append(helper.make_tensor_value_info(HIDDEN_STATES, TensorProto.FLOAT, [*dims, "hidden_size"]))
+    onnx.save(model, str(model_path))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from edgespec.models.manifest import Manifest, ModelFacts, TokenizerFacts, verif
 
 from . import isolate, writer
 from .build import FLAVORS, graph_flavor
+from .heads import HEADS_DIR, HeadsJob, HeadsOptions, check_options, train_heads
 from .job import ModelJob, run_model_job
 from .parity import DEFAULT_MIN_TOP1
 from edgespec.units import format_bytes
@@ -56,6 +57,8 @@ class ExportOptions:
     # search the layers `draft="self"` skips (self_search.py: minutes on a CPU for a 1.5B target); without
     # it the bundle has no self-draft record and the runtime refuses draft="self" naming this option
     self_draft: bool = False
+    # draft heads trained at export (heads.py): None = none, else HeadsOptions (method "medusa", sizes)
+    heads: HeadsOptions | None = None
 
 
 @dataclass
@@ -97,6 +100,10 @@ def validate_options(o: ExportOptions) -> None:
                 raise ExportError(f"{label} {q or o.quant} with --ep {ep}: {e}") from None
     if isinstance(o.draft_vocab, bool) or not isinstance(o.draft_vocab, int) or o.draft_vocab < 0:
         raise ExportError(f"--draft-vocab {o.draft_vocab!r}: must be a whole number of tokens (0 = keep all)")
+    if isinstance(o.heads, str):
+        o.heads = HeadsOptions(method=o.heads)
+    if o.heads is not None and (why := check_options(o.heads)):
+        raise ExportError(why)
     for label, v in (("--min-top1", o.min_top1), ("--draft-min-top1", o.draft_min_top1)):
         if v is not None and not 0.0 <= v <= 1.0:
             raise ExportError(f"{label} {v}: must be between 0 and 1")
@@ -257,6 +264,9 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
         files=list(TOKENIZER_FILES), usable_vocab=check.usable_vocab, bos_id=tok.bos_id, eos_ids=tok.eos_ids,
         pad_id=tok.pad_id, add_bos=tok.add_bos, chat_template=tok.chat_template, special_tokens=tok.special_tokens,
     )
+    heads = None
+    if o.heads is not None:
+        heads = _train_heads(tmp, work, models["target"], tokenizer, tok_paths["target"], o, progress, results)
     drafting = recommend_drafting(models, results)
     if pruned is not None:
         drafting["draft_vocab"] = pruned
@@ -267,6 +277,7 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
         files={},
         drafting=drafting,
         defaults={"max_len": min(o.max_context, max_ctx)},
+        heads=heads,
         extra={
             "exporter": _versions(),
             "options": {"quant": o.quant, "draft_quant": quants.get("draft"), "block_size": o.block_size,
@@ -335,6 +346,28 @@ def _prune_draft_vocab(tmp: Path, facts: ModelFacts, n: int, usable: int, tokeni
     facts.vocab_size = int(kept.size)
     facts.vocab_map = rel
     return {"kept": int(kept.size), "of": usable, "map": rel, "corpus": CORPUS, "corpus_tokens": len(corpus)}
+
+
+def _train_heads(tmp: Path, work: Path, target: ModelFacts, tokenizer: TokenizerFacts, tokenizer_json: Path,
+                 o: ExportOptions, progress: Progress, results: dict) -> dict[str, Any]:
+    """Trains draft heads on the exported target (heads.py), in a child process like a model job.
+    Returns the manifest's heads record; its peak memory joins the exporter's."""
+    from tokenizers import Tokenizer
+
+    tk = Tokenizer.from_file(str(tokenizer_json))
+    text = lambda i: (tk.id_to_token(i) or "") if i is not None else ""  # noqa: E731
+    always = [*tokenizer.eos_ids, *tokenizer.special_tokens.values(), *([tokenizer.bos_id] if tokenizer.bos_id is not None else [])]
+    job = HeadsJob(target_path=tmp / target.path, facts=asdict(target), tokenizer_json=tokenizer_json,
+                   chat_template=tokenizer.chat_template,
+                   bos_eos_text=(text(tokenizer.bos_id), text(tokenizer.eos_ids[0] if tokenizer.eos_ids else None)),
+                   usable=tokenizer.usable_vocab, eos_ids=list(tokenizer.eos_ids), always=always,
+                   out_dir=tmp / HEADS_DIR, options=o.heads)
+    stats: dict = {}
+    record = isolate.call(train_heads, job, progress=progress, isolate=o.isolate, what="heads training", stats=stats,
+                          log_dir=work)
+    results["heads"] = {"peak_rss": stats.get("peak_rss", 0), "timings": {
+        k: record["training"][k] for k in ("data_seconds", "train_seconds")}}
+    return record
 
 
 def _threshold(role: str, quant: str, o: ExportOptions) -> float:

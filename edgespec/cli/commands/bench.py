@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ...bench.run import FIXED_K_MODES, MODES
+from ...drafters import modes as drafting
 
 
 def register(sub) -> None:
@@ -78,10 +79,11 @@ def run(args: argparse.Namespace) -> int:
     b = Bundle.open(resolve_bundle(args.bundle), verify=not args.no_verify)
     if args.modes is None:
         # every mode the bundle runs in one engine: the self-draft needs a bench of its own
-        names = ",".join(n for n in MODES if n != "self" and (n != "model" or b.draft is not None))
+        names = ",".join(n for n in MODES if n != "self" and (n != "model" or b.draft is not None)
+                         and (n != "heads" or b.manifest.heads is not None))
     else:
         names = args.modes
-    modes = bench.parse_modes(names, args.k, has_draft=b.draft is not None)
+    modes = bench.parse_modes(names, args.k, has_draft=b.draft is not None, has_heads=b.manifest.heads is not None)
     if args.deterministic and any(m.tree == "on" for m in modes):
         raise InvalidRequest("--deterministic runs chains only: leave the '+tree' modes out of --modes")
     if args.repeats < 1:
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ...engine import Engine
 
-    draft = bench.engine_mode(modes)  # e.g. "self" loads the self-draft; auto then also has it as an option
+    draft = engine_mode(modes)  # e.g. "self" loads the self-draft; auto then also has it as an option
     print(f"loading {b.root} ...", file=sys.stderr, flush=True)
     engine = Engine.open(b, draft=draft, max_len=args.max_len, threads=args.threads, verify=False,
                          deterministic=args.deterministic)
@@ -138,3 +140,11 @@ def _report(args: argparse.Namespace, result, hw_list, costs) -> int:
         plot(bench_report.summarize(result, "category"), args.plot, title=bench_report.header(result).splitlines()[0])
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def engine_mode(columns) -> str:
+    """The engine's mode: "self" for the self-draft, else the mode loading fewest runners the columns need."""
+    needed = {r for m in columns for r in drafting.get(m.draft).loads}
+    if not needed or "self" in needed:
+        return "self" if needed else "ngram"
+    return min((row for row in drafting.MODES if needed <= set(row.loads)), key=lambda row: len(row.loads)).name

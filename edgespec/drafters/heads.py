@@ -1,0 +1,145 @@
+"""Draft heads on the target's own hidden state (`--draft heads`, bundles exported with `--heads`).
+
+The target graph returns the final hidden state of its logits rows (graph contract v3), so after
+any round the runner holds h at the position of the context's second-to-last token: the state whose
+logits chose the last token. The heads graph (export/edgespec_export/heads*.py) maps that one row
+to n rows of logits over a kept vocabulary: head i scores the token *after* the last one plus i.
+One heads run proposes a chain of up to n tokens and costs a few percent of a target step
+(no KV cache, no catch-up, nothing to rewind).
+
+Sizing: as the draft model does, acceptance is learned per (head, confidence bin), starting from the
+held-out top-1 the export measured, and the chain length maximises expected tokens per second
+(measured heads time + measured verify time). `auto` reads it through CostedDrafter.quote like the
+draft model: the rate its recent rounds delivered.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..core.costmodel import CostModel, chain_tokens
+from ..core.proposal import EMPTY, Proposal
+from ..core.runner import ModelRunner, StepTimes
+from ..core.sampling import SamplingParams
+from ..errors import DraftUnavailable
+from .base import Beta
+from .costed import CostedDrafter
+from .model import _CONF_EDGES, check_vocab_map, conf_bin, pick
+
+HEADS_INPUT = "hidden"  # the heads graph's input [rows, hidden] and output [rows, n_heads, kept]
+NO_HEADS = ("bundle {name} has no draft heads: export it with `edgespec export ... --heads medusa` "
+            "(docs/export.md, \"Draft heads\")")
+
+
+class HeadsDrafter(CostedDrafter):
+    """Medusa heads over the target runner's last hidden row; see the module docstring."""
+
+    name = "heads"
+
+    def __init__(self, target: ModelRunner, session, vocab_map, usable: int, n_heads: int, *,
+                 priors: Sequence[float] = (), adaptive: bool = True):
+        self.times = StepTimes()  # the heads graph's run times (the cost model's "draft step")
+        super().__init__(CostModel(target.times, self.times))
+        self.target = target
+        self.session = session
+        self.n_heads = n_heads
+        self.usable = usable
+        self.vocab_map = check_vocab_map(vocab_map, len(vocab_map), usable)
+        self.scored = len(self.vocab_map)
+        self.adaptive = adaptive
+        priors = list(priors) + [0.3] * n_heads
+        mids = np.concatenate([[0.1], (_CONF_EDGES[:-1] + _CONF_EDGES[1:]) / 2, [0.995]])
+        # acceptance by (head, confidence bin): the export's held-out top-1 sets the level, the
+        # head's own confidence the spread
+        self.by_conf = [[Beta(float(np.clip(0.5 * (priors[i] + m), 0.02, 0.98))) for m in mids]
+                        for i in range(n_heads)]
+        self.mean = [Beta(float(np.clip(priors[i], 0.02, 0.98)), weight=8.0) for i in range(n_heads)]
+
+    # -- the interface ----------------------------------------------------------------------------
+    def set_adaptive(self, on: bool) -> None:
+        self.adaptive = on
+
+    def catch_up(self, ctx: Sequence[int]) -> int:
+        return 0  # no cache of its own: nothing to feed before a round
+
+    def acceptance(self, conf: float) -> float:
+        return self.by_conf[0][conf_bin(conf)].mean
+
+    def prior_acceptance(self) -> float:
+        return self.mean[0].mean
+
+    def expected_yield(self, proposal: Proposal) -> float:
+        if proposal.source != self.name:
+            return 1.0
+        return chain_tokens(self.by_conf[i][conf_bin(c)].mean for i, c in enumerate(proposal.conf))
+
+    def warmup(self) -> None:
+        """Times the heads graph twice, so the cost model starts from this device's cost."""
+        h = np.zeros((1, self.session.get_inputs()[0].shape[1]), dtype=np.float32)
+        for _ in range(3):
+            self._run(h)
+
+    # -- drafting ---------------------------------------------------------------------------------
+    def _run(self, h: np.ndarray) -> np.ndarray:
+        t0 = time.perf_counter()
+        out = self.session.run(None, {HEADS_INPUT: h})[0][0]  # [n_heads, kept]
+        self.times.add(1, time.perf_counter() - t0)
+        return out
+
+    def draft(self, ctx, k, params: SamplingParams, rng) -> Proposal:
+        p = len(ctx) - 2
+        h = self.target.hidden_row(p, ctx[p]) if k > 0 and p >= 0 else None
+        if h is None:  # the target's last step did not compute this position (a tree round): skip one round
+            return EMPTY
+        rows = self._run(h.reshape(1, -1))
+        self.last_sizes.append(1)
+        tokens, confs, qs = [], [], []
+        for j in range(min(k, self.n_heads)):
+            t, c, q, _ = pick(rows[j], params, rng, self.scored, self.usable, self.vocab_map)
+            tokens.append(t)
+            confs.append(c)
+            if q is not None:
+                qs.append(q)
+        if self.adaptive and tokens:
+            n = self._best_length(confs)
+            del tokens[n:], confs[n:], qs[n:]
+        if not tokens:
+            return EMPTY
+        return Proposal(tokens, np.stack(qs) if qs else None, self.name, confs,
+                        accept=[self.by_conf[i][conf_bin(c)].mean for i, c in enumerate(confs)])
+
+    def _best_length(self, confs: list[float]) -> int:
+        """The chain length with the most expected tokens per second (the heads already ran)."""
+        d = self.costs.draft_step()
+        best_n, best = 0, 1.0 / (d + self.costs.verify(1))
+        p_all, e_tok = 1.0, 1.0
+        for i, c in enumerate(confs):
+            p_all *= self.by_conf[i][conf_bin(c)].mean
+            e_tok += p_all
+            rate = e_tok / (d + self.costs.verify(i + 2))
+            if rate > best:
+                best_n, best = i + 1, rate
+        return best_n
+
+    def learn(self, proposal, accepted, valid_len) -> None:
+        if proposal.source != self.name or not proposal.tokens:
+            return
+        for i, c in enumerate(proposal.conf[: accepted + 1]):  # tokens after the first rejection were never judged
+            ok = i < accepted
+            self.by_conf[i][conf_bin(c)].add(ok, not ok)
+            self.mean[i].add(ok, not ok)
+
+
+def from_record(record: dict, root: Path, session, target: ModelRunner, usable: int) -> HeadsDrafter:
+    """The drafter for a bundle's heads record (Manifest.heads) and its graph's session (the engine
+    opens it: engine/build.py load_heads_session). The export's held-out top-1 per head is the
+    acceptance it starts from."""
+    if not target.has_hidden:
+        raise DraftUnavailable("the target graph has no hidden_states output: re-export the bundle with this "
+                               "edgespec and --heads", param="draft")
+    vocab_map = np.load(Path(root) / record["vocab_map"], allow_pickle=False)
+    priors = record.get("training", {}).get("heldout_top1", ())
+    return HeadsDrafter(target, session, vocab_map, usable, int(record["n_heads"]), priors=priors)
