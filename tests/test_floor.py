@@ -142,11 +142,12 @@ def test_batched_serving_with_a_cuda_graph_on_cuda_is_one_line(monkeypatch, tiny
 def test_batch_runner_refuses_a_cuda_graph_given_directly(tiny_cuda_bundle):
     import onnxruntime
 
+    from edgespec.edge.providers import session_options
     from edgespec.core.batch_runner import BatchRunner, BatchUnsupported
     from edgespec.models.bundle import Bundle
 
     b = Bundle.open(tiny_cuda_bundle)
-    s = onnxruntime.InferenceSession(str(b.model_path("target")), providers=["CPUExecutionProvider"])
+    s = onnxruntime.InferenceSession(str(b.model_path("target")), session_options(), providers=["CPUExecutionProvider"])
     with pytest.raises(BatchUnsupported, match="batched serving runs on the cpu flavor"):
         BatchRunner(s, b.target, 32, 2)
     assert BatchRunner(s, b.target, 32, 1).slots == 1  # one slot needs no per-row lengths

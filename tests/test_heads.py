@@ -10,6 +10,7 @@ import pytest
 
 from edgespec.core.sampling import SamplingParams
 from edgespec.engine import Engine
+from edgespec.edge.providers import session_options
 from edgespec.engine.build import load_runner
 from edgespec.errors import DraftUnavailable, ExportError
 from edgespec.models.bundle import Bundle
@@ -88,7 +89,7 @@ def test_export_with_heads_writes_graph_vocab_map_and_manifest_record(tiny_heads
     kept = np.load(tiny_heads_bundle / h["vocab_map"])
     emb = lm_head_rows(tiny_heads_bundle / m["models"]["target"]["path"], kept)
     x = np.random.default_rng(0).standard_normal((2, H)).astype(np.float32)
-    s = ort.InferenceSession(str(tiny_heads_bundle / h["path"]), providers=["CPUExecutionProvider"])
+    s = ort.InferenceSession(str(tiny_heads_bundle / h["path"]), session_options(), providers=["CPUExecutionProvider"])
     got = s.run(None, {"hidden": x})[0]
     assert got.shape == (2, 3, 200)
     np.testing.assert_allclose(got, head_logits(x, emb, W, b), rtol=1e-4, atol=1e-4)
@@ -101,7 +102,7 @@ def test_heads_graph_over_an_8_bit_lm_head_matches_its_dequantized_rows(tiny_cud
 
     m = json.loads((tiny_cuda_heads_bundle / "manifest.json").read_text())
     h = m["heads"]
-    s = ort.InferenceSession(str(tiny_cuda_heads_bundle / h["path"]), providers=["CPUExecutionProvider"])
+    s = ort.InferenceSession(str(tiny_cuda_heads_bundle / h["path"]), session_options(), providers=["CPUExecutionProvider"])
     assert any(n.op_type == "MatMulNBits" for n in __import__("onnx").load(
         str(tiny_cuda_heads_bundle / h["path"])).graph.node)
     x = np.random.default_rng(1).standard_normal((1, h["hidden_size"])).astype(np.float32)

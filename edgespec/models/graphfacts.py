@@ -322,6 +322,11 @@ def model_problems(root: Path, role: str, facts: Any, listed: set[str], contract
     hidden = getattr(facts, "hidden_states", None)
     if hidden and hidden not in io.outputs:
         say("hidden_states", f"{where}.hidden_states names output {hidden!r}, which the graph does not have")
+    elif hidden:
+        # the runner preallocates [1, n, hidden_size] for it: a wrong size is refused here, not at the first step
+        dims = io.outputs[hidden].dims
+        if dims and isinstance(dims[-1], int) and dims[-1] != facts.hidden_size:
+            say("hidden_size", f"{where}.hidden_size is {facts.hidden_size}, the graph's {hidden} rows have {dims[-1]}")
     graph_layers = 0
     while _has(io.inputs, facts.past_key, graph_layers):
         graph_layers += 1

@@ -195,7 +195,7 @@ def build_graph(
                 callback=lambda _tensor, _meta: bar.update(1))
     del model, onnx_builder
     add_logits_to_keep(onnx_path)
-    add_hidden_output(onnx_path)  # graph contract v3: the kept rows' final hidden state (draft heads)
+    add_hidden_output(onnx_path, hidden_size=text_cfg["hidden_size"])  # graph contract v3: the kept rows' final hidden state (draft heads)
     # graph contract v3: per-token positions everywhere; the attention bias (tree verify) on the cpu
     # flavor only, since CUDA's GroupQueryAttention refuses one
     add_tree_inputs(onnx_path, bias=flavor != "cuda")

@@ -141,13 +141,15 @@ def add_tree_inputs(model_path: Path, *, bias: bool = True) -> None:
 HIDDEN_STATES = "hidden_states"
 
 
-def add_hidden_output(model_path: Path, logits_name: str = "logits") -> None:
+def add_hidden_output(model_path: Path, logits_name: str = "logits", *, hidden_size: int | str = "hidden_size") -> None:
     """Adds the output `hidden_states` [batch, n, hidden] float32, in place: the final normed hidden
     state of the rows the logits are computed for (the lm_head's input after `add_logits_to_keep`'s
     slice, so n = num_logits_to_keep). Draft heads trained at export (`--heads`) read it.
 
     Why the lm_head's input: it is the hidden state after the final norm, already computed for the
     logits, so the output costs no extra pass (a float16 graph adds one Cast of n x hidden values).
+    `hidden_size` is written into the output's shape, so the loader can check the manifest's
+    hidden_size against the graph (the runner preallocates the output from the manifest).
     Run after add_logits_to_keep; a graph that already has the output is unchanged."""
     import onnx
     from onnx import TensorProto, helper
@@ -172,5 +174,5 @@ def add_hidden_output(model_path: Path, logits_name: str = "logits") -> None:
     else:
         g.node.append(helper.make_node("Cast", [hidden], [HIDDEN_STATES], name="/edgespec/HiddenToFloat32",
                                        to=TensorProto.FLOAT))
-    g.output.append(helper.make_tensor_value_info(HIDDEN_STATES, TensorProto.FLOAT, [*dims, "hidden_size"]))
+    g.output.append(helper.make_tensor_value_info(HIDDEN_STATES, TensorProto.FLOAT, [*dims, hidden_size]))
     onnx.save(model, str(model_path))
