@@ -560,8 +560,9 @@ def test_auto_keeps_up_with_its_best_source_when_the_draft_must_catch_up_on_copi
     keeps >= 0.98x its best single source."""
     auto, by = _mixed_run("auto")
     best = max(_mixed_run("ngram")[0], _mixed_run("model")[0])
-    assert auto >= 0.98 * best, (auto, best, by)
-    assert by["ngram"] > 100  # the copies are still the n-gram's
+    # seeded and simulated: the figures docs/speed.md quotes (the old rule: 0.975x, 90 model rounds)
+    assert auto / best == pytest.approx(0.996, abs=0.005), (auto, best, by)
+    assert by["model"] == 38 and by["ngram"] == 121  # fewer returns to the draft; the copies stay the n-gram's
 
 
 def test_a_costed_drafter_counts_the_catch_ups_over_other_sources_text():
