@@ -7,7 +7,8 @@ import pytest
 
 from edgespec.models.bundle import Bundle, compatibility_problems
 from edgespec.errors import BundleCorrupt
-from edgespec.models.manifest import Manifest, content_digest, verify_bundle
+from edgespec.models.bundlecheck import verify_bundle
+from edgespec.models.manifest import Manifest, content_digest
 from helpers.manifests import rewrite_manifest
 
 

@@ -16,7 +16,7 @@ from helpers.wait import wait_for
 pytest.importorskip("torch", reason="the exporter needs the export extra")
 
 from edgespec.errors import ExportError  # noqa: E402
-from edgespec.models.manifest import verify_bundle  # noqa: E402
+from edgespec.models.bundlecheck import verify_bundle  # noqa: E402
 from edgespec_export import isolate, pipeline  # noqa: E402
 from edgespec_export.pipeline import ExportOptions, run_export  # noqa: E402
 from edgespec_export.tiny import make_tiny_model  # noqa: E402

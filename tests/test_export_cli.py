@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the exporter needs the export extra")
 
-from edgespec.models.manifest import verify_bundle  # noqa: E402
+from edgespec.models.bundlecheck import verify_bundle  # noqa: E402
 from edgespec_export.tiny import make_tiny_draft, make_tiny_model  # noqa: E402
 
 

@@ -69,12 +69,12 @@ def test_smollm2_gguf_exports_and_answers(tmp_path, real_gguf):
     assert answer.startswith("```python\ndef add_two_numbers(num1, num2):\n    return num1 + num2")
     # the memory plan on a real bundle, in CI: never under the measured peak RSS, at most 15 % over
     # (a fresh process, cache filled to max_len 2048 with tokens from the whole vocabulary)
-    from edgespec.edge import memory
+    from edgespec.edge import memcheck, memory
     from edgespec.engine.measure import measure_fresh
 
     plan = memory.plan(b, max_len=2048, want_draft=False, budget_bytes=None)
     rss = measure_fresh(out, max_len=plan.max_len, load_draft=False)
-    check = memory.compare(plan, rss["peak"])
+    check = memcheck.compare(plan, rss["peak"])
     print(check.describe())
     assert -0.15 <= check.error <= 0.0, check.describe()
 
@@ -97,11 +97,11 @@ def test_smollm2_cuda_flavor_int8(tmp_path, real_gguf):
     b = Bundle.open(out)
     # the memory plan of a float16 KV cache on the CPU provider: never under the measured peak RSS,
     # at most 15 % over (measured 2026-12-01: 5.8 % over at max_len 2048)
-    from edgespec.edge import memory
+    from edgespec.edge import memcheck, memory
     from edgespec.engine.measure import measure_fresh
 
     plan = memory.plan(b, max_len=2048, want_draft=False, budget_bytes=None)
-    check = memory.compare(plan, measure_fresh(out, max_len=plan.max_len, load_draft=False)["peak"])
+    check = memcheck.compare(plan, measure_fresh(out, max_len=plan.max_len, load_draft=False)["peak"])
     print(check.describe())
     assert -0.15 <= check.error <= 0.0, check.describe()
     r = load_runner(b.model_path("target"), b.target, 64, providers="cpu")

@@ -315,7 +315,7 @@ def test_each_table_has_one_row_per_op():
 
 
 def test_format1_cuda_bundle_is_not_told_to_reexport_for_a_bias_it_never_had(tiny_cuda_bundle, bundle_copy):
-    from edgespec.models.manifest import verify_bundle
+    from edgespec.models.bundlecheck import verify_bundle
 
     b = bundle_copy(tiny_cuda_bundle)
     rewrite_manifest(b, lambda d: d.__setitem__("format_version", 1))

@@ -9,7 +9,8 @@ from edgespec.cli.main import main
 from edgespec.errors import BundleCorrupt
 from edgespec.models.bundle import Bundle
 from edgespec.models.graphfacts import read_graph_io
-from edgespec.models.manifest import FORMAT_VERSION, READ_VERSIONS, verify_bundle
+from edgespec.models.bundlecheck import verify_bundle
+from edgespec.models.manifest import FORMAT_VERSION, READ_VERSIONS
 from helpers.manifests import rewrite_manifest
 
 

@@ -12,7 +12,7 @@ import pytest
 from edgespec.edge import devices
 
 from edgespec import units
-from edgespec.edge import memory
+from edgespec.edge import memcheck, memory
 from edgespec.engine import measure
 from edgespec.models.bundle import Bundle
 from edgespec.errors import BudgetError, InvalidRequest
@@ -203,9 +203,9 @@ def test_fits_now_warns_when_memavailable_is_short(tiny_bundle, tmp_path):
     p = memory.plan(tiny_bundle, max_len=256, want_draft=True, budget_bytes=None)
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/meminfo").write_text(f"MemTotal: 1000 kB\nMemAvailable: {p.predicted_bytes // 2048} kB\n")
-    assert "only" in memory.fits_now(p, tmp_path)
+    assert "only" in memcheck.fits_now(p, tmp_path)
     (tmp_path / "proc/meminfo").write_text(f"MemTotal: 1000 kB\nMemAvailable: {p.predicted_bytes} kB\n")
-    assert memory.fits_now(p, tmp_path) is None
+    assert memcheck.fits_now(p, tmp_path) is None
 
 
 def test_measure_rss_reads_proc():
@@ -263,9 +263,9 @@ def test_measure_fresh_measures_another_process(tiny_bundle):
 
 def test_compare_sign_positive_means_under_predicted():
     p = memory.MemoryPlan(max_len=8, load_draft=False, predicted_bytes=100 * MIB, breakdown={"x": 100 * MIB})
-    under = memory.compare(p, 125 * MIB)
+    under = memcheck.compare(p, 125 * MIB)
     assert under.error == pytest.approx(0.2) and "+20.0 %" in under.describe()
-    over = memory.compare(p, 80 * MIB)
+    over = memcheck.compare(p, 80 * MIB)
     assert over.error == pytest.approx(-0.25) and "-25.0 %" in over.describe()
 
 
@@ -292,7 +292,7 @@ def test_predicted_vs_measured_rss_real_bundles(draft):
             continue
         p = memory.plan(bundle, max_len=2048, want_draft=draft, budget_bytes=None)
         rss = measure.measure_fresh(b, max_len=p.max_len, load_draft=p.load_draft)
-        check = memory.compare(p, rss["peak"])
+        check = memcheck.compare(p, rss["peak"])
         print(f"{b.name} draft={draft}: {check.describe()}")
         if abs(check.error) > 0.15:
             failures.append(f"{b.name}: {check.describe()}")

@@ -10,7 +10,7 @@ from edgespec.cli import main as cli
 
 from edgespec import units
 from edgespec import limits
-from edgespec.edge import memory
+from edgespec.edge import memcheck, memory
 
 
 def test_plan_prints_the_numbers(tiny_bundle, capsys):
@@ -162,7 +162,7 @@ def test_engine_plans_like_plan_for_a_named_board_without_a_size(tiny_bundle, ca
 
     rc = cli.main(["plan", str(tiny_bundle), "--device", "rpi4", "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert rc == 0 and out["budget_bytes"] == memory.meminfo("/")["MemTotal"] - (1 << 30)
+    assert rc == 0 and out["budget_bytes"] == memcheck.meminfo("/")["MemTotal"] - (1 << 30)
     eng = Engine.open(tiny_bundle, device="rpi4", verify=False, warmup=False)
     try:
         assert eng.memory_plan.budget_bytes == out["budget_bytes"]

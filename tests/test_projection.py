@@ -1,10 +1,11 @@
-"""The projection's cost model, on hand-made numbers (no models needed): the roofline, the inversion
-of acceptance, the replay of step counts, and the boards it knows from the device profiles."""
+"""The projection's cost model (bench/projection.py) and the work it prices (bench/modework.py), on
+hand-made numbers (no models needed): the roofline, the inversion of acceptance, the replay of step
+counts, and the boards it knows from the device profiles."""
 from __future__ import annotations
 
 import pytest
 
-from edgespec.bench import projection as pj
+from edgespec.bench import modework as mw, projection as pj
 from edgespec.errors import InvalidRequest
 
 GPU = pj.Hardware("gpu", "a GPU board", bandwidth_gbs=100, compute_tops=10, path="gpu", eff_bandwidth=1.0,
@@ -35,18 +36,18 @@ def test_kv_cache_and_launch_costs_are_added():
 def test_acceptance_inversion_round_trips(a, k):
     rounds = 1000
     accepted = rounds * sum(a ** i for i in range(1, k + 1))
-    assert pj.per_token_acceptance(round(accepted), rounds, k) == pytest.approx(a, abs=2e-3)
+    assert mw.per_token_acceptance(round(accepted), rounds, k) == pytest.approx(a, abs=2e-3)
 
 
 def test_acceptance_inversion_edges():
-    assert pj.per_token_acceptance(0, 10, 4) == 0.0
-    assert pj.per_token_acceptance(40, 10, 4) == 1.0
-    assert pj.per_token_acceptance(5, 0, 4) is None
+    assert mw.per_token_acceptance(0, 10, 4) == 0.0
+    assert mw.per_token_acceptance(40, 10, 4) == 1.0
+    assert mw.per_token_acceptance(5, 0, 4) is None
 
 
 def _work(mode: str, tokens: int, target_steps: dict, draft_steps: dict | None = None, decode_s: float = 0.0,
-          **kw) -> pj.ModeWork:
-    w = pj.ModeWork(mode, tokens=tokens, decode_s=decode_s, generations=1, prompt_tokens=100, context_sum=164, **kw)
+          **kw) -> mw.ModeWork:
+    w = mw.ModeWork(mode, tokens=tokens, decode_s=decode_s, generations=1, prompt_tokens=100, context_sum=164, **kw)
     w.target_steps = {n: [c, 0.0] for n, c in target_steps.items()}
     w.draft_steps = {n: [c, 0.0] for n, c in (draft_steps or {}).items()}
     return w
@@ -75,12 +76,12 @@ def test_project_replays_the_step_counts():
 def test_acceptance_comes_from_fixed_k_when_the_run_has_it():
     adaptive = _work("model", 100, {2: 50}, {1: 50}, rounds=50, drafted=50, accepted=45)  # a = 0.9, optimistic
     fixed = _work("model k=4", 100, {5: 40}, {1: 160}, rounds=40, drafted=160, accepted=60)
-    a, source, _ = pj.acceptance_estimate({"model": adaptive})
+    a, source, _ = mw.acceptance_estimate({"model": adaptive})
     assert a == pytest.approx(0.9, abs=1e-3) and "optimistic" in source
-    a, source, w = pj.acceptance_estimate({"model": adaptive, "model k=4": fixed, "model k=2": adaptive})
+    a, source, w = mw.acceptance_estimate({"model": adaptive, "model k=4": fixed, "model k=2": adaptive})
     assert w is fixed and source == "(from 'model k=4')"
     assert sum(a ** i for i in range(1, 5)) == pytest.approx(60 / 40, abs=1e-3)
-    assert pj.acceptance_estimate({"ngram": adaptive}) is None
+    assert mw.acceptance_estimate({"ngram": adaptive}) is None
 
 
 def test_loop_overhead_scales_with_the_board_cpu():
@@ -115,10 +116,10 @@ def test_collect_work_takes_the_prefill_out():
                total_s=1.5, target_passes=11, drafted=0, accepted=0, acceptance=None, tokens_per_pass=1.0, k_mean=0.0,
                finish_reason="length", peak_rss_mb=1.0, same_as_target=None, first_diff=None,
                target_steps={40: [1, 0.4], 1: [10, 0.8]})
-    w = pj.collect_work([s])["target"]
+    w = mw.collect_work([s])["target"]
     assert w.target_steps == {1: [10, 0.8]}
     assert w.tokens == 10 and w.overhead_s == pytest.approx(0.2)
-    assert pj.prefill_chunks(1100, 512) == [512, 512, 76]
+    assert mw.prefill_chunks(1100, 512) == [512, 512, 76]
 
 
 # --- device profiles ---------------------------------------------------------------------------

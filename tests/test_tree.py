@@ -459,7 +459,7 @@ def test_past_the_measured_sizes_a_tree_costs_at_least_linear_per_token():
 def test_verify_names_a_format_2_manifest_whose_graph_lacks_the_tree_inputs(tiny_bundle, bundle_copy):
     """A manifest claiming contract v2 over a v1 graph is caught by `verify`, naming the fix."""
     from edgespec.models.graphcheck import bundle_problems
-    from edgespec.models.manifest import verify_bundle
+    from edgespec.models.bundlecheck import verify_bundle
 
     b = bundle_copy(tiny_bundle, "v2-claim")
     downgrade_to_v1(b)

@@ -164,7 +164,7 @@ class Breakdown:
 
 
 def breakdown(run: BenchRun) -> list[Breakdown]:
-    from .projection import collect_work
+    from .modework import collect_work
 
     work = collect_work(run.samples)
     out = []

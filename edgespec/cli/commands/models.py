@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
 def list_bundles(root) -> list[dict]:
     """Bundles under `root`, judged by their manifest only (no hashing: listing must be instant)."""
-    from ...models.manifest import verify_bundle
+    from ...models.bundlecheck import verify_bundle
 
     out = []
     if not root.is_dir():

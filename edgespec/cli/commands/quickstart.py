@@ -77,7 +77,7 @@ def bundle_problems(bundle: Path, fingerprint: dict) -> list[str]:
     """Why an existing bundle cannot be reused (empty: reuse it). Cheap: no hashing of the weights;
     Engine.open still verifies the checksums when it loads them."""
     from ...models.bundle import compatibility_problems
-    from ...models.manifest import verify_bundle
+    from ...models.bundlecheck import verify_bundle
 
     if not bundle.exists():
         return ["not exported yet"]
