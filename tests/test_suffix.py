@@ -91,23 +91,6 @@ def test_a_document_longer_than_the_capacity_keeps_its_end():
     assert idx.lookup([80], 2).tokens == [81, 82]
 
 
-def test_a_copy_is_independent_of_its_original():
-    """What a copy appends never shows in the original, and what the original gains later never
-    shows in the copy."""
-    idx = SuffixIndex(64)
-    idx.extend([1, 2, 3, 4])
-    twin = idx.copy()
-    assert list(twin.text) == [1, 2, 3, 4] and twin.capacity == 64 and twin.max_match == idx.max_match
-    twin.start_doc()
-    twin.extend([1, 2, 9])
-    idx.start_doc()
-    idx.extend([1, 2, 7])
-    assert list(idx.text) == [1, 2, 3, 4, SEP, 1, 2, 7]
-    assert list(twin.text) == [1, 2, 3, 4, SEP, 1, 2, 9]
-    assert twin.capacity == idx.capacity  # the same bound
-    assert twin.lookup([1, 2], 1).tokens == [9] and idx.lookup([1, 2], 1).tokens == [7]
-
-
 def test_clear_forgets_everything():
     idx = index_of([1, 2, 3])
     idx.clear()
