@@ -78,3 +78,25 @@ def test_models_shows_a_real_bundle_as_ok(home, tiny_bundle, capsys):
     main(["models"])
     out = capsys.readouterr().out
     assert "ok (target+draft)" in out
+
+
+def test_models_refuses_a_lying_bundle_with_verifys_line(home, tiny_bundle, capsys):
+    """A bundle whose manifest, files and graphs check out but whose chat template refuses any
+    conversation: Bundle.open and `edgespec verify` refuse it, so `edgespec models` must not list it
+    as ok; it says verify's own line."""
+    import shutil
+
+    from helpers.manifests import rewrite_manifest
+
+    b = files.bundles_dir() / "liar"
+    shutil.copytree(tiny_bundle, b)
+    rewrite_manifest(b, lambda d: d["tokenizer"].update(chat_template="{{ raise_exception('no chat here') }}"))
+    line = "manifest.json: tokenizer.chat_template refuses a plain user/assistant/user conversation: no chat here"
+    assert main(["verify", "--fast", str(b)]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == f"{b}: {line}"
+    assert main(["models", "--json"]) == 0
+    status = {x["name"]: x["status"] for x in json.loads(capsys.readouterr().out)["bundles"]}
+    assert status["liar"] == f"not usable: {line}"
+    main(["models"])
+    shown = [x.split(None, 1) for x in capsys.readouterr().out.splitlines() if x.startswith("  liar ")]
+    assert shown == [["liar", f"not usable: {line}  {b}"]]

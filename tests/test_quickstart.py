@@ -124,6 +124,17 @@ def test_bundle_problems(tiny_bundle, bundle_copy, tmp_path):
     assert any("draft/model.onnx: missing" in p for p in qs.bundle_problems(b, fp))
 
 
+def test_bundle_problems_refuses_what_verify_refuses(tiny_bundle, bundle_copy):
+    """A bundle `edgespec verify` and Bundle.open refuse (its chat template refuses any conversation,
+    which the manifest's schema and digest cannot see) is exported again, not reused."""
+    from helpers.manifests import rewrite_manifest
+
+    b = bundle_copy(tiny_bundle)
+    rewrite_manifest(b, lambda d: d["tokenizer"].update(chat_template="{{ raise_exception('no chat here') }}"))
+    assert qs.bundle_problems(b, {}) == [
+        "manifest.json: tokenizer.chat_template refuses a plain user/assistant/user conversation: no chat here"]
+
+
 # --- the demo on a real (tiny) bundle ------------------------------------------------------------------
 def test_demo_streams_and_compares(tiny_bundle, capsys):
     import io
