@@ -21,11 +21,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from helpers.wait import wait_for
 from kiosk.browser import IN_CI, RequestLog, launch, require_browser, save_screenshot, unavailable
 from kiosk.netns import OfflineNamespace, why_unavailable
 
@@ -92,14 +92,12 @@ class Server:
             self.proc = self.ns.popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, timeout: float = 120) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
+        def ready() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"edgespec serve exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if self.ns.http_ok(URL + "ready"):
-                return
-            time.sleep(0.5)
-        raise AssertionError(f"edgespec serve not ready after {timeout} s:\n{self.log_tail()}")
+            return self.ns.http_ok(URL + "ready")
+
+        wait_for("edgespec serve to answer /ready", ready, timeout=timeout, every=0.5, detail=self.log_tail)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         self.proc.send_signal(sig)
@@ -264,12 +262,8 @@ def _update_docs_shot() -> bool:
 
 
 def _wait_log(server: Server, text: str, what: str, timeout: float = 15) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if text in server.log_text():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what} ({text!r} in the server log):\n{server.log_tail()}")
+    wait_for(f"{what} ({text!r} in the server log)", lambda: text in server.log_text(), timeout=timeout, every=0.2,
+             detail=server.log_tail)
 
 
 def test_ci_has_what_the_kiosk_test_needs():

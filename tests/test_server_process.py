@@ -17,6 +17,8 @@ import urllib.request
 
 import pytest
 
+from helpers.wait import wait_for
+
 pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
 
 
@@ -44,13 +46,12 @@ class Notify:
                 return
 
     def wait_for(self, text, timeout=30):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            for t, m in list(self.messages):
-                if text in m.split("\n"):
-                    return t
-            time.sleep(0.01)
-        raise AssertionError(f"no {text} within {timeout} s; got {[m for _, m in self.messages]}")
+        """The arrival time of the first message that holds the line `text`."""
+        def arrived():
+            return next((t for t, m in list(self.messages) if text in m.split("\n")), None)
+
+        return wait_for(f"{text} on the notify socket", arrived, timeout=timeout, every=0.01,
+                        detail=lambda: f"got {[m for _, m in self.messages]}")
 
     def count(self, text):
         return sum(text in m.split("\n") for _, m in list(self.messages))
@@ -64,10 +65,8 @@ class Notify:
         self.wait_for(marker, timeout=10)
 
     def wait_count(self, text, n, timeout=30):
-        end = time.monotonic() + timeout
-        while self.count(text) < n:
-            assert time.monotonic() < end, f"only {self.count(text)} {text} within {timeout} s, expected {n}"
-            time.sleep(0.01)
+        wait_for(f"{n} x {text} on the notify socket", lambda: self.count(text) >= n, timeout=timeout, every=0.01,
+                 detail=lambda: f"only {self.count(text)}")
 
     def close(self):
         self._stop = True
@@ -98,16 +97,15 @@ class Proc:
             self.lines.append(line.rstrip("\n"))
 
     def wait_port(self, timeout=30):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            for line in self.lines:
-                m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-                if m:
-                    self.port = int(m.group(1))
-                    return self.port
-            assert self.p.poll() is None, "\n".join(self.lines)
-            time.sleep(0.02)
-        raise AssertionError("no 'listening on' line:\n" + "\n".join(self.lines))
+        def port():
+            found = [re.search(r"listening on http://127\.0\.0\.1:(\d+)", line) for line in list(self.lines)]
+            m = next((m for m in found if m), None)
+            assert m is not None or self.p.poll() is None, "the server exited:\n" + "\n".join(self.lines)
+            return int(m.group(1)) if m else None
+
+        self.port = wait_for("the server's 'listening on' line", port, timeout=timeout, every=0.02,
+                             detail=lambda: "\n".join(self.lines))
+        return self.port
 
     def url(self, path):
         return f"http://127.0.0.1:{self.port}{path}"
@@ -138,10 +136,8 @@ class Proc:
 
     def wait_metric(self, name: str, value: float, timeout=30):
         """Waits until /metrics shows `name` at `value` (the server's own account of its state)."""
-        end = time.monotonic() + timeout
-        while self.metric(name) != value:
-            assert time.monotonic() < end, f"{name} never became {value}"
-            time.sleep(0.02)
+        wait_for(f"{name} {value} in /metrics", lambda: self.metric(name) == value, timeout=timeout, every=0.02,
+                 detail=lambda: f"it is {self.metric(name)}")
 
     def wait(self, timeout=30):
         try:
@@ -207,11 +203,13 @@ def test_hung_serving_loop_stops_the_watchdog_pings(proc, tiny_bundle):
     p.notify.wait_count("WATCHDOG=1", 2)
     p.p.send_signal(signal.SIGUSR2)
     # the hook says how many pings the loop had sent when it blocked; a blocked loop sends no more
-    end = time.monotonic() + 30
-    while not (m := next((re.search(r"blocking the event loop for good after (\d+) watchdog pings", x)
-                          for x in p.lines if "blocking the event loop" in x), None)):
-        assert time.monotonic() < end and p.p.poll() is None, "\n".join(p.lines)
-        time.sleep(0.01)
+    def blocked():
+        assert p.p.poll() is None, "the server exited:\n" + "\n".join(p.lines)
+        return next((re.search(r"blocking the event loop for good after (\d+) watchdog pings", x)
+                     for x in list(p.lines) if "blocking the event loop" in x), None)
+
+    m = wait_for("the hook's 'blocking the event loop' line", blocked, timeout=30, every=0.01,
+                 detail=lambda: "\n".join(p.lines))
     sent = int(m.group(1))
     p.notify.wait_count("WATCHDOG=1", sent)
     p.p.kill()
@@ -357,22 +355,23 @@ def test_cli_help_and_no_bundle(monkeypatch, capsys):
 
 
 def _wait_line(p, text, timeout=30):
-    end = time.monotonic() + timeout
-    while text not in "\n".join(p.lines):
-        assert time.monotonic() < end and p.p.poll() is None, f"no {text!r} in the log:\n" + "\n".join(p.lines)
-        time.sleep(0.02)
+    def logged():
+        if text in "\n".join(p.lines):
+            return True
+        assert p.p.poll() is None, f"the server exited without {text!r} in the log:\n" + "\n".join(p.lines)
+        return False
+
+    wait_for(f"{text!r} in the server log", logged, timeout=timeout, every=0.02, detail=lambda: "\n".join(p.lines))
 
 
 def _wait_busy(p, key, timeout=30):
     """Until /metrics (read with the key) says a request is generating."""
-    end = time.monotonic() + timeout
-    while True:
+    def busy():
         req = urllib.request.Request(p.url("/metrics"), headers={"Authorization": f"Bearer {key}"})
         with urllib.request.urlopen(req, timeout=10) as r:
-            if "\nedgespec_busy 1\n" in r.read().decode():
-                return
-        assert time.monotonic() < end, "no request started generating"
-        time.sleep(0.02)
+            return "\nedgespec_busy 1\n" in r.read().decode()
+
+    wait_for("a request generating (edgespec_busy 1)", busy, timeout=timeout, every=0.02)
 
 
 def _status_with_key(p, key):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -78,15 +77,16 @@ def journal(c) -> str:
 def watch_start(c, since_pid=None):
     """Polls a (re)start: records each state seen with /ready's answer, until active with a new PID."""
     seen = []
-    end = time.monotonic() + 60
-    while time.monotonic() < end:
+
+    def started():
         s = show(c, "ActiveState", "SubState", "MainPID", "NRestarts", "Result")
         ready = http(c, "GET", "/ready")[0] if s["ActiveState"] in ("activating", "active") else None
         seen.append((s["ActiveState"], s["SubState"], s["MainPID"], ready))
-        if s["ActiveState"] == "active" and s["MainPID"] not in ("0", since_pid):
-            return s, seen
-        time.sleep(0.1)
-    raise AssertionError(f"no restart; states seen: {seen[-20:]}\n{journal(c)[-3000:]}")
+        return s if s["ActiveState"] == "active" and s["MainPID"] not in ("0", since_pid) else None
+
+    s = wait_for(f"the unit active with a new main PID (not {since_pid})", started, timeout=60, every=0.1,
+                 detail=lambda: f"states seen: {seen[-20:]}\n{journal(c)[-3000:]}")
+    return s, seen
 
 
 def test_service_lifecycle_under_systemd(container, tiny_bundle):

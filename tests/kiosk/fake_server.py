@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import edgespec
+from helpers.wait import wait_for
 
 STATIC = Path(edgespec.__file__).parent / "static"
 CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -93,13 +94,8 @@ class FakeServer:
             self._httpd = None
 
     def wait_for(self, predicate, timeout: float = 10.0, what: str = "condition"):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.02)
-        raise AssertionError(f"stand-in server: timed out waiting for {what}")
+        """helpers.wait.wait_for with this class's argument order."""
+        return wait_for(f"{what} (stand-in server)", predicate, timeout=timeout, every=0.02)
 
 
 class _Handler(BaseHTTPRequestHandler):
