@@ -2,7 +2,7 @@
 asked for on cue: a 500, a 429, a dropped connection mid-answer, a context-length refusal, a slow
 or hanging stream. It serves the real page from the package and speaks the same HTTP API (the
 streaming chat endpoint, /ready, /v1/models), and it records every request so the tests can check
-what the page sent. The end-to-end test against the real server is tests/test_kiosk_offline.py.
+what the page sent. The end-to-end test against the real server is tests/server/test_kiosk_offline.py.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The kiosk's boot pieces: edgespec-kiosk.service (systemd-analyze verify, its contract with
 edgespec.service) and kiosk-browser.sh (waits for the page, fresh profile, clear errors), the latter
 also for real: Chromium inside cage, headless. `install.sh --kiosk` is tested with the server's
-install tests (tests/test_systemd_unit.py).
+install tests (tests/server/test_systemd_unit.py).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from kiosk.browser import IN_CI, chromium_path
 from kiosk.fake_server import FakeServer
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SYSTEMD = REPO / "systemd"
 UNIT = SYSTEMD / "edgespec-kiosk.service"
 LAUNCHER = SYSTEMD / "kiosk-browser.sh"

@@ -10,7 +10,7 @@ import pytest
 from edgespec.edge import devices
 from edgespec.errors import InvalidRequest
 
-FAKES = Path(__file__).parent / "fakes"
+FAKES = Path(__file__).parents[1] / "fakes"
 GIB = 1 << 30
 
 
@@ -35,7 +35,7 @@ def test_every_board_of_the_issue_has_a_profile():
 def test_profile_files_are_consistent():
     seen_aliases: dict[str, str] = {}
     files = devices.profile_files()
-    assert [f.name for f in files] == sorted(p.name for p in (Path(__file__).parents[1] / "devices").glob("*.json"))
+    assert [f.name for f in files] == sorted(p.name for p in (Path(__file__).parents[2] / "devices").glob("*.json"))
     for f in files:
         d = json.loads(f.read_text())
         assert d["id"] == f.name.removesuffix(".json")

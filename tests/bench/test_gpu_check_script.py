@@ -1,7 +1,7 @@
 """scripts/gpu-check.sh: without an NVIDIA GPU it stops at once with one clear line (exit 2); `--plan`
 on a faked Jetson (a device tree, no nvidia-smi) and on a faked x86_64 GPU host (a fake nvidia-smi)
 prints what it would run; a GPU wheel that cannot be installed leaves onnxruntime importable; it is
-shellcheck-clean. (What it does on a GPU is tests/test_gpu.py plus the report it writes.)"""
+shellcheck-clean. (What it does on a GPU is tests/bench/test_gpu.py plus the report it writes.)"""
 from __future__ import annotations
 
 import os
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parent.parent / "scripts" / "gpu-check.sh"
+SCRIPT = Path(__file__).parents[2] / "scripts" / "gpu-check.sh"
 
 
 def run(tmp_path, path: str):
@@ -46,7 +46,7 @@ def test_shellcheck_clean():
 
 
 # --- --plan: what it would run, on faked hosts (nothing is run, nothing is written) ---------------
-FAKES = Path(__file__).parent / "fakes"
+FAKES = Path(__file__).parents[1] / "fakes"
 FLOOR = __import__("edgespec.models.kernels", fromlist=["ORT_FLOORS"]).ORT_FLOORS["cuda"]  # the oldest GPU wheel edgespec takes
 STEPS = ("versions", "doctor", "test-gpu", "export-smollm2", "verify-", "placement-", "bench-", "plan-measure-")
 

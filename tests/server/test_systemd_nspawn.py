@@ -14,7 +14,7 @@ import pytest
 
 from helpers.wait import wait_for
 
-sys.path.insert(0, str(Path(__file__).parent / "systemd"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "systemd"))
 import nspawn  # noqa: E402
 
 pytestmark = pytest.mark.slow

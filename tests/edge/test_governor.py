@@ -16,7 +16,7 @@ from edgespec.edge import sensors
 from edgespec.errors import InvalidRequest
 from edgespec.edge.governor import FEWER_CORES, NGRAM, NORMAL, PACED, SMALL_K, AffinityLimiter, Governor, Limits
 
-FAKES = Path(__file__).parent / "fakes"
+FAKES = Path(__file__).parents[1] / "fakes"
 
 
 class Clock:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "test-arm64.sh"
 
 
@@ -47,9 +47,9 @@ def test_runtime_tests_pass_on_emulated_aarch64():
     if why:
         pytest.skip(why)
     p = subprocess.run(
-        [str(SCRIPT), "tests/test_arm64.py", "tests/test_runner.py", "tests/test_devices.py",
+        [str(SCRIPT), "tests/edge/test_arm64.py", "tests/core/test_runner.py", "tests/edge/test_devices.py",
          # the heart of the suite on the device's own arithmetic: greedy and sampled losslessness
-         "tests/test_lossless.py", "tests/test_sampling.py", "tests/test_drafters.py", "tests/test_engine.py",
+         "tests/test_lossless.py", "tests/core/test_sampling.py", "tests/drafters/test_drafters.py", "tests/engine/test_engine.py",
          "-m", "not slow"],
         cwd=ROOT, capture_output=True, text=True, timeout=3500,
         # this python (the venv the suite runs in, which has the export extra) builds the tiny bundles

@@ -266,7 +266,7 @@ def test_runner_binds_no_bias_on_a_cuda_graph(tiny_cuda_bundle):
     assert out.shape == (3, bundle.target.vocab_size) and np.isfinite(out).all()
 
 
-# --- doctor: what TensorRT would take (the onnxruntime floor: tests/test_floor.py) ----------------------
+# --- doctor: what TensorRT would take (the onnxruntime floor: tests/models/test_floor.py) ----------------------
 def test_doctor_says_which_nodes_tensorrt_would_take(tiny_both_flavors_bundle):
     from edgespec.edge.doctor import render, tensorrt_report
 

@@ -9,7 +9,7 @@ import pytest
 
 from edgespec.edge import sensors
 
-FAKES = Path(__file__).parent / "fakes"
+FAKES = Path(__file__).parents[1] / "fakes"
 
 
 def tools_path(root: Path) -> str:

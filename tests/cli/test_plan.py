@@ -100,7 +100,7 @@ def test_plan_on_a_detected_fake_pi5_uses_its_real_memory(tiny_bundle, tmp_path,
     from pathlib import Path
 
     root = tmp_path / "pi5"
-    shutil.copytree(Path(__file__).parent / "fakes" / "rpi5", root)
+    shutil.copytree(Path(__file__).parents[1] / "fakes" / "rpi5", root)
     meminfo = root / "proc/meminfo"
     # a Pi 5 4GB with almost nothing available right now
     meminfo.write_text("MemTotal:        4045000 kB\nMemAvailable:      20000 kB\n")
@@ -117,7 +117,7 @@ def _fake_root(tmp_path, name: str, memtotal_kib: int | None = None):
     from pathlib import Path
 
     root = tmp_path / name
-    shutil.copytree(Path(__file__).parent / "fakes" / name, root)
+    shutil.copytree(Path(__file__).parents[1] / "fakes" / name, root)
     if memtotal_kib is not None:
         (root / "proc/meminfo").write_text(f"MemTotal:        {memtotal_kib} kB\nMemAvailable:    {memtotal_kib // 2} kB\n")
     return root

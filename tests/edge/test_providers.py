@@ -17,9 +17,9 @@ from edgespec.edge.providers import CPU, CUDA, TRT
 
 
 # an onnxruntime-gpu build (a Jetson, scripts/gpu-check.sh) really tries TensorRT/CUDA by default;
-# the tests of this CPU-only default skip there (tests/test_gpu.py covers that side)
+# the tests of this CPU-only default skip there (tests/bench/test_gpu.py covers that side)
 GPU_BUILD = bool({TRT, CUDA} & set(ort.get_available_providers()))
-cpu_only_build = pytest.mark.skipif(GPU_BUILD, reason="this onnxruntime has a GPU provider: tests/test_gpu.py covers it")
+cpu_only_build = pytest.mark.skipif(GPU_BUILD, reason="this onnxruntime has a GPU provider: tests/bench/test_gpu.py covers it")
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ def test_manifest_round_trips_and_its_digest_covers_every_field(tiny_bundle):
 def test_draft_that_cannot_score_the_usable_vocabulary(tiny_bundle, bundle_copy):
     b = bundle_copy(tiny_bundle)
     rewrite_manifest(b, lambda d: d["models"]["draft"].update(vocab_size=300))
-    # the files and digest are fine, but the graph's logits say 512 (tests/test_manifest_lies.py) ...
+    # the files and digest are fine, but the graph's logits say 512 (tests/models/test_manifest_lies.py) ...
     assert verify_bundle(b)[1] == ["draft/model.onnx: manifest models.draft.vocab_size is 300, the graph's logits have 512 rows"]
     with pytest.raises(BundleCorrupt, match="vocab_size is 300"):
         Bundle.open(b)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "edgespec.service"
 ENVFILE = REPO / "systemd" / "edgespec.env"
 INSTALL = REPO / "systemd" / "install.sh"

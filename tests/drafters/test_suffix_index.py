@@ -13,7 +13,7 @@ from edgespec.drafters.suffix_index import SEP, SuffixIndex
 
 from helpers.suffix_scan import ScanIndex
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def same(a: SuffixIndex, b: ScanIndex, tail, k: int) -> None:

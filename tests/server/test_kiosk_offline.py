@@ -31,7 +31,7 @@ from kiosk.netns import OfflineNamespace, why_unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCS_SHOT = REPO / "docs" / "kiosk-screenshot.png"
 SMOLLM2 = Path("/root/.cache/edgespec/bundles/smollm2")
 PORT = 8000  # the namespace is empty: the default port is free

@@ -13,7 +13,7 @@ import pytest
 import edgespec
 
 STATIC = Path(edgespec.__file__).parent / "static"
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class _Refs(HTMLParser):

@@ -16,7 +16,7 @@ from edgespec.edge import devices, gpumem, memory
 from edgespec.errors import BudgetError
 
 MIB = 1 << 20
-FAKES = Path(__file__).parent / "fakes"
+FAKES = Path(__file__).parents[1] / "fakes"
 
 
 class FakeNvml:
@@ -91,7 +91,7 @@ def test_the_context_subcommand_says_why_not_here(monkeypatch, capsys):
 
 def test_measure_context_fresh_runs_in_another_process_and_says_why_not_here():
     if gpumem.reader("/nonexistent", unified=False) is not None:
-        pytest.skip("this machine has NVML: tests/test_gpu.py measures the context here")
+        pytest.skip("this machine has NVML: tests/bench/test_gpu.py measures the context here")
     m = gpumem.measure_context_fresh("/nonexistent", unified=False)
     assert "context_bytes" not in m and m["note"].startswith("no NVML (libnvidia-ml")
 

@@ -15,7 +15,7 @@ from edgespec.edge import doctor
 from edgespec.edge.providers import CPU, CUDA, TRT
 from edgespec.models.kernels import ORT_FLOORS
 
-FAKES = Path(__file__).parent / "fakes"
+FAKES = Path(__file__).parents[1] / "fakes"
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ from edgespec_export.pipeline import ExportOptions, run_export  # noqa: E402
 from helpers.wait import wait_for  # noqa: E402
 from edgespec_export.tiny import make_tiny_model  # noqa: E402
 
-TESTS = Path(__file__).parent
+# a child process imports this module by name, and helpers/ beside it: both folders on its path
+CHILD_PATH = os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])
 
 
 class Quiet:
@@ -43,7 +44,7 @@ def _child_job_path(progress=None):
 
 
 def test_job_folder_goes_where_it_is_told(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([CHILD_PATH, os.environ.get("PYTHONPATH", "")]))
     job = Path(isolate.call(_child_job_path, progress=Quiet(), what="test", log_dir=tmp_path))
     assert job.parent.parent == tmp_path and job.parent.name.startswith(isolate.PREFIX)
     assert not job.parent.exists()  # removed when the call ends
@@ -74,7 +75,7 @@ def test_a_killed_callers_leftover_is_removed_by_the_next_call(tmp_path, monkeyp
         "import test_export_tempdirs as t\n"
         "isolate.call(t._child_sleeps, progress=t.Quiet(), what='victim')\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([CHILD_PATH, os.environ.get("PYTHONPATH", "")]))
     parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], env=env)
     def child_started():
         assert parent.poll() is None, "the victim exited before starting its child"

@@ -21,7 +21,8 @@ from edgespec_export import isolate, pipeline  # noqa: E402
 from edgespec_export.pipeline import ExportOptions, run_export  # noqa: E402
 from edgespec_export.tiny import make_tiny_model  # noqa: E402
 
-TESTS = Path(__file__).parent
+# a child process imports this module by name, and helpers/ beside it: both folders on its path
+CHILD_PATH = os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +167,7 @@ class Recorder:
 
 
 def test_child_result_progress_and_errors(monkeypatch, capfd):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([CHILD_PATH, os.environ.get("PYTHONPATH", "")]))
     rec = Recorder()
     stats: dict = {}
     out = isolate.call(_child_ok, 21, progress=rec, what="test", stats=stats)

@@ -67,7 +67,7 @@ def test_placement_on_the_cpu_provider_passes_and_asking_for_cuda_here_fails_wit
     out = json.loads(capsys.readouterr().out)
     assert out["target:cuda"]["by_op"]["GroupQueryAttention"] == {"CPUExecutionProvider": 2}
     if "CUDAExecutionProvider" in ort.get_available_providers():
-        pytest.skip("this onnxruntime has CUDA: the failing direction is tests/test_gpu.py's")
+        pytest.skip("this onnxruntime has CUDA: the failing direction is tests/bench/test_gpu.py's")
     assert placement._main([str(tiny_cuda_bundle), "--providers", "cuda,cpu"]) == 1
     err = capsys.readouterr().err
     assert "placement: target:cuda on CPUExecutionProvider:" in err and "nodes off CUDAExecutionProvider" in err
@@ -90,7 +90,7 @@ def test_summary_reads_what_the_steps_wrote(tmp_path):
     (tmp_path / "bench-smol-code.json").write_text(json.dumps({"summary": {"by_category": rows}}))
     lines = summary(tmp_path)
     assert lines[1] == "## Findings"
-    assert "- tests/test_gpu.py: 7 tests: 6 ran, 1 skipped, 0 failed, 0 errors" in lines
+    assert "- tests/bench/test_gpu.py: 7 tests: 6 ran, 1 skipped, 0 failed, 0 errors" in lines
     assert ("- placement smol target:cuda: session on CUDAExecutionProvider; 1 GroupQueryAttention/MatMulNBits nodes "
             "off CUDAExecutionProvider, 1 Memcpy inside layers") in lines
     assert ("- plan smol: predicted 900 MiB, measured 1000 MiB (+10.0 %); device side 500 MiB in the budget, "
