@@ -94,3 +94,41 @@ def test_choose_kept_order():
     kept = choose_kept(6, 100, corpus_ids=[50, 50, 60, 99, 99, 99, 7], always=[98])
     # 98 always; then by frequency 99, 50, then 7 and 60 (once each, lower id first); then id 0
     assert kept.tolist() == [0, 7, 50, 60, 98, 99]
+
+
+def _external_graph(folder):
+    """A one-initializer graph whose weight lives in model.onnx.data, as the builder writes them."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    w = np.arange(24, dtype=np.float32).reshape(4, 6)
+    init = numpy_helper.from_array(w, "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["logits"])], "g",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [1, 6])], [init])
+    onnx.save_model(helper.make_model(g), str(folder / "model.onnx"), save_as_external_data=True,
+                    location="model.onnx.data", size_threshold=0)
+    return w
+
+
+def test_weights_are_read_from_a_hard_linked_data_file(tmp_path):
+    """onnx's own loader refuses a data file with two hard links (its 'hardlink attack' check); a
+    bundle folder may be hard-linked (a `cp -al` backup, a tool copying the export while it runs:
+    the 1.5B export with --heads failed that way), so the export reads the bytes itself."""
+    import os
+
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    from edgespec_export.heads_graph import lm_head_rows
+    from edgespec_export.prune_vocab import read_external
+
+    w = _external_graph(tmp_path)
+    os.link(tmp_path / "model.onnx.data", tmp_path / "backup.data")
+    t = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False).graph.initializer[0]
+    with pytest.raises(Exception, match="hard link"):  # the negative control: onnx's reader
+        load_external_data_for_tensor(t, str(tmp_path))
+    assert np.array_equal(lm_head_rows(tmp_path / "model.onnx", np.array([5, 0])), w[:, [5, 0]].T)
+    t.external_data[0].value = "../outside.data"  # a location out of the graph's folder
+    with pytest.raises(ValueError, match="outside"):
+        read_external(t, tmp_path)
