@@ -266,7 +266,7 @@ def test_auto_is_shown_beside_the_best_single_mode_per_category():
     assert (d.best_mode, d.speedup, d.ok) == ("target", pytest.approx(0.99), True)
     assert both.mode == "auto" and both.best_mode == "suffix"
     text = bench_report.report_text(run)
-    assert "auto beside the best single mode" in text
+    assert "auto beside the best single mode" in text and "priced at the run's mean cost" in text
     line = next(x for x in text.splitlines() if x.startswith("c ") and "suffix" in x and "BELOW" in x)
     assert "1.90x" in line and "2.00x" in line and "0.95" in line
     assert bench_report.report_json(run)["summary"]["auto_vs_best"][0]["ok"] is False
@@ -442,3 +442,26 @@ def test_conversation_turns_run_in_order_from_one_reset(tiny_bundle):
         assert c2[m].prompt_tokens > c1[m].prompt_tokens + c1[m].new_tokens  # history included
         assert c2[m].same_as_target in (None, True)
     assert "suffix" in bench_report.report_text(run)
+
+
+def test_priced_speedups_take_the_load_drift_between_modes_out():
+    """Two categories, the same steps: suffix's 3-token steps ran at 0.3 s during a load burst in "c"
+    and 0.1 s in "d". Measured, suffix is 0.84x in c and 2.5x in d; priced at the run's mean cost
+    per size (0.2 s) both are what their steps buy, and each sample keeps its own loop time."""
+    from edgespec.bench.priced import mean_costs, priced_run
+
+    def s(cat, mode, steps, dec):
+        x = bench.Sample("p" + cat, cat, mode, 0, 11, 0, 0.1, dec, 0.0, dec + 0.1, 11, 0, 0, None, 1.0, 0.0,
+                         "length", 100.0, None, None)
+        x.target_steps = steps
+        return x
+
+    run = bench.BenchRun(meta={}, modes=[bench.Mode("none"), bench.Mode("suffix")],
+                         prompts=[bench.Prompt("pc", "c", "x"), bench.Prompt("pd", "d", "y")],
+                         samples=[s("c", "target", {1: [10, 1.0]}, 1.05), s("c", "suffix", {3: [4, 1.2]}, 1.25),
+                                  s("d", "target", {1: [10, 1.0]}, 1.0), s("d", "suffix", {3: [4, 0.4]}, 0.4)])
+    assert mean_costs(run.samples) == ({1: pytest.approx(0.1), 3: pytest.approx(0.2)}, {})
+    measured = {r.group: r.speedup for r in bench_report.summarize(run) if r.mode == "suffix"}
+    priced = {r.group: r.speedup for r in bench_report.summarize(priced_run(run)) if r.mode == "suffix"}
+    assert measured["c"] == pytest.approx(1.05 / 1.25) and measured["d"] == pytest.approx(2.5)
+    assert priced["c"] == pytest.approx(1.05 / 0.85) and priced["d"] == pytest.approx(1.0 / 0.8)
