@@ -19,6 +19,7 @@ from .costed import CostedDrafter
 # Acceptance is learned per bin of the draft's own probability for the token it proposed: a
 # confident draft is usually right, an unsure one usually wrong, and that is known *before* paying
 # for the next draft step and the longer verify.
+PRIOR_ACCEPTANCE = 0.6  # a draft's long-run acceptance before anything is known of the pair
 _CONF_EDGES = np.array([0.2, 0.4, 0.6, 0.75, 0.85, 0.92, 0.97, 0.99])
 
 
@@ -37,7 +38,8 @@ class ModelDrafter(CostedDrafter):
     name = "model"
 
     def __init__(self, runner: ModelRunner, usable: int, costs: CostModel | None = None, *, adaptive: bool = True,
-                 vocab_map: Sequence[int] | np.ndarray | None = None, eager_prefill: bool = False):
+                 vocab_map: Sequence[int] | np.ndarray | None = None, eager_prefill: bool = False,
+                 prior: float | None = None):
         super().__init__(costs)
         self.runner = runner
         self.usable = usable  # the target's vocabulary: q rows are this long
@@ -61,7 +63,9 @@ class ModelDrafter(CostedDrafter):
         self._picked_row = 0  # the logits row of the last token _pick chose
         mids = np.concatenate([[0.1], (_CONF_EDGES[:-1] + _CONF_EDGES[1:]) / 2, [0.995]])
         self.by_conf = [Beta(float(m) * 0.9) for m in mids]
-        self.mean = Beta(0.6, weight=8.0)
+        # its long-run acceptance starts from the export's measured agreement of this pair when the
+        # bundle records one (Manifest.draft_agreement), else from a middling 0.6
+        self.mean = Beta(PRIOR_ACCEPTANCE if prior is None else prior, weight=8.0)
         self.last_seconds = 0.0  # wall time of the last proposal (draft steps and picking)
 
     @property

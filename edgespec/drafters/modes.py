@@ -67,7 +67,10 @@ def _model(kit: Kit):
     from .model import ModelDrafter
 
     runner = kit.runner("draft")
-    return None if runner is None else ModelDrafter(runner, kit.usable, kit.costs, vocab_map=kit.vocab_map)
+    if runner is None:
+        return None
+    prior = kit.bundle.manifest.draft_agreement if kit.bundle is not None else None
+    return ModelDrafter(runner, kit.usable, kit.costs, vocab_map=kit.vocab_map, prior=prior)
 
 
 def _self(kit: Kit):

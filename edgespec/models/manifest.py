@@ -160,6 +160,14 @@ class Manifest:
     # manifest is caught like a damaged weight file. Integrity, not authenticity.
     digest: str = ""
 
+    @property
+    def draft_agreement(self) -> float | None:
+        """The draft's top-1 agreement with the target on the export's parity text, measured on this
+        very pair: the draft drafter's starting acceptance. None when absent or not a share in (0, 1)."""
+        a = self.drafting.get("draft_agreement")
+        ok = isinstance(a, (int, float)) and not isinstance(a, bool) and 0.0 < a < 1.0
+        return float(a) if ok else None
+
     # -- (de)serialisation --------------------------------------------------------------------
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
