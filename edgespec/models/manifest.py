@@ -153,7 +153,7 @@ class Manifest:
     # runtime defaults chosen at export, e.g. {"max_len": 4096} (`edgespec export --max-context`)
     defaults: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # exporter's notes: peak memory, timings, versions
-    # draft heads trained at export (`edgespec export --heads medusa`), None without: {"method": "medusa",
+    # draft heads trained at export (`edgespec export --heads medusa|feature`), None without: {"method",
     # "path": "heads/model.onnx", "vocab_map": "heads/vocab_map.npy", "n_heads", "hidden_size", "kept",
     # "training": {data, split, steps, seconds, heldout_top1 per head, ...}} (export/edgespec_export/heads.py)
     heads: dict[str, Any] | None = None
@@ -235,7 +235,7 @@ TOKENIZER_RULES = {
     "bos_id": ids_below(_usable), "eos_ids": all_of(not_empty("generation would never stop at an end token"), ids_below(_usable)),
     "pad_id": ids_below(_target_vocab), "special_tokens": ids_below(_target_vocab),
 }
-HEADS_METHODS = ("medusa",)
+HEADS_METHODS = ("medusa", "feature")  # export/edgespec_export/heads.py METHODS
 
 
 def _heads(v, obj, root):
@@ -245,7 +245,7 @@ def _heads(v, obj, root):
     for f in ("path", "vocab_map"):
         if not isinstance(v.get(f), str) or v[f] not in root["files"]:
             return f".{f} {show(v.get(f))} is not listed in 'files'"
-    for f in ("n_heads", "hidden_size"):
+    for f in ("n_heads", "hidden_size", "kept"):
         if not is_int(v.get(f)) or v[f] <= 0:
             return f".{f} must be a positive integer, got {show(v.get(f))}"
     return None
@@ -472,6 +472,10 @@ def verify_bundle(root: str | os.PathLike, *, checksums: bool = True) -> tuple[M
         graphs = [(role, g) for role, facts in manifest.models.items() for g in facts.graphs().values()]
         for role, graph in graphs:  # each flavor's graph (export --ep cpu,cuda)
             problems += model_problems(root, role, graph, set(manifest.files), added)
+        if manifest.heads is not None:
+            from .graphfacts import heads_problems
+
+            problems += heads_problems(root, manifest.heads)
         if all(graph_readable(root / g.path) for _, g in graphs):  # each node against its provider's kernels
             problems += kernel_problems(root, manifest)  # (kernelcheck.py), whatever the facts said
     return manifest, problems + stray_problems(root, set(manifest.files) | {MANIFEST_NAME})
