@@ -167,7 +167,12 @@ def from_record(record: dict, root: Path, session, target: ModelRunner, usable: 
         raise DraftUnavailable("the target graph has no hidden_states output: re-export the bundle with this "
                                "edgespec and --heads", param="draft")
     vocab_map = np.load(Path(root) / record["vocab_map"], allow_pickle=False)
-    priors = record.get("training", {}).get("heldout_top1", ())
+    training = record.get("training", {})
+    chain = training.get("heldout_chain")
+    if chain:  # the feature drafter's: P(position j right | 0..j-1 right), what a chain's verify sees
+        priors = [c / p if p > 0 else 0.0 for c, p in zip(chain, [1.0, *chain[:-1]])]
+    else:
+        priors = training.get("heldout_top1", ())
     if record["method"] == "feature":
         from .feature import FeatureDrafter
 
