@@ -18,7 +18,7 @@
 #    with its [cuda,cudnn] extras (CUDA and cuDNN from pip, loaded by onnxruntime.preload_dlls() at every
 #    start of that venv); on a Jetson it is NVIDIA's JetPack wheel (JetPack 6: their index; else
 #    --ort-wheel) with JetPack's own CUDA. If the install fails the check stops, naming what to do.
-# 2. versions, doctor, tests/test_gpu.py (a run where every test skipped is a failure), the SmolLM2
+# 2. versions, doctor, tests/bench/test_gpu.py (a run where every test skipped is a failure), the SmolLM2
 #    export (int8, --ep cuda; needs the export extra), verify, node placement, bench, plan --measure.
 # 3. Writes REPORT_DIR (default gpu-check-<date>/): summary.md with each step's exit status and log.
 #    A failing step does not stop the others. Without an NVIDIA GPU it stops at once (exit 2).
@@ -163,7 +163,7 @@ fi
 # --- 2. the steps
 step versions 60 "$PY" -c 'import onnxruntime as o, sys; print(sys.version); print(o.__version__, o.get_available_providers())'
 step doctor 120 "$PY" -m edgespec doctor --json
-step test-gpu 600 bash -c "$PY -m pytest -q -rs tests/test_gpu.py --junitxml '$REPORT/test_gpu.xml'; rc=\$?; $PY -m edgespec.bench.gpucheck junit '$REPORT/test_gpu.xml' && exit \$rc"
+step test-gpu 600 bash -c "$PY -m pytest -q -rs tests/bench/test_gpu.py --junitxml '$REPORT/test_gpu.xml'; rc=\$?; $PY -m edgespec.bench.gpucheck junit '$REPORT/test_gpu.xml' && exit \$rc"
 
 GGUF_OF="from edgespec.models.store import find_model as f; import sys; print(f(sys.argv[1]) or '')"
 if [ -z "$SMOL" ]; then

@@ -4,7 +4,7 @@
 # which the arm64 environment does not have; tests that need it skip there).
 #
 #   scripts/test-arm64.sh                   the runtime tests (not slow), on an emulated Cortex-A72 (Pi 4)
-#   scripts/test-arm64.sh tests/test_runner.py -k step     any pytest arguments instead
+#   scripts/test-arm64.sh tests/core/test_runner.py -k step     any pytest arguments instead
 #   QEMU_CPU=cortex-a76 scripts/test-arm64.sh              Pi 5 cores (neoverse-n1 ~ Jetson Orin)
 #
 # Needs root (chroot, binfmt_misc) and Debian's qemu-user-static, binfmt-support and mmdebstrap, which

@@ -4,7 +4,7 @@
     python -m edgespec.bench.gpucheck preload             # onnxruntime.preload_dlls(), saying what it did
     python -m edgespec.bench.gpucheck summary REPORT_DIR  # the findings of a check run, as markdown lines
 
-Why `junit`: pytest exits 0 when every test skipped, and tests/test_gpu.py skips everything where the
+Why `junit`: pytest exits 0 when every test skipped, and tests/bench/test_gpu.py skips everything where the
 CUDA provider does not work; a GPU check that records that as passed says the GPU path works when
 nothing ran on the GPU. The JUnit XML that pytest writes counts tests, skips, failures and errors.
 
@@ -70,7 +70,7 @@ def summary(report: str | Path) -> list[str]:
     report = Path(report)
     out = ["", "## Findings"]
     if (report / "test_gpu.xml").exists():
-        out.append(f"- tests/test_gpu.py: {junit_counts(str(report / 'test_gpu.xml')).verdict()[1]}")
+        out.append(f"- tests/bench/test_gpu.py: {junit_counts(str(report / 'test_gpu.xml')).verdict()[1]}")
     for f in sorted(report.glob("placement-*.json")):
         for graph, p in _json(f).items():
             key, off = next(((k, v) for k, v in p.items() if k.startswith("key_ops_off_")), ("key_ops_off_?", []))

@@ -4,7 +4,7 @@ Why: a session "on CUDA" may still run some nodes on the CPU (an op or dtype the
 not register: a float32 GroupQueryAttention is the case that matters here), with Memcpy nodes
 inserted around them that copy activations, or the whole KV cache, across the bus at every step.
 `session.get_providers()` does not show that; the profile does: one event per node run, with its
-op type and provider. scripts/gpu-check.sh reports it; tests/test_gpu.py asserts on it.
+op type and provider. scripts/gpu-check.sh reports it; tests/bench/test_gpu.py asserts on it.
 
 Shapes: the steps run are a 4-token prefill then a 1-token and a 3-token step, so both the prefill
 and the decode kernels appear.

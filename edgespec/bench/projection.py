@@ -1,12 +1,9 @@
 """Projection of a bench run to another board: "would speculation pay on a Jetson or a Pi?"
 
-(Over 450 lines: the board table, the step-cost model and the per-mode projection are one model and
-its data, read together when a figure is questioned.)
-
 What transfers from this machine and what does not:
 - acceptance, and so how many steps of each size a mode needs per generated token, depends on the
   models and the text, not on the device: it is *measured* here (the runners' step counts by number
-  of tokens, for every generation of the run);
+  of tokens, for every generation of the run, summed per mode in bench/modework.py);
 - the cost of a step depends on the device: it is *modelled* there, as a roofline plus a fixed cost:
 
       t(model, n tokens) = launch + max(bytes_read / (B * eff_b), 2 * params * n / (C * eff_c))   (overlap)
@@ -35,13 +32,13 @@ measured figures.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from ..core.costmodel import expected_tokens
 from ..errors import InvalidRequest
 from ..limits import DEFAULT_MAX_LEN
+from .modework import ModeWork, acceptance_estimate, prefill_chunks
 
 GB = 1e9
 
@@ -210,134 +207,6 @@ def step_seconds(m: ModelCost, hw: Hardware, n: int, context: float, *, overlap:
     return hw.launch_ms_per_layer * 1e-3 * m.layers + (max(t_mem, t_cmp) if overlap else t_mem + t_cmp)
 
 
-# --- what a mode did, from the measurements -------------------------------------------------------
-@dataclass
-class ModeWork:
-    """Everything the projection needs about one mode's generations, summed over samples."""
-
-    mode: str
-    tokens: int = 0  # decode tokens (each generation's tokens after its first)
-    decode_s: float = 0.0  # measured decode time on this machine
-    target_steps: dict[int, list] = field(default_factory=dict)  # decode steps: n -> [count, seconds]
-    draft_steps: dict[int, list] = field(default_factory=dict)
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    context_sum: float = 0.0  # sum of mean context per generation (for the KV term)
-    generations: int = 0
-    prompt_tokens: int = 0
-
-    @property
-    def step_s(self) -> float:
-        return sum(s for _, s in self.target_steps.values()) + sum(s for _, s in self.draft_steps.values())
-
-    @property
-    def overhead_s(self) -> float:
-        """Decode time not spent in any model step: the loop itself."""
-        return max(self.decode_s - self.step_s, 0.0)
-
-    @property
-    def mean_context(self) -> float:
-        return self.context_sum / self.generations if self.generations else 0.0
-
-
-def _add_steps(acc: dict[int, list], steps: dict) -> None:
-    for n, (c, s) in steps.items():
-        n = int(n)
-        cur = acc.setdefault(n, [0, 0.0])
-        cur[0] += c
-        cur[1] += s
-
-
-def collect_work(samples: Iterable) -> dict[str, ModeWork]:
-    """Sums decode-phase steps per mode. The prompt's prefill chunks run before the first token, so
-    outside the decode time: the target's always, the draft's when the engine fed it the prompt along
-    with the target (model and auto modes); they are taken out of both histograms here."""
-    from ..limits import PREFILL_CHUNK
-
-    out: dict[str, ModeWork] = {}
-    for s in samples:
-        chunks = prefill_chunks(s.prompt_tokens, PREFILL_CHUNK)
-        w = out.setdefault(s.mode, ModeWork(s.mode))
-        w.tokens += max(s.new_tokens - 1, 0)
-        w.decode_s += s.decode_s
-        w.rounds += max(s.target_passes - 1, 0)
-        w.drafted += s.drafted
-        w.accepted += s.accepted
-        w.generations += 1
-        w.prompt_tokens += s.prompt_tokens
-        w.context_sum += s.prompt_tokens + s.new_tokens / 2
-        _add_steps(w.target_steps, _without(s.target_steps, chunks))
-        _add_steps(w.draft_steps, _without(s.draft_steps, chunks))
-    return out
-
-
-def _without(steps: dict, chunks: list[int]) -> dict[int, list]:
-    """A step histogram {tokens: [count, seconds]} less one step of each size in `chunks` (at the
-    size's mean time); sizes it lacks are left alone."""
-    out = {int(n): list(v) for n, v in steps.items()}
-    for n in chunks:
-        if n in out and out[n][0] > 0:
-            c, sec = out[n]
-            out[n] = [c - 1, sec - sec / c]
-    return {n: v for n, v in out.items() if v[0] > 0}
-
-
-def prefill_chunks(prompt_tokens: int, chunk: int) -> list[int]:
-    full, rest = divmod(prompt_tokens, chunk)
-    return [chunk] * full + ([rest] if rest else [])
-
-
-# --- per-token acceptance -----------------------------------------------------------------------
-def per_token_acceptance(accepted: int, rounds_with_drafts: int, k: float) -> float | None:
-    """The a of the i.i.d. model (each proposal accepted with probability a once all before it
-    were) that explains `accepted` tokens over `rounds_with_drafts` rounds of about k proposals:
-    solves a + a^2 + ... + a^k = accepted / rounds by bisection."""
-    if rounds_with_drafts <= 0 or k <= 0:
-        return None
-    target = accepted / rounds_with_drafts
-    kk = max(1, round(k))
-    if target <= 0:
-        return 0.0
-    if target >= kk:
-        return 1.0
-
-    def f(a: float) -> float:
-        return sum(a ** i for i in range(1, kk + 1))
-
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if f(mid) < target:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-def acceptance_estimate(work: dict[str, ModeWork]) -> tuple[float, str, ModeWork] | None:
-    """The per-token acceptance a of the draft model, from the fixed-k model mode with the largest k
-    if the run has one (every round then proposes k, so a is measured as the i.i.d. model means it);
-    else from the adaptive model mode, whose drafter stops before tokens it is unsure of: that a
-    is optimistic, and says so."""
-    fixed = []
-    for name, w in work.items():
-        base, _, k = name.partition(" k=")
-        if base == "model" and k.isdigit() and w.rounds and w.drafted:
-            fixed.append((int(k), name, w))
-    if fixed:
-        k, name, w = max(fixed)
-        a = per_token_acceptance(w.accepted, w.rounds, w.drafted / w.rounds)
-        return (a, f"(from '{name}')", w) if a is not None else None
-    w = work.get("model")
-    if w is None or not w.rounds or not w.drafted:
-        return None
-    a = per_token_acceptance(w.accepted, w.rounds, w.drafted / w.rounds)
-    if a is None:
-        return None
-    return a, "(from adaptive 'model': optimistic; run with --k 4 to measure it at fixed k)", w
-
-
 # --- the projection -------------------------------------------------------------------------------
 @dataclass
 class ProjectedMode:
@@ -465,7 +334,3 @@ def cost_model_text(hw_list: Sequence[Hardware]) -> list[str]:
                      f"{hw.eff_compute:g} ({hw.path}; {hw.basis}), launch {hw.launch_ms_per_layer:g} ms/layer, "
                      f"cpu_speed {hw.cpu_speed:g}")
     return lines
-
-
-def finite(x: float) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)

@@ -138,6 +138,13 @@ def auto_checks(rows: Sequence[Row]) -> list[AutoCheck]:
     return out
 
 
+def priced_checks(run: BenchRun) -> list[AutoCheck]:
+    """auto_checks on the run with every step priced at the run's mean cost for its size (priced.py)."""
+    from .priced import priced_run
+
+    return auto_checks(summarize(priced_run(run), "category"))
+
+
 def format_auto_checks(checks: Sequence[AutoCheck], group_title: str = "category") -> str:
     cols = [group_title, "mode", "speed-up", "best single mode", "its speed-up", "auto / best", "rule"]
     lines = []
@@ -164,7 +171,7 @@ class Breakdown:
 
 
 def breakdown(run: BenchRun) -> list[Breakdown]:
-    from .projection import collect_work
+    from .modework import collect_work
 
     work = collect_work(run.samples)
     out = []
@@ -369,6 +376,8 @@ def report_text(run: BenchRun, projections: Sequence = (), hw_list: Sequence = (
         parts += ["", f"auto beside the best single mode (rule: >= {AUTO_VS_BEST:.2f}x the best of "
                       f"{', '.join(m for m in SINGLE_MODES if m in {r.mode for r in rows})} and the target alone, "
                       f">= {AUTO_VS_TARGET:.2f}x the target):", format_auto_checks(checks)]
+        parts += ["", "the same, every mode's steps priced at the run's mean cost per step size (load drift "
+                      "between modes taken out; bench/priced.py):", format_auto_checks(priced_checks(run))]
     if per_prompt:
         parts += ["", format_table(summarize(run, "prompt"), "prompt")]
     bd = breakdown(run)
@@ -419,7 +428,8 @@ def report_json(run: BenchRun, projections: Sequence = ()) -> dict[str, Any]:
     rows = summarize(run, "category")
     d["summary"] = {"by_category": [asdict(r) for r in rows],
                     "by_prompt": [asdict(r) for r in summarize(run, "prompt")],
-                    "auto_vs_best": [{**asdict(c), "ratio": c.ratio, "ok": c.ok} for c in auto_checks(rows)]}
+                    "auto_vs_best": [{**asdict(c), "ratio": c.ratio, "ok": c.ok} for c in auto_checks(rows)],
+                    "auto_vs_best_priced": [{**asdict(c), "ratio": c.ratio, "ok": c.ok} for c in priced_checks(run)]}
     d["breakdown"] = [asdict(b) for b in breakdown(run)]
     d["projection"] = [p.to_dict() for p in projections]
     return d

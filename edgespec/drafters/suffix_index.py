@@ -99,14 +99,6 @@ class _Automaton:
         # strings, so a jump stays valid.
         self.jump = array("i", [NONE])
 
-    def copy(self) -> "_Automaton":
-        twin = _Automaton(self.depth)
-        for name in ("len", "link", "cnt", "cont", "best", "ttok", "tdst", "jump"):
-            setattr(twin, name, array("i", getattr(self, name)))
-        twin.more = {s: dict(m) for s, m in self.more.items()}
-        twin.last = self.last
-        return twin
-
     @property
     def states(self) -> int:
         return len(self.len)
@@ -287,18 +279,6 @@ class SuffixIndex:
         self.evicted = 0  # tokens dropped so far (tests and stats)
         self.rebuilt = 0  # automaton rebuilds after an eviction, finished (stats)
 
-    def copy(self) -> "SuffixIndex":
-        """An independent index holding the same text: what either gains later never shows in the
-        other. (Batched requests do not copy the history: they read it beside an index of their own
-        text, engine/batch_drafters.py.)"""
-        twin = type(self)(self.capacity, self.max_match, self.max_chain)
-        twin._buf[: self._end] = self._buf[: self._end]
-        twin._end = self._end
-        twin._sam = self._sam.copy()
-        twin._next = None if self._next is None else self._next.copy()
-        twin._fed = self._fed
-        return twin
-
     # -- size -------------------------------------------------------------------------------------
     def __len__(self) -> int:
         """Tokens held (separators included), never more than capacity."""
@@ -332,7 +312,7 @@ class SuffixIndex:
         return self._next is not None
 
     def settle(self) -> None:
-        """Finishes a pending rebuild now (tests; a caller about to copy the index for long)."""
+        """Finishes a pending rebuild now (tests: the rebuilt automaton compared with the scan)."""
         if self._next is not None:
             self._advance(self._end)
 

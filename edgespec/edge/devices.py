@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import InvalidRequest
 from ..limits import DEFAULT_MAX_LEN
-from .memory import meminfo
+from .memcheck import meminfo
 from .providers import ProfileOrder
 
 GIB = 1 << 30

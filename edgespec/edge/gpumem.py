@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
-from .memory import meminfo
+from .memcheck import meminfo
 
 _LIBS = ("libcudart.so", "libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0")
 _NVML_LIBS = ("libnvidia-ml.so.1", "libnvidia-ml.so")

@@ -19,20 +19,18 @@ is decided on the sum; on a discrete GPU they are kept apart (the budget is the 
 
 Order of retreat when the budget is too small: shrink max_len (down to a floor), then drop the draft
 model (n-gram drafting needs no memory), then refuse with BudgetError. The constants below were fitted
-against measured RSS of real bundles (see docs/edge.md, "Memory budget"); `measure_rss` and
-`compare` let every load check the prediction again.
+against measured RSS of real bundles (see docs/edge.md, "Memory budget"); edge/memcheck.py's
+`compare` lets every load check the prediction again.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..errors import BudgetError, InvalidRequest
 from ..limits import PREFILL_CHUNK, SUFFIX_BYTES_PER_TOKEN, SUFFIX_CAPACITY
 from ..models.bundle import Bundle
-from ..units import format_size, measure_rss
+from ..units import format_size
 from . import cache_length
 
 # --- the model's constants, fitted to measured RSS (docs/edge.md, "Memory budget") ------------
@@ -396,62 +394,3 @@ def _longest_fitting(fits, floor: int, want: int) -> int | None:
             hi = mid - 1
     aligned = (lo // LEN_ALIGN) * LEN_ALIGN
     return aligned if aligned >= floor and lo != want else lo
-
-
-# --- measurement ---------------------------------------------------------------------------------
-@dataclass
-class MemoryCheck:
-    predicted_bytes: int
-    measured_bytes: int
-
-    @property
-    def error(self) -> float:
-        """(measured - predicted) / measured: positive means the plan under-predicted."""
-        return (self.measured_bytes - self.predicted_bytes) / max(1, self.measured_bytes)
-
-    def describe(self) -> str:
-        return (
-            f"memory: predicted {format_size(self.predicted_bytes)}, measured {format_size(self.measured_bytes)} "
-            f"RSS ({100 * self.error:+.1f} %)"
-        )
-
-
-def compare(plan_: MemoryPlan, measured_bytes: int | None = None) -> MemoryCheck:
-    """Predicted vs measured resident memory of this process (peak RSS unless given). The measurement
-    is of an engine that has just opened, whose suffix index holds nothing yet: the plan's full index
-    (what a long-running server grows to) is left out of the comparison."""
-    if measured_bytes is None:
-        m = measure_rss()
-        measured_bytes = m.get("peak") or m.get("rss") or 0
-    return MemoryCheck(plan_.predicted_bytes - plan_.breakdown.get("suffix_index", 0), int(measured_bytes))
-
-
-def available_bytes(root: str | os.PathLike = "/") -> int | None:
-    """MemAvailable from <root>/proc/meminfo: what the kernel thinks can be allocated without swapping."""
-    info = meminfo(root)
-    return info.get("MemAvailable")
-
-
-def meminfo(root: str | os.PathLike = "/") -> dict[str, int]:
-    out: dict[str, int] = {}
-    try:
-        text = (Path(root) / "proc/meminfo").read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return out
-    for line in text.splitlines():
-        parts = line.replace(":", " ").split()
-        if len(parts) >= 2 and parts[1].isdigit():
-            mult = 1024 if len(parts) > 2 and parts[2].lower() == "kb" else 1
-            out[parts[0]] = int(parts[1]) * mult
-    return out
-
-
-def fits_now(plan_: MemoryPlan, root: str | os.PathLike = "/") -> str | None:
-    """A warning line when the plan needs more than the kernel says is available right now."""
-    avail = available_bytes(root)
-    if avail is not None and plan_.predicted_bytes > avail:
-        return (
-            f"the plan needs {format_size(plan_.predicted_bytes)} but only {format_size(avail)} is available "
-            f"now (MemAvailable): expect swapping or an out-of-memory kill; set --memory-budget"
-        )
-    return None

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..core.batch_runner import BatchRunner, check_batchable
 from ..core.runner import ModelRunner
-from ..edge import devices, flavor, memory, providers as prov
+from ..edge import devices, flavor, memcheck, memory, providers as prov
 from ..edge import governor as gov
 from ..models.bundle import Bundle
 from ..models.manifest import ModelFacts
@@ -86,7 +86,7 @@ def parallel_slots(b: Bundle, plan: memory.MemoryPlan) -> int:
     memory.MAX_AUTO_SLOTS); without a budget, 80 % of the memory available now is the budget."""
     budget = plan.budget_bytes
     if budget is None:
-        avail = memory.available_bytes()
+        avail = memcheck.available_bytes()
         if avail is None:
             return 1
         budget = int(avail * 0.8)

@@ -17,7 +17,8 @@ from typing import Any
 from ..errors import BundleCorrupt, BundleNotFound, TokenizerMismatch
 from .bundlefiles import read_json
 from .files import bundles_dir
-from .manifest import MANIFEST_NAME, Manifest, ModelFacts, verify_bundle
+from .bundlecheck import verify_bundle
+from .manifest import MANIFEST_NAME, Manifest, ModelFacts
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 MAX_TOKENIZER_BYTES = 128 << 20  # the largest real tokenizer.json files are about 35 MB

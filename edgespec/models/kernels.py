@@ -4,7 +4,7 @@ Why a table: no GPU has been lent to this project, so a cuda-flavored graph is n
 here. What CUDA would refuse is written down from onnxruntime's own kernel sources, row by row,
 and `kernelcheck.py` checks every graph against the row of each of its nodes (export, `verify`,
 Bundle.open), naming the node and the rule. The CPU table is the same kind of reading, and the
-tests hold it against real CPU inference sessions in both directions (tests/test_kernelcheck.py):
+tests hold it against real CPU inference sessions in both directions (tests/models/test_kernelcheck.py):
 that proves the checker; the CUDA table is then as good as its reading of the sources.
 
 Each Kernel row: op type + domain, the element types each input may have (the kernel's type

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -386,36 +385,6 @@ def _flavor_problems(role: str, facts: dict, files: dict) -> list[str]:
     return out
 
 
-def cuda_format_problems(manifest: Manifest) -> list[str]:
-    """A bundle older than contract v3 with a cuda-flavored graph: one line saying to re-export."""
-    out = []
-    for role, facts in manifest.models.items():
-        if "cuda" in facts.graphs():
-            path = facts.graphs()["cuda"].path
-            out.append(f"{path}: a format-{manifest.format_version} cuda-flavored graph wires attention_bias into "
-                       "GroupQueryAttention, which onnxruntime's CUDA kernel refuses on every step: re-export the "
-                       f"bundle with this edgespec (`edgespec export ... --ep cuda` writes format {FORMAT_VERSION})")
-    return out
-
-
-def kernel_problems(root: Path, manifest: Manifest) -> list[str]:
-    """Each graph checked against its flavor's kernel table: one line per rule a graph breaks."""
-    from .graphfacts import GraphFormatError
-    from .kernelcheck import check_graph, summarize
-    from .kernels import PROVIDER_OF_FLAVOR
-
-    out = []
-    for facts in manifest.models.values():
-        for flavor, graph in facts.graphs().items():
-            provider = PROVIDER_OF_FLAVOR[flavor]
-            try:
-                found = check_graph(root / graph.path, provider)
-            except (OSError, GraphFormatError) as e:
-                out.append(f"{graph.path}: not a readable ONNX graph ({e})")
-                continue
-            out += summarize(found, provider, prefix=f"{graph.path}: ")
-    return out
-
 
 def _key(k: str) -> str:
     return k if k.isidentifier() and len(k) <= 60 else show(k)
@@ -428,54 +397,3 @@ def _required_fields(cls: type) -> set[str]:
 def _safe_relpath(rel: str) -> bool:
     p = Path(rel)
     return not p.is_absolute() and ".." not in p.parts and rel == p.as_posix() and rel not in ("", ".")
-
-
-def verify_bundle(root: str | os.PathLike, *, checksums: bool = True) -> tuple[Manifest | None, list[str]]:
-    """Reads `root/manifest.json` and checks the schema, that every listed file is inside the
-    bundle with its size and sha256, that no unlisted file sits in the bundle, and the facts against
-    the graphs. Returns (manifest or None, problems). models/bundle.py's read_bundle adds the
-    tokenizer and the chat template: that is what `verify` and Bundle.open run.
-
-    `checksums=False` skips hashing (sizes are still checked) for callers that accept that trade."""
-    from .bundlefiles import file_problems, outside, read_json, stray_problems
-
-    root = Path(root)
-    if not root.is_dir():
-        return None, [f"{root}: not a folder"]
-    mpath = root / MANIFEST_NAME
-    if outside(Path(os.path.realpath(root)), mpath) is not None:
-        return None, [f"{MANIFEST_NAME}: a symbolic link out of the bundle: refused"]
-    if not mpath.is_file():
-        hint = " (a '.partial' folder is an export that did not finish)" if root.name.endswith(".partial") else ""
-        return None, [f"{mpath}: missing: not a bundle, or an unfinished export{hint}"]
-    d, why = read_json(mpath)
-    if why:
-        return None, [why]
-    try:  # a value nested nearly as deep as json.loads allows can be too deep to print or re-encode
-        problems = check_schema(d)
-        if problems:
-            return None, problems
-        if not d.get("digest"):
-            problems.append("manifest.json: no digest: not written by `edgespec export`, or edited")
-        elif d["digest"] != content_digest(d):
-            problems.append("manifest.json: edited after export (its content does not match its digest)")
-    except RecursionError:
-        return None, ["manifest.json: unreadable JSON: nested too deeply"]
-    manifest = Manifest.from_dict(d)
-    problems += file_problems(root, manifest.files, checksums, sha256_file)
-    if not problems and TREE_FORMAT_VERSION <= manifest.format_version < CUDA_FORMAT_VERSION:
-        problems += cuda_format_problems(manifest)  # format 2 wired attention_bias into every graph
-    if not problems:  # the facts against the graphs themselves (a digest can be recomputed after an edit)
-        from .graphfacts import graph_readable, model_problems
-
-        added = {n for rows in CONTRACT_INPUTS.values() for names in rows.values() for n in names}
-        graphs = [(role, g) for role, facts in manifest.models.items() for g in facts.graphs().values()]
-        for role, graph in graphs:  # each flavor's graph (export --ep cpu,cuda)
-            problems += model_problems(root, role, graph, set(manifest.files), added)
-        if manifest.heads is not None:
-            from .graphfacts import heads_problems
-
-            problems += heads_problems(root, manifest.heads)
-        if all(graph_readable(root / g.path) for _, g in graphs):  # each node against its provider's kernels
-            problems += kernel_problems(root, manifest)  # (kernelcheck.py), whatever the facts said
-    return manifest, problems + stray_problems(root, set(manifest.files) | {MANIFEST_NAME})

@@ -28,7 +28,9 @@ def _load_head(model_path: Path) -> tuple[object, dict]:
     """The target graph's lm_head node and its initializers, with only the lm_head's weights read
     from the external data file (the whole 1.5B graph would be 1.2 GB in protobuf objects)."""
     import onnx
-    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+    from onnx.external_data_helper import uses_external_data
+
+    from .prune_vocab import read_external
 
     g = onnx.load(str(model_path), load_external_data=False).graph
     heads = [n for n in g.node if "logits" in n.output or "/edgespec/logits_fp16" in n.output]
@@ -38,7 +40,7 @@ def _load_head(model_path: Path) -> tuple[object, dict]:
     inits = {t.name: t for t in g.initializer if t.name in set(head.input)}
     for t in inits.values():
         if uses_external_data(t):
-            load_external_data_for_tensor(t, str(Path(model_path).parent))
+            read_external(t, Path(model_path).parent)
     return head, inits
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from edgespec.errors import ExportError
 from edgespec.limits import QUANTS
-from edgespec.models.manifest import Manifest, ModelFacts, TokenizerFacts, verify_bundle
+from edgespec.models.bundlecheck import verify_bundle
+from edgespec.models.manifest import Manifest, ModelFacts, TokenizerFacts
 
 from . import isolate, writer
 from .build import FLAVORS, graph_flavor

@@ -76,13 +76,41 @@ def choose_kept(n: int, usable: int, *, corpus_ids: Iterable[int] = (), always: 
     return np.array(sorted(kept), dtype=np.int64)
 
 
+def read_external(t, base: Path) -> None:
+    """Moves an initializer's bytes from the graph's external data file into the tensor, read here
+    rather than by onnx's loader: onnx (1.19 on) refuses a data file with more than one hard link, and
+    a bundle folder may well be hard-linked (a `cp -al` backup, a deduplicating store, a tool copying
+    the export's work folder while it runs: measured, the 1.5B export with --heads failed so after
+    16 minutes). The location must stay inside the graph's folder, as onnx's loader requires."""
+    from onnx import TensorProto
+
+    info = {e.key: e.value for e in t.external_data}
+    folder = Path(base).resolve()
+    path = (folder / info.get("location", "")).resolve()
+    if folder not in path.parents:
+        raise ValueError(f"initializer {t.name!r}: external data {info.get('location')!r} is outside {folder}")
+    offset = int(info.get("offset", 0))
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(int(info["length"])) if "length" in info else f.read()
+    if "length" in info and len(data) != int(info["length"]):
+        raise ValueError(f"initializer {t.name!r}: {path.name} ends before its {info['length']} bytes")
+    t.raw_data = data
+    del t.external_data[:]
+    t.data_location = TensorProto.DEFAULT
+
+
 def prune_head(model_path: Path, kept: np.ndarray, logits_name: str = "logits") -> None:
     """Rewrites the model (graph and external weights) so that its logits are the kept rows only."""
     import onnx
     from onnx import numpy_helper
+    from onnx.external_data_helper import uses_external_data
 
     model_path = Path(model_path)
-    model = onnx.load(str(model_path), load_external_data=True)
+    model = onnx.load(str(model_path), load_external_data=False)
+    for t in model.graph.initializer:
+        if uses_external_data(t):
+            read_external(t, model_path.parent)
     g = model.graph
     producers = [x for x in g.node if logits_name in x.output]
     if len(producers) != 1:

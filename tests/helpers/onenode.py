@@ -1,6 +1,6 @@
 """Single-node ONNX graphs for the kernel-contract tests: one op, its inputs as graph inputs or
 initializers, built with the `onnx` package, and a real CPU session to say whether onnxruntime
-loads and runs it (tests/test_kernelcheck.py holds the CPU table to what this says)."""
+loads and runs it (tests/models/test_kernelcheck.py holds the CPU table to what this says)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -2,7 +2,7 @@
 asked for on cue: a 500, a 429, a dropped connection mid-answer, a context-length refusal, a slow
 or hanging stream. It serves the real page from the package and speaks the same HTTP API (the
 streaming chat endpoint, /ready, /v1/models), and it records every request so the tests can check
-what the page sent. The end-to-end test against the real server is tests/test_kiosk_offline.py.
+what the page sent. The end-to-end test against the real server is tests/server/test_kiosk_offline.py.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import edgespec
+from helpers.wait import wait_for
 
 STATIC = Path(edgespec.__file__).parent / "static"
 CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -93,13 +94,8 @@ class FakeServer:
             self._httpd = None
 
     def wait_for(self, predicate, timeout: float = 10.0, what: str = "condition"):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.02)
-        raise AssertionError(f"stand-in server: timed out waiting for {what}")
+        """helpers.wait.wait_for with this class's argument order."""
+        return wait_for(f"{what} (stand-in server)", predicate, timeout=timeout, every=0.02)
 
 
 class _Handler(BaseHTTPRequestHandler):

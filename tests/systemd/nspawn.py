@@ -1,4 +1,4 @@
-"""A real systemd as PID 1 in systemd-nspawn, for the service tests (tests/test_systemd_nspawn.py).
+"""A real systemd as PID 1 in systemd-nspawn, for the service tests (tests/server/test_systemd_nspawn.py).
 
     python tests/systemd/nspawn.py build      # the cached rootfs and Python deps (first time ~1-2 min)
     python tests/systemd/nspawn.py shell      # boot it and get a shell inside (debugging)

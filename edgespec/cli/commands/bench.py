@@ -122,11 +122,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, result, hw_list, costs) -> int:
     from ...bench import report as bench_report, projection
+    from ...bench.modework import collect_work
     from ...limits import DEFAULT_MAX_LEN
 
     projections = []
     if hw_list:
-        work = projection.collect_work(result.samples)
+        work = collect_work(result.samples)
         max_len = result.meta.get("max_len") or DEFAULT_MAX_LEN
         need = result.meta.get("memory_need_bytes")
         projections = [projection.project(work, costs, hw, max_len=max_len, need_bytes=need) for hw in hw_list]

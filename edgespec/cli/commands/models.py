@@ -58,8 +58,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def list_bundles(root) -> list[dict]:
-    """Bundles under `root`, judged by their manifest only (no hashing: listing must be instant)."""
-    from ...models.manifest import verify_bundle
+    """Bundles under `root`, each judged by the one strict reading Bundle.open and `edgespec verify`
+    run (verify.check: a bundle refused there is "not usable" here, with verify's first line), less
+    the hashing of the weights (sizes are checked): listing stays quick, and a bundle listed "ok"
+    is one `serve` opens."""
+    from .verify import check
 
     out = []
     if not root.is_dir():
@@ -68,7 +71,7 @@ def list_bundles(root) -> list[dict]:
         if d.name.endswith(".partial"):
             out.append({"name": d.name, "path": str(d), "status": "unfinished export (in progress, or left by an interrupted one)"})
             continue
-        manifest, problems = verify_bundle(d, checksums=False)
+        manifest, problems = check(d, checksums=False)
         if manifest is None or problems:
             status = f"not usable: {problems[0] if problems else 'no manifest'}"
         else:

@@ -31,7 +31,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...edge import devices, gpumem, memory
+    from ...edge import devices, gpumem, memcheck, memory
     from ...engine.measure import measure_fresh
     from ...units import format_size, parse_size
     from ...models.bundle import Bundle
@@ -50,7 +50,7 @@ def run(args) -> int:
     ctx_bytes = (context or {}).get("context_bytes")
     plan = memory.plan(bundle, max_len=args.max_len, want_draft=want_draft, budget_bytes=budget, profile=profile,
                        flavor=flavor, device=device, context_bytes=ctx_bytes)
-    warning = memory.fits_now(plan, args.root) if here else None
+    warning = memcheck.fits_now(plan, args.root) if here else None
     if modes.get(args.draft).runner == "draft" and not plan.load_draft:
         plan.notes.append("--draft model asked for, but the plan has no draft model: the engine would refuse")
     check, rss = None, {}
@@ -58,7 +58,7 @@ def run(args) -> int:
         # opened as the engine would be on this board: the same provider order, so the same graph
         rss = measure_fresh(bundle.root, max_len=plan.max_len, load_draft=plan.load_draft,
                             providers=devices.engine_defaults(profile)["providers"])
-        check = memory.compare(plan, rss["peak"] + (rss.get("device_used_delta") or 0) * plan.unified)
+        check = memcheck.compare(plan, rss["peak"] + (rss.get("device_used_delta") or 0) * plan.unified)
     device_measured = rss.get("device_used_delta")
     device_note = (rss.get("device_note") or "device memory not measured") if args.measure and device_measured is None else None
     estimated = [k for k in ("cuda_context", "cublas_workspace") if not (k == "cuda_context" and ctx_bytes is not None)]

@@ -74,19 +74,16 @@ def resolve_model(spec: str, role: str) -> tuple[Path, str]:
 
 # --- 2. the bundle -----------------------------------------------------------------------------------
 def bundle_problems(bundle: Path, fingerprint: dict) -> list[str]:
-    """Why an existing bundle cannot be reused (empty: reuse it). Cheap: no hashing of the weights;
-    Engine.open still verifies the checksums when it loads them."""
-    from ...models.bundle import compatibility_problems
-    from ...models.manifest import verify_bundle
+    """Why an existing bundle cannot be reused (empty: reuse it): the strict reading Bundle.open and
+    `edgespec verify` run (verify.check), less the hashing of the weights; Engine.open still verifies
+    the checksums when it loads them."""
+    from .verify import check
 
     if not bundle.exists():
         return ["not exported yet"]
-    manifest, problems = verify_bundle(bundle, checksums=False)
+    manifest, problems = check(bundle, checksums=False)
     if problems or manifest is None:
         return problems or ["no manifest"]
-    problems = compatibility_problems(manifest)
-    if problems:
-        return problems
     recorded = _read_stamp(bundle)
     if recorded is None:
         return []  # made by someone else (e.g. `edgespec export`): trust its manifest

@@ -1,0 +1,52 @@
+"""Speed-ups at the run's own step costs: the same samples, each generation's decode time rebuilt from
+the steps it ran, every step priced at the mean cost of its size over the whole run.
+
+Why: modes run one after another, so a burst of load during one mode's generations (another process,
+thermal throttling, the OS) lands on that mode alone, and on a 2-core board a category of three
+prompts moves by +-0.05-0.1x from run to run for that reason. What a drafting policy decides (how
+many steps of which sizes, how many draft steps and catch-ups) does not depend on the load; pricing
+every mode's steps at the same per-size costs keeps that and takes the drift out. The loop's own
+time (sampling, lookups, Python: the decode time outside any model step) stays as measured.
+This is a second reading of the same run, printed beside the measured one, never instead of it.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+from ..limits import PREFILL_CHUNK
+from .modework import _without, prefill_chunks
+from .run import BenchRun, Sample
+
+
+def _decode_steps(s: Sample) -> tuple[dict[int, list], dict[int, list]]:
+    chunks = prefill_chunks(s.prompt_tokens, PREFILL_CHUNK)
+    return _without(s.target_steps, chunks), _without(s.draft_steps, chunks)
+
+
+def mean_costs(samples: Sequence[Sample]) -> tuple[dict[int, float], dict[int, float]]:
+    """Seconds per decode step by size over every generation of the run: (target, draft)."""
+    acc: tuple[dict[int, list], dict[int, list]] = ({}, {})
+    for s in samples:
+        for side, steps in zip(acc, _decode_steps(s)):
+            for n, (c, sec) in steps.items():
+                cur = side.setdefault(n, [0, 0.0])
+                cur[0] += c
+                cur[1] += sec
+    t, d = ({n: sec / c for n, (c, sec) in side.items() if c} for side in acc)
+    return t, d
+
+
+def priced_sample(s: Sample, target: dict[int, float], draft: dict[int, float]) -> Sample:
+    """The sample with its decode time rebuilt: its decode steps at the run's mean costs, plus its own
+    time outside model steps."""
+    ts, ds = _decode_steps(s)
+    own = sum(sec for _, sec in ts.values()) + sum(sec for _, sec in ds.values())
+    priced = sum(c * target[n] for n, (c, _) in ts.items()) + sum(c * draft[n] for n, (c, _) in ds.items())
+    return replace(s, decode_s=max(s.decode_s - own, 0.0) + priced)
+
+
+def priced_run(run: BenchRun) -> BenchRun:
+    t, d = mean_costs(run.samples)
+    return BenchRun(meta=run.meta, modes=run.modes, prompts=run.prompts,
+                    samples=[priced_sample(s, t, d) for s in run.samples])

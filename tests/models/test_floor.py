@@ -1,0 +1,180 @@
+"""The onnxruntime floor, per graph flavor (kernels.ORT_FLOORS), and what the cuda flavor leaves out for it.
+
+onnxruntime-gpu stops at 1.31.1 on PyPI while query_seqlens (batched serving) first exists in 1.32.0,
+so the cuda flavor wires no query_seqlens and its floor is the first release whose CUDA
+GroupQueryAttention takes every input it does wire; the cpu flavor keeps batching and 1.32.0.
+Versions are faked (onnxruntime.__version__ monkeypatched); the graphs are the tiny test bundles.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+
+from edgespec.models.kernelcheck import check_graph
+from edgespec.models.kernels import FLOOR_SOURCES, ORT_FLOOR, ORT_FLOORS, floor_problem
+
+CPU_FLOOR, CUDA_FLOOR = ORT_FLOORS["cpu"], ORT_FLOORS["cuda"]
+GPU_WHEEL = "1.31.1"  # the newest onnxruntime-gpu on PyPI when the floors were set
+
+
+def _graph(bundle: Path, role: str = "target") -> Path:
+    return bundle / json.loads((bundle / "manifest.json").read_text())["models"][role]["path"]
+
+
+def _gqa(path: Path) -> list:
+    return [n for n in onnx.load(str(path), load_external_data=False).graph.node if n.op_type == "GroupQueryAttention"]
+
+
+def test_each_floor_cites_its_evidence():
+    assert set(FLOOR_SOURCES) == set(ORT_FLOORS)
+    assert all(ORT_FLOORS[f] in FLOOR_SOURCES[f] for f in ORT_FLOORS)
+
+
+def test_the_floors_are_ordered_as_the_wheels_need():
+    assert ORT_FLOOR == CPU_FLOOR == "1.32.0"
+    assert floor_problem(GPU_WHEEL, "cuda") is None  # the cuda flavor runs on the GPU wheel a user can install
+    assert f"onnxruntime {GPU_WHEEL} is older than {CPU_FLOOR}" in floor_problem(GPU_WHEEL, "cpu")
+    assert floor_problem(CUDA_FLOOR, "cuda") is None and floor_problem(CPU_FLOOR, "cpu") is None
+
+
+def test_cuda_export_wires_no_query_seqlens(tiny_cuda_bundle, tiny_both_flavors_bundle):
+    for role in ("target", "draft"):
+        gqa = _gqa(_graph(tiny_cuda_bundle, role))
+        assert gqa and all(len(n.input) <= 16 or n.input[16] == "" for n in gqa), role
+    both = json.loads((tiny_both_flavors_bundle / "manifest.json").read_text())["models"]["target"]
+    cpu_gqa = _gqa(tiny_both_flavors_bundle / both["path"])  # the cpu flavor keeps batching
+    assert cpu_gqa and all(n.input[16] == "/edgespec/padded_queries/query_seqlens" for n in cpu_gqa)
+
+
+def test_kernel_checker_passes_the_cuda_graph_and_refuses_one_with_query_seqlens(tiny_cuda_bundle, tmp_path):
+    from edgespec_export.graph_batch import add_padded_queries
+
+    graph = _graph(tiny_cuda_bundle)
+    assert check_graph(graph, "cuda") == []
+    old = tmp_path / "model.onnx"  # today's main before the floor split: the batching edit on the cuda flavor
+    shutil.copy(graph, old)
+    assert add_padded_queries(old)
+    found = check_graph(old, "cuda")
+    assert {v.rule for v in found} == {"GroupQueryAttention.query_seqlens.absent"} and len(found) == 2
+    assert "re-export the bundle" in found[0].line("cuda") and "\n" not in found[0].line("cuda")
+
+
+def test_export_below_the_flavor_s_floor_is_one_line(monkeypatch, tiny_cuda_bundle, tiny_bundle):
+    import onnxruntime
+    from edgespec_export.build import check_kernels
+
+    from edgespec.errors import ExportError
+
+    monkeypatch.setattr(onnxruntime, "__version__", GPU_WHEEL)
+    check_kernels(_graph(tiny_cuda_bundle), "cuda", "target")  # the GPU wheel can export the cuda flavor
+    with pytest.raises(ExportError) as e:
+        check_kernels(_graph(tiny_bundle), "cpu", "target")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("the cpu graph of target cannot be checked with this onnxruntime")
+    assert f"onnxruntime {GPU_WHEEL} is older than {CPU_FLOOR}" in msg
+
+
+def test_gpu_wheel_version_loads_a_cuda_bundle_and_refuses_a_cpu_one_in_one_line(monkeypatch, tiny_cuda_bundle,
+                                                                                tiny_bundle):
+    import onnxruntime
+
+    from edgespec.engine.build import load_runner
+    from edgespec.errors import OnnxruntimeTooOld
+    from edgespec.models.bundle import Bundle
+
+    monkeypatch.setattr(onnxruntime, "__version__", GPU_WHEEL)
+    cuda = Bundle.open(tiny_cuda_bundle)
+    r = load_runner(cuda.model_path("target"), cuda.target, max_len=16, providers="cpu")
+    assert r.facts.graph_flavor() == "cuda" and r.step([1, 2, 3], n_logits=1).shape == (1, cuda.target.vocab_size)
+    cpu = Bundle.open(tiny_bundle)
+    with pytest.raises(OnnxruntimeTooOld) as e:
+        load_runner(cpu.model_path("target"), cpu.target, max_len=16, providers="cpu")
+    msg = str(e.value)
+    assert "\n" not in msg and f"onnxruntime {GPU_WHEEL} is older than {CPU_FLOOR}" in msg
+    assert "cpu-flavored" in msg and "--ep cuda" in msg
+
+
+def test_below_the_cuda_floor_is_one_line_naming_the_gpu_wheel(monkeypatch, tiny_cuda_bundle):
+    import onnxruntime
+
+    from edgespec.engine.build import load_runner
+    from edgespec.errors import OnnxruntimeTooOld
+    from edgespec.models.bundle import Bundle
+
+    monkeypatch.setattr(onnxruntime, "__version__", "1.23.2")
+    b = Bundle.open(tiny_cuda_bundle)
+    with pytest.raises(OnnxruntimeTooOld) as e:
+        load_runner(b.model_path("target"), b.target, max_len=16, providers="cpu")
+    msg = str(e.value)
+    assert "\n" not in msg and f"onnxruntime 1.23.2 is older than {CUDA_FLOOR}" in msg
+    assert f"'onnxruntime-gpu>={CUDA_FLOOR}'" in msg and "JetPack" in msg
+
+
+def test_a_graph_of_unknown_flavor_is_held_to_the_lowest_floor():
+    low = min(ORT_FLOORS.values(), key=lambda v: tuple(map(int, v.split("."))))
+    assert floor_problem(low, None) is None
+    assert f"onnxruntime 1.20.1 is older than {low}" in floor_problem("1.20.1", None)
+
+
+def test_batched_serving_with_a_cuda_graph_on_cuda_is_one_line(monkeypatch, tiny_cuda_bundle):
+    import onnxruntime
+
+    from edgespec.core.batch_runner import BatchUnsupported
+    from edgespec.engine.batch import BatchEngine
+    from edgespec.edge.providers import CPU, CUDA
+
+    def no_session(*a, **kw):
+        raise AssertionError("a session was created before the refusal")
+
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: [CUDA, CPU])
+    monkeypatch.setattr(onnxruntime, "InferenceSession", no_session)
+    with pytest.raises(BatchUnsupported) as e:
+        BatchEngine.open(tiny_cuda_bundle, parallel=2, max_len=64, verify=False, warmup=False, providers="cuda,cpu")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("batched serving runs on the cpu flavor: target/model.onnx is the cuda")
+    assert "--parallel 1" in msg and "--providers cpu" in msg
+
+
+def test_batch_runner_refuses_a_cuda_graph_given_directly(tiny_cuda_bundle):
+    import onnxruntime
+
+    from edgespec.edge.providers import session_options
+    from edgespec.core.batch_runner import BatchRunner, BatchUnsupported
+    from edgespec.models.bundle import Bundle
+
+    b = Bundle.open(tiny_cuda_bundle)
+    s = onnxruntime.InferenceSession(str(b.model_path("target")), session_options(), providers=["CPUExecutionProvider"])
+    with pytest.raises(BatchUnsupported, match="batched serving runs on the cpu flavor"):
+        BatchRunner(s, b.target, 32, 2)
+    assert BatchRunner(s, b.target, 32, 1).slots == 1  # one slot needs no per-row lengths
+
+
+def test_pyproject_requires_the_cpu_floor():
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert f'"onnxruntime>={CPU_FLOOR}"' in text
+
+
+def test_doctor_names_each_flavor_s_floor(monkeypatch):
+    import onnxruntime
+
+    from edgespec.edge.doctor import collect, render
+
+    monkeypatch.setattr(onnxruntime, "__version__", GPU_WHEEL)
+    report = collect(probe=False)
+    assert report["onnxruntime"]["floors"] == ORT_FLOORS
+    assert set(report["onnxruntime"]["below_floor"]) == {"cpu"}
+    text = render(report)
+    assert f"TOO OLD for the cpu flavor: onnxruntime {GPU_WHEEL} is older than {CPU_FLOOR}" in text
+    assert "TOO OLD for the cuda flavor" not in text and f">= {CUDA_FLOOR} for the cuda flavor" in text
+
+
+def test_board_profiles_name_the_cuda_floor():
+    from edgespec.edge import devices
+
+    for name in ("jetson-orin-nano-8gb", "jetson-orin-nx-16gb", "jetson-agx-orin-64gb", "generic-x86_64"):
+        hint = devices.resolve(name).install["onnxruntime-gpu"]
+        assert f"onnxruntime-gpu>={CUDA_FLOOR}" in hint and f"onnxruntime-gpu>={CPU_FLOOR}" not in hint, name
