@@ -32,6 +32,7 @@ from ..drafters import modes as drafting
 from ..errors import DraftUnavailable, InvalidRequest
 from ..limits import K_LIMIT
 from ..units import peak_rss_bytes
+from .lineage import Lineages
 from .prompts import Prompt, prompt_units
 
 MODES = ("target", *(m.name for m in drafting.MODES if m.name != "none"))  # drafters/modes.py; "none" is "target"
@@ -244,7 +245,8 @@ def run_bench(
     """Runs every mode on every prompt `repeats` times, interleaved, on one open Engine.
 
     Order: for each repeat, for each prompt, all modes back to back, the mode order rotated by one
-    per (repeat, prompt) so no mode always runs first after a prompt change. A conversation counts
+    per (repeat, prompt) so no mode always runs first after a prompt change. What the drafters learn
+    is kept per mode (lineage.py): no mode starts a prompt from another mode's run of it. A conversation counts
     as one prompt here: each mode runs all its turns in order, from one reset."""
     if repeats < 1:
         raise InvalidRequest(f"--repeats must be at least 1, got {repeats}", param="repeats")
@@ -259,6 +261,8 @@ def run_bench(
     rss = PeakRSS()
     if warmup:
         _warm(engine, prompts[0], modes)
+    fresh_cache(engine)
+    lineages = Lineages(engine)  # each mode learns as if it ran alone (lineage.py)
     samples: list[Sample] = []
     total = repeats * len(prompts) * len(modes)
     done = 0
@@ -271,6 +275,7 @@ def run_bench(
             pending: list[tuple[Sample, list[int]]] = []
             for mode in order:
                 fresh_cache(engine)  # once per prompt, or once per conversation: its turns follow on
+                lineages.enter(mode.label)
                 history: list[dict] = []
                 for p in unit:
                     s, ids, text = _one(engine, p, mode, rep, history, rss, max_new_tokens, temperature, seed)
@@ -279,6 +284,8 @@ def run_bench(
                     if mode.draft == "none":
                         target_ids[p.id] = ids
                     pending.append((s, ids))
+                fresh_cache(engine)
+                lineages.leave(mode.label)
             for s, ids in pending:  # the target may have run after some modes: compare at the end
                 ref = target_ids.get(s.prompt_id)
                 if s.mode != "target" and greedy and ref is not None:

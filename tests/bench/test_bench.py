@@ -4,6 +4,7 @@ No speed is asserted anywhere: speeds are what the bench reports, not what a tes
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -435,7 +436,8 @@ def test_conversation_turns_run_in_order_from_one_reset(tiny_bundle):
     order = [(s.prompt_id, s.mode) for s in run.samples]
     for m in ("target", "suffix", "auto"):
         assert order.index(("c1", m)) + 1 == order.index(("c2", m))
-    assert len(resets) == 2 * 3  # one per (unit, mode): not one per turn
+    # one before the modes' lineages are made, then one before and one after each (unit, mode): not per turn
+    assert len(resets) == 1 + 2 * 2 * 3
     c1 = {s.mode: s for s in run.samples if s.prompt_id == "c1"}
     c2 = {s.mode: s for s in run.samples if s.prompt_id == "c2"}
     for m in c2:
@@ -465,3 +467,40 @@ def test_priced_speedups_take_the_load_drift_between_modes_out():
     priced = {r.group: r.speedup for r in bench_report.summarize(priced_run(run)) if r.mode == "suffix"}
     assert measured["c"] == pytest.approx(1.05 / 1.25) and measured["d"] == pytest.approx(2.5)
     assert priced["c"] == pytest.approx(1.05 / 0.85) and priced["d"] == pytest.approx(1.0 / 0.8)
+
+
+def test_each_mode_learns_as_if_it_ran_alone():
+    """Two modes share one drafter object (as `auto` shares the draft model with `model`): what one
+    mode's generations taught it must not be there when the other mode runs, and comes back when its
+    own mode runs again; what is not learned (step times, the other drafters) stays the same object."""
+    from edgespec.bench.lineage import Lineages
+    from edgespec.core.runner import StepTimes
+    from edgespec.drafters.base import Beta
+
+    class Learner:
+        def __init__(self, times):
+            self.acc, self.seen, self.times = Beta(0.5), [], times
+
+    class Mixer:
+        def __init__(self, source):
+            self.sources, self.rounds = [source], 0
+
+    times = StepTimes()
+    learner = Learner(times)
+    engine = types.SimpleNamespace(_drafters={"model": learner, "auto": Mixer(learner)})
+    lines = Lineages(engine)
+    lines.enter("model")
+    for _ in range(20):
+        learner.acc.add(True, False)
+    learner.seen.append("model")
+    lines.leave("model")
+    lines.enter("auto")
+    assert learner.acc.mean == pytest.approx(0.5) and learner.seen == []  # the engine's start, not model's run
+    engine._drafters["auto"].rounds += 1
+    learner.seen.append("auto")
+    lines.leave("auto")
+    lines.enter("model")
+    assert learner.acc.mean > 0.9 and learner.seen == ["model"] and engine._drafters["auto"].rounds == 0
+    assert learner.times is times and engine._drafters["auto"].sources[0] is learner
+    lines.enter("auto")
+    assert learner.seen == ["auto"] and engine._drafters["auto"].rounds == 1

@@ -1,0 +1,59 @@
+"""Each bench mode learns as if it were the only mode the engine ran.
+
+The bench runs every mode on one open engine, and its drafters are shared: `auto`'s draft model is the
+`model` mode's drafter, its suffix index the `suffix` mode's. What they learn (acceptance by matched
+length or confidence, a draft's rate, how long replies run and how much of them its rounds write)
+would flow from one mode's run of a prompt into the next mode's run of the same prompt, the same text:
+measured, whichever of `suffix` and `auto` ran second on a copying prompt started from the other's
+estimates, and `auto` priced the draft's prompt prefill against the `model` mode's habit of writing
+every token of a reply, paying a 190-token prefill for one model round on a prompt the suffix
+index then copied. A server runs one mode; so does each lineage here.
+
+A snapshot is a deep copy of every drafter's attributes with what is not learned kept shared (the
+runners and their caches, the suffix index, step times, sessions, the other drafters), taken right
+after the engine's caches were reset, so nothing in it describes a cache's content.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ..core.costmodel import CostModel
+from ..core.runner import ModelRunner, StepTimes
+from ..drafters.suffix_index import SuffixIndex
+
+_SHARED = (ModelRunner, SuffixIndex, CostModel, StepTimes)
+
+
+def _shared(v: Any) -> bool:
+    return isinstance(v, _SHARED) or type(v).__module__.startswith("onnxruntime")
+
+
+class Lineages:
+    """enter(mode) before a mode's generations (after the caches were reset), leave(mode) after
+    them (after another reset): the mode continues from its own state, or from the engine's state
+    when the lineages were made."""
+
+    def __init__(self, engine) -> None:
+        self.drafters = list(getattr(engine, "_drafters", {}).values())
+        self.start = self._snapshot()
+        self.saved: dict[str, list[dict]] = {}
+
+    def _memo(self) -> dict[int, Any]:
+        memo: dict[int, Any] = {id(d): d for d in self.drafters}
+        for d in self.drafters:
+            for v in vars(d).values():
+                if _shared(v):
+                    memo[id(v)] = v
+        return memo
+
+    def _snapshot(self) -> list[dict]:
+        return copy.deepcopy([vars(d) for d in self.drafters], self._memo())
+
+    def enter(self, mode: str) -> None:
+        state = copy.deepcopy(self.saved.get(mode, self.start), self._memo())
+        for d, attrs in zip(self.drafters, state):
+            vars(d).update(attrs)
+
+    def leave(self, mode: str) -> None:
+        self.saved[mode] = self._snapshot()
