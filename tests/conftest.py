@@ -48,6 +48,12 @@ def tiny_heads_bundle(bundle_root) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_feature_bundle(bundle_root) -> Path:
+    """fp32 Qwen2-shaped target, no draft, the feature drafter trained at export (a few hundred tokens)."""
+    return _bundle(bundle_root, "qwen-feature")
+
+
+@pytest.fixture(scope="session")
 def tiny_cuda_heads_bundle(bundle_root) -> Path:
     """The same over the cuda flavor (8-bit MatMulNBits lm_head, float16 activations)."""
     return _bundle(bundle_root, "qwen-cuda-heads")

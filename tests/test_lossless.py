@@ -65,10 +65,12 @@ def test_cuda_flavored_bundle_really_runs_float16(engines):
             assert runner._kv[0].data_type() == "tensor(float16)"
 
 
+@pytest.mark.parametrize("bundle", ["tiny_heads_bundle", "tiny_feature_bundle"])
 @pytest.mark.parametrize("k", [1, 3, None])
-def test_greedy_heads_equal_target_alone(tiny_heads_bundle, k):
-    """Draft heads trained at export (drafters/heads.py), alone and as a source of auto, every k."""
-    eng = Engine.open(tiny_heads_bundle, max_len=256)
+def test_greedy_heads_equal_target_alone(request, bundle, k):
+    """Draft heads trained at export (drafters/heads.py: Medusa; drafters/feature.py: the feature
+    drafter), alone and as a source of auto, every k."""
+    eng = Engine.open(request.getfixturevalue(bundle), max_len=256)
     check_greedy_lossless(eng, 20, 2, (1, 3) if k is None else (k,), modes=["heads", "auto"])
 
 
@@ -122,7 +124,8 @@ def test_greedy_with_chat_and_stop_strings(engines):
     ("tiny_bundle_disagree", "model", "on"),  # trees need attention_bias: cpu flavor only (contract v3)
     ("tiny_bundle_disagree", "suffix", "off"), ("tiny_bundle_disagree", "recycle", "off"),
     ("tiny_bundle_disagree", "auto", "off"), ("tiny_pruned_bundle", "model", "off"),
-    ("tiny_heads_bundle", "heads", "off"), ("tiny_heads_bundle", "heads", "auto")])
+    ("tiny_heads_bundle", "heads", "off"), ("tiny_heads_bundle", "heads", "auto"),
+    ("tiny_feature_bundle", "heads", "off")])
 def test_sampling_on_tiny_onnx_matches_exact_target_distribution(request, bundle, mode, tree):
     """Draws from the real ONNX models with top_k=3 (27 possible 3-token continuations), compared
     with the exact probabilities computed from the target runner alone (fp32 and cuda flavor). The

@@ -29,6 +29,7 @@ VARIANTS = {
     "qwen-int4": ("qwen2", 0.05, "int4"),
     "qwen-heads": ("qwen2", None, "fp32"),  # Medusa heads trained at export (HEADS), no draft model
     "qwen-cuda-heads": ("qwen2", None, "int8", ("cuda",)),  # the same over an 8-bit float16 target
+    "qwen-feature": ("qwen2", None, "fp32"),  # the feature drafter trained at export (HEADS), no draft model
 }
 # export options per variant: a random 64-wide model at int4 agrees with float on ~82 % of tokens
 EXPORT_OPTIONS = {"qwen-int4": {"min_top1": 0.7, "draft_min_top1": 0.7}}
@@ -36,6 +37,7 @@ DRAFT_VOCAB = {"qwen-pruned": 200}  # export --draft-vocab, per variant (of 400 
 SELF_DRAFT = {"qwen-deep", "qwen-nodraft"}  # export --self-draft: the layer search, for draft="self"
 # export --heads medusa, the fast path: a few hundred tokens, a few dozen steps, a pruned head
 HEADS = {name: dict(tokens=600, steps=40, answers=2, vocab=200) for name in ("qwen-heads", "qwen-cuda-heads")}
+HEADS["qwen-feature"] = dict(method="feature", tokens=600, steps=40, answers=2, vocab=200, ffn=32)
 
 
 def build(name: str, root: Path) -> Path:

@@ -87,7 +87,7 @@ def parse_modes(modes: str, ks: str | None, *, has_draft: bool, has_heads: bool 
         raise DraftUnavailable("--modes model: the bundle has no draft model (use target,ngram,self,auto)",
                                param="modes")
     if "heads" in bases and not has_heads:
-        raise DraftUnavailable("--modes heads: the bundle has no draft heads (export it with --heads medusa)",
+        raise DraftUnavailable("--modes heads: the bundle has no draft heads (export it with --heads feature or --heads medusa)",
                                param="modes")
     with_runner = [b for b in dict.fromkeys(bases) if b != "target" and drafting.get(b).runner]
     if "self" in with_runner and len(with_runner) > 1:  # the self-draft's engine loads nothing else

@@ -1,4 +1,5 @@
-"""Draft heads on the target's own hidden state (`--draft heads`, bundles exported with `--heads`).
+"""Draft heads on the target's own hidden state (`--draft heads`, bundles exported with `--heads`):
+Medusa heads here, the feature drafter (`--heads feature`) in feature.py on the same base.
 
 The target graph returns the final hidden state of its logits rows (graph contract v3), so after
 any round the runner holds h at the position of the context's second-to-last token: the state whose
@@ -30,12 +31,15 @@ from .costed import CostedDrafter
 from .model import _CONF_EDGES, check_vocab_map, conf_bin, pick
 
 HEADS_INPUT = "hidden"  # the heads graph's input [rows, hidden] and output [rows, n_heads, kept]
-NO_HEADS = ("bundle {name} has no draft heads: export it with `edgespec export ... --heads medusa` "
+NO_HEADS = ("bundle {name} has no draft heads: export it with `edgespec export ... --heads feature` (or medusa) "
             "(docs/export.md, \"Draft heads\")")
 
 
-class HeadsDrafter(CostedDrafter):
-    """Medusa heads over the target runner's last hidden row; see the module docstring."""
+class ChainHeads(CostedDrafter):
+    """What the Medusa heads and the feature drafter (feature.py) share: a graph over the target
+    runner's last hidden row proposing a chain, acceptance per (chain position, confidence bin)
+    from the export's held-out top-1, the chain sized by measured cost. A subclass gives draft()
+    (setting last_sizes), warmup() and draft_cost(n): seconds to draft n tokens."""
 
     name = "heads"
 
@@ -76,6 +80,50 @@ class HeadsDrafter(CostedDrafter):
             return 1.0
         return chain_tokens(self.by_conf[i][conf_bin(c)].mean for i, c in enumerate(proposal.conf))
 
+    def draft_cost(self, n: int) -> float:
+        raise NotImplementedError
+
+    def _proposal(self, tokens: list[int], confs: list[float], qs: list) -> Proposal:
+        if not tokens:
+            return EMPTY
+        return Proposal(tokens, np.stack(qs) if qs else None, self.name, confs,
+                        accept=[self.by_conf[i][conf_bin(c)].mean for i, c in enumerate(confs)])
+
+    def _expected(self, confs: list[float]) -> tuple[list[float], float]:
+        """Expected tokens a verify of the chain's first n proposals gives, n = 0..len(confs), and
+        P(all of them accepted)."""
+        e, p_all = [1.0], 1.0
+        for i, c in enumerate(confs):
+            p_all *= self.by_conf[i][conf_bin(c)].mean
+            e.append(e[-1] + p_all)
+        return e, p_all
+
+    def _best_rate(self, confs: list[float]) -> tuple[int, float]:
+        """The chain length with the most expected tokens per second, its draft cost already paid, and that rate."""
+        e, _ = self._expected(confs)
+        d = self.draft_cost(len(confs))
+        rates = [e[n] / (d + self.costs.verify(n + 1)) for n in range(len(e))]
+        n = int(np.argmax(rates))  # the shortest of equals
+        return n, rates[n]
+
+    def _best_length(self, confs: list[float]) -> int:
+        return self._best_rate(confs)[0]
+
+    def learn(self, proposal, accepted, valid_len) -> None:
+        if proposal.source != self.name or not proposal.tokens:
+            return
+        for i, c in enumerate(proposal.conf[: accepted + 1]):  # tokens after the first rejection were never judged
+            ok = i < accepted
+            self.by_conf[i][conf_bin(c)].add(ok, not ok)
+            self.mean[i].add(ok, not ok)
+
+
+class HeadsDrafter(ChainHeads):
+    """Medusa heads over the target runner's last hidden row; see the module docstring."""
+
+    def draft_cost(self, n: int) -> float:
+        return self.costs.draft_step()  # one run gives every head's row
+
     def warmup(self) -> None:
         """Times the heads graph twice, so the cost model starts from this device's cost."""
         h = np.zeros((1, self.session.get_inputs()[0].shape[1]), dtype=np.float32)
@@ -106,40 +154,29 @@ class HeadsDrafter(CostedDrafter):
         if self.adaptive and tokens:
             n = self._best_length(confs)
             del tokens[n:], confs[n:], qs[n:]
-        if not tokens:
-            return EMPTY
-        return Proposal(tokens, np.stack(qs) if qs else None, self.name, confs,
-                        accept=[self.by_conf[i][conf_bin(c)].mean for i, c in enumerate(confs)])
-
-    def _best_length(self, confs: list[float]) -> int:
-        """The chain length with the most expected tokens per second (the heads already ran)."""
-        d = self.costs.draft_step()
-        best_n, best = 0, 1.0 / (d + self.costs.verify(1))
-        p_all, e_tok = 1.0, 1.0
-        for i, c in enumerate(confs):
-            p_all *= self.by_conf[i][conf_bin(c)].mean
-            e_tok += p_all
-            rate = e_tok / (d + self.costs.verify(i + 2))
-            if rate > best:
-                best_n, best = i + 1, rate
-        return best_n
-
-    def learn(self, proposal, accepted, valid_len) -> None:
-        if proposal.source != self.name or not proposal.tokens:
-            return
-        for i, c in enumerate(proposal.conf[: accepted + 1]):  # tokens after the first rejection were never judged
-            ok = i < accepted
-            self.by_conf[i][conf_bin(c)].add(ok, not ok)
-            self.mean[i].add(ok, not ok)
+        return self._proposal(tokens, confs, qs)
 
 
-def from_record(record: dict, root: Path, session, target: ModelRunner, usable: int) -> HeadsDrafter:
-    """The drafter for a bundle's heads record (Manifest.heads) and its graph's session (the engine
-    opens it: engine/build.py load_heads_session). The export's held-out top-1 per head is the
-    acceptance it starts from."""
+def from_record(record: dict, root: Path, session, target: ModelRunner, usable: int) -> ChainHeads:
+    """The drafter for a bundle's heads record (Manifest.heads; its graph checked against it when the
+    bundle was read, models/graphfacts.py heads_problems) and its graph's session (the engine opens
+    it: engine/build.py load_heads_session): Medusa heads, or the feature drafter (feature.py) for
+    method "feature". The export's held-out top-1 per head (chain position) is the acceptance it
+    starts from."""
     if not target.has_hidden:
         raise DraftUnavailable("the target graph has no hidden_states output: re-export the bundle with this "
                                "edgespec and --heads", param="draft")
     vocab_map = np.load(Path(root) / record["vocab_map"], allow_pickle=False)
-    priors = record.get("training", {}).get("heldout_top1", ())
-    return HeadsDrafter(target, session, vocab_map, usable, int(record["n_heads"]), priors=priors)
+    training = record.get("training", {})
+    chain = training.get("heldout_chain")
+    if chain:  # the feature drafter's: P(position j right | 0..j-1 right), what a chain's verify sees
+        priors = [c / p if p > 0 else 0.0 for c, p in zip(chain, [1.0, *chain[:-1]])]
+    else:
+        priors = training.get("heldout_top1", ())
+    if record["method"] == "feature":
+        from .feature import FeatureDrafter
+
+        cls = FeatureDrafter
+    else:
+        cls = HeadsDrafter
+    return cls(target, session, vocab_map, usable, int(record["n_heads"]), priors=priors)

@@ -393,3 +393,40 @@ def _pattern(pattern: str) -> str:
 
 def _has(inputs: dict, pattern: str, i: int) -> bool:
     return "%d" in pattern and (pattern % i) in inputs
+
+
+# --- the draft heads' graph against its record ------------------------------------------------------
+# method -> (inputs, outputs), each name -> dims: "H" the record's hidden_size, "n" its n_heads, "N" its
+# kept rows, None any (the rows axis)
+HEADS_IO = {
+    "medusa": ({"hidden": [None, "H"]}, {"logits": [None, "n", "N"]}),
+    "feature": ({"hidden": [1, "H"], "token": [1]}, {"feature": [1, "H"], "logits": [1, "N"]}),
+}
+
+
+def heads_problems(root: Path, record: dict) -> list[str]:
+    """One line per way the heads graph contradicts the manifest's heads record (Manifest.heads):
+    its method's inputs and outputs, and their sizes. Empty: consistent."""
+    rel = record["path"]
+    try:
+        io = read_graph_io(root / rel)
+    except Exception as e:  # noqa: BLE001 - any bytes at all: one line, never a traceback
+        return [f"{rel}: not a readable ONNX graph ({type(e).__name__})"]
+    method = record["method"]
+    want_in, want_out = HEADS_IO[method]
+    if set(io.inputs) != set(want_in) or set(io.outputs) != set(want_out):
+        return [f"{rel}: manifest heads.method {method!r} means inputs {', '.join(want_in)} and outputs "
+                f"{', '.join(want_out)}; the graph has inputs {', '.join(io.inputs) or 'none'} and outputs "
+                f"{', '.join(io.outputs) or 'none'}"]
+    sizes = {"H": ("hidden_size", record.get("hidden_size")), "n": ("n_heads", record.get("n_heads")),
+             "N": ("kept", record.get("kept"))}
+    for name, dims in (*want_in.items(), *want_out.items()):
+        got = (io.inputs.get(name) or io.outputs[name]).dims
+        if len(got) != len(dims):
+            return [f"{rel}: {name} has {len(got)} dimensions, a {method} heads graph's has {len(dims)}"]
+        for want, have in zip(dims, got):
+            field_name, value = sizes.get(want, (None, want)) if isinstance(want, str) else (None, want)
+            if value is not None and isinstance(have, int) and have != value:
+                what = f"manifest heads.{field_name} is {value}" if field_name else f"a {method} heads graph's is {value}"
+                return [f"{rel}: {what}, the graph's {name} has {have}"]
+    return []

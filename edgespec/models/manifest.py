@@ -152,7 +152,7 @@ class Manifest:
     # runtime defaults chosen at export, e.g. {"max_len": 4096} (`edgespec export --max-context`)
     defaults: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # exporter's notes: peak memory, timings, versions
-    # draft heads trained at export (`edgespec export --heads medusa`), None without: {"method": "medusa",
+    # draft heads trained at export (`edgespec export --heads medusa|feature`), None without: {"method",
     # "path": "heads/model.onnx", "vocab_map": "heads/vocab_map.npy", "n_heads", "hidden_size", "kept",
     # "training": {data, split, steps, seconds, heldout_top1 per head, ...}} (export/edgespec_export/heads.py)
     heads: dict[str, Any] | None = None
@@ -242,7 +242,7 @@ TOKENIZER_RULES = {
     "bos_id": ids_below(_usable), "eos_ids": all_of(not_empty("generation would never stop at an end token"), ids_below(_usable)),
     "pad_id": ids_below(_target_vocab), "special_tokens": ids_below(_target_vocab),
 }
-HEADS_METHODS = ("medusa",)
+HEADS_METHODS = ("medusa", "feature")  # export/edgespec_export/heads.py METHODS
 
 
 def _heads(v, obj, root):
@@ -252,7 +252,7 @@ def _heads(v, obj, root):
     for f in ("path", "vocab_map"):
         if not isinstance(v.get(f), str) or v[f] not in root["files"]:
             return f".{f} {show(v.get(f))} is not listed in 'files'"
-    for f in ("n_heads", "hidden_size"):
+    for f in ("n_heads", "hidden_size", "kept"):
         if not is_int(v.get(f)) or v[f] <= 0:
             return f".{f} must be a positive integer, got {show(v.get(f))}"
     return None

@@ -56,13 +56,17 @@ def register(sub) -> None:
     p.add_argument("--draft-vocab", type=int, default=0, metavar="N",
                    help="keep the draft lm_head's rows for the N most frequent tokens only: a cheaper draft step, "
                    "the output unchanged (the target verifies); 0 = keep all (default). See docs/speed.md")
-    p.add_argument("--heads", choices=("medusa",), metavar="METHOD",
+    from edgespec_export.heads import METHODS, HeadsOptions
+
+    p.add_argument("--heads", choices=METHODS, metavar="METHOD",
                    help="train draft heads on the target's own hidden states, here on this CPU (minutes): "
-                   "medusa; then `--draft heads` at run time (docs/export.md, \"Draft heads\")")
-    from edgespec_export.heads import HeadsOptions
+                   "medusa (one residual block per position) or feature (an EAGLE-style one-layer drafter over "
+                   "the hidden state and the next token); then `--draft heads` at run time (docs/export.md, "
+                   "\"Draft heads\")")
 
     d = HeadsOptions()  # the defaults live there
-    p.add_argument("--heads-n", type=int, default=d.n_heads, metavar="N", help=f"number of heads (default {d.n_heads})")
+    p.add_argument("--heads-n", type=int, default=d.n_heads, metavar="N",
+                   help=f"number of heads, or the feature drafter's chain length (default {d.n_heads})")
     p.add_argument("--heads-tokens", type=int, default=d.tokens, metavar="N",
                    help=f"tokens of training data, 1 in 5 documents held out (default {d.tokens})")
     p.add_argument("--heads-steps", type=int, default=d.steps, metavar="N", help=f"training steps (default {d.steps})")
@@ -70,6 +74,8 @@ def register(sub) -> None:
                    help=f"shipped prompts the target answers for the data (default {d.answers})")
     p.add_argument("--heads-vocab", type=int, default=d.vocab, metavar="N",
                    help=f"lm_head rows the heads score (default {d.vocab}; 0 = all)")
+    p.add_argument("--heads-ffn", type=int, default=d.ffn, metavar="N",
+                   help="feature drafter: its feed-forward block's intermediate size (default: the target's hidden size)")
     p.add_argument("--in-process", action="store_true",
                    help="build the models in this process instead of one child each (uses more memory)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
@@ -108,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         self_draft=args.self_draft,
         heads=None if args.heads is None else HeadsOptions(
             method=args.heads, n_heads=args.heads_n, tokens=args.heads_tokens, steps=args.heads_steps,
-            answers=args.heads_answers, vocab=args.heads_vocab),
+            answers=args.heads_answers, vocab=args.heads_vocab, ffn=args.heads_ffn),
     )
     progress = TqdmProgress(enabled=not args.quiet and not args.json)
     summary = run_export(target, Path(args.out), draft=draft, options=options, progress=progress)

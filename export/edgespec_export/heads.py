@@ -28,14 +28,15 @@ from .heads_data import ANSWER_TOKENS, CHUNK, DOC_TOKENS, HOLDOUT_EVERY, LOCAL_C
 HEADS_DIR = "heads"
 HEADS_FILE = "model.onnx"
 VOCAB_MAP = "vocab_map.npy"
-METHODS = ("medusa",)
+METHODS = ("medusa", "feature")  # feature: the EAGLE-style feature drafter (feature.py)
 HEAD_WEIGHT_DECAY = 0.8  # loss weight of head i: 0.8^i (later heads are less often reached)
 BATCH = 64
 
 
 @dataclass
 class HeadsOptions:
-    """`edgespec export --heads medusa` and its --heads-* options (docs/export.md, "Draft heads")."""
+    """`edgespec export --heads medusa|feature` and its --heads-* options (docs/export.md, "Draft heads");
+    n_heads is the feature drafter's chain length (the unrolled training depth)."""
 
     method: str = "medusa"
     n_heads: int = 3
@@ -43,6 +44,7 @@ class HeadsOptions:
     steps: int = 600  # optimizer steps of BATCH positions
     answers: int = 8  # shipped prompts the target answers (greedy) for the data
     vocab: int = 8192  # kept lm_head rows (0: the whole usable vocabulary)
+    ffn: int = 0  # feature: the block's SwiGLU intermediate size (0: the target's hidden size)
     seed: int = 0
 
 
@@ -65,11 +67,14 @@ def check_options(o: HeadsOptions) -> str | None:
     if o.method not in METHODS:
         return f"--heads {o.method!r}: methods are {', '.join(METHODS)}"
     for label, v, lo in (("--heads-n", o.n_heads, 1), ("--heads-tokens", o.tokens, 64), ("--heads-steps", o.steps, 1),
-                         ("--heads-answers", o.answers, 0), ("--heads-vocab", o.vocab, 0)):
+                         ("--heads-answers", o.answers, 0), ("--heads-vocab", o.vocab, 0),
+                         ("--heads-ffn", o.ffn, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             return f"{label} {v!r}: must be a whole number, at least {lo}"
     if o.n_heads > 8:
         return f"--heads-n {o.n_heads}: at most 8 heads"
+    if o.ffn and o.method != "feature":
+        return f"--heads-ffn {o.ffn}: only the feature drafter has a feed-forward block (--heads feature)"
     return None
 
 
@@ -162,37 +167,100 @@ def top1(hidden, emb, W, b, kept: np.ndarray, top1_ids: np.ndarray, rows: np.nda
     return out
 
 
+def _fit_medusa(job: HeadsJob, data: Collected, emb, kept, index, ids, p, top1_ids, train_rows, held_rows,
+                progress) -> dict[str, Any]:
+    """Trains the Medusa heads, writes their graph; returns the record's training fields."""
+    from .heads_graph import write_heads_graph
+
+    o = job.options
+    t1 = time.perf_counter()
+    with progress.stage(f"heads: train {o.n_heads} medusa heads", total=o.steps, unit="step") as bar:
+        W, b = train(data.hidden, emb, ids, p, train_rows, o.steps, o.seed, bar)
+    t_train = time.perf_counter() - t1
+    zero_w, zero_b = np.zeros_like(W), np.zeros_like(b)
+    write_heads_graph(job.out_dir / HEADS_FILE, job.target_path, kept, W, b)
+    return {
+        "heldout_top1": top1(data.hidden, emb, W, b, kept, top1_ids, held_rows),  # per head: argmax == the target's at t + 2 + i
+        "heldout_top1_untrained": top1(data.hidden, emb, zero_w, zero_b, kept, top1_ids, held_rows),  # W = 0: the lm_head alone
+        "train_top1": top1(data.hidden, emb, W, b, kept, top1_ids, train_rows[:4096]),
+        "train_seconds": round(t_train, 1),
+    }
+
+
+def _fit_feature(job: HeadsJob, data: Collected, emb, kept, index, ids, p, top1_ids, train_rows, held_rows,
+                 progress) -> dict[str, Any]:
+    """Trains the feature drafter (feature.py), writes its graph; returns the record's training fields."""
+    from . import feature as ft
+    from .heads_graph import write_feature_graph
+
+    o = job.options
+    inter = o.ffn or int(data.hidden.shape[1])
+    src = ft.chain_rows(data.doc, o.n_heads)
+    tok = ft.kept_tokens(data.ids, index, kept.size)  # each row's own token: step j reads tok[t + 1 + j]
+    t1 = time.perf_counter()
+    with progress.stage(f"heads: train the feature drafter ({o.n_heads} steps deep)", total=o.steps, unit="step") as bar:
+        P = ft.train(data.hidden, tok, emb, ids, p, src, train_rows, o.steps, inter, o.seed, bar)
+    t_train = time.perf_counter() - t1
+    write_feature_graph(job.out_dir / HEADS_FILE, job.target_path, kept, P)
+    own, chain = ft.heldout_top1(data.hidden, tok, emb, P, kept, top1_ids, src, held_rows, own=True)
+    start = ft.start_params(data.hidden, kept.size, inter)
+    return {
+        "ffn": inter, "reg_weight": ft.REG_WEIGHT,
+        # per chain position j: the drafted token == the target's argmax at t + 2 + j, the inputs at
+        # j >= 1 the model's own drafted tokens (as at run time); its "chain": positions 0..j all hit
+        "heldout_top1": own, "heldout_chain": chain,
+        "heldout_top1_true_inputs": ft.heldout_top1(data.hidden, tok, emb, P, kept, top1_ids, src, held_rows, own=False)[0],
+        "heldout_top1_untrained": ft.heldout_top1(data.hidden, tok, emb, start, kept, top1_ids, src, held_rows, own=True)[0],
+        "train_top1": ft.heldout_top1(data.hidden, tok, emb, P, kept, top1_ids, src, train_rows[:4096], own=True)[0],
+        "train_seconds": round(t_train, 1),
+    }
+
+
 # --- the export step ---------------------------------------------------------------------------------
 def train_heads(job: HeadsJob, progress=None) -> dict[str, Any]:
     """Data, training and the heads graph: writes job.out_dir/{model.onnx, vocab_map.npy}. Returns the
     manifest's heads record (paths relative to the bundle)."""
+    from .progress import NullProgress
+
+    progress = progress or NullProgress()
+    t0 = time.perf_counter()
+    data, answered = gather(job, progress)
+    return fit_heads(job, data, answered, time.perf_counter() - t0, progress)
+
+
+def gather(job: HeadsJob, progress) -> tuple[Collected, int]:
+    """The training data (heads_data.py) through the exported target, and the target's answer tokens
+    among it; the target's session is gone when it returns."""
     from tokenizers import Tokenizer
 
     from edgespec.engine.build import load_runner
     from edgespec.models.manifest import ModelFacts
-    from edgespec.units import peak_rss_bytes
 
     from .heads_data import build_docs, collect
-    from .heads_graph import lm_head_rows, write_heads_graph
-    from .progress import NullProgress
-    from .prune_vocab import choose_kept
 
-    progress = progress or NullProgress()
     o = job.options
-    t0 = time.perf_counter()
     facts = ModelFacts(**job.facts)
     tok = Tokenizer.from_file(str(job.tokenizer_json))
     max_len = max(CHUNK, DOC_TOKENS) + 2 * ANSWER_TOKENS + 1024
     runner = load_runner(job.target_path, facts, max_len=min(max_len, facts.max_context))
     if not runner.has_hidden:
         raise ValueError("the target graph has no hidden_states output (graph contract v3)")
-    eos = set(job.eos_ids)
     docs, answered = build_docs(tok, job.chat_template, job.bos_eos_text, o.tokens, o.answers, runner, job.usable,
-                                eos, runner.max_len, progress)
-    data = collect(runner, docs, job.usable, progress)
-    del runner
-    t_data = time.perf_counter() - t0
+                                set(job.eos_ids), runner.max_len, progress)
+    return collect(runner, docs, job.usable, progress), answered
 
+
+def fit_heads(job: HeadsJob, data: Collected, answered: int, t_data: float, progress) -> dict[str, Any]:
+    """Training on gathered data and the heads graph (train_heads' second half; a measurement may
+    call it again on the same data with other options). Returns the manifest's heads record."""
+    from edgespec.units import peak_rss_bytes
+
+    from .heads_graph import lm_head_rows
+    from .prune_vocab import choose_kept
+
+    o = job.options
+    t0 = time.perf_counter() - t_data
+    docs = data.docs
     n_vocab = o.vocab if 0 < o.vocab < job.usable else job.usable
     corpus = np.concatenate([np.concatenate([np.asarray(d.ids) for d in docs if not d.heldout] or [np.zeros(0, int)]),
                              data.argmax[~data.heldout]])
@@ -205,24 +273,16 @@ def train_heads(job: HeadsJob, progress=None) -> dict[str, Any]:
     rows = np.arange(len(data.hidden))
     train_rows, held_rows = rows[~data.heldout], rows[data.heldout]
 
-    t1 = time.perf_counter()
-    with progress.stage(f"heads: train {o.n_heads} medusa heads", total=o.steps, unit="step") as bar:
-        W, b = train(data.hidden, emb, ids, p, train_rows, o.steps, o.seed, bar)
-    t_train = time.perf_counter() - t1
-    zero_w, zero_b = np.zeros_like(W), np.zeros_like(b)
-    record_top1 = top1(data.hidden, emb, W, b, kept, top1_ids, held_rows)
-    start_top1 = top1(data.hidden, emb, zero_w, zero_b, kept, top1_ids, held_rows)
-    train_top1 = top1(data.hidden, emb, W, b, kept, top1_ids, train_rows[:4096])
-
     job.out_dir.mkdir(parents=True, exist_ok=True)
-    write_heads_graph(job.out_dir / HEADS_FILE, job.target_path, kept, W, b)
+    fit = _fit_medusa if o.method == "medusa" else _fit_feature
+    part = fit(job, data, emb, kept, index, ids, p, top1_ids, train_rows, held_rows, progress)
     np.save(job.out_dir / VOCAB_MAP, kept.astype(np.int32))
     rel = job.out_dir.name
     return {
         "method": o.method,
         "path": f"{rel}/{HEADS_FILE}",
         "vocab_map": f"{rel}/{VOCAB_MAP}",
-        "n_heads": o.n_heads,
+        "n_heads": o.n_heads,  # feature: the chain length it was trained for
         "hidden_size": int(data.hidden.shape[1]),
         "kept": int(kept.size),
         "training": {
@@ -231,11 +291,8 @@ def train_heads(job: HeadsJob, progress=None) -> dict[str, Any]:
             "split": {"rule": f"every {HOLDOUT_EVERY}th document of each source is held out",
                       "train_tokens": int(train_rows.size), "heldout_tokens": int(held_rows.size),
                       "heldout_docs": [d.name for d in docs if d.heldout]},
-            "steps": o.steps, "batch": BATCH, "seed": o.seed,
-            "heldout_top1": record_top1,  # per head: argmax == the target's argmax at t + 2 + i
-            "heldout_top1_untrained": start_top1,  # the same with W = 0 (the lm_head alone)
-            "train_top1": train_top1,
-            "data_seconds": round(t_data, 1), "train_seconds": round(t_train, 1),
+            "steps": o.steps, "batch": BATCH, "seed": o.seed, **part,
+            "data_seconds": round(t_data, 1),
             "seconds": round(time.perf_counter() - t0, 1), "peak_rss_bytes": peak_rss_bytes(),
         },
     }

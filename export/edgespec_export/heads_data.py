@@ -53,6 +53,7 @@ class Collected:
     top_p: np.ndarray  # [T, SOFT_K] float32 (renormalised over the kept top SOFT_K)
     doc: np.ndarray  # [T] int32
     heldout: np.ndarray  # [T] bool
+    ids: np.ndarray | None = None  # [T] int64: the token at row r (its input; the feature drafter's x)
     docs: list[Doc] = field(default_factory=list)
     answer_tokens: int = 0
 
@@ -154,7 +155,7 @@ def build_docs(tokenizer, chat_template: str | None, bos: tuple[str, str], budge
 
 def collect(runner, docs: list[Doc], usable: int, progress) -> Collected:
     """Teacher-forced passes of every document through the target runner (every row kept)."""
-    hid, am, tid, tp, dn, ho = [], [], [], [], [], []
+    hid, am, tid, tp, dn, ho, xs = [], [], [], [], [], [], []
     total = sum(len(d.ids) for d in docs)
     with progress.stage("heads: target hidden states", total=total, unit="tok") as bar:
         for i, d in enumerate(docs):
@@ -175,6 +176,7 @@ def collect(runner, docs: list[Doc], usable: int, progress) -> Collected:
                 tp.append((p / p.sum(axis=1, keepdims=True)).astype(np.float32))
                 dn.append(np.full(len(chunk), i, dtype=np.int32))
                 ho.append(np.full(len(chunk), d.heldout))
+                xs.append(np.asarray(chunk, dtype=np.int64))
                 bar.update(len(chunk))
     return Collected(np.concatenate(hid), np.concatenate(am).astype(np.int64), np.concatenate(tid).astype(np.int64),
-                     np.concatenate(tp), np.concatenate(dn), np.concatenate(ho), docs)
+                     np.concatenate(tp), np.concatenate(dn), np.concatenate(ho), np.concatenate(xs), docs)

@@ -19,6 +19,9 @@ import numpy as np
 
 HEADS_INPUT = "hidden"
 HEADS_OUTPUT = "logits"
+FEATURE_TOKEN = "token"  # the feature graph's second input and its feature output
+FEATURE_OUTPUT = "feature"
+EPS = 1e-6  # feature.EPS (the rms norms)
 
 
 def _load_head(model_path: Path) -> tuple[object, dict]:
@@ -83,7 +86,6 @@ def lm_head_rows(model_path: Path, kept: np.ndarray) -> np.ndarray:
 def write_heads_graph(path: Path, target_path: Path, kept: np.ndarray, w: np.ndarray, b: np.ndarray) -> None:
     """Writes the heads graph: w [n, H, H] (r_i = h + SiLU(h @ w[i] + b[i])), b [n, H], and the
     target lm_head's kept rows in the target's own storage (float32 columns or MatMulNBits rows)."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     n, hidden = w.shape[0], w.shape[1]
@@ -104,14 +106,82 @@ def write_heads_graph(path: Path, target_path: Path, kept: np.ndarray, w: np.nda
         helper.make_node("Unsqueeze", [HEADS_INPUT, "heads.axis1"], ["h3"]),
         helper.make_node("Add", ["h3", "silu"], ["r"]),  # [R, n, H] float32
     ]
+    i2, n2 = lm_head_nodes(head, inits, kept, "r", HEADS_OUTPUT)
+    init += i2
+    nodes += n2
+    _save(path, "edgespec_medusa_heads", nodes, init,
+          [helper.make_tensor_value_info(HEADS_INPUT, TensorProto.FLOAT, ["rows", hidden])],
+          [helper.make_tensor_value_info(HEADS_OUTPUT, TensorProto.FLOAT, ["rows", n, int(kept.size)])])
+
+
+def _save(path: Path, name: str, nodes: list, init: list, inputs: list, outputs: list) -> None:
+    import onnx
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, name, inputs, outputs, init)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = min(model.ir_version, 9)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, str(path))
+
+
+def write_feature_graph(path: Path, target_path: Path, kept: np.ndarray, P: dict[str, np.ndarray]) -> None:
+    """Writes the feature drafter's graph (feature.py; its numpy twin is feature.feature_step):
+    `hidden` float32 [1, H] + `token` int64 [1] (kept index, N = UNK) -> `feature` float32 [1, H]
+    + `logits` float32 [1, N]; P holds feature.PARAMS (float32), the lm_head rows are the target's."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    head, inits = _load_head(target_path)
+    kept = np.asarray(kept, dtype=np.int64)
+    H, N = P["w_f"].shape[0], int(kept.size)
+    init = [numpy_helper.from_array(np.ascontiguousarray(P[k], dtype=np.float32), f"feature.{k}") for k in P]
+    init += [numpy_helper.from_array(np.array([EPS], np.float32), "feature.eps")]
+
+    def rms(x: str, out: str) -> list:
+        return [helper.make_node("Mul", [x, x], [f"{out}.sq"]),
+                helper.make_node("ReduceMean", [f"{out}.sq"], [f"{out}.ms"], axes=[-1], keepdims=1),
+                helper.make_node("Add", [f"{out}.ms", "feature.eps"], [f"{out}.mse"]),
+                helper.make_node("Sqrt", [f"{out}.mse"], [f"{out}.rt"]),
+                helper.make_node("Div", [x, f"{out}.rt"], [out])]
+
+    nodes = [
+        helper.make_node("MatMul", [HEADS_INPUT, "feature.w_f"], ["zf"]),
+        helper.make_node("Gather", ["feature.table", FEATURE_TOKEN], ["ze"], axis=0),
+        helper.make_node("Add", ["zf", "ze"], ["z"]),
+        *rms("z", "n"),
+        helper.make_node("MatMul", ["n", "feature.w_g"], ["a"]),
+        helper.make_node("Sigmoid", ["a"], ["sa"]),
+        helper.make_node("Mul", ["a", "sa"], ["silu"]),
+        helper.make_node("MatMul", ["n", "feature.w_u"], ["u"]),
+        helper.make_node("Mul", ["silu", "u"], ["act"]),
+        helper.make_node("MatMul", ["act", "feature.w_d"], ["d"]),
+        helper.make_node("Add", ["z", "d"], ["z2"]),
+        *rms("z2", "n2"),
+        helper.make_node("Mul", ["n2", "feature.g"], [FEATURE_OUTPUT]),
+    ]
+    i2, n2 = lm_head_nodes(head, inits, kept, FEATURE_OUTPUT, HEADS_OUTPUT)
+    _save(path, "edgespec_feature_drafter", nodes + n2, init + i2,
+          [helper.make_tensor_value_info(HEADS_INPUT, TensorProto.FLOAT, [1, H]),
+           helper.make_tensor_value_info(FEATURE_TOKEN, TensorProto.INT64, [1])],
+          [helper.make_tensor_value_info(FEATURE_OUTPUT, TensorProto.FLOAT, [1, H]),
+           helper.make_tensor_value_info(HEADS_OUTPUT, TensorProto.FLOAT, [1, N])])
+
+
+def lm_head_nodes(head, inits: dict, kept: np.ndarray, src: str, out: str) -> tuple[list, list]:
+    """(initializers, nodes) of the target lm_head restricted to the kept rows, reading float32 `src`
+    [..., H] into `out` [..., N]: in the target's own storage (float32 MatMul columns, or
+    MatMulNBits rows with their scales, as float32)."""
+    from onnx import helper, numpy_helper
+
+    init, nodes = [], []
     if head.op_type == "MatMul":
         rows = numpy_helper.to_array(inits[head.input[1]])[:, kept].astype(np.float32)
         init.append(numpy_helper.from_array(np.ascontiguousarray(rows), "lm_head.w"))
-        nodes.append(helper.make_node("MatMul", ["r", "lm_head.w"], [HEADS_OUTPUT]))
+        nodes.append(helper.make_node("MatMul", [src, "lm_head.w"], [out]))
     else:
         attrs = {a.name: helper.get_attribute_value(a) for a in head.attribute}
         N = attrs["N"]
-        ins = ["r"]
+        ins = [src]
         for slot, name in ((1, "lm_head.q"), (2, "lm_head.scales"), (3, "lm_head.zp")):
             if len(head.input) <= slot or not head.input[slot]:
                 break
@@ -122,13 +192,5 @@ def write_heads_graph(path: Path, target_path: Path, kept: np.ndarray, w: np.nda
             init.append(numpy_helper.from_array(np.ascontiguousarray(part), name))
             ins.append(name)
         attrs["N"] = int(kept.size)
-        nodes.append(helper.make_node("MatMulNBits", ins, [HEADS_OUTPUT], domain="com.microsoft", **attrs))
-    graph = helper.make_graph(
-        nodes, "edgespec_medusa_heads",
-        [helper.make_tensor_value_info(HEADS_INPUT, TensorProto.FLOAT, ["rows", hidden])],
-        [helper.make_tensor_value_info(HEADS_OUTPUT, TensorProto.FLOAT, ["rows", n, int(kept.size)])],
-        init)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
-    model.ir_version = min(model.ir_version, 9)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(model, str(path))
+        nodes.append(helper.make_node("MatMulNBits", ins, [out], domain="com.microsoft", **attrs))
+    return init, nodes
