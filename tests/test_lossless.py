@@ -36,7 +36,7 @@ def engines(request, tiny_bundle, tiny_bundle_disagree, tiny_llama_bundle):
 
 
 SEEDS = {"agree": 0, "disagree": 1, "llama": 2, "cuda-agree": 3, "cuda-disagree": 4}
-NO_FP16 = "this CPU has no float16 arithmetic: the cuda flavor is refused here (tests/test_flavor.py)"
+NO_FP16 = "this CPU has no float16 arithmetic: the cuda flavor is refused here (tests/edge/test_flavor.py)"
 
 
 def engine(engines, name):

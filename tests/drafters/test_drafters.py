@@ -248,10 +248,14 @@ def test_auto_tracks_the_model_rate_from_confidence():
     auto.begin([1, 2, 3])
     p = Proposal([5, 6], None, "model", [0.9, 0.9])
     assert model.expected_yield(p) == pytest.approx(1 + 0.9 + 0.81)
-    before = model.rate()
-    model.propose([1, 2, 3], 2, GREEDY, None)  # two 1-token draft steps: 0.04 s
-    auto.feedback(p, 2, 5)
-    assert model.rate() > before  # (2.71 tokens in 0.14 s) beats the start estimate
+    # a request starts from the round its long-run acceptance buys at its best k (capability_round)
+    k = cm.best_k(0.9, 4)[0]
+    tok, sec = model.capability_round()
+    assert k > 1 and tok == pytest.approx(expected_tokens(k, 0.9)) and model.rate() == pytest.approx(tok / sec)
+    for _ in range(60):  # then follows its rounds: 2.71 expected tokens per 0.14 s (two draft steps, a 3-token verify)
+        model.propose([1, 2, 3], 2, GREEDY, None)
+        auto.feedback(p, 2, 5)
+    assert model.rate() == pytest.approx(2.71 / 0.14, rel=0.01)
 
 
 # --- auto: never slower than the target alone ----------------------------------------------------
