@@ -366,7 +366,7 @@ def test_auto_needs_a_margin_before_it_drafts():
     assert auto.propose(ctx, 4, GREEDY, None).source == "ngram"
     model = StubModel(0.9)
     auto = auto_with(cm, FixedQuote(0.0), model)
-    model.m_tokens, model.m_seconds = 1.05, 1.0 / r0  # the model's rounds deliver 5 % more
+    model.m_tokens, model.m_seconds = 1.03, 1.0 / r0  # the model's rounds deliver 3 % more
     assert [auto.propose(ctx, 4, GREEDY, None).source for _ in range(10)].count("model") <= 1  # a probe at most
     model.m_tokens = 1.5
     assert auto.propose(ctx, 4, GREEDY, None).source == "model"
@@ -564,9 +564,12 @@ def test_auto_keeps_up_with_its_best_source_when_the_draft_must_catch_up_on_copi
     keeps >= 0.98x its best single source."""
     auto, by = _mixed_run("auto")
     best = max(_mixed_run("ngram")[0], _mixed_run("model")[0])
-    # seeded and simulated: the figures docs/speed.md quotes (the old rule: 0.975x, 90 model rounds)
-    assert auto / best == pytest.approx(0.996, abs=0.005), (auto, best, by)
-    assert by["model"] == 38 and by["ngram"] == 121  # fewer returns to the draft; the copies stay the n-gram's
+    # seeded and simulated: the figures docs/speed.md quotes (the old rule: 0.975x, 90 model rounds).
+    # With the draft's margin at 5 % (was 15 %: costed.MODEL_MIN_GAIN) auto returns to it between copies
+    # more often here (0.996 -> 0.964 of its best source), the price of using it where it gains 5-15 %
+    # on real text (the pinned-cost replay of the shipped sets: 0.966 -> 0.982 overall)
+    assert auto / best == pytest.approx(0.964, abs=0.005), (auto, best, by)
+    assert by["ngram"] == 121 and by["model"] == 83  # the copies stay the n-gram's
 
 
 def test_a_costed_drafter_counts_the_catch_ups_over_other_sources_text():
@@ -662,3 +665,34 @@ def test_beta_fading_keeps_some_evidence():
     assert b.a + b.b == pytest.approx(MIN_EVIDENCE)
     b.add(1, 0)
     assert b.mean > 0.5  # new evidence moves it fast
+
+
+def test_a_cold_prefill_is_priced_over_the_share_this_reply_shows_the_draft_can_write():
+    """A reply whose first 32 tokens the suffix index copied (30 of them) leaves the draft little to
+    write: its cold prompt prefill is spread over that small share, not over the recent requests'."""
+    from edgespec.drafters.costed import SHARE_EVIDENCE
+
+    cm = CostModel(times(s1=0.1, s2=0.12), times(s1=0.02, s2=0.024, s97=0.3))
+    model = StubModel(0.8, cm)
+    model.share = 0.9  # recent requests: it wrote 90 % of their replies
+    ctx = list(range(200))
+    model.begin(ctx)
+    assert model.request_share(0) == 0.9
+    for _ in range(3):
+        model.feedback(Proposal([1] * 10, None, "suffix"), 10, 0)  # 30 tokens the suffix index wrote
+    w = 32 / (32 + SHARE_EVIDENCE)
+    assert model.request_share(32) == pytest.approx((1 - w) * 0.9 + w * (2 / 32))
+    model.catch_up = lambda c: len(c)  # cold: the whole prompt to read
+    copying = model.quote(ctx + list(range(32)), 4).rate
+    model._others = 0  # the same reply, written by plain steps: the draft could have written it all
+    fresh = model.quote(ctx + list(range(32)), 4).rate
+    assert copying < fresh < model.rate()
+
+
+@pytest.mark.parametrize("value, want", [(0.7623, 0.7623), (1, None), (0.0, None), (True, None), ("0.7", None),
+                                         (None, None)])
+def test_the_drafts_starting_acceptance_is_the_exports_measured_agreement(value, want):
+    from edgespec.models.manifest import Manifest
+
+    m = Manifest(name="x", models={}, tokenizer=None, files={}, drafting={} if value is None else {"draft_agreement": value})
+    assert m.draft_agreement == want
