@@ -16,7 +16,7 @@ after the engine's caches were reset, so nothing in it describes a cache's conte
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 from ..core.costmodel import CostModel
 from ..core.runner import ModelRunner, StepTimes
@@ -30,12 +30,14 @@ def _shared(v: Any) -> bool:
 
 
 class Lineages:
-    """enter(mode) before a mode's generations (after the caches were reset), leave(mode) after
-    them (after another reset): the mode continues from its own state, or from the engine's state
-    when the lineages were made."""
+    """enter(mode) before a mode's generations, leave(mode) after them; each resets the engine's
+    caches first (`reset(engine)`), so a snapshot never describes a cache's content. A mode continues
+    from its own state, or from the engine's state when the lineages were made."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, reset: Callable[[Any], None]) -> None:
+        self.engine, self.reset = engine, reset
         self.drafters = list(getattr(engine, "_drafters", {}).values())
+        reset(engine)
         self.start = self._snapshot()
         self.saved: dict[str, list[dict]] = {}
 
@@ -51,9 +53,11 @@ class Lineages:
         return copy.deepcopy([vars(d) for d in self.drafters], self._memo())
 
     def enter(self, mode: str) -> None:
+        self.reset(self.engine)
         state = copy.deepcopy(self.saved.get(mode, self.start), self._memo())
         for d, attrs in zip(self.drafters, state):
             vars(d).update(attrs)
 
     def leave(self, mode: str) -> None:
+        self.reset(self.engine)
         self.saved[mode] = self._snapshot()

@@ -245,8 +245,8 @@ def run_bench(
     """Runs every mode on every prompt `repeats` times, interleaved, on one open Engine.
 
     Order: for each repeat, for each prompt, all modes back to back, the mode order rotated by one
-    per (repeat, prompt) so no mode always runs first after a prompt change. What the drafters learn
-    is kept per mode (lineage.py): no mode starts a prompt from another mode's run of it. A conversation counts
+    per (repeat, prompt) so no mode always runs first after a prompt change; the drafters' learning is
+    kept per mode (lineage.py). A conversation counts
     as one prompt here: each mode runs all its turns in order, from one reset."""
     if repeats < 1:
         raise InvalidRequest(f"--repeats must be at least 1, got {repeats}", param="repeats")
@@ -261,8 +261,7 @@ def run_bench(
     rss = PeakRSS()
     if warmup:
         _warm(engine, prompts[0], modes)
-    fresh_cache(engine)
-    lineages = Lineages(engine)  # each mode learns as if it ran alone (lineage.py)
+    lineages = Lineages(engine, fresh_cache)  # each mode learns as if it ran alone (lineage.py)
     samples: list[Sample] = []
     total = repeats * len(prompts) * len(modes)
     done = 0
@@ -274,8 +273,7 @@ def run_bench(
             target_ids: dict[str, list[int]] = {}
             pending: list[tuple[Sample, list[int]]] = []
             for mode in order:
-                fresh_cache(engine)  # once per prompt, or once per conversation: its turns follow on
-                lineages.enter(mode.label)
+                lineages.enter(mode.label)  # fresh caches once per prompt, or per conversation: its turns follow on
                 history: list[dict] = []
                 for p in unit:
                     s, ids, text = _one(engine, p, mode, rep, history, rss, max_new_tokens, temperature, seed)
@@ -284,7 +282,6 @@ def run_bench(
                     if mode.draft == "none":
                         target_ids[p.id] = ids
                     pending.append((s, ids))
-                fresh_cache(engine)
                 lineages.leave(mode.label)
             for s, ids in pending:  # the target may have run after some modes: compare at the end
                 ref = target_ids.get(s.prompt_id)

@@ -82,7 +82,7 @@ def _self(kit: Kit):
 
 
 def _heads(kit: Kit):
-    from .heads import from_record
+    from .heads_record import from_record
 
     session = kit.runner("heads")
     if session is None:

@@ -488,7 +488,7 @@ def test_each_mode_learns_as_if_it_ran_alone():
     times = StepTimes()
     learner = Learner(times)
     engine = types.SimpleNamespace(_drafters={"model": learner, "auto": Mixer(learner)})
-    lines = Lineages(engine)
+    lines = Lineages(engine, lambda e: None)
     lines.enter("model")
     for _ in range(20):
         learner.acc.add(True, False)
