@@ -32,15 +32,14 @@ the true tokens as inputs, and with the model's own argmax tokens (what the runt
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
+from . import fit
 from .heads_graph import EPS
 
 REG_WEIGHT = 1.0  # the feature regression's weight beside the soft cross-entropy
 STEP_DECAY = 0.8  # loss weight of chain step j: 0.8^j
-BATCH = 64
 PARAMS = ("w_f", "table", "w_g", "w_u", "w_d", "g")  # the graph's weights, feature_step's arguments
 
 
@@ -84,10 +83,7 @@ def train(hidden: np.ndarray, tok: np.ndarray, emb: np.ndarray, ids: np.ndarray,
     """Trains the block on hidden [T, H] (f_t), tok [T] (each row's input token as a kept index, N =
     UNK), the frozen kept lm_head rows emb [N, H], soft targets ids/p [T, n, K] at row t + 1 + j
     (heads.head_targets) and src [T, n] (chain_rows). Returns the graph's float32 weights (PARAMS)."""
-    import torch
-
-    torch.manual_seed(seed)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch = fit.torch_seeded(seed)
     n, H = src.shape[1], hidden.shape[1]
     N = emb.shape[0]
     X = torch.from_numpy(np.ascontiguousarray(hidden, dtype=np.float32))
@@ -103,8 +99,7 @@ def train(hidden: np.ndarray, tok: np.ndarray, emb: np.ndarray, ids: np.ndarray,
     w_d = torch.zeros(inter, H, requires_grad=True)
     g = torch.full((H,), scale, requires_grad=True)
     params = [w_f, w_e, b, unk, w_g, w_u, w_d, g]
-    opt = torch.optim.Adam(params, lr=min(3e-3, 0.03 / math.sqrt(H)))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    opt, sched = fit.adam_cosine(params, H, steps)
 
     def rms(z):
         return z * torch.rsqrt((z * z).mean(dim=-1, keepdim=True) + EPS)
@@ -119,7 +114,7 @@ def train(hidden: np.ndarray, tok: np.ndarray, emb: np.ndarray, ids: np.ndarray,
     rng = np.random.default_rng(seed)
     rows = train_rows[src[train_rows, 0] >= 0]
     for _ in range(steps if rows.size else 0):
-        batch = torch.from_numpy(rng.choice(rows, size=min(BATCH, rows.size), replace=rows.size < BATCH))
+        batch = fit.batch_of(rng, rows)
         f = X[batch]
         loss = torch.zeros(())
         for j in range(n):
@@ -135,12 +130,7 @@ def train(hidden: np.ndarray, tok: np.ndarray, emb: np.ndarray, ids: np.ndarray,
             ce = -got.sum() / p_b.sum().clamp(min=1e-6)
             reg = torch.nn.functional.smooth_l1_loss(f[ok], X[rr[ok]])
             loss = loss + STEP_DECAY ** j * (ce + REG_WEIGHT * reg)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        if progress is not None:
-            progress.update(1)
+        fit.step(opt, sched, loss, progress)
     with torch.no_grad():
         table = torch.cat([E, unk]) @ w_e + b
     out = {"w_f": w_f, "table": table, "w_g": w_g, "w_u": w_u, "w_d": w_d, "g": g}

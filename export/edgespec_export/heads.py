@@ -14,8 +14,6 @@ one child process (isolate.py): the target graph, the data and torch are gone wh
 """
 from __future__ import annotations
 
-import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from . import fit
+from .fit import BATCH
 from .heads_data import ANSWER_TOKENS, CHUNK, DOC_TOKENS, HOLDOUT_EVERY, LOCAL_CORPUS, PROMPT_SETS, SOFT_K, Collected
 
 HEADS_DIR = "heads"
@@ -30,7 +30,6 @@ HEADS_FILE = "model.onnx"
 VOCAB_MAP = "vocab_map.npy"
 METHODS = ("medusa", "feature")  # feature: the EAGLE-style feature drafter (feature.py)
 HEAD_WEIGHT_DECAY = 0.8  # loss weight of head i: 0.8^i (later heads are less often reached)
-BATCH = 64
 
 
 @dataclass
@@ -104,10 +103,7 @@ def train(hidden: np.ndarray, emb: np.ndarray, ids: np.ndarray, p: np.ndarray, t
     """Trains W [n, H, H], b [n, H] (zero start) on hidden [T, H] with the frozen lm_head rows emb
     [N, H] toward the soft targets ids/p [T, n, K] (kept-row ids, -1 = none) at train_rows.
     Returns float32 (W, b)."""
-    import torch
-
-    torch.manual_seed(seed)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch = fit.torch_seeded(seed)
     n, H = ids.shape[1], hidden.shape[1]
     X = torch.from_numpy(np.ascontiguousarray(hidden, dtype=np.float32))
     E = torch.from_numpy(np.ascontiguousarray(emb, dtype=np.float32))
@@ -115,16 +111,14 @@ def train(hidden: np.ndarray, emb: np.ndarray, ids: np.ndarray, p: np.ndarray, t
     tp = torch.from_numpy(p)
     W = torch.zeros(n, H, H, requires_grad=True)
     b = torch.zeros(n, H, requires_grad=True)
-    lr = min(3e-3, 0.03 / math.sqrt(H))
-    opt = torch.optim.Adam([W, b], lr=lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    opt, sched = fit.adam_cosine([W, b], H, steps)
     weights = torch.tensor([HEAD_WEIGHT_DECAY ** i for i in range(n)])
     rng = np.random.default_rng(seed)
     rows = train_rows[(p[train_rows].sum(axis=(1, 2)) > 0)]
     if rows.size == 0:
         return W.detach().numpy(), b.detach().numpy()
     for step in range(steps):
-        batch = torch.from_numpy(rng.choice(rows, size=min(BATCH, rows.size), replace=rows.size < BATCH))
+        batch = fit.batch_of(rng, rows)
         x = X[batch]
         r = x[:, None, :] + torch.nn.functional.silu(torch.einsum("bh,nhk->bnk", x, W) + b)
         logp = torch.log_softmax(r @ E.T, dim=-1)  # [B, n, N]
@@ -132,13 +126,7 @@ def train(hidden: np.ndarray, emb: np.ndarray, ids: np.ndarray, p: np.ndarray, t
         got = torch.gather(logp, 2, ids_b.clamp(min=0)) * p_b  # p is 0 where ids is -1
         mass = p_b.sum(dim=2)  # [B, n]
         per_head = -(got.sum(dim=2)).sum(dim=0) / mass.sum(dim=0).clamp(min=1e-6)
-        loss = (per_head * weights).sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        if progress is not None:
-            progress.update(1)
+        fit.step(opt, sched, (per_head * weights).sum(), progress)
     return W.detach().numpy().astype(np.float32), b.detach().numpy().astype(np.float32)
 
 

@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 
-from edgespec.core.sampling import SamplingParams
 from edgespec.edge.providers import session_options
 from edgespec.engine import Engine
 from edgespec.engine.build import load_runner
@@ -16,9 +15,8 @@ from edgespec.errors import BundleCorrupt, ExportError
 from edgespec.models.bundle import Bundle
 
 from helpers.costs import freeze
-from helpers.lossless import exact_target_distribution
+from helpers.lossless import check_heads_sampling
 from helpers.manifests import rewrite_manifest
-from helpers.stats import chi2_gof
 
 torch = pytest.importorskip("torch", reason="the feature drafter's tests read the exporter's modules")
 from edgespec_export import feature as ft  # noqa: E402
@@ -214,29 +212,8 @@ def test_sampling_with_feature_proposals_matches_the_target_and_a_lying_q_is_cau
     """With proposals the target accepts (an oracle first call), sampled output matches the target's
     exact distribution; the negative control reports a flat q for the same sampled tokens and the
     same chi-square rejects it."""
-    from edgespec.core.proposal import Proposal
     from edgespec.drafters import feature as feature_mod
 
     eng = Engine.open(tiny_feature_bundle, max_len=64, draft="heads")
     _oracle(eng, monkeypatch)
-    if lie:
-        honest = feature_mod.FeatureDrafter.draft
-
-        def lying(self, ctx, k, params, rng):
-            prop = honest(self, ctx, k, params, rng)
-            if not prop.tokens or prop.q is None:
-                return prop
-            return Proposal(prop.tokens, np.full_like(prop.q, 1.0 / prop.q.shape[1]), prop.source, prop.conf)
-
-        monkeypatch.setattr(feature_mod.FeatureDrafter, "draft", lying)
-    params = SamplingParams(temperature=1.5, top_k=3)
-    exact = exact_target_distribution(eng, "def add(a, b):", params)
-    counts: dict = {}
-    n, accepted = 1200, 0
-    for seed in range(n):
-        r = eng.generate("def add(a, b):", max_new_tokens=3, temperature=1.5, top_k=3, seed=seed, draft="heads", k=1)
-        accepted += r.stats.accepted
-        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
-    assert accepted > n // 2  # the acceptance path really ran
-    p = chi2_gof(counts, exact, n)
-    assert (p < 1e-6) if lie else (p > 1e-3)
+    check_heads_sampling(eng, feature_mod.FeatureDrafter, monkeypatch, lie)

@@ -8,15 +8,13 @@ import json
 import numpy as np
 import pytest
 
-from edgespec.core.sampling import SamplingParams
 from edgespec.engine import Engine
 from edgespec.edge.providers import session_options
 from edgespec.engine.build import load_runner
 from edgespec.errors import DraftUnavailable, ExportError
 from edgespec.models.bundle import Bundle
 
-from helpers.lossless import exact_target_distribution
-from helpers.stats import chi2_gof
+from helpers.lossless import check_heads_sampling
 
 torch = pytest.importorskip("torch", reason="the heads tests read the exporter's modules")
 from edgespec_export.heads import HeadsOptions, head_logits, head_targets, top1, train  # noqa: E402
@@ -213,28 +211,7 @@ def test_sampling_with_accepted_heads_proposals_and_a_negative_control(tiny_head
     distribution; the negative control reports a flat q for the same sampled tokens (so the target
     accepts them far too often) and the same chi-square rejects it."""
     from edgespec.drafters import heads as heads_mod
-    from edgespec.core.proposal import Proposal
 
     eng = Engine.open(tiny_heads_bundle, max_len=64, draft="heads")
     _oracle_heads(eng, monkeypatch)
-    if lie:
-        honest = heads_mod.HeadsDrafter.draft
-
-        def lying(self, ctx, k, params, rng):
-            prop = honest(self, ctx, k, params, rng)
-            if not prop.tokens or prop.q is None:
-                return prop
-            return Proposal(prop.tokens, np.full_like(prop.q, 1.0 / prop.q.shape[1]), prop.source, prop.conf)
-
-        monkeypatch.setattr(heads_mod.HeadsDrafter, "draft", lying)
-    params = SamplingParams(temperature=1.5, top_k=3)
-    exact = exact_target_distribution(eng, "def add(a, b):", params)
-    counts: dict = {}
-    n, accepted = 1200, 0
-    for seed in range(n):
-        r = eng.generate("def add(a, b):", max_new_tokens=3, temperature=1.5, top_k=3, seed=seed, draft="heads", k=1)
-        accepted += r.stats.accepted
-        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
-    assert accepted > n // 2  # the acceptance path really ran
-    p = chi2_gof(counts, exact, n)
-    assert (p < 1e-6) if lie else (p > 1e-3)
+    check_heads_sampling(eng, heads_mod.HeadsDrafter, monkeypatch, lie)

@@ -65,3 +65,35 @@ def exact_target_distribution(eng, prompt: str, params, depth: int = 3) -> dict[
     walk([], 1.0)
     eng.reset_cache()
     return exact
+
+
+def check_heads_sampling(eng, drafter_cls, monkeypatch, lie: bool, n: int = 1200) -> None:
+    """Sampled output with a heads drafter (`--draft heads`, k = 1) matches the target's exact
+    distribution; with `lie`, the negative control: the drafter reports a flat q for the same sampled
+    tokens (so the target accepts them far too often) and the same chi-square must reject it. The
+    caller makes the drafter's proposals ones the target accepts, so the acceptance path really runs."""
+    from edgespec.core.proposal import Proposal
+    from edgespec.core.sampling import SamplingParams
+
+    from helpers.stats import chi2_gof
+
+    if lie:
+        honest = drafter_cls.draft
+
+        def lying(self, ctx, k, params, rng):
+            prop = honest(self, ctx, k, params, rng)
+            if not prop.tokens or prop.q is None:
+                return prop
+            return Proposal(prop.tokens, np.full_like(prop.q, 1.0 / prop.q.shape[1]), prop.source, prop.conf)
+
+        monkeypatch.setattr(drafter_cls, "draft", lying)
+    exact = exact_target_distribution(eng, "def add(a, b):", SamplingParams(temperature=1.5, top_k=3))
+    counts: dict = {}
+    accepted = 0
+    for seed in range(n):
+        r = eng.generate("def add(a, b):", max_new_tokens=3, temperature=1.5, top_k=3, seed=seed, draft="heads", k=1)
+        accepted += r.stats.accepted
+        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
+    assert accepted > n // 2  # the acceptance path really ran
+    p = chi2_gof(counts, exact, n)
+    assert (p < 1e-6) if lie else (p > 1e-3)
