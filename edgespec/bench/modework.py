@@ -42,7 +42,7 @@ class ModeWork:
         return self.context_sum / self.generations if self.generations else 0.0
 
 
-def _add_steps(acc: dict[int, list], steps: dict) -> None:
+def add_steps(acc: dict[int, list], steps: dict) -> None:
     for n, (c, s) in steps.items():
         n = int(n)
         cur = acc.setdefault(n, [0, 0.0])
@@ -54,11 +54,8 @@ def collect_work(samples: Iterable) -> dict[str, ModeWork]:
     """Sums decode-phase steps per mode. The prompt's prefill chunks run before the first token, so
     outside the decode time: the target's always, the draft's when the engine fed it the prompt along
     with the target (model and auto modes); they are taken out of both histograms here."""
-    from ..limits import PREFILL_CHUNK
-
     out: dict[str, ModeWork] = {}
     for s in samples:
-        chunks = prefill_chunks(s.prompt_tokens, PREFILL_CHUNK)
         w = out.setdefault(s.mode, ModeWork(s.mode))
         w.tokens += max(s.new_tokens - 1, 0)
         w.decode_s += s.decode_s
@@ -68,9 +65,18 @@ def collect_work(samples: Iterable) -> dict[str, ModeWork]:
         w.generations += 1
         w.prompt_tokens += s.prompt_tokens
         w.context_sum += s.prompt_tokens + s.new_tokens / 2
-        _add_steps(w.target_steps, _without(s.target_steps, chunks))
-        _add_steps(w.draft_steps, _without(s.draft_steps, chunks))
+        target, draft = decode_steps(s)
+        add_steps(w.target_steps, target)
+        add_steps(w.draft_steps, draft)
     return out
+
+
+def decode_steps(s) -> tuple[dict[int, list], dict[int, list]]:
+    """One sample's (target, draft) step histograms with its prompt's prefill chunks taken out."""
+    from ..limits import PREFILL_CHUNK
+
+    chunks = prefill_chunks(s.prompt_tokens, PREFILL_CHUNK)
+    return _without(s.target_steps, chunks), _without(s.draft_steps, chunks)
 
 
 def _without(steps: dict, chunks: list[int]) -> dict[int, list]:

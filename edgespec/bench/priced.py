@@ -14,25 +14,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Sequence
 
-from ..limits import PREFILL_CHUNK
-from .modework import _without, prefill_chunks
+from .modework import add_steps, decode_steps
 from .run import BenchRun, Sample
-
-
-def _decode_steps(s: Sample) -> tuple[dict[int, list], dict[int, list]]:
-    chunks = prefill_chunks(s.prompt_tokens, PREFILL_CHUNK)
-    return _without(s.target_steps, chunks), _without(s.draft_steps, chunks)
 
 
 def mean_costs(samples: Sequence[Sample]) -> tuple[dict[int, float], dict[int, float]]:
     """Seconds per decode step by size over every generation of the run: (target, draft)."""
     acc: tuple[dict[int, list], dict[int, list]] = ({}, {})
     for s in samples:
-        for side, steps in zip(acc, _decode_steps(s)):
-            for n, (c, sec) in steps.items():
-                cur = side.setdefault(n, [0, 0.0])
-                cur[0] += c
-                cur[1] += sec
+        for side, steps in zip(acc, decode_steps(s)):
+            add_steps(side, steps)
     t, d = ({n: sec / c for n, (c, sec) in side.items() if c} for side in acc)
     return t, d
 
@@ -40,7 +31,7 @@ def mean_costs(samples: Sequence[Sample]) -> tuple[dict[int, float], dict[int, f
 def priced_sample(s: Sample, target: dict[int, float], draft: dict[int, float]) -> Sample:
     """The sample with its decode time rebuilt: its decode steps at the run's mean costs, plus its own
     time outside model steps."""
-    ts, ds = _decode_steps(s)
+    ts, ds = decode_steps(s)
     own = sum(sec for _, sec in ts.values()) + sum(sec for _, sec in ds.values())
     priced = sum(c * target[n] for n, (c, _) in ts.items()) + sum(c * draft[n] for n, (c, _) in ds.items())
     return replace(s, decode_s=max(s.decode_s - own, 0.0) + priced)

@@ -116,9 +116,9 @@ class CostedDrafter(DrafterBase):
         self._end_streak()
         self._ran = False
         if self.costs is not None:
-            # start from the old rate, pulled toward what the long-run acceptance predicts for a
-            # one-token proposal (one round's worth of evidence): a new text may suit the draft
-            # better or worse than the last one
+            # start from the old rate, pulled toward the round its long-run acceptance buys at its
+            # best chain length (capability_round: one round's worth of evidence): a new text may
+            # suit the draft better or worse than the last one
             tokens, seconds = self.capability_round()
             self.m_tokens = self.m_tokens * NEW_REQUEST_KEEP + tokens
             old = self.m_seconds

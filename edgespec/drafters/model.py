@@ -19,8 +19,8 @@ from .costed import CostedDrafter
 # Acceptance is learned per bin of the draft's own probability for the token it proposed: a
 # confident draft is usually right, an unsure one usually wrong, and that is known *before* paying
 # for the next draft step and the longer verify.
-PRIOR_ACCEPTANCE = 0.6  # a draft's long-run acceptance before anything is known of the pair
 _CONF_EDGES = np.array([0.2, 0.4, 0.6, 0.75, 0.85, 0.92, 0.97, 0.99])
+PRIOR_ACCEPTANCE = 0.6  # a draft's long-run acceptance before anything is known of the pair
 
 
 def conf_bin(c: float) -> int:
