@@ -61,6 +61,20 @@ STREAK_KEEP = 0.75
 SHARE_PRIOR = 1.0
 SHARE_EVIDENCE = 16  # tokens of this reply that weigh as much as the recent requests' share (request_share)
 PRIOR_K_MAX = 4  # the longest chain a request's starting estimate assumes (capability_round)
+# A cold prompt prefill (the draft's first round in a request) is a one-off bet on the rest of the
+# reply, priced with guesses (the reply's length, the share the draft will write), and a wrong yes
+# costs all of it: a 190-token prompt is ~18 target steps of the 0.5B draft on the 2-core dev CPU.
+# So `auto` (quote) waits until the reply has written PREFILL_WAIT tokens (a reply the suffix index
+# copies shows itself in its first rounds: code completion paid that prefill in its first round for
+# 2-4 draft tokens), asks the cold round for PREFILL_MIN_GAIN over a plain step (refactoring paid
+# 574 ms of prefill on a quote 7 % over the target's and ran 18 % behind the suffix index alone), and
+# lets a fresh engine's first looks pay FIRST_LOOK_PREFILLS such prefills, only in a reply other
+# sources wrote at most FIRST_LOOK_SHARE of (a replay whose first requests were summaries paid it in
+# three of them, for a round or two each: 0.74x the suffix index alone).
+PREFILL_WAIT = 8
+PREFILL_MIN_GAIN = 0.10
+FIRST_LOOK_PREFILLS = 1
+FIRST_LOOK_SHARE = 0.5
 
 
 class CostedDrafter(DrafterBase):
@@ -86,6 +100,7 @@ class CostedDrafter(DrafterBase):
         self.share = SHARE_PRIOR  # the share of a reply its rounds wrote, recent requests weighted
         self._wrote = 0  # tokens its rounds wrote in this request
         self._others = 0  # tokens other sources' accepted proposals wrote in this request
+        self.cold_looks = 0  # cold prompt prefills paid in its first looks in this engine (FIRST_LOOK_PREFILLS)
 
     # -- hooks ------------------------------------------------------------------------------------
     def draft(self, ctx: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Proposal:
@@ -133,6 +148,9 @@ class CostedDrafter(DrafterBase):
         warm = self._ran
         if not warm and self._prefill_cannot_pay(ctx, k):
             return EMPTY
+        if (not warm and self.costs is not None and self.rounds_seen < FIRST_LOOK_ROUNDS
+                and self.catch_up_extra(self.catch_up(ctx)) > 0):
+            self.cold_looks += 1
         prop = self.draft(ctx, k, params, rng)
         self._ran = True
         if self.costs is not None:
@@ -236,11 +254,22 @@ class CostedDrafter(DrafterBase):
         if self.costs is None:
             return None
         extra = self.catch_up_extra(self.catch_up(ctx))
+        written = len(ctx) - (self._prompt_len if self._prompt_len is not None else len(ctx))
+        cold = extra > 0 and not self._ran  # its first round in this request would read the prompt
+        if cold and written < PREFILL_WAIT:
+            return Quote(0.0, self.min_gain, None, probe=False)
         # its first looks in an engine may pay a cold catch-up: until FIRST_LOOK_ROUNDS rounds have run,
         # its rate is mostly a prior from the dev machine's ratios, which must not decide for good
         # that it never pays (a rate estimate that stays under the margin would never be tested)
-        probe = self.rounds_seen < FIRST_LOOK_ROUNDS or extra <= PROBE_CATCH_UP_STEPS * self.costs.verify(1)
-        return Quote(self.catch_up_rate(ctx, k, extra), self.min_gain, None, probe=probe)
+        first_look = self.rounds_seen < FIRST_LOOK_ROUNDS and (not cold or (
+            self.cold_looks < FIRST_LOOK_PREFILLS and self.own_share(written) >= FIRST_LOOK_SHARE))
+        probe = first_look or extra <= PROBE_CATCH_UP_STEPS * self.costs.verify(1)
+        gain = max(self.min_gain, PREFILL_MIN_GAIN) if cold else self.min_gain
+        return Quote(self.catch_up_rate(ctx, k, extra), gain, None, probe=probe)
+
+    def own_share(self, written: int) -> float:
+        """The share of this reply's `written` tokens that other sources' proposals did not write."""
+        return max(0.0, 1.0 - self._others / written) if written > 0 else 1.0
 
     def request_share(self, written: int) -> float:
         """The share of this reply's rest its rounds can expect to write: the recent requests'
@@ -252,7 +281,7 @@ class CostedDrafter(DrafterBase):
         then copied whole (its recent requests said the draft writes most of a reply)."""
         if written <= 0:
             return self.share
-        own = max(0.0, 1.0 - self._others / written)
+        own = self.own_share(written)
         w = written / (written + SHARE_EVIDENCE)
         return (1.0 - w) * self.share + w * own
 

@@ -21,6 +21,7 @@ from .costed import CostedDrafter
 # for the next draft step and the longer verify.
 _CONF_EDGES = np.array([0.2, 0.4, 0.6, 0.75, 0.85, 0.92, 0.97, 0.99])
 PRIOR_ACCEPTANCE = 0.6  # a draft's long-run acceptance before anything is known of the pair
+CONF_PRIOR_SCALE = 1.0  # a confidence bin's acceptance before evidence: this times the bin's middle
 
 
 def conf_bin(c: float) -> int:
@@ -62,7 +63,7 @@ class ModelDrafter(CostedDrafter):
         self.last_alts: list[list[tuple[int, float]]] = []
         self._picked_row = 0  # the logits row of the last token _pick chose
         mids = np.concatenate([[0.1], (_CONF_EDGES[:-1] + _CONF_EDGES[1:]) / 2, [0.995]])
-        self.by_conf = [Beta(float(m) * 0.9) for m in mids]
+        self.by_conf = [Beta(float(m) * CONF_PRIOR_SCALE) for m in mids]
         # its long-run acceptance starts from the export's measured agreement of this pair when the
         # bundle records one (Manifest.draft_agreement), else from a middling 0.6
         self.mean = Beta(PRIOR_ACCEPTANCE if prior is None else prior, weight=8.0)
