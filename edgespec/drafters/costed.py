@@ -71,10 +71,15 @@ PRIOR_K_MAX = 4  # the longest chain a request's starting estimate assumes (capa
 # lets a fresh engine's first looks pay FIRST_LOOK_PREFILLS such prefills, only in a reply other
 # sources wrote at most FIRST_LOOK_SHARE of (a replay whose first requests were summaries paid it in
 # three of them, for a round or two each: 0.74x the suffix index alone).
+# And a draft left unused for RELOOK_REQUESTS requests in a row gets such a look again: its estimate
+# only moves when it runs, and between requests it sinks toward a prior that does not clear a cold
+# prefill's margin, so without one the draft, once given up, stayed unused for good (measured: in the
+# second pass over the `code` set `auto` never ran it, 0.91x the draft alone on code writing).
 PREFILL_WAIT = 8
 PREFILL_MIN_GAIN = 0.10
 FIRST_LOOK_PREFILLS = 1
 FIRST_LOOK_SHARE = 0.5
+RELOOK_REQUESTS = 4
 
 
 class CostedDrafter(DrafterBase):
@@ -101,6 +106,7 @@ class CostedDrafter(DrafterBase):
         self._wrote = 0  # tokens its rounds wrote in this request
         self._others = 0  # tokens other sources' accepted proposals wrote in this request
         self.cold_looks = 0  # cold prompt prefills paid in its first looks in this engine (FIRST_LOOK_PREFILLS)
+        self.idle_requests = 0  # requests in a row, up to the last one, in which it did not run
 
     # -- hooks ------------------------------------------------------------------------------------
     def draft(self, ctx: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Proposal:
@@ -126,6 +132,7 @@ class CostedDrafter(DrafterBase):
             self.reply_tokens = self.reply_tokens * REPLY_KEEP + reply * (1.0 - REPLY_KEEP)
             if self._ran and reply > 0:
                 self.share = self.share * REPLY_KEEP + min(1.0, self._wrote / reply) * (1.0 - REPLY_KEEP)
+            self.idle_requests = 0 if self._ran else self.idle_requests + 1
         self._wrote = self._others = 0
         self._prompt_len = self._final_len = len(ctx)
         self._end_streak()
@@ -258,12 +265,18 @@ class CostedDrafter(DrafterBase):
         cold = extra > 0 and not self._ran  # its first round in this request would read the prompt
         if cold and written < PREFILL_WAIT:
             return Quote(0.0, self.min_gain, None, probe=False)
-        # its first looks in an engine may pay a cold catch-up: until FIRST_LOOK_ROUNDS rounds have run,
-        # its rate is mostly a prior from the dev machine's ratios, which must not decide for good
-        # that it never pays (a rate estimate that stays under the margin would never be tested)
-        first_look = self.rounds_seen < FIRST_LOOK_ROUNDS and (not cold or (
-            self.cold_looks < FIRST_LOOK_PREFILLS and self.own_share(written) >= FIRST_LOOK_SHARE))
-        probe = first_look or extra <= PROBE_CATCH_UP_STEPS * self.costs.verify(1)
+        # its first looks in an engine may pay a long catch-up: until FIRST_LOOK_ROUNDS rounds have run,
+        # its rate is mostly a prior, which must not decide for good that it never pays (a rate
+        # estimate that stays under the margin would never be tested); a cold prompt prefill only
+        # FIRST_LOOK_PREFILLS times, or after RELOOK_REQUESTS requests without it, and only in a
+        # reply the other sources have not written most of
+        young = self.rounds_seen < FIRST_LOOK_ROUNDS
+        if cold:
+            look = ((young and self.cold_looks < FIRST_LOOK_PREFILLS) or self.idle_requests >= RELOOK_REQUESTS) \
+                and self.own_share(written) >= FIRST_LOOK_SHARE
+        else:
+            look = young
+        probe = look or extra <= PROBE_CATCH_UP_STEPS * self.costs.verify(1)
         gain = max(self.min_gain, PREFILL_MIN_GAIN) if cold else self.min_gain
         return Quote(self.catch_up_rate(ctx, k, extra), gain, None, probe=probe)
 

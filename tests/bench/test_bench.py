@@ -469,6 +469,35 @@ def test_priced_speedups_take_the_load_drift_between_modes_out():
     assert priced["c"] == pytest.approx(1.05 / 0.85) and priced["d"] == pytest.approx(1.0 / 0.8)
 
 
+def test_the_warmup_teaches_no_mode(tiny_bundle, monkeypatch):
+    """The warmup runs every mode for 8 tokens on the first prompt to pay one-off costs; what the
+    drafters learn there must not reach the measured runs. It did: the warmup's `model` run took the
+    draft past its first looks in an engine, so `auto` in the bench never tried it where a server's
+    `auto` would (round six, docs/speed.md)."""
+    from edgespec.engine import Engine
+
+    eng = Engine.open(tiny_bundle, draft="auto", max_len=512)
+    model = eng._drafters["model"]
+    assert model.rounds_seen == 0
+    warmed, seen = [], []
+    warm, one = bench._warm, bench._one
+    monkeypatch.setattr(bench, "_warm", lambda *a: (warm(*a), warmed.append(model.rounds_seen)))
+
+    def first_round_state(engine, p, mode, *a, **kw):
+        seen.append((mode.label, model.rounds_seen))
+        return one(engine, p, mode, *a, **kw)
+
+    monkeypatch.setattr(bench, "_one", first_round_state)
+    prompts = [prompt_sets.Prompt(id="p", category="c", prompt="def add(a, b):")]
+    try:
+        bench.run_bench(eng, prompts, bench.parse_modes("target,model,auto", None, has_draft=True),
+                        max_new_tokens=8, repeats=1, warmup=True)
+    finally:
+        eng.close()
+    assert warmed[0] > 0  # the warmup's `model` run drafted ...
+    assert seen == [("target", 0), ("model", 0), ("auto", 0)]  # ... and every mode starts from before it
+
+
 def test_each_mode_learns_as_if_it_ran_alone():
     """Two modes share one drafter object (as `auto` shares the draft model with `model`): what one
     mode's generations taught it must not be there when the other mode runs, and comes back when its

@@ -370,6 +370,33 @@ def test_a_first_look_is_not_spent_on_a_reply_other_sources_write():
     assert model.own_share(10) == pytest.approx(0.4) and not model.quote(ctx, 4).probe
 
 
+def test_a_draft_left_unused_gets_another_look():
+    """Past its first looks a cold draft is not probed, and its estimate only moves when it runs: once
+    given up it stayed unused for good (the bench's second pass over the `code` set never ran it).
+    After RELOOK_REQUESTS requests without it, one look may pay the prefill again, in a reply the
+    other sources have not written most of."""
+    from edgespec.drafters.costed import FIRST_LOOK_ROUNDS, PREFILL_WAIT, RELOOK_REQUESTS
+
+    cpu = CostModel(times(s1=0.07, s2=0.09), times(s1=0.03, s2=0.035))
+    model = StubModel(0.3, cpu)
+    model.catch_up = lambda ctx: 400
+    model.rounds_seen = FIRST_LOOK_ROUNDS
+    prompt = list(range(100))
+    ctx = prompt + list(range(1000, 1000 + PREFILL_WAIT))
+    for idle in range(RELOOK_REQUESTS):
+        model.begin(prompt)
+        assert model.idle_requests == idle and not model.quote(ctx, 4).probe
+        model.feedback(EMPTY, 0, len(ctx))
+    model.begin(prompt)
+    assert model.idle_requests == RELOOK_REQUESTS and model.quote(ctx, 4).probe
+    model.feedback(Proposal([1] * 5, None, "suffix"), 5, len(ctx))  # others wrote 5 of its 8 tokens
+    assert not model.quote(ctx, 4).probe
+    model.catch_up = lambda ctx: 2
+    model.feedback(model.propose(ctx, 4, GREEDY, None), 0, len(ctx))  # it runs in this request ...
+    model.begin(prompt)
+    assert model.idle_requests == 0  # ... so the count starts over
+
+
 class Overpromise(DrafterBase):
     """A free drafter whose quote promises `a` acceptance per token of a 3-token proposal."""
 
