@@ -32,7 +32,9 @@ def _shared(v: Any) -> bool:
 class Lineages:
     """enter(mode) before a mode's generations, leave(mode) after them; each resets the engine's
     caches first (`reset(engine)`), so a snapshot never describes a cache's content. A mode continues
-    from its own state, or from the engine's state when the lineages were made."""
+    from its own state, or from the engine's state when the lineages were made: run_bench makes them
+    before its warmup, which pays one-off costs and must teach no mode (it did: the warmup's `model`
+    run took the draft past its first looks, so the bench's `auto` never tried it as a server's does)."""
 
     def __init__(self, engine, reset: Callable[[Any], None]) -> None:
         self.engine, self.reset = engine, reset

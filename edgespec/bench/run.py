@@ -259,10 +259,7 @@ def run_bench(
     greedy = temperature == 0.0
     load_start = _loadavg()
     rss = PeakRSS()
-    # each mode learns as if it ran alone (lineage.py), from the engine's state before the warmup:
-    # the warmup pays one-off costs and must teach no mode (its `model` run took the draft past its
-    # first looks, so `auto` never looked at it as it does in a server)
-    lineages = Lineages(engine, fresh_cache)
+    lineages = Lineages(engine, fresh_cache)  # each mode learns alone, from before the warmup (lineage.py)
     if warmup:
         _warm(engine, prompts[0], modes)
     samples: list[Sample] = []
