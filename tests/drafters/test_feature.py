@@ -15,13 +15,13 @@ from edgespec.errors import BundleCorrupt, ExportError
 from edgespec.models.bundle import Bundle
 
 from helpers.costs import freeze
+from helpers.cycle_data import cycle_data
 from helpers.lossless import check_heads_sampling
 from helpers.manifests import rewrite_manifest
 
 torch = pytest.importorskip("torch", reason="the feature drafter's tests read the exporter's modules")
 from edgespec_export import feature as ft  # noqa: E402
 from edgespec_export.heads import HeadsOptions, head_targets  # noqa: E402
-from edgespec_export.heads_data import Collected  # noqa: E402
 from edgespec_export.heads_graph import lm_head_rows, write_feature_graph  # noqa: E402
 
 
@@ -95,27 +95,11 @@ def test_feature_graph_over_an_8_bit_lm_head_is_its_numpy_reference(tiny_cuda_he
     _check_graph(tmp_path / "f.onnx", lm_head_rows(b.model_path("target"), kept), P, kept.size, H, exact=False)
 
 
-def _pattern(T=600, H=32, N=16, cycle=(3, 7, 1, 9, 12), seed=0):
-    """Teacher-forced data of a repeating cycle: row t holds token x_t, its hidden state picks
-    x_{t+1} through the lm_head (plus noise), its target distribution is x_{t+1}; 6 documents."""
-    rng = np.random.default_rng(seed)
-    emb = rng.standard_normal((N, H)).astype(np.float32)
-    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-    x = np.array([cycle[t % len(cycle)] for t in range(T + 1)])
-    hidden = (4.0 * emb[x[1:]] + 0.1 * rng.standard_normal((T, H))).astype(np.float32)
-    top_ids = np.zeros((T, 4), dtype=np.int64)
-    top_ids[:, 0] = x[1:]
-    top_p = np.zeros((T, 4), dtype=np.float32)
-    top_p[:, 0] = 1.0
-    doc = (np.arange(T) // (T // 6)).astype(np.int32)
-    return Collected(hidden, x[1:].copy(), top_ids, top_p, doc, doc == 5, x[:T].copy()), emb
-
-
 def test_the_feature_drafter_trained_on_a_repeated_pattern_predicts_it_along_its_own_chain():
     """Learning happens: untrained, the block repeats the lm_head's token (wrong for the position
     after); after 150 steps its own chain (its own features and drafted tokens as inputs) follows
     the cycle at positions 1, 2 and 3."""
-    c, emb = _pattern()
+    c, emb = cycle_data()
     kept = np.arange(emb.shape[0])
     ids, p, labels = head_targets(c, 3, kept.copy())
     src, tok = ft.chain_rows(c.doc, 3), ft.kept_tokens(c.ids, kept.copy(), kept.size)

@@ -14,11 +14,11 @@ from edgespec.engine.build import load_runner
 from edgespec.errors import DraftUnavailable, ExportError
 from edgespec.models.bundle import Bundle
 
+from helpers.cycle_data import cycle_data
 from helpers.lossless import check_heads_sampling
 
 torch = pytest.importorskip("torch", reason="the heads tests read the exporter's modules")
 from edgespec_export.heads import HeadsOptions, head_logits, head_targets, top1, train  # noqa: E402
-from edgespec_export.heads_data import Collected  # noqa: E402
 from edgespec_export.heads_graph import lm_head_rows  # noqa: E402
 
 
@@ -112,27 +112,10 @@ def test_heads_graph_over_an_8_bit_lm_head_matches_its_dequantized_rows(tiny_cud
     assert r.token_ids == ref.token_ids and r.stats.drafted > 0
 
 
-def _pattern_data(T=600, H=32, N=16, cycle=(3, 7, 1, 9, 12), seed=0):
-    """Hidden states whose lm_head picks the next token of a repeating cycle (h_t = E[x_{t+1}] scaled,
-    plus noise), as teacher-forced data of 6 documents."""
-    rng = np.random.default_rng(seed)
-    emb = rng.standard_normal((N, H)).astype(np.float32)
-    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-    x = np.array([cycle[t % len(cycle)] for t in range(T + 1)])
-    hidden = (4.0 * emb[x[1:]] + 0.1 * rng.standard_normal((T, H))).astype(np.float32)
-    top_ids = np.zeros((T, 4), dtype=np.int64)
-    top_ids[:, 0] = x[1:]
-    top_p = np.zeros((T, 4), dtype=np.float32)
-    top_p[:, 0] = 1.0
-    doc = (np.arange(T) // (T // 6)).astype(np.int32)
-    c = Collected(hidden, x[1:].copy(), top_ids, top_p, doc, doc == 5)
-    return c, emb
-
-
 def test_a_head_trained_on_a_repeated_pattern_predicts_it():
     """Learning happens: before training each head repeats the lm_head's next token (wrong for t+2+i);
     after 150 steps the held-out predictions follow the cycle."""
-    c, emb = _pattern_data()
+    c, emb = cycle_data()
     kept = np.arange(emb.shape[0])
     ids, p, labels = head_targets(c, 3, kept.copy())
     rows = np.arange(len(c.hidden))
@@ -144,7 +127,7 @@ def test_a_head_trained_on_a_repeated_pattern_predicts_it():
 
 
 def test_head_targets_stop_at_document_ends():
-    c, _ = _pattern_data(T=60)
+    c, _ = cycle_data(T=60)
     ids, p, labels = head_targets(c, 3, np.arange(16))
     last = np.flatnonzero(np.diff(c.doc))[0]  # the last position of document 0
     assert labels[last, 0] == -1 and (p[last].sum() == 0)
