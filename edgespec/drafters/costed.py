@@ -261,7 +261,7 @@ class CostedDrafter(DrafterBase):
         if self.costs is None:
             return None
         extra = self.catch_up_extra(self.catch_up(ctx))
-        written = len(ctx) - (self._prompt_len if self._prompt_len is not None else len(ctx))
+        written = self.written(ctx)
         cold = extra > 0 and not self._ran  # its first round in this request would read the prompt
         if cold and written < PREFILL_WAIT:
             return Quote(0.0, self.min_gain, None, probe=False)
@@ -279,6 +279,10 @@ class CostedDrafter(DrafterBase):
         probe = look or extra <= PROBE_CATCH_UP_STEPS * self.costs.verify(1)
         gain = max(self.min_gain, PREFILL_MIN_GAIN) if cold else self.min_gain
         return Quote(self.catch_up_rate(ctx, k, extra), gain, None, probe=probe)
+
+    def written(self, ctx: Sequence[int]) -> int:
+        """Tokens of ctx past this request's prompt: what the reply has written so far."""
+        return len(ctx) - (self._prompt_len if self._prompt_len is not None else len(ctx))
 
     def own_share(self, written: int) -> float:
         """The share of this reply's `written` tokens that other sources' proposals did not write."""
@@ -328,7 +332,7 @@ class CostedDrafter(DrafterBase):
         rate = self.rate()
         if extra <= 0 or rate <= 0:
             return rate
-        written = len(ctx) - (self._prompt_len if self._prompt_len is not None else len(ctx))
+        written = self.written(ctx)
         remaining = self.reply_tokens - written
         if self._ran:  # caught up on the prompt already: this catch-up is over other sources' text
             remaining = max(min(remaining, self.streak_tokens), 1.0)
