@@ -342,9 +342,9 @@ def test_auto_does_not_probe_a_cold_draft_cache():
     model.cold = 12  # a short catch-up within a request: probing resumes
     picks = [auto.propose(ctx, 4, GREEDY, None).source for _ in range(40)]
     assert model.asked >= 1
-    model.cold = 400  # a new request, cold again, but its rate now clears the margin even with the prefill paid
-    auto.begin([1, 2, 3])
-    model.m_tokens, model.m_seconds = 4.0, 0.1
+    model.cold = 40  # a new request with a short prompt, cold again, and a draft that now clears the
+    auto.begin([1, 2, 3])  # cold round's margin (10 %: no reply evidence here) with the prefill paid
+    model.mean = Beta(0.99, weight=1000)
     model.reply_tokens, model.share = 128.0, 1.0  # recent replies: 128 tokens, all the draft's
     assert auto.propose(early, 4, GREEDY, None).source == "none"  # ... after PREFILL_WAIT reply tokens
     assert auto.propose(ctx, 4, GREEDY, None).source == "model"
@@ -395,6 +395,83 @@ def test_a_draft_left_unused_gets_another_look():
     model.feedback(model.propose(ctx, 4, GREEDY, None), 0, len(ctx))  # it runs in this request ...
     model.begin(prompt)
     assert model.idle_requests == 0  # ... so the count starts over
+
+
+def logits_with_confidence(confs, vocab=8) -> np.ndarray:
+    """Logits rows whose best token (id 0) has softmax probability confs[i], the rest spread evenly."""
+    rows = np.empty((len(confs), vocab), dtype=np.float32)
+    for i, c in enumerate(confs):
+        rows[i] = np.log(np.maximum(np.r_[c, np.full(vocab - 1, (1 - c) / (vocab - 1))], 1e-30))
+    return rows
+
+
+def test_target_confidence_is_the_softmax_probability_of_the_best_token():
+    from edgespec.drafters.costed import target_confidence
+
+    got = target_confidence(logits_with_confidence([0.5, 0.9, 0.99]))
+    assert got == pytest.approx([0.5, 0.9, 0.99], abs=1e-6)
+
+
+def test_the_target_confidence_in_a_reply_moves_the_drafts_expected_acceptance():
+    """Before the draft runs in a reply, the target's confidence in the tokens it wrote says how the
+    reply suits the draft (measured on the real pair: agreement ~= that confidence, token by token).
+    Its judged tokens calibrate the ratio; TCONF_EVIDENCE tokens weigh as much as its long-run
+    acceptance."""
+    from edgespec.drafters.costed import CAL_PRIOR, TCONF_EVIDENCE
+
+    cpu = CostModel(times(s1=0.07, s2=0.075, s5=0.09), times(s1=0.03, s2=0.035))
+    model = StubModel(0.6, cpu)
+    model.begin([1, 2, 3])
+    blind = model.cold_rate()
+    assert model.reply_acceptance() == 0.6
+    n = int(TCONF_EVIDENCE)
+    model.observe(logits_with_confidence([0.95] * n), [0] * n)
+    assert model.reply_acceptance() == pytest.approx(0.5 * 0.6 + 0.5 * 0.95, abs=1e-6)
+    assert model.cold_rate() > 1.1 * blind
+    # its own proposal of 4, 1 accepted: 2 judged tokens (the rejection included), where the target
+    # was sure: the draft agrees less than the target's confidence says, and the ratio learns it
+    mine = model.propose([1, 2, 3, 4], 4, GREEDY, None)
+    assert len(mine.tokens) == 4
+    model.feedback(mine, 1, 5)
+    model.observe(logits_with_confidence([1.0, 1.0]), [4, 1])
+    assert (model.cal_ok, model.cal_conf) == pytest.approx((CAL_PRIOR + 1, CAL_PRIOR + 2), abs=1e-5)
+    model.begin([1, 2, 3])  # a new reply: no evidence of its own yet, the calibration stays
+    assert model.reply_acceptance() == 0.6 and model.cal_conf == pytest.approx(CAL_PRIOR + 2, abs=1e-5)
+    model.observe(logits_with_confidence([0.3] * n), [0] * n)
+    cal = (CAL_PRIOR + 1) / (CAL_PRIOR + 2)
+    assert model.reply_acceptance() == pytest.approx(0.5 * 0.6 + 0.5 * cal * 0.3, abs=1e-6)
+    assert model.cold_rate() < 0.95 * blind
+
+
+def test_auto_pays_a_cold_prefill_for_a_reply_the_target_is_sure_of():
+    """A cold draft, past its first looks, whose recent rounds ran 3 % over the target (under its 5 %
+    margin): in a reply the target wrote with confidence 0.99 `auto` runs it, in one written at 0.3 it
+    does not. Negative control: priced from its recent rounds (the rule before the reply's evidence
+    was read), the sure reply gets no draft either."""
+    from edgespec.drafters.costed import FIRST_LOOK_ROUNDS, MODEL_MIN_GAIN, TCONF_EVIDENCE
+
+    cpu = CostModel(times(s1=0.07, s2=0.075, s3=0.08, s4=0.085, s5=0.09), times(s1=0.03, s2=0.035))
+    prompt = list(range(100))
+    n = int(TCONF_EVIDENCE)
+    ctx = prompt + list(range(1000, 1000 + n))
+
+    def pick(conf, evidence=True):
+        model = StubModel(0.8)
+        model.catch_up = lambda c: 3  # cold: its cache lacks the reply (a catch-up of ~0.005 s)
+        auto = auto_with(cpu, NgramDrafter(cpu), model)
+        if not evidence:
+            model.cold_rate = model.rate
+        model.rounds_seen = FIRST_LOOK_ROUNDS  # past its first looks: its estimate decides
+        auto.begin(prompt)
+        model.m_tokens, model.m_seconds = 1.03 / cpu.verify(1), 1.0  # 3 % over the target
+        auto.observe(logits_with_confidence([conf] * n, vocab=16), [0] * n)
+        quoted = model.quote(ctx, 4).rate * cpu.verify(1)  # over the target alone's rate
+        return auto.propose(ctx, 4, GREEDY, None).source, quoted
+
+    assert MODEL_MIN_GAIN == 0.05
+    (sure, r_sure), (unsure, r_unsure), (blind, r_blind) = pick(0.99), pick(0.3), pick(0.99, evidence=False)
+    assert (sure, unsure, blind) == ("model", "none", "none")
+    assert r_sure > 1.10 and r_blind < 1.05 and r_unsure < 1.0
 
 
 class Overpromise(DrafterBase):
