@@ -85,13 +85,13 @@ FIRST_LOOK_SHARE = 0.5
 RELOOK_REQUESTS = 4
 # How well the draft will do on *this* reply, before it has run in it: the target's own confidence in
 # the tokens it wrote (its softmax probability of each, free from the verify's logits) predicts the
-# draft's agreement token by token. Measured on the real pair over the shipped and held-out sets,
-# greedy, 3,095 reply tokens of 32 prompts: where the target's confidence was 0.4-0.6 the draft agreed 51 %, 0.6-0.8
-# 68 %, 0.8-0.9 88 %, 0.97-0.99 97 %, above 0.99 99.8 %; a reply's mean confidence over its first 16
-# tokens correlates 0.84 with the draft's agreement over the whole reply. The ratio of the draft's
-# accepted tokens to the target's confidence at the positions it was judged on calibrates that
-# for another pair (CAL_PRIOR judged tokens of ratio 1 before evidence), and TCONF_EVIDENCE reply
-# tokens weigh as much as its long-run acceptance.
+# draft's agreement token by token. Measured on the real pair over the shipped and held-out sets
+# (greedy, 3,095 reply tokens of 32 prompts): where the target's confidence was 0.4-0.6 the draft
+# agreed 51 %, 0.6-0.8 68 %, 0.8-0.9 88 %, 0.97-0.99 97 %, above 0.99 99.8 %; a reply's mean
+# confidence over its first 16 tokens correlates 0.84 with the draft's agreement over the whole reply.
+# The ratio of the draft's accepted tokens to the target's confidence at the positions it was judged
+# on calibrates that for another pair (CAL_PRIOR judged tokens of ratio 1 before evidence), and
+# TCONF_EVIDENCE reply tokens weigh as much as its long-run acceptance.
 CAL_PRIOR = 32.0
 TCONF_EVIDENCE = 16.0
 
@@ -283,9 +283,9 @@ class CostedDrafter(DrafterBase):
             self._streak = 0
 
     def capability_round(self, a: float | None = None) -> tuple[float, float]:
-        """One round as its long-run acceptance says its adaptive rounds go: (expected tokens,
-        seconds) at the best chain length for that acceptance (CostModel.best_k, at most
-        PRIOR_K_MAX), its catch-up step and draft steps and the verify.
+        """One round as its long-run acceptance (or `a`: a reply's, cold_rate) says its adaptive
+        rounds go: (expected tokens, seconds) at the best chain length for that acceptance
+        (CostModel.best_k, at most PRIOR_K_MAX), its catch-up step and draft steps and the verify.
 
         Why not a one-token round: under `auto` a draft is used only where its rate clears its margin,
         and a prior that prices it at k = 1 (measured on the dev CPU: 1.10x the target alone, under
