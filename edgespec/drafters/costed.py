@@ -252,18 +252,18 @@ class CostedDrafter(DrafterBase):
         """The target's confidence in each token the round wrote (rows[i], [len(tokens), V], predicts
         the token after tokens[i]): this reply's predictability, and against its own judged tokens
         the calibration of that for this pair (CAL_PRIOR)."""
-        judged, accepted = self._judged
+        judged, accepted = self._judged  # set only by a round it drafted, so only once it has run
         self._judged = (0, 0)
+        if self.costs is None or len(rows) == 0:
+            return
         # the reply's confidence is read only until it runs in this request (quote's `cold`): after
         # that only its judged rows are scored (each row's softmax costs ~0.3 ms at a 152k vocabulary)
-        if self.costs is None or len(rows) == 0 or (self._ran and not judged):
-            return
-        conf = target_confidence(rows if not self._ran else rows[:judged])
         if not self._ran:
+            conf = target_confidence(rows)
             self._tconf[0] += float(conf.sum())
             self._tconf[1] += len(conf)
-        if judged:
-            self.cal_conf += float(conf[:judged].sum())
+        elif judged:
+            self.cal_conf += float(target_confidence(rows[:judged]).sum())
             self.cal_ok += accepted
 
     def reply_acceptance(self) -> float:

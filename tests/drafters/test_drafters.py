@@ -724,7 +724,8 @@ def test_auto_keeps_up_with_its_best_source_when_the_draft_must_catch_up_on_copi
     # on real text (the pinned-cost replay of the shipped sets: 0.966 -> 0.982 overall). Holding the
     # cold prefill until PREFILL_WAIT reply tokens alone made it 0.949 here (the first fresh 8 tokens
     # go undrafted, the prefill is paid later all the same); with a cold prefill's own margin
-    # (PREFILL_MIN_GAIN, 10 %) it is 0.963: fewer model rounds (83 -> 55), as many copies
+    # (PREFILL_MIN_GAIN, 10 %: this simulation calls no `observe`, so the draft's cold quote has no
+    # evidence from the reply) it is 0.963: fewer model rounds (83 -> 55), as many copies
     assert auto / best == pytest.approx(0.963, abs=0.005), (auto, best, by)
     assert by["ngram"] == 122 and by["model"] == 55  # the copies stay the n-gram's
 
