@@ -94,12 +94,28 @@ RELOOK_REQUESTS = 4
 # TCONF_EVIDENCE reply tokens weigh as much as its long-run acceptance.
 CAL_PRIOR = 32.0
 TCONF_EVIDENCE = 16.0
+# How its rounds did against the other sources' rounds (copies, plain steps) in the same replies, per
+# octave of prompt length (prompt_octave): its rounds' tokens per second (draft steps, catch-ups,
+# verify; not the prompt's prefill) over the others' (their verify), summed over the requests it ran
+# in, REPLY_KEEP per request. Under 1 (from EDGE_MIN_ROUNDS of its rounds on), it scales a cold quote
+# (`edge`): in such replies its rounds took positions the others wrote faster, and its prefill buys
+# nothing. Per octave because how much of a reply copies follows the prompt's length. Measured on the
+# shipped sets (pinned-cost replay at the 2026-12-02 run's step costs): replies to 128+ token prompts
+# ran slower with the draft alone than with the suffix index alone (0.36-0.88x); refactoring copies
+# only after its first 16 tokens, too late for request_share to stop the prefill, and `auto` paid it
+# in every refactoring and summary reply: 0.94 and 0.81 of the suffix index alone.
+EDGE_MIN_ROUNDS = 8
 
 
 def target_confidence(rows: np.ndarray) -> np.ndarray:
     """The target's softmax probability of its own best token in each logits row: [rows] from [rows, V]."""
     x = np.asarray(rows, dtype=np.float32)
     return 1.0 / np.exp(x - x.max(axis=1, keepdims=True)).sum(axis=1)
+
+
+def prompt_octave(n: int) -> int:
+    """The octave of a prompt length: 64-127 tokens -> 7, 128-255 -> 8."""
+    return max(1, n).bit_length()
 
 
 class CostedDrafter(DrafterBase):
@@ -130,6 +146,10 @@ class CostedDrafter(DrafterBase):
         self._tconf = [0.0, 0]  # this reply: the target's confidence in its tokens, summed, and how many
         self.cal_ok = self.cal_conf = CAL_PRIOR  # its judged tokens: accepted, the target's confidence summed
         self._judged = (0, 0)  # (tokens, accepted) of its own proposal the last verify judged
+        # this request's rounds: [its tokens, its seconds, its rounds, the others' tokens, seconds],
+        # and per prompt octave the same summed over the requests it ran in (EDGE_MIN_ROUNDS comment)
+        self._vs = [0.0] * 5
+        self.edges: dict[int, list[float]] = {}
 
     # -- hooks ------------------------------------------------------------------------------------
     def draft(self, ctx: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Proposal:
@@ -156,6 +176,11 @@ class CostedDrafter(DrafterBase):
             if self._ran and reply > 0:
                 self.share = self.share * REPLY_KEEP + min(1.0, self._wrote / reply) * (1.0 - REPLY_KEEP)
             self.idle_requests = 0 if self._ran else self.idle_requests + 1
+            if self._ran and self._vs[0] > 0 and self._vs[3] > 0:
+                octave = prompt_octave(self._prompt_len)
+                old = self.edges.get(octave, [0.0] * 5)
+                self.edges[octave] = [o * REPLY_KEEP + v for o, v in zip(old, self._vs)]
+        self._vs = [0.0] * 5
         self._wrote = self._others = 0
         self._tconf = [0.0, 0]
         self._prompt_len = self._final_len = len(ctx)
@@ -238,6 +263,10 @@ class CostedDrafter(DrafterBase):
             self.m_catch = self.m_catch * RATE_KEEP + catch
             if proposal.source == self.name and proposal.tokens:
                 self._judged = (min(len(proposal.tokens), accepted + 1), accepted)
+            vs = self._vs
+            vs[0] += (accepted if proposal.source == self.name else 0) + 1
+            vs[1] += seconds + catch + self.costs.verify(n + 1)
+            vs[2] += 1
             wrote = (accepted if proposal.source == self.name else 0) + 1
             self._streak += wrote
             self._wrote += wrote
@@ -246,6 +275,9 @@ class CostedDrafter(DrafterBase):
             if proposal.tokens and proposal.source != self.name:
                 self._foreign = True
                 self._others += accepted
+            if self.costs is not None:
+                self._vs[3] += accepted + 1
+                self._vs[4] += self.costs.verify(len(proposal.tokens) + 1)
         self.learn(proposal, accepted, valid_len)
 
     def observe(self, rows: np.ndarray, tokens: Sequence[int]) -> None:
@@ -332,7 +364,7 @@ class CostedDrafter(DrafterBase):
         else:
             look = young
         probe = look or extra <= PROBE_CATCH_UP_STEPS * self.costs.verify(1)
-        rate = self.cold_rate() if cold else self.rate()
+        rate = self.cold_rate() * self.edge() if cold else self.rate()
         gain = max(self.min_gain, PREFILL_MIN_GAIN) if cold and not self._tconf[1] else self.min_gain
         return Quote(self.catch_up_rate(ctx, k, extra, rate), gain, None, probe=probe)
 
@@ -347,6 +379,14 @@ class CostedDrafter(DrafterBase):
         tokens, seconds = self.capability_round(self.reply_acceptance())
         catch = self.m_catch / self.m_seconds if self.m_seconds > 0 else 0.0
         return tokens / (seconds * (1.0 + catch))
+
+    def edge(self) -> float:
+        """Its rounds' rate over the other sources' rounds' in recent replies to prompts as long as this
+        request's, at most 1 (1 before EDGE_MIN_ROUNDS of its rounds): what a cold quote is scaled by."""
+        e = self.edges.get(prompt_octave(self._prompt_len or 0))
+        if e is None or e[2] < EDGE_MIN_ROUNDS:
+            return 1.0
+        return min(1.0, (e[0] / e[1]) / (e[3] / e[4]))
 
     def written(self, ctx: Sequence[int]) -> int:
         """Tokens of ctx past this request's prompt: what the reply has written so far."""

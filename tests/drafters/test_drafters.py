@@ -725,9 +725,11 @@ def test_auto_keeps_up_with_its_best_source_when_the_draft_must_catch_up_on_copi
     # cold prefill until PREFILL_WAIT reply tokens alone made it 0.949 here (the first fresh 8 tokens
     # go undrafted, the prefill is paid later all the same); with a cold prefill's own margin
     # (PREFILL_MIN_GAIN, 10 %: this simulation calls no `observe`, so the draft's cold quote has no
-    # evidence from the reply) it is 0.963: fewer model rounds (83 -> 55), as many copies
-    assert auto / best == pytest.approx(0.963, abs=0.005), (auto, best, by)
-    assert by["ngram"] == 122 and by["model"] == 55  # the copies stay the n-gram's
+    # evidence from the reply) it is 0.963: fewer model rounds (83 -> 55), as many copies. With a cold
+    # quote scaled by how its rounds did against the n-gram's in replies to prompts this long
+    # (CostedDrafter.edge: they lost here), 0.993: the draft's prefill is no longer bet on these replies
+    assert auto / best == pytest.approx(0.993, abs=0.005), (auto, best, by)
+    assert by["ngram"] == 123 and by["model"] == 16  # the copies stay the n-gram's
 
 
 def test_a_costed_drafter_counts_the_catch_ups_over_other_sources_text():
@@ -846,6 +848,50 @@ def test_a_cold_prefill_is_priced_over_the_share_this_reply_shows_the_draft_can_
     model._others = 0  # the same reply, written by plain steps: the draft could have written it all
     fresh = model.quote(ctx + list(range(32)), 4).rate
     assert copying < fresh < model.rate()
+
+
+def test_a_cold_prefill_is_not_bet_where_the_drafts_rounds_lost_to_the_others_in_replies_this_long():
+    """Its rounds' rate over the other sources' rounds' in the same replies is kept per octave of prompt
+    length, and scales a cold quote where under 1. After two replies to 200-token prompts where the
+    suffix index's rounds wrote 5 tokens per verify beside its 4, its cold prefill on the next 200-token
+    prompt no longer clears the margin; after replies where the others were plain steps (negative
+    control) it still does, and an 80-token prompt is priced from its own octave, with no evidence:
+    edge 1 in both. Measured: `auto` paid the draft's prefill in every refactoring and summary reply
+    (128+ token prompts) and ran 0.94 and 0.81 of the suffix index alone there."""
+    from edgespec.drafters.costed import PREFILL_WAIT, prompt_octave
+
+    def engine(copying: bool):
+        cm = CostModel(times(s1=0.1, s2=0.12, s3=0.14, s4=0.16, s5=0.18), times(s1=0.02, s2=0.024, s200=0.6))
+        model = StubModel(0.9, cm)
+        for _ in range(2):
+            ctx = list(range(200))
+            model.begin(ctx)
+            for _ in range(10):  # its round: 4 tokens in 2 draft steps and a 5-token verify ...
+                prop = model.propose(ctx, 4, GREEDY, None)
+                ctx += [1] * 4
+                model.feedback(prop, 3, len(ctx))
+                if copying:  # ... beside a copy of 5 tokens in one 5-token verify
+                    ctx += [1] * 5
+                    model.feedback(Proposal([1] * 4, None, "suffix"), 4, len(ctx))
+                else:  # ... or a plain step
+                    ctx += [1]
+                    model.feedback(EMPTY, 0, len(ctx))
+        model.catch_up = lambda ctx: len(ctx)  # cold: the whole prompt to read
+        return model, cm
+
+    lost, cm = engine(True)
+    won, _ = engine(False)
+    margin = cm.target_alone_rate() * 1.10  # a cold round without reply evidence asks 10 %
+    for model in (lost, won):
+        model.begin(list(range(200)))
+    ctx = list(range(200)) + [5] * PREFILL_WAIT
+    assert lost.edge() == pytest.approx((70 / 3.85) / (87.5 / 3.15))  # 18.2 tokens/s against 27.8
+    assert won.edge() == 1.0  # its rounds beat the plain steps: no discount above 1
+    assert lost.quote(ctx, 4).rate < margin < won.quote(ctx, 4).rate
+    assert prompt_octave(80) != prompt_octave(200)
+    for model in (lost, won):
+        model.begin(list(range(80)))
+        assert model.edge() == 1.0 and model.quote(list(range(80)) + [5] * PREFILL_WAIT, 4).rate > margin
 
 
 @pytest.mark.parametrize("value, want", [(0.7623, 0.7623), (1, None), (0.0, None), (True, None), ("0.7", None),
