@@ -361,7 +361,8 @@ def test_a_first_look_is_not_spent_on_a_reply_other_sources_write():
     model = StubModel(0.3, cpu)
     model.catch_up = lambda ctx: 400
     prompt = list(range(100))
-    ctx = prompt + [7] * (PREFILL_WAIT + 2)  # 10 reply tokens
+    ctx = prompt + [7] * 10  # 10 reply tokens, past PREFILL_WAIT
+    assert PREFILL_WAIT < 10
     model.begin(prompt)
     assert model.quote(ctx, 4).probe
     model.feedback(Proposal([1] * 5, None, "suffix"), 5, len(ctx))  # others wrote 5 of 10: half
