@@ -102,8 +102,8 @@ TCONF_EVIDENCE = 16.0
 # nothing. Per octave because how much of a reply copies follows the prompt's length. Measured on the
 # shipped sets (pinned-cost replay at the 2026-12-02 run's step costs): replies to 128+ token prompts
 # ran slower with the draft alone than with the suffix index alone (0.36-0.88x); refactoring copies
-# only after its first 16 tokens, too late for request_share to stop the prefill, and `auto` paid it
-# in every refactoring and summary reply: 0.94 and 0.81 of the suffix index alone.
+# only after 11-19 tokens, too late for request_share to stop the prefill, and `auto` paid it in
+# every refactoring and summary reply: 0.94 and 0.81 of the suffix index alone.
 EDGE_MIN_ROUNDS = 8
 
 
