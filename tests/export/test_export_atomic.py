@@ -181,13 +181,40 @@ def test_child_result_progress_and_errors(monkeypatch, capfd):
         isolate.call(_child_dies, progress=rec, what="test")
 
 
+# Installed as sitecustomize in the export's processes: their model job holds (marking that it has
+# started) until a signal ends it, so the test's signal never races a tiny export that finishes first
+# (measured: a fresh-clone CI run saw `edgespec export` exit 0 before its SIGINT arrived).
+HOLD_JOB = """import os, time
+if os.environ.get("EDGESPEC_TEST_HOLD"):
+    import edgespec_export.job as _job
+
+    def run_model_job(job, progress=None):
+        open(os.environ["EDGESPEC_TEST_HOLD"], "w").close()
+        time.sleep(600)
+
+    _job.run_model_job = run_model_job
+"""
+
+
+def _held_export(tmp_path: Path, tiny_src: Path, hold: Path) -> subprocess.Popen:
+    """`edgespec export` of tiny_src into tmp_path/b, returned once its model child is running and held
+    (the hook and its marker in `hold`, outside the folder whose leftovers the test checks)."""
+    site = hold / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(HOLD_JOB)
+    marker = hold / "held"
+    paths = [str(site)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, EDGESPEC_TEST_HOLD=str(marker), PYTHONPATH=os.pathsep.join(paths))
+    proc = subprocess.Popen([sys.executable, "-m", "edgespec", "export", str(tiny_src), "-o", str(tmp_path / "b"),
+                             "--quant", "fp32"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    wait_for("the export's model job to start and hold", marker.exists, timeout=120)
+    return proc
+
+
 @pytest.mark.slow
-def test_sigint_to_the_cli_stops_child_and_leaves_nothing(tmp_path, tiny_src):
+def test_sigint_to_the_cli_stops_child_and_leaves_nothing(tmp_path, tiny_src, tmp_path_factory):
     """Ctrl-C as a user presses it: SIGINT to the `edgespec export` process while a model child runs."""
-    out = tmp_path / "b"
-    proc = subprocess.Popen([sys.executable, "-m", "edgespec", "export", str(tiny_src), "-o", str(out), "--quant", "fp32"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for("the export to start its model job", (tmp_path / "b.partial" / ".work").exists, timeout=120)
+    proc = _held_export(tmp_path, tiny_src, tmp_path_factory.mktemp("hold"))
     children = _children(proc.pid)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -222,13 +249,10 @@ def test_sigterm_unwinds_the_export_like_ctrl_c(tmp_path, tiny_src, monkeypatch)
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_cli_stops_child_and_leaves_nothing(tmp_path, tiny_src):
+def test_sigterm_to_the_cli_stops_child_and_leaves_nothing(tmp_path, tiny_src, tmp_path_factory):
     """`systemctl stop`, `kill`, a CI timeout: SIGTERM to `edgespec export` while a model child runs
     cleans up as Ctrl-C does, then the process dies of SIGTERM. It used to leave `<out>.partial`."""
-    out = tmp_path / "b"
-    proc = subprocess.Popen([sys.executable, "-m", "edgespec", "export", str(tiny_src), "-o", str(out), "--quant", "fp32"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for("the export to start its model job", (tmp_path / "b.partial" / ".work").exists, timeout=120)
+    proc = _held_export(tmp_path, tiny_src, tmp_path_factory.mktemp("hold"))
     children = _children(proc.pid)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
