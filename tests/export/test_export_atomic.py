@@ -205,8 +205,11 @@ def _held_export(tmp_path: Path, tiny_src: Path, hold: Path) -> subprocess.Popen
     marker = hold / "held"
     paths = [str(site)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = dict(os.environ, EDGESPEC_TEST_HOLD=str(marker), PYTHONPATH=os.pathsep.join(paths))
+    # SIGINT at its default, as in a terminal: a test run started in the background (`cmd &`) passes
+    # SIGINT down ignored, and Python then installs no Ctrl-C handler (measured: the export ran on)
     proc = subprocess.Popen([sys.executable, "-m", "edgespec", "export", str(tiny_src), "-o", str(tmp_path / "b"),
-                             "--quant", "fp32"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                             "--quant", "fp32"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     wait_for("the export's model job to start and hold", marker.exists, timeout=120)
     return proc
 
