@@ -263,11 +263,11 @@ class CostedDrafter(DrafterBase):
             self.m_catch = self.m_catch * RATE_KEEP + catch
             if proposal.source == self.name and proposal.tokens:
                 self._judged = (min(len(proposal.tokens), accepted + 1), accepted)
+            wrote = (accepted if proposal.source == self.name else 0) + 1
             vs = self._vs
-            vs[0] += (accepted if proposal.source == self.name else 0) + 1
+            vs[0] += wrote
             vs[1] += seconds + catch + self.costs.verify(n + 1)
             vs[2] += 1
-            wrote = (accepted if proposal.source == self.name else 0) + 1
             self._streak += wrote
             self._wrote += wrote
         else:  # a round it did not draft: a streak of its rounds, if one ran, is over
