@@ -24,6 +24,7 @@ from ..core.proposal import EMPTY, Proposal
 from ..core.sampling import SamplingParams
 from ..limits import PREFILL_CHUNK
 from .base import NEW_REQUEST_KEEP, DrafterBase, Quote
+from .tally import Tally, prompt_octave
 
 RATE_KEEP = 0.9  # per round: the weight of the earlier rounds in the rate estimate
 # A costed round must promise this much more than a plain target step (see ngram.NGRAM_MIN_GAIN).
@@ -113,11 +114,6 @@ def target_confidence(rows: np.ndarray) -> np.ndarray:
     return 1.0 / np.exp(x - x.max(axis=1, keepdims=True)).sum(axis=1)
 
 
-def prompt_octave(n: int) -> int:
-    """The octave of a prompt length: 64-127 tokens -> 7, 128-255 -> 8."""
-    return max(1, n).bit_length()
-
-
 class CostedDrafter(DrafterBase):
     uses_model = True
     min_gain = MODEL_MIN_GAIN
@@ -146,10 +142,8 @@ class CostedDrafter(DrafterBase):
         self._tconf = [0.0, 0]  # this reply: the target's confidence in its tokens, summed, and how many
         self.cal_ok = self.cal_conf = CAL_PRIOR  # its judged tokens: accepted, the target's confidence summed
         self._judged = (0, 0)  # (tokens, accepted) of its own proposal the last verify judged
-        # this request's rounds: [its tokens, its seconds, its rounds, the others' tokens, seconds],
-        # and per prompt octave the same summed over the requests it ran in (EDGE_MIN_ROUNDS comment)
-        self._vs = [0.0] * 5
-        self.edges: dict[int, list[float]] = {}
+        self._tally = Tally()  # this request's rounds, its own and the others' (edge)
+        self.edges: dict[int, Tally] = {}  # per prompt octave: the same over the requests it ran in (edge)
 
     # -- hooks ------------------------------------------------------------------------------------
     def draft(self, ctx: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Proposal:
@@ -176,11 +170,10 @@ class CostedDrafter(DrafterBase):
             if self._ran and reply > 0:
                 self.share = self.share * REPLY_KEEP + min(1.0, self._wrote / reply) * (1.0 - REPLY_KEEP)
             self.idle_requests = 0 if self._ran else self.idle_requests + 1
-            if self._ran and self._vs[0] > 0 and self._vs[3] > 0:
+            if self._ran and self._tally.both_ran():
                 octave = prompt_octave(self._prompt_len)
-                old = self.edges.get(octave, [0.0] * 5)
-                self.edges[octave] = [o * REPLY_KEEP + v for o, v in zip(old, self._vs)]
-        self._vs = [0.0] * 5
+                self.edges[octave] = self.edges.get(octave, Tally()).folded(self._tally, REPLY_KEEP)
+        self._tally = Tally()
         self._wrote = self._others = 0
         self._tconf = [0.0, 0]
         self._prompt_len = self._final_len = len(ctx)
@@ -264,10 +257,10 @@ class CostedDrafter(DrafterBase):
             if proposal.source == self.name and proposal.tokens:
                 self._judged = (min(len(proposal.tokens), accepted + 1), accepted)
             wrote = (accepted if proposal.source == self.name else 0) + 1
-            vs = self._vs
-            vs[0] += wrote
-            vs[1] += seconds + catch + self.costs.verify(n + 1)
-            vs[2] += 1
+            t = self._tally
+            t.own_tokens += wrote
+            t.own_seconds += seconds + catch + self.costs.verify(n + 1)
+            t.own_rounds += 1
             self._streak += wrote
             self._wrote += wrote
         else:  # a round it did not draft: a streak of its rounds, if one ran, is over
@@ -276,8 +269,8 @@ class CostedDrafter(DrafterBase):
                 self._foreign = True
                 self._others += accepted
             if self.costs is not None:
-                self._vs[3] += accepted + 1
-                self._vs[4] += self.costs.verify(len(proposal.tokens) + 1)
+                self._tally.other_tokens += accepted + 1
+                self._tally.other_seconds += self.costs.verify(len(proposal.tokens) + 1)
         self.learn(proposal, accepted, valid_len)
 
     def observe(self, rows: np.ndarray, tokens: Sequence[int]) -> None:
@@ -383,10 +376,7 @@ class CostedDrafter(DrafterBase):
     def edge(self) -> float:
         """Its rounds' rate over the other sources' rounds' in recent replies to prompts as long as this
         request's, at most 1 (1 before EDGE_MIN_ROUNDS of its rounds): what a cold quote is scaled by."""
-        e = self.edges.get(prompt_octave(self._prompt_len or 0))
-        if e is None or e[2] < EDGE_MIN_ROUNDS:
-            return 1.0
-        return min(1.0, (e[0] / e[1]) / (e[3] / e[4]))
+        return self.edges.get(prompt_octave(self._prompt_len or 0), Tally()).edge(EDGE_MIN_ROUNDS)
 
     def written(self, ctx: Sequence[int]) -> int:
         """Tokens of ctx past this request's prompt: what the reply has written so far."""

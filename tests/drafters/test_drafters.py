@@ -12,6 +12,7 @@ from edgespec.core.costmodel import CostModel, expected_tokens, expected_tokens_
 from edgespec.drafters import (EMPTY, AutoDrafter, Beta, CostedDrafter, DrafterBase, ModelDrafter, NgramDrafter, Proposal,
                                Quote, common_prefix, ngram_lookup)
 from edgespec.drafters.model import conf_bin
+from edgespec.drafters.tally import Tally, prompt_octave
 from edgespec.engine.build import load_runner
 from edgespec.core.runner import StepTimes
 from edgespec.core.sampling import SamplingParams
@@ -859,7 +860,7 @@ def test_a_cold_prefill_is_not_bet_where_the_drafts_rounds_lost_to_the_others_in
     control) it still does, and an 80-token prompt is priced from its own octave, with no evidence:
     edge 1 in both. Measured: `auto` paid the draft's prefill in every refactoring and summary reply
     (128+ token prompts) and ran 0.94 and 0.81 of the suffix index alone there."""
-    from edgespec.drafters.costed import PREFILL_WAIT, prompt_octave
+    from edgespec.drafters.costed import PREFILL_WAIT
 
     def engine(copying: bool):
         cm = CostModel(times(s1=0.1, s2=0.12, s3=0.14, s4=0.16, s5=0.18), times(s1=0.02, s2=0.024, s200=0.6))
@@ -893,6 +894,20 @@ def test_a_cold_prefill_is_not_bet_where_the_drafts_rounds_lost_to_the_others_in
     for model in (lost, won):
         model.begin(list(range(80)))
         assert model.edge() == 1.0 and model.quote(list(range(80)) + [5] * PREFILL_WAIT, 4).rate > margin
+
+
+def test_a_tally_sums_recent_requests_and_compares_the_drafts_rounds_with_the_others():
+    """`folded` weights the requests already in the record by `keep` and adds the new one; `edge` is the
+    draft's rounds' tokens per second over the others', capped at 1, and 1 until `min_rounds` of its
+    rounds are in (or where either side never ran)."""
+    t = Tally().folded(Tally(4, 1.0, 2, 6, 1.0), 0.75)
+    assert t == Tally(4, 1.0, 2, 6, 1.0) and t.edge(2) == pytest.approx(4.0 / 6.0) and t.edge(3) == 1.0
+    t = t.folded(Tally(8, 2.0, 8, 0, 0.0), 0.75)
+    assert t == Tally(11.0, 2.75, 9.5, 4.5, 0.75)
+    assert t.edge(8) == pytest.approx(4.0 / 6.0) and t.edge(10) == 1.0  # 4 tokens/s against 6
+    assert Tally(4, 1.0, 9, 0, 0.0).edge(8) == 1.0  # no other source ran: nothing to compare with
+    assert Tally(6, 1.0, 9, 4, 1.0).edge(8) == 1.0  # its rounds were faster: no discount above 1
+    assert [prompt_octave(n) for n in (0, 1, 63, 64, 127, 128)] == [1, 1, 6, 7, 7, 8]
 
 
 @pytest.mark.parametrize("value, want", [(0.7623, 0.7623), (1, None), (0.0, None), (True, None), ("0.7", None),
