@@ -2,7 +2,6 @@
 token is not worth its cost."""
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import numpy as np
@@ -67,7 +66,6 @@ class ModelDrafter(CostedDrafter):
         # its long-run acceptance starts from the export's measured agreement of this pair when the
         # bundle records one (Manifest.draft_agreement), else from a middling 0.6
         self.mean = Beta(PRIOR_ACCEPTANCE if prior is None else prior, weight=8.0)
-        self.last_seconds = 0.0  # wall time of the last proposal (draft steps and picking)
 
     @property
     def last_steps(self) -> int:
@@ -120,13 +118,6 @@ class ModelDrafter(CostedDrafter):
         return row
 
     def draft(self, ctx, k, params, rng) -> Proposal:
-        t0 = time.perf_counter()
-        try:
-            return self._draft(ctx, k, params, rng)
-        finally:
-            self.last_seconds = time.perf_counter() - t0
-
-    def _draft(self, ctx, k, params, rng) -> Proposal:
         self.last_alts = []
         if k <= 0 or len(ctx) + k - 1 > self.runner.max_len:
             return EMPTY

@@ -95,8 +95,8 @@ class SelfDrafter(ModelDrafter):
         self.last_sizes.append(1)
         return row
 
-    def _draft(self, ctx, k, params, rng) -> Proposal:
-        prop = super()._draft(ctx, k, params, rng)
+    def draft(self, ctx, k, params, rng) -> Proposal:
+        prop = super().draft(ctx, k, params, rng)
         if prop is EMPTY:
             return prop
         prop.source = self.name
