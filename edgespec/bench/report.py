@@ -11,10 +11,12 @@ pass over the prompts): a wide range means the machine was noisy.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from .autocheck import AUTO_VS_BEST, AUTO_VS_TARGET, SINGLE_MODES, AutoCheck, auto_checks
 from .run import PREFILL_MIN_TOKENS, BenchRun, Sample
 
 ALL = "all"
@@ -96,61 +98,29 @@ def summarize(run: BenchRun, by: str = "category") -> list[Row]:
     return rows
 
 
-# --- auto against its parts ----------------------------------------------------------------------
-SINGLE_MODES = ("model", "suffix", "recycle", "ngram", "self")  # one source each (adaptive k)
-AUTO_VS_BEST = 0.98  # auto's floor: this share of the best single mode's speed-up in the group ...
-AUTO_VS_TARGET = 0.95  # ... and this share of the target alone's
-
-
-@dataclass
-class AutoCheck:
-    """One group's `auto` beside the best single mode the run measured there (the target alone
-    counts: a source that never pays is "none")."""
-
-    group: str
-    mode: str  # "auto", or an auto variant ("auto+tree")
-    speedup: float
-    best_mode: str
-    best_speedup: float
-
-    @property
-    def ratio(self) -> float:
-        return self.speedup / self.best_speedup if self.best_speedup > 0 else 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.ratio >= AUTO_VS_BEST and self.speedup >= AUTO_VS_TARGET
-
-
-def auto_checks(rows: Sequence[Row]) -> list[AutoCheck]:
-    """Per group and auto mode: its speed-up, the best single mode's, and whether the rule holds.
-    Empty when the run has no auto mode or no single mode to compare with."""
-    out = []
-    for g in dict.fromkeys(r.group for r in rows):
-        in_g = [r for r in rows if r.group == g and r.speedup is not None]
-        singles = [r for r in in_g if r.mode in SINGLE_MODES or r.mode == "target"]
-        if not any(r.mode != "target" for r in singles):
-            continue
-        best = max(singles, key=lambda r: r.speedup)
-        for r in in_g:
-            if r.mode.startswith("auto") and " k=" not in r.mode:
-                out.append(AutoCheck(g, r.mode, r.speedup, best.mode, best.speedup))
-    return out
-
-
+# --- auto against its parts (autocheck.py) -------------------------------------------------------
 def priced_checks(run: BenchRun) -> list[AutoCheck]:
     """auto_checks on the run with every step priced at the run's mean cost for its size (priced.py)."""
     from .priced import priced_run
 
-    return auto_checks(summarize(priced_run(run), "category"))
+    return auto_checks(summarize(priced_run(run), "category"), _repeats(run))
+
+
+def _repeats(run: BenchRun) -> int:
+    return len({s.repeat for s in run.samples})
+
+
+def _check_json(c: AutoCheck) -> dict[str, Any]:
+    return {**asdict(c), "ratio": c.ratio, "ok": c.ok, "resolved": c.resolved}
 
 
 def format_auto_checks(checks: Sequence[AutoCheck], group_title: str = "category") -> str:
-    cols = [group_title, "mode", "speed-up", "best single mode", "its speed-up", "auto / best", "rule"]
+    cols = [group_title, "mode", "speed-up", "best single mode", "its speed-up", "auto / best", "+-2 s.e.", "rule"]
     lines = []
     for c in checks:
+        pm = "-" if c.resolution is None else f"{c.ratio * math.expm1(c.resolution):.2f}"
         lines.append([c.group, c.mode, f"{c.speedup:.2f}x", c.best_mode, f"{c.best_speedup:.2f}x",
-                      f"{c.ratio:.2f}", "ok" if c.ok else "BELOW"])
+                      f"{c.ratio:.2f}", pm, c.verdict()])
     return _grid(cols, lines, right_from=2)
 
 
@@ -371,11 +341,13 @@ def format_by_source(rows) -> str:
 def report_text(run: BenchRun, projections: Sequence = (), hw_list: Sequence = (), *, per_prompt: bool = False) -> str:
     rows = summarize(run, "category")
     parts = [header(run), "", format_table(rows)]
-    checks = auto_checks(rows)
+    checks = auto_checks(rows, _repeats(run))
     if checks:
         parts += ["", f"auto beside the best single mode (rule: >= {AUTO_VS_BEST:.2f}x the best of "
                       f"{', '.join(m for m in SINGLE_MODES if m in {r.mode for r in rows})} and the target alone, "
-                      f">= {AUTO_VS_TARGET:.2f}x the target):", format_auto_checks(checks)]
+                      f">= {AUTO_VS_TARGET:.2f}x the target):", format_auto_checks(checks),
+                  "(+-2 s.e.: two standard errors of auto / best, from how far each mode's speed-up moved between "
+                  "repeats; a verdict inside them is 'within noise': this run cannot tell; bench/autocheck.py)"]
         parts += ["", "the same, every mode's steps priced at the run's mean cost per step size (load drift "
                       "between modes taken out; bench/priced.py):", format_auto_checks(priced_checks(run))]
     if per_prompt:
@@ -428,8 +400,8 @@ def report_json(run: BenchRun, projections: Sequence = ()) -> dict[str, Any]:
     rows = summarize(run, "category")
     d["summary"] = {"by_category": [asdict(r) for r in rows],
                     "by_prompt": [asdict(r) for r in summarize(run, "prompt")],
-                    "auto_vs_best": [{**asdict(c), "ratio": c.ratio, "ok": c.ok} for c in auto_checks(rows)],
-                    "auto_vs_best_priced": [{**asdict(c), "ratio": c.ratio, "ok": c.ok} for c in priced_checks(run)]}
+                    "auto_vs_best": [_check_json(c) for c in auto_checks(rows, _repeats(run))],
+                    "auto_vs_best_priced": [_check_json(c) for c in priced_checks(run)]}
     d["breakdown"] = [asdict(b) for b in breakdown(run)]
     d["projection"] = [p.to_dict() for p in projections]
     return d

@@ -4,6 +4,7 @@ No speed is asserted anywhere: speeds are what the bench reports, not what a tes
 from __future__ import annotations
 
 import json
+import math
 import types
 from pathlib import Path
 
@@ -271,6 +272,52 @@ def test_auto_is_shown_beside_the_best_single_mode_per_category():
     line = next(x for x in text.splitlines() if x.startswith("c ") and "suffix" in x and "BELOW" in x)
     assert "1.90x" in line and "2.00x" in line and "0.95" in line
     assert bench_report.report_json(run)["summary"]["auto_vs_best"][0]["ok"] is False
+
+
+def test_each_auto_verdict_carries_the_runs_own_resolution():
+    """Two standard errors of log(auto / best) from the group's per-repeat ranges: with 2 repeats a
+    mode whose speed-up moved from 1.0 to 1.1 and one from 2.0 to 2.2 give a mean log range of
+    log 1.1, one repeat's deviation log(1.1) / 1.128, and 2 s.e. of the ratio 2 sqrt(2) of that over
+    sqrt(2). A 5 % gap inside that is 'within noise'; outside it (negative control: ranges 100x
+    narrower) it is a finding; with one repeat nothing is claimed either way."""
+    from edgespec.bench.autocheck import AutoCheck, auto_checks, ratio_resolution
+
+    def row(mode, speedup, rng):
+        return bench_report.Row("c", mode, 2, 20, 10.0, speedup, rng, 100.0, None, 1.0, None, 0, 0, 1.0)
+
+    def rows(width):
+        return [row("target", 1.0, None), row("suffix", 2.0, (2.0, 2.0 * width)), row("model", 1.05, (1.0, width)),
+                row("auto", 1.9, (1.9, 1.9 * width))]
+
+    res = ratio_resolution(rows(1.1), 2)
+    assert res == pytest.approx(2 * math.sqrt(2) * (math.log(1.1) / 1.128) / math.sqrt(2))  # 0.169
+    noisy = auto_checks(rows(1.1), repeats=2)[0]
+    assert (noisy.best_mode, noisy.ratio, noisy.resolution) == ("suffix", pytest.approx(0.95), pytest.approx(res))
+    assert noisy.resolved is False and noisy.verdict() == "BELOW (within noise)"
+    tight = auto_checks(rows(1.001), repeats=2)[0]
+    assert tight.resolution == pytest.approx(0.00177, rel=0.01) and tight.resolved is True and tight.verdict() == "BELOW"
+    one = auto_checks(rows(1.1), repeats=1)[0]
+    assert (one.resolution, one.resolved, one.verdict()) == (None, None, "BELOW")
+    assert AutoCheck("c", "auto", 1.0, "target", 1.0, 0.05).verdict() == "ok (within noise)"
+    assert ratio_resolution([row("target", 1.0, None), row("auto", 1.0, None)], 3) is None
+
+
+def test_the_report_prints_how_finely_a_two_repeat_run_tells_auto_from_its_best_part():
+    """A fake 2-repeat run where every mode's speed-up moves 20 % between repeats: the 5 % gap to the
+    suffix index is printed with its +-2 s.e. and as within noise, in the text and the JSON."""
+    def s(mode, rep, dec):  # 10 decode tokens in `dec` seconds
+        return bench.Sample("pc", "c", mode, rep, 11, 30, 0.1, dec, 0.0, dec + 0.1, 11, 0, 0, None, 1.0, 0.0,
+                            "length", 100.0, None, None)
+
+    secs = {"target": (1.0, 1.0), "suffix": (0.5, 0.6), "model": (1 / 1.2, 1.0), "auto": (1 / 1.9, 1 / 1.58)}
+    run = bench.BenchRun(meta={}, modes=[bench.Mode(m) for m in ("none", "suffix", "model", "auto")],
+                         prompts=[bench.Prompt("pc", "c", "x")],
+                         samples=[s(m, r, t[r]) for m, t in secs.items() for r in (0, 1)])
+    text = bench_report.report_text(run)
+    line = next(x for x in text.splitlines() if x.startswith("c ") and "auto" in x and "suffix" in x)
+    assert "BELOW (within noise)" in line and "+-2 s.e." in text
+    check = bench_report.report_json(run)["summary"]["auto_vs_best"][0]
+    assert (check["ok"], check["resolved"]) == (False, False) and check["resolution"] > 0.1
 
 
 def test_breakdown_adds_up(tiny_run):
