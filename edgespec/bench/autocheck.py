@@ -45,7 +45,9 @@ class AutoCheck:
     @property
     def resolved(self) -> bool | None:
         """Whether auto / best lies outside two standard errors of the rule's AUTO_VS_BEST (None: the
-        run has one repeat, so nothing says how far its figures move)."""
+        run has one repeat, so nothing says how far its figures move). The ratio decides the verdict
+        alone: the target counts among the singles, so best >= 1 and a ratio over AUTO_VS_BEST is
+        over AUTO_VS_TARGET too."""
         if self.resolution is None or self.ratio <= 0:
             return None
         return abs(math.log(self.ratio / AUTO_VS_BEST)) > self.resolution
