@@ -181,14 +181,18 @@ def test_child_result_progress_and_errors(monkeypatch, capfd):
         isolate.call(_child_dies, progress=rec, what="test")
 
 
-# Installed as sitecustomize in the export's processes: their model job holds (marking that it has
-# started) until a signal ends it, so the test's signal never races a tiny export that finishes first
-# (measured: a fresh-clone CI run saw `edgespec export` exit 0 before its SIGINT arrived).
+# Installed as sitecustomize in the export's processes: their first model job holds (marking that it
+# has started, or with EDGESPEC_TEST_HOLD_AFTER that it has written its files) until a signal ends it,
+# so the test's signal never races a tiny export that finishes first (measured: a fresh-clone CI run
+# saw `edgespec export` exit 0 before its SIGINT arrived).
 HOLD_JOB = """import os, time
 if os.environ.get("EDGESPEC_TEST_HOLD"):
     import edgespec_export.job as _job
+    _run = _job.run_model_job
 
     def run_model_job(job, progress=None):
+        if os.environ.get("EDGESPEC_TEST_HOLD_AFTER"):
+            _run(job, progress)
         open(os.environ["EDGESPEC_TEST_HOLD"], "w").close()
         time.sleep(600)
 
@@ -196,15 +200,18 @@ if os.environ.get("EDGESPEC_TEST_HOLD"):
 """
 
 
-def _held_export(tmp_path: Path, tiny_src: Path, hold: Path) -> subprocess.Popen:
+def _held_export(tmp_path: Path, tiny_src: Path, hold: Path, *, after: bool = False) -> subprocess.Popen:
     """`edgespec export` of tiny_src into tmp_path/b, returned once its model child is running and held
-    (the hook and its marker in `hold`, outside the folder whose leftovers the test checks)."""
+    (`after`: once its first model job has written its files); the hook and its marker in `hold`,
+    outside the folder whose leftovers the test checks."""
     site = hold / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(HOLD_JOB)
     marker = hold / "held"
     paths = [str(site)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = dict(os.environ, EDGESPEC_TEST_HOLD=str(marker), PYTHONPATH=os.pathsep.join(paths))
+    if after:
+        env["EDGESPEC_TEST_HOLD_AFTER"] = "1"
     # SIGINT at its default, as in a terminal: a test run started in the background (`cmd &`) passes
     # SIGINT down ignored, and Python then installs no Ctrl-C handler (measured: the export ran on)
     proc = subprocess.Popen([sys.executable, "-m", "edgespec", "export", str(tiny_src), "-o", str(tmp_path / "b"),
@@ -265,11 +272,12 @@ def test_sigterm_to_the_cli_stops_child_and_leaves_nothing(tmp_path, tiny_src, t
 
 
 @pytest.mark.slow
-def test_sigkill_leaves_only_a_partial_folder_that_verify_refuses(tmp_path, tiny_src):
+def test_sigkill_leaves_only_a_partial_folder_that_verify_refuses(tmp_path, tiny_src, tmp_path_factory):
+    """SIGKILL (no cleanup can run) once the target's graphs are written: held there, so the kill never
+    races a tiny export that finishes first (polling for the folder and then killing did)."""
     out = tmp_path / "b"
-    proc = subprocess.Popen([sys.executable, "-m", "edgespec", "export", str(tiny_src), "-o", str(out), "--quant", "fp32"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for("the export to write the target", (tmp_path / "b.partial" / "target").exists, timeout=120)
+    proc = _held_export(tmp_path, tiny_src, tmp_path_factory.mktemp("hold"), after=True)
+    assert (tmp_path / "b.partial" / "target").is_dir()
     children = _children(proc.pid)
     proc.kill()
     proc.wait()
