@@ -69,6 +69,8 @@ def ratio_resolution(rows: Sequence, repeats: int) -> float | None:
              and (hi := r.speedup_range[1]) > 0]
     if not spans:
         return None
+    # past 10 repeats the table's last d2 (smaller than the true one): the deviation comes out larger,
+    # and a verdict is called resolved less often, never more
     sd = sum(spans) / len(spans) / _D2[min(repeats, max(_D2))]
     return 2.0 * math.sqrt(2.0) * sd / math.sqrt(repeats)
 
