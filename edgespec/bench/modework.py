@@ -71,6 +71,16 @@ def collect_work(samples: Iterable) -> dict[str, ModeWork]:
     return out
 
 
+def mean_costs(samples: Iterable) -> tuple[dict[int, float], dict[int, float]]:
+    """Seconds per decode step by size over every generation of a run: (target, draft)."""
+    acc: tuple[dict[int, list], dict[int, list]] = ({}, {})
+    for s in samples:
+        for side, steps in zip(acc, decode_steps(s)):
+            add_steps(side, steps)
+    t, d = ({n: sec / c for n, (c, sec) in side.items() if c} for side in acc)
+    return t, d
+
+
 def decode_steps(s) -> tuple[dict[int, list], dict[int, list]]:
     """One sample's (target, draft) step histograms with its prompt's prefill chunks taken out."""
     from ..limits import PREFILL_CHUNK

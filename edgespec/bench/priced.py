@@ -12,20 +12,9 @@ This is a second reading of the same run, printed beside the measured one, never
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
 
-from .modework import add_steps, decode_steps
+from .modework import decode_steps, mean_costs
 from .run import BenchRun, Sample
-
-
-def mean_costs(samples: Sequence[Sample]) -> tuple[dict[int, float], dict[int, float]]:
-    """Seconds per decode step by size over every generation of the run: (target, draft)."""
-    acc: tuple[dict[int, list], dict[int, list]] = ({}, {})
-    for s in samples:
-        for side, steps in zip(acc, decode_steps(s)):
-            add_steps(side, steps)
-    t, d = ({n: sec / c for n, (c, sec) in side.items() if c} for side in acc)
-    return t, d
 
 
 def priced_sample(s: Sample, target: dict[int, float], draft: dict[int, float]) -> Sample:

@@ -176,7 +176,9 @@ def header(run: BenchRun) -> str:
     return (f"edgespec bench: {m.get('bundle_name')} | prompts {', '.join(sets)} ({len(run.prompts)}) | {sampling} | "
             f"{m.get('max_new_tokens')} new tokens | {m.get('repeats')} repeat(s), modes interleaved\n"
             f"measured on this machine: {m.get('cpu')} ({m.get('cpu_count')} CPUs), onnxruntime {m.get('onnxruntime')}"
-            + (f", load average at start {load[0]:.2f}" if load else ""))
+            + (f", load average at start {load[0]:.2f}" if load else "")
+            + (f"\nREPLAY at pinned step costs from {m['pinned_costs']['source']}: every decision read them and "
+               "every decode time is priced at them (not a speed measurement)" if m.get("pinned_costs") else ""))
 
 
 def format_table(rows: Sequence[Row], group_title: str = "category") -> str:

@@ -33,6 +33,7 @@ from ..errors import DraftUnavailable, InvalidRequest
 from ..limits import K_LIMIT
 from ..units import peak_rss_bytes
 from .lineage import Lineages
+from .pinned_costs import PinnedCosts
 from .prompts import Prompt, prompt_units
 
 MODES = ("target", *(m.name for m in drafting.MODES if m.name != "none"))  # drafters/modes.py; "none" is "target"
@@ -96,10 +97,7 @@ def parse_modes(modes: str, ks: str | None, *, has_draft: bool, has_heads: bool 
                              param="modes")
     k_list: list[int] = []
     if ks:
-        for x in ks.split(","):
-            x = x.strip()
-            if not x:
-                continue
+        for x in (y.strip() for y in ks.split(",") if y.strip()):
             if not x.isdigit() or not 1 <= int(x) <= K_LIMIT:
                 raise InvalidRequest(f"--k: {x!r} is not an integer from 1 to {K_LIMIT}", param="k")
             if int(x) not in k_list:
@@ -241,13 +239,15 @@ def run_bench(
     seed: int | None = 0,
     warmup: bool = True,
     on_sample: Callable[[Sample, int, int], None] | None = None,
+    pin: PinnedCosts | None = None,
 ) -> BenchRun:
     """Runs every mode on every prompt `repeats` times, interleaved, on one open Engine.
 
     Order: for each repeat, for each prompt, all modes back to back, the mode order rotated by one
     per (repeat, prompt) so no mode always runs first after a prompt change; the drafters' learning is
     kept per mode (lineage.py). A conversation counts
-    as one prompt here: each mode runs all its turns in order, from one reset."""
+    as one prompt here: each mode runs all its turns in order, from one reset. With `pin`, every
+    decision reads its costs and every decode time is priced at them (a replay: pinned_costs.py)."""
     if repeats < 1:
         raise InvalidRequest(f"--repeats must be at least 1, got {repeats}", param="repeats")
     if max_new_tokens < 1:
@@ -259,6 +259,8 @@ def run_bench(
     greedy = temperature == 0.0
     load_start = _loadavg()
     rss = PeakRSS()
+    if pin is not None:
+        pin.apply(engine)  # before the warmup: the costs the engine's open timed must not be read
     lineages = Lineages(engine, fresh_cache)  # each mode learns alone, from before the warmup (lineage.py)
     if warmup:
         _warm(engine, prompts[0], modes)
@@ -284,6 +286,7 @@ def run_bench(
                     pending.append((s, ids))
                 lineages.leave(mode.label)
             for s, ids in pending:  # the target may have run after some modes: compare at the end
+                s = s if pin is None else pin.reprice(s)
                 ref = target_ids.get(s.prompt_id)
                 if s.mode != "target" and greedy and ref is not None:
                     s.first_diff = _first_diff(ids, ref)
@@ -296,6 +299,7 @@ def run_bench(
     meta["rss_per_generation"] = rss.resettable
     meta["loadavg_start"] = load_start
     meta["loadavg_end"] = _loadavg()
+    meta["pinned_costs"] = None if pin is None else pin.describe()
     return BenchRun(meta=meta, modes=modes, prompts=list(prompts), samples=samples)
 
 
@@ -364,12 +368,8 @@ def run_meta(engine, **settings) -> dict[str, Any]:
     """What a reader of the JSON needs to judge the numbers: machine, versions, bundle, settings."""
     import numpy
 
-    try:
-        import onnxruntime as ort
+    import onnxruntime as ort
 
-        ort_version = ort.__version__
-    except ImportError:  # pragma: no cover
-        ort_version = None
     from .. import __version__
 
     from .projection import graph_costs as _graph_costs
@@ -391,7 +391,7 @@ def run_meta(engine, **settings) -> dict[str, Any]:
         need = None
     meta = {
         "edgespec": __version__,
-        "onnxruntime": ort_version,
+        "onnxruntime": ort.__version__,
         "numpy": numpy.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),

@@ -35,7 +35,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -71,7 +71,11 @@ class CacheFull(EdgespecError):
 
 @dataclass
 class StepTimes:
-    """Wall time of steps by number of input tokens: the cost model the drafter's k choice reads."""
+    """Wall time of steps by number of input tokens: the cost model the drafter's k choice reads.
+
+    `fix(cost)` makes the medians read `cost(n_tokens)` instead of the clock (the totals stay
+    measured): a replay in which every decision sees the same costs whatever the machine's load, so
+    two runs of the same code decide the same (bench --pin-costs, bench/pinned_costs.py)."""
 
     total_s: dict[int, float] = field(default_factory=dict)
     count: dict[int, int] = field(default_factory=dict)
@@ -81,6 +85,13 @@ class StepTimes:
     window: int = 9
     _recent: dict[int, deque] = field(default_factory=dict, repr=False)
     _medians: dict[int, float] | None = field(default=None, repr=False)
+    fixed: Callable[[int], float] | None = field(default=None, repr=False)
+
+    def fix(self, cost: Callable[[int], float]) -> None:
+        """From now on the medians read cost(n); what was timed before is dropped from them."""
+        self.fixed = cost
+        self._recent.clear()
+        self._medians = None
 
     def add(self, n_tokens: int, seconds: float) -> None:
         c = self.count.get(n_tokens, 0)
@@ -89,7 +100,7 @@ class StepTimes:
         q = self._recent.setdefault(n_tokens, deque(maxlen=self.window))
         if c == 1 and q and seconds < q[-1]:
             q.clear()  # the first run of a shape pays one-off allocations: drop it
-        q.append(seconds)
+        q.append(seconds if self.fixed is None else self.fixed(n_tokens))
         self._medians = None
 
     def mean(self, n_tokens: int) -> float | None:

@@ -412,6 +412,7 @@ def test_bench_command_bad_inputs_fail_before_loading(tiny_bundle_nodraft, tmp_p
         (["--repeats", "0"], "--repeats must be at least 1"),
         (["--project", "toaster"], "unknown device 'toaster'"),
         (["--project", "generic-x86_64"], "no projection for generic-x86_64"),
+        (["--pin-costs", str(tmp_path / "nope.json")], "--pin-costs " + str(tmp_path / "nope.json") + ": cannot read it"),
     ]
     for extra, msg in cases:
         assert main(["bench", str(tiny_bundle_nodraft), *extra]) == 1, extra

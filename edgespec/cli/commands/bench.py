@@ -47,6 +47,10 @@ def register(sub) -> None:
     p.add_argument("--deterministic", action="store_true",
                    help="open the engine in deterministic mode (docs/runtime.md): chains only, so '+tree' modes "
                         "are refused; compare a run with and without it for the mode's cost")
+    p.add_argument("--pin-costs", metavar="COSTS.json", default=None,
+                   help="replay: every step costs what this file says (a bench JSON's mean decode step costs, or "
+                        "{\"target\": {tokens: seconds}, \"draft\": {...}}), so the decisions do not follow the "
+                        "machine's load and two runs of the same code decide the same; not a speed measurement")
     p.add_argument("--no-verify", action="store_true", help="skip the bundle's sha256 check")
     p.add_argument("--quiet", action="store_true", help="no progress line per generation")
     p.set_defaults(func=run)
@@ -68,7 +72,15 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise InvalidRequest(f"--limit must be at least 1, got {args.limit}")
     hw_list = projection.resolve_devices(args.project)
+    pin = None
+    if args.pin_costs:
+        from ...bench.pinned_costs import load_pinned
+
+        pin = load_pinned(args.pin_costs)
     if args.bundle.endswith(".json") and Path(args.bundle).is_file():
+        if pin is not None:
+            raise InvalidRequest("--pin-costs replays the decisions of a new run: a saved run is reported as it ran "
+                                 "(its priced reading is printed already)", param="pin_costs")
         result = bench.load_run(args.bundle)
         return _report(args, result, hw_list, projection.model_costs_from_meta(result.meta) if hw_list else {})
     prompts = load_prompts(args.prompts)
@@ -90,6 +102,12 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequest(f"--repeats must be at least 1, got {args.repeats}")
     if args.max_new_tokens < 1:
         raise InvalidRequest(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if pin is not None:
+        drafts = {"self"} | ({"draft"} if b.draft is not None else set())  # runners whose steps it must price
+        steps_draft = [m.label for m in modes if drafts & set(drafting.get(m.draft).loads)]
+        if pin.draft is None and steps_draft:
+            raise InvalidRequest(f"--pin-costs {args.pin_costs}: it prices no draft step, and {', '.join(steps_draft)} "
+                                 "run one: give a 'draft' table, or a bench JSON from a run with the draft")
 
     from ...engine import Engine
 
@@ -113,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
 
         result = bench.run_bench(engine, prompts, modes, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                                 temperature=args.temperature, seed=args.seed, on_sample=progress)
+                                 temperature=args.temperature, seed=args.seed, on_sample=progress, pin=pin)
     finally:
         engine.close()
 

@@ -1,0 +1,138 @@
+"""`bench --pin-costs FILE`: a replay in which every step costs what FILE says, whatever the clock reads.
+
+Why: a drafting policy (`auto` above all) decides from measured step costs, and on a 2-core board those
+move by 3-10 % between two passes over the same prompts, so two runs of the same code choose
+differently and a category of three prompts moves by more than the 2 % the issue 21 rule asks to see
+(docs/speed.md, round nine). With the costs fixed, a run decides the same every time: two policies
+compared this way differ only where their decisions differ, and the decode times are those decisions
+priced at one table of costs. It is a replay of decisions, not a speed measurement; the report says so.
+
+FILE is a bench JSON (its decode steps' mean cost per size, as the "priced" column uses) or a table:
+    {"target": {"1": 0.0334, "2": 0.0391, ...}, "draft": {"1": 0.0133, "2": 0.0152, ...}}
+in seconds per step by tokens in the step. A size the table lacks costs the straight line between the
+sizes around it, past the largest the slope of its three largest (CostTable).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from ..errors import InvalidRequest
+from .modework import decode_steps, mean_costs
+
+
+class CostTable(dict):
+    """Seconds per step by tokens in the step; a size not in it is interpolated (see the module doc)."""
+
+    def __missing__(self, n: int) -> float:
+        sizes = sorted(self)
+        lo = [x for x in sizes if x < n]
+        hi = [x for x in sizes if x > n]
+        if not lo:
+            return self[hi[0]]
+        if hi:
+            a, b = lo[-1], hi[0]
+            return self[a] + (self[b] - self[a]) * (n - a) / (b - a)
+        top = sizes[-3:]
+        if len(top) < 2:
+            return self[top[-1]] * n / top[-1]  # one size known: its cost per token
+        slope = (self[top[-1]] - self[top[0]]) / (top[-1] - top[0])
+        return self[top[-1]] + max(0.0, slope) * (n - top[-1])
+
+
+@dataclass(frozen=True)
+class PinnedCosts:
+    """The costs every step of a pinned run is priced at, and where they came from."""
+
+    target: CostTable
+    draft: CostTable | None  # None: the file prices no draft step (then no mode may run one)
+    source: str
+
+    def apply(self, engine) -> None:
+        """Fixes the step costs the engine's decisions read (its target's and draft's StepTimes)."""
+        engine.target.times.fix(self.target.__getitem__)
+        for name in ("draft_runner", "self_runner"):
+            runner = getattr(engine, name, None)
+            if runner is not None and hasattr(runner, "times"):
+                if self.draft is None:
+                    raise InvalidRequest(f"--pin-costs {self.source}: it prices no draft step, and the engine "
+                                         "runs a draft: give a 'draft' table", param="pin_costs")
+                runner.times.fix(self.draft.__getitem__)
+
+    def reprice(self, s):
+        """A bench Sample with its decode steps at these costs: its decode time is its loop's own time
+        (measured: decode time outside model steps) plus the steps' pinned seconds. The prompt's
+        prefill chunks (before the first token, in the TTFT) keep their measured seconds."""
+        decode = decode_steps(s)
+        own = sum(sec for side in decode for _, sec in side.values())
+        priced = 0.0
+        out = []
+        for steps, dec, table in zip((s.target_steps, s.draft_steps), decode, (self.target, self.draft)):
+            side = {}
+            for n, (c, sec) in steps.items():
+                d = dec.get(int(n), (0, 0.0))[0] if table is not None else 0
+                side[n] = [c, d * table[int(n)] + sec / c * (c - d) if d else sec]
+                priced += d * table[int(n)] if d else 0.0
+            out.append(side)
+        decode_s = max(s.decode_s - own, 0.0) + priced
+        tps = (s.new_tokens - 1) / decode_s if decode_s > 0 and s.new_tokens > 1 else 0.0
+        return replace(s, decode_s=decode_s, decode_tps=tps, target_steps=out[0], draft_steps=out[1])
+
+    def describe(self) -> dict[str, Any]:
+        return {"source": self.source, "target": dict(self.target), "draft": dict(self.draft or {})}
+
+
+def _table(raw: Any, what: str, path: str) -> CostTable:
+    if not isinstance(raw, dict) or not raw:
+        raise InvalidRequest(f"--pin-costs {path}: '{what}' must be a non-empty object of tokens -> seconds",
+                             param="pin_costs")
+    out = CostTable()
+    for k, v in raw.items():
+        try:
+            n = int(k)
+        except (TypeError, ValueError):
+            n = 0
+        if n < 1:
+            raise InvalidRequest(f"--pin-costs {path}: '{what}' key {k!r} is not a step size (an integer >= 1)",
+                                 param="pin_costs")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise InvalidRequest(f"--pin-costs {path}: '{what}'[{k}] must be seconds > 0, got {v!r}",
+                                 param="pin_costs")
+        out[n] = float(v)
+    return out
+
+
+def load_pinned(path: str | Path) -> PinnedCosts:
+    """The table in a costs file or in a bench JSON's decode steps; a clear error naming what is wrong."""
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text())
+    except OSError as e:
+        raise InvalidRequest(f"--pin-costs {path}: cannot read it ({e.strerror or e})", param="pin_costs") from None
+    except ValueError as e:
+        raise InvalidRequest(f"--pin-costs {path}: not JSON ({e})", param="pin_costs") from None
+    if isinstance(raw, dict) and "samples" in raw:
+        return _from_run(raw, str(path))
+    if not isinstance(raw, dict) or "target" not in raw:
+        raise InvalidRequest(f"--pin-costs {path}: expected a bench JSON or {{\"target\": {{...}}, \"draft\": {{...}}}}",
+                             param="pin_costs")
+    target = _table(raw["target"], "target", str(path))
+    draft = _table(raw["draft"], "draft", str(path)) if "draft" in raw else None
+    return PinnedCosts(target, draft, str(path))
+
+
+def _from_run(raw: dict, path: str) -> PinnedCosts:
+    try:
+        samples = [SimpleNamespace(prompt_tokens=int(s["prompt_tokens"]), target_steps=s["target_steps"],
+                                   draft_steps=s.get("draft_steps", {})) for s in raw["samples"]]
+        t, d = mean_costs(samples)
+    except (KeyError, TypeError, ValueError) as e:
+        raise InvalidRequest(f"--pin-costs {path}: not a bench JSON written by `edgespec bench --json` "
+                             f"({type(e).__name__}: {e})", param="pin_costs") from None
+    if not t:
+        raise InvalidRequest(f"--pin-costs {path}: the run has no decode steps to take costs from", param="pin_costs")
+    return PinnedCosts(CostTable(t), CostTable(d) if d else None, path)
