@@ -143,6 +143,7 @@ class CostedDrafter(DrafterBase):
         self.cal_ok = self.cal_conf = CAL_PRIOR  # its judged tokens: accepted, the target's confidence summed
         self._judged = (0, 0)  # (tokens, accepted) of its own proposal the last verify judged
         self._tally = Tally()  # this request's rounds, its own and the others' (edge)
+        self._quoted: int | None = None  # the context length of its last quote, until its next proposal
         self.edges: dict[int, Tally] = {}  # per prompt octave: the same over the requests it ran in (edge)
 
     # -- hooks ------------------------------------------------------------------------------------
@@ -173,7 +174,7 @@ class CostedDrafter(DrafterBase):
             if self._ran and self._tally.both_ran():
                 octave = prompt_octave(self._prompt_len)
                 self.edges[octave] = self.edges.get(octave, Tally()).folded(self._tally, REPLY_KEEP)
-        self._tally = Tally()
+        self._tally, self._quoted = Tally(), None
         self._wrote = self._others = 0
         self._tconf = [0.0, 0]
         self._prompt_len = self._final_len = len(ctx)
@@ -195,7 +196,8 @@ class CostedDrafter(DrafterBase):
         self.last_sizes = []
         self._round = None
         warm = self._ran
-        if not warm and self._prefill_cannot_pay(ctx, k):
+        quoted, self._quoted = self._quoted == len(ctx), None  # `auto` chose it on this round's quote
+        if not warm and not quoted and self._prefill_cannot_pay(ctx, k):
             return EMPTY
         if (not warm and self.costs is not None and self.rounds_seen < FIRST_LOOK_ROUNDS
                 and self.catch_up_extra(self.catch_up(ctx)) > 0):
@@ -233,8 +235,16 @@ class CostedDrafter(DrafterBase):
 
         Why: `--draft model` on retrieval prompts (700-870 prompt tokens, 4-17 token answers) ran at
         0.18x the target alone: the draft read the whole prompt to propose 4 tokens. `auto` never
-        chooses it there (the same price is in its quote); alone, nothing else weighed it."""
-        if self.costs is None or not getattr(self, "adaptive", True) or self.rounds_seen < FIRST_LOOK_ROUNDS:
+        chooses it there (the same price is in its quote); alone, nothing else weighed it.
+        So a proposal `auto` asks for on this round's quote skips it: that quote priced the prefill
+        from this reply's evidence (cold_rate), or was a look meant to pay it. Measured (pinned-cost
+        replay, docs/speed.md round ten): with this check second-guessing it from the rate of other
+        texts, every relook was declined and `auto` never ran the draft on code writing's second pass.
+        Alone, after RELOOK_REQUESTS requests declined in a row it runs one (a look): its rate moves
+        only when it runs, so one dip just over the target's kept `--draft model` off for good
+        (replayed: from the 21st of 32 prompts on, in both passes, 1.03x against 1.2x)."""
+        if self.costs is None or not getattr(self, "adaptive", True) or self.rounds_seen < FIRST_LOOK_ROUNDS \
+                or self.idle_requests >= RELOOK_REQUESTS:
             return False
         extra = self.catch_up_extra(self.catch_up(ctx))
         if extra <= 0:
@@ -338,6 +348,7 @@ class CostedDrafter(DrafterBase):
     def quote(self, ctx: Sequence[int], k: int) -> Quote | None:
         """No proposal (that would cost the draft steps): the rate of its recent rounds, which only
         using it can update, hence `probe`, less what its pending catch-up costs (catch_up_rate)."""
+        self._quoted = len(ctx)
         if self.costs is None:
             return None
         extra = self.catch_up_extra(self.catch_up(ctx))

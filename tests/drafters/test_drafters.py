@@ -399,6 +399,73 @@ def test_a_draft_left_unused_gets_another_look():
     assert model.idle_requests == 0  # ... so the count starts over
 
 
+def test_a_choice_auto_priced_is_not_declined_by_the_drafter():
+    """Alone, a cold draft whose prompt prefill would not pay back over the reply its recent requests
+    suggest declines its first round (`_prefill_cannot_pay`: retrieval prompts ran 0.18x the target).
+    Under `auto` the same check second-guessed a choice already priced from this reply's evidence
+    (the target's confidence in it), with the rate of other texts: replayed, every relook of the second
+    pass over code writing was declined and the draft never ran there (0.91 of the draft alone). A
+    proposal asked for right after its own quote runs."""
+    from edgespec.drafters.costed import FIRST_LOOK_ROUNDS, TCONF_EVIDENCE
+
+    cpu = CostModel(times(s1=0.07, s2=0.075, s3=0.08, s4=0.085, s5=0.09), times(s1=0.03, s2=0.035))
+    prompt = list(range(100))
+    n = int(TCONF_EVIDENCE)
+    ctx = prompt + list(range(1000, 1000 + n))  # nothing for the n-gram lookup to copy
+
+    def cold_model():
+        model = StubModel(0.8)
+        model.catch_up = lambda c: 30  # its cache lacks 30 tokens
+        auto = auto_with(cpu, NgramDrafter(cpu), model)
+        model.rounds_seen = FIRST_LOOK_ROUNDS  # past its first looks, and used in the last request
+        auto.begin(prompt)
+        model.m_tokens, model.m_seconds = 1.03 / cpu.verify(1), 1.0  # its recent rounds: 3 % over the target
+        model.reply_tokens = 60.0
+        auto.observe(logits_with_confidence([0.99] * n, vocab=16), [0] * n)  # a reply the target is sure of
+        return model, auto
+
+    model, _ = cold_model()
+    assert model._prefill_cannot_pay(ctx, 4)  # from its recent rate, the prefill does not pay
+    assert model.propose(ctx, 4, GREEDY, None) is EMPTY and model.asked == 0  # alone: declined
+    model, auto = cold_model()
+    q = model.quote(ctx, 4)
+    assert not q.probe and q.rate * cpu.verify(1) > 1.2  # not a look: a rate from this reply's evidence
+    pick = auto.propose(ctx, 4, GREEDY, None)
+    assert pick.source == "model" and model.asked == 1 and len(pick.tokens) >= 1
+    # the quote is good for its own round only: a later proposal without one is checked again
+    model2, _ = cold_model()
+    model2.quote(ctx, 4)
+    assert model2.propose(ctx + [5], 4, GREEDY, None) is EMPTY and model2.asked == 0
+
+
+def test_a_draft_used_alone_is_not_declined_for_good():
+    """`--draft model`: a cold draft whose prefill would not pay back over the reply expected declines
+    its rounds, but its rate moves only when it runs: replayed, a dip just over the target's rate kept
+    it off from the 21st prompt on, in both passes. After RELOOK_REQUESTS declined requests it runs."""
+    from edgespec.drafters.costed import FIRST_LOOK_ROUNDS, RELOOK_REQUESTS
+
+    cpu = CostModel(times(s1=0.07, s2=0.09), times(s1=0.03, s2=0.035))
+    prompt = list(range(100))
+    ctx = prompt + list(range(1000, 1010))
+    model = StubModel(0.9, cpu)
+    model.catch_up = lambda c: 400
+    model.rounds_seen = FIRST_LOOK_ROUNDS
+    for idle in range(RELOOK_REQUESTS):
+        model.begin(prompt)
+        model.reply_tokens, model.share = 40.0, 0.3  # short replies: the prefill would not pay back
+        assert model.idle_requests == idle
+        assert model.propose(ctx, 4, GREEDY, None) is EMPTY  # declined, and nothing learned
+        model.feedback(EMPTY, 0, len(ctx))
+    model.begin(prompt)
+    model.reply_tokens, model.share = 40.0, 0.3
+    assert model.idle_requests == RELOOK_REQUESTS
+    prop = model.propose(ctx, 4, GREEDY, None)
+    assert prop.source == "model" and model.asked == 1  # the look: it runs, and its rate can move
+    model.feedback(prop, 2, len(ctx) + 3)
+    model.begin(prompt)
+    assert model.idle_requests == 0
+
+
 def logits_with_confidence(confs, vocab=8) -> np.ndarray:
     """Logits rows whose best token (id 0) has softmax probability confs[i], the rest spread evenly."""
     rows = np.empty((len(confs), vocab), dtype=np.float32)
