@@ -74,9 +74,10 @@ class PinnedCosts:
         for steps, dec, table in zip((s.target_steps, s.draft_steps), decode, (self.target, self.draft)):
             side = {}
             for n, (c, sec) in steps.items():
-                d = dec.get(int(n), (0, 0.0))[0] if table is not None else 0
-                side[n] = [c, d * table[int(n)] + sec / c * (c - d) if d else sec]
-                priced += d * table[int(n)] if d else 0.0
+                d = dec.get(int(n), (0, 0.0))[0] if table is not None else 0  # how many were decode steps
+                p = d * table[int(n)] if d else 0.0
+                side[n] = [c, p + sec / c * (c - d)]
+                priced += p
             out.append(side)
         decode_s = max(s.decode_s - own, 0.0) + priced
         tps = (s.new_tokens - 1) / decode_s if decode_s > 0 and s.new_tokens > 1 else 0.0
@@ -118,8 +119,8 @@ def load_pinned(path: str | Path) -> PinnedCosts:
     if isinstance(raw, dict) and "samples" in raw:
         return _from_run(raw, str(path))
     if not isinstance(raw, dict) or "target" not in raw:
-        raise InvalidRequest(f"--pin-costs {path}: expected a bench JSON or {{\"target\": {{...}}, \"draft\": {{...}}}}",
-                             param="pin_costs")
+        raise InvalidRequest(f"--pin-costs {path}: expected a bench JSON or "
+                             '{"target": {...}, "draft": {...}}', param="pin_costs")
     target = _table(raw["target"], "target", str(path))
     draft = _table(raw["draft"], "draft", str(path)) if "draft" in raw else None
     return PinnedCosts(target, draft, str(path))

@@ -67,6 +67,8 @@ def test_reprice_keeps_the_loops_own_time_and_prices_the_decode_steps():
     ('{"target": {"1": -0.03}}', "'target'[1] must be seconds > 0, got -0.03"),
     ('{"target": {"1": true}}', "'target'[1] must be seconds > 0, got True"),
     ('{"target": {"1": 0.03}, "draft": {"2": "fast"}}', "'draft'[2] must be seconds > 0, got 'fast'"),
+    ('{"samples": [{"prompt_id": "x"}]}', "not a bench JSON written by `edgespec bench --json` (KeyError"),
+    ('{"samples": []}', "the run has no decode steps to take costs from"),
 ])
 def test_bad_cost_files_are_named(tmp_path, text, message):
     f = tmp_path / "costs.json"

@@ -404,7 +404,7 @@ def test_a_choice_auto_priced_is_not_declined_by_the_drafter():
     suggest declines its first round (`_prefill_cannot_pay`: retrieval prompts ran 0.18x the target).
     Under `auto` the same check second-guessed a choice already priced from this reply's evidence
     (the target's confidence in it), with the rate of other texts: replayed, every relook of the second
-    pass over code writing was declined and the draft never ran there (0.91 of the draft alone). A
+    pass over code writing was declined and the draft never ran there (0.88 of the draft alone). A
     proposal asked for right after its own quote runs."""
     from edgespec.drafters.costed import FIRST_LOOK_ROUNDS, TCONF_EVIDENCE
 
