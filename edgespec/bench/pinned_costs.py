@@ -22,7 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..errors import InvalidRequest
-from .modework import decode_steps, mean_costs
+from .modework import decode_steps, mean_costs, priced_sample
 
 
 class CostTable(dict):
@@ -64,24 +64,19 @@ class PinnedCosts:
                 runner.times.fix(self.draft.__getitem__)
 
     def reprice(self, s):
-        """A bench Sample with its decode steps at these costs: its decode time is its loop's own time
-        (measured: decode time outside model steps) plus the steps' pinned seconds. The prompt's
-        prefill chunks (before the first token, in the TTFT) keep their measured seconds."""
-        decode = decode_steps(s)
-        own = sum(sec for side in decode for _, sec in side.values())
-        priced = 0.0
-        out = []
-        for steps, dec, table in zip((s.target_steps, s.draft_steps), decode, (self.target, self.draft)):
-            side = {}
-            for n, (c, sec) in steps.items():
-                d = dec.get(int(n), (0, 0.0))[0] if table is not None else 0  # how many were decode steps
-                p = d * table[int(n)] if d else 0.0
-                side[n] = [c, p + sec / c * (c - d)]
-                priced += p
-            out.append(side)
-        decode_s = max(s.decode_s - own, 0.0) + priced
-        tps = (s.new_tokens - 1) / decode_s if decode_s > 0 and s.new_tokens > 1 else 0.0
-        return replace(s, decode_s=decode_s, decode_tps=tps, target_steps=out[0], draft_steps=out[1])
+        """A bench Sample with its decode steps at these costs (modework.priced_sample: its decode time
+        is its loop's own time, measured, plus the steps' pinned seconds), and its step histograms
+        saying so. The prompt's prefill chunks (before the first token, in the TTFT) keep their
+        measured seconds."""
+        draft = self.draft if self.draft is not None else {}  # apply(): then no draft step has run
+        r = priced_sample(s, self.target, draft)
+        hists = []
+        for hist, dec, table in zip((s.target_steps, s.draft_steps), decode_steps(s), (self.target, draft)):
+            # dec[n][0] of the c steps of size n were decode steps: those cost table[n] now
+            hists.append({n: [c, sec + (dec[n][0] * (table[n] - sec / c) if n in dec else 0.0)]
+                          for n, (c, sec) in hist.items()})
+        tps = (s.new_tokens - 1) / r.decode_s if r.decode_s > 0 and s.new_tokens > 1 else 0.0
+        return replace(r, decode_tps=tps, target_steps=hists[0], draft_steps=hists[1])
 
     def describe(self) -> dict[str, Any]:
         return {"source": self.source, "target": dict(self.target), "draft": dict(self.draft or {})}

@@ -11,19 +11,8 @@ This is a second reading of the same run, printed beside the measured one, never
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
-from .modework import decode_steps, mean_costs
-from .run import BenchRun, Sample
-
-
-def priced_sample(s: Sample, target: dict[int, float], draft: dict[int, float]) -> Sample:
-    """The sample with its decode time rebuilt: its decode steps at the run's mean costs, plus its own
-    time outside model steps."""
-    ts, ds = decode_steps(s)
-    own = sum(sec for _, sec in ts.values()) + sum(sec for _, sec in ds.values())
-    priced = sum(c * target[n] for n, (c, _) in ts.items()) + sum(c * draft[n] for n, (c, _) in ds.items())
-    return replace(s, decode_s=max(s.decode_s - own, 0.0) + priced)
+from .modework import mean_costs, priced_sample
+from .run import BenchRun
 
 
 def priced_run(run: BenchRun) -> BenchRun:
