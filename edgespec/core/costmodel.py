@@ -13,7 +13,7 @@ to ratios measured on the dev machine (docs/speed.md, "Step costs") for sizes no
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 import numpy as np
@@ -64,11 +64,29 @@ class CostModel:
 
     target: StepTimes
     draft: StepTimes | None = None
+    # the step tables and their versions it was filled at -> {("v" | "d", size): seconds}: a round reads
+    # verify() and draft_step() some 30 times (quotes, chain plans, tree pruning) and the answers change
+    # only when a step is timed (or the batch engine points `target` at another table); recomputing
+    # them (a median dict, a least-squares slope) was 0.3 ms of loop a token on the dev CPU
+    _memo: tuple = field(default=(None, -1, None, -1, None), init=False, repr=False, compare=False)
+
+    def _cached(self, key: tuple[str, int], compute) -> float:
+        t, d = self.target, self.draft
+        m = self._memo
+        if not (m[0] is t and m[1] == t.version and m[2] is d and m[3] == (-1 if d is None else d.version)):
+            m = self._memo = (t, t.version, d, -1 if d is None else d.version, {})
+        memo = m[4]
+        if key not in memo:
+            memo[key] = compute(key[1])
+        return memo[key]
 
     def verify(self, s: int) -> float:
         """Seconds for a target step of s tokens (s = k + 1 for a verify of k proposals): the
         measured time when this size has run, else interpolated between measured sizes, else
         extrapolated from the measured slope, else the dev machine's ratios times t(1)."""
+        return self._cached(("v", s), self._verify)
+
+    def _verify(self, s: int) -> float:
         pts = self._points()
         if s in pts:
             return pts[s]
@@ -92,6 +110,9 @@ class CostModel:
         tokens after a round, or after rounds that did not use it): measured, else interpolated
         between measured sizes (the draft's prompt prefills give the long end), else the 1-token
         draft step scaled like the target's curve."""
+        return self._cached(("d", s), self._draft_step)
+
+    def _draft_step(self, s: int) -> float:
         one = self._draft_one()
         if s <= 1:
             return one

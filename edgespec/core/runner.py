@@ -86,12 +86,16 @@ class StepTimes:
     _recent: dict[int, deque] = field(default_factory=dict, repr=False)
     _medians: dict[int, float] | None = field(default=None, repr=False)
     fixed: Callable[[int], float] | None = field(default=None, repr=False)
+    # bumped whenever what the medians read changes: CostModel keys its memo on it (costs are read
+    # some 30 times a round and change at most once a step)
+    version: int = field(default=0, repr=False, compare=False)
 
     def fix(self, cost: Callable[[int], float]) -> None:
         """From now on the medians read cost(n); what was timed before is dropped from them."""
         self.fixed = cost
         self._recent.clear()
         self._medians = None
+        self.version += 1
 
     def add(self, n_tokens: int, seconds: float) -> None:
         c = self.count.get(n_tokens, 0)
@@ -101,7 +105,11 @@ class StepTimes:
         if c == 1 and q and seconds < q[-1]:
             q.clear()  # the first run of a shape pays one-off allocations: drop it
         q.append(seconds if self.fixed is None else self.fixed(n_tokens))
+        median = sorted(q)[len(q) // 2]
+        if self._medians is not None and self._medians.get(n_tokens) == median and c >= 2:
+            return  # nothing a reader sees has changed (a pinned replay: every step after the second)
         self._medians = None
+        self.version += 1
 
     def mean(self, n_tokens: int) -> float | None:
         c = self.count.get(n_tokens)
@@ -112,7 +120,7 @@ class StepTimes:
 
     @property
     def recent_s(self) -> dict[int, float]:
-        """Median of the recent steps, by tokens per step (cached until the next step)."""
+        """Median of the recent steps, by tokens per step (cached until one of them changes)."""
         if self._medians is None:
             self._medians = {n: sorted(q)[len(q) // 2] for n, q in self._recent.items() if q}
         return self._medians

@@ -28,6 +28,7 @@ from .costed_params import (  # the numbers, each with the measurement behind it
     RATE_KEEP, MODEL_MIN_GAIN, CATCH_UP, PROBE_CATCH_UP_STEPS, FIRST_LOOK_ROUNDS, REPLY_PRIOR, REPLY_KEEP,
     STREAK_PRIOR, STREAK_KEEP, SHARE_PRIOR, SHARE_EVIDENCE, PRIOR_K_MAX, PREFILL_WAIT, PREFILL_MIN_GAIN,
     FIRST_LOOK_PREFILLS, FIRST_LOOK_SHARE, RELOOK_REQUESTS, CAL_PRIOR, TCONF_EVIDENCE, EDGE_MIN_ROUNDS,
+    TCONF_MAX,
 )
 from .tally import Tally, prompt_octave
 
@@ -217,7 +218,7 @@ class CostedDrafter(DrafterBase):
             return
         # the reply's confidence is read only until it runs in this request (quote's `cold`): after
         # that only its judged rows are scored (each row's softmax costs ~0.3 ms at a 152k vocabulary)
-        if not self._ran:
+        if not self._ran and self._tconf[1] < TCONF_MAX:
             conf = target_confidence(rows)
             self._tconf[0] += float(conf.sum())
             self._tconf[1] += len(conf)

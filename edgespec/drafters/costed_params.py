@@ -72,6 +72,13 @@ RELOOK_REQUESTS = 4
 # TCONF_EVIDENCE reply tokens weigh as much as its long-run acceptance.
 CAL_PRIOR = 32.0
 TCONF_EVIDENCE = 16.0
+# Reply tokens whose confidence is scored at most, while the draft has not run in the reply: each is a
+# softmax over the vocabulary (~0.3 ms at Qwen's 152k on the dev CPU, 1 % of a target step), paid on
+# every token of a reply the draft never runs in; by TCONF_MAX tokens the reply's evidence already
+# carries TCONF_MAX / (TCONF_MAX + TCONF_EVIDENCE) = 80 % of the weight. Measured before the cap
+# (pinned-cost replay, loop counted): `auto`'s own loop 1.1 ms per decoded token, the suffix index
+# alone's 0.5 ms, the target alone's 0.3 ms.
+TCONF_MAX = 64
 # How its rounds did against the other sources' rounds (copies, plain steps) in the same replies, per
 # octave of prompt length (prompt_octave): its rounds' tokens per second (draft steps, catch-ups,
 # verify; not the prompt's prefill) over the others' (their verify), summed over the requests it ran

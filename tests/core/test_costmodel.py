@@ -31,3 +31,23 @@ def test_min_gain_turns_a_thin_promise_into_k0():
     k, rate = cm.best_k(0.2, 2, draft_cost=0.0, min_gain=0.1)
     assert k == 0 and rate == pytest.approx(10.0)
     assert cm.best_k(0.9, 2, draft_cost=0.0, min_gain=0.1)[0] == 2  # a clear gain stays
+
+
+def test_costs_are_memoised_until_a_median_changes():
+    """A round reads verify() and draft_step() some 30 times; they are recomputed only when a step
+    moves a median (StepTimes.version), or when the batch engine points `target` at another table."""
+    t, d = times(s1=0.1, s2=0.12), times(s1=0.03)
+    cm = CostModel(t, d)
+    assert cm.verify(1) == 0.1 and cm.verify(3) == pytest.approx(0.14) and cm.draft_step(1) == 0.03
+    v = t.version
+    t.add(1, 0.1)  # the median stays: nothing changes, not even the version
+    assert t.version == v
+    t._recent[1].extend([0.5] * 8)  # behind its back: the memo answers (it is one)
+    assert cm.verify(1) == 0.1
+    t.add(1, 0.5)  # a median moves: recomputed
+    assert t.version == v + 1 and cm.verify(1) == 0.5
+    assert cm.verify(3) == pytest.approx(0.12)  # the slope past size 2 is now negative: clamped flat
+    d.add(1, 0.09), d.add(1, 0.09), d.add(1, 0.09)  # the draft's table is watched too
+    assert cm.draft_step(1) == 0.09
+    cm.target = times(s1=0.2, s2=0.25)  # another table (batch.py: one per pass size)
+    assert cm.verify(1) == 0.2 and cm.verify(2) == 0.25

@@ -399,6 +399,26 @@ def test_a_draft_left_unused_gets_another_look():
     assert model.idle_requests == 0  # ... so the count starts over
 
 
+def test_a_reply_is_scored_for_at_most_tconf_max_tokens():
+    """The target's confidence in a reply costs a softmax over the vocabulary per token, paid on every
+    token of a reply the draft never runs in (`auto`'s loop: 1.1 ms per token against the suffix index
+    alone's 0.5); past TCONF_MAX tokens the reply's estimate stays where it was."""
+    from edgespec.drafters.costed import TCONF_MAX
+
+    cpu = CostModel(times(s1=0.07, s2=0.09), times(s1=0.01, s2=0.012))
+    model = StubModel(0.6, cpu)
+    model.begin(list(range(50)))
+    model.observe(logits_with_confidence([0.99] * (TCONF_MAX - 4)), [0] * (TCONF_MAX - 4))
+    model.observe(logits_with_confidence([0.99] * 8), [0] * 8)  # crosses the cap: this round still counts
+    sure = model.reply_acceptance()
+    assert model._tconf[1] == TCONF_MAX + 4 and sure > 0.85
+    model.observe(logits_with_confidence([0.05] * 40), [0] * 40)  # unscored: the estimate does not move
+    assert model._tconf[1] == TCONF_MAX + 4 and model.reply_acceptance() == sure
+    model.begin(list(range(50)))  # a new reply is scored again
+    model.observe(logits_with_confidence([0.05] * 8), [0] * 8)
+    assert model._tconf[1] == 8 and model.reply_acceptance() < 0.6
+
+
 def test_a_choice_auto_priced_is_not_declined_by_the_drafter():
     """Alone, a cold draft whose prompt prefill would not pay back over the reply its recent requests
     suggest declines its first round (`_prefill_cannot_pay`: retrieval prompts ran 0.18x the target).

@@ -20,6 +20,7 @@ def freeze(t: StepTimes, **by_size) -> None:
     t.count.clear()
     t._recent.clear()
     t._medians = None
+    t.version += 1
     for s, sec in by_size.items():
         for _ in range(3):
             StepTimes.add(t, int(s[1:]), sec)
