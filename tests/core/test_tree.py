@@ -65,6 +65,41 @@ def test_ngram_alternatives_are_distinct_continuations_longest_match_first():
     assert ngram_alternatives([1], 3, 4) == [] and ngram_alternatives(ctx, 2, 0) == []
 
 
+def _ngram_alternatives_by_scan(ctx, k, width, max_n=5):
+    """The scan ngram_alternatives replaced (one window comparison per match length): the reference."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    a = np.asarray(ctx, dtype=np.int64)
+    out, seen = [], set()
+    if k <= 0 or width <= 0 or len(a) < 2:
+        return out
+    for n in range(min(max_n, len(a) - 1), 0, -1):
+        hits = np.flatnonzero((sliding_window_view(a[: len(a) - 1], n) == a[len(a) - n :]).all(axis=1))
+        for i in hits[::-1]:
+            cont = tuple(a[i + n : i + n + k].tolist())
+            if cont and cont not in seen:
+                seen.add(cont)
+                out.append(list(cont))
+                if len(out) >= width:
+                    return out
+    return out
+
+
+def test_ngram_alternatives_match_the_scan_they_replaced():
+    """Same continuations in the same order as one window scan per match length, on random text over
+    small vocabularies (many repeats, long matches) and on a few edge shapes."""
+    rng = np.random.default_rng(7)
+    cases = [[5, 5], [5, 5, 5, 5, 5, 5, 5], [1, 2, 1, 2, 1, 2, 1], [3, 1, 2, 3]]
+    cases += [rng.integers(0, v, size=n).tolist() for v in (2, 3, 5, 20) for n in (3, 9, 40, 300)]
+    checked = 0
+    for ctx in cases:
+        for k, width, max_n in ((1, 1, 5), (2, 4, 5), (4, 3, 3), (8, 8, 1), (3, 4, 12)):
+            want = _ngram_alternatives_by_scan(ctx, k, width, max_n)
+            assert ngram_alternatives(ctx, k, width, max_n) == want, (ctx, k, width, max_n)
+            checked += bool(want)
+    assert checked > 60  # most cases had continuations to compare
+
+
 def test_greedy_acceptance_follows_the_argmax_down_the_tree():
     t = treelib.from_paths(0, [([1, 2], None, "m"), ([3, 4], None, "a")])  # nodes: 0, 1, 2, 3, 4
     rows = np.zeros((5, 6), dtype=np.float32)
