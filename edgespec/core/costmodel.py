@@ -66,8 +66,9 @@ class CostModel:
     draft: StepTimes | None = None
     # the step tables and their versions it was filled at -> {("v" | "d", size): seconds}: a round reads
     # verify() and draft_step() some 30 times (quotes, chain plans, tree pruning) and the answers change
-    # only when a step is timed (or the batch engine points `target` at another table); recomputing
-    # them (a median dict, a least-squares slope) was 0.3 ms of loop a token on the dev CPU
+    # only when a step moves a median (or the batch engine points `target` at another table).
+    # Recomputing them each time (a median dict, a least-squares slope) was measured, together with
+    # TCONF_MAX: `auto`'s loop beyond the target alone's 0.83 -> 0.74 ms a token (docs/speed.md)
     _memo: tuple = field(default=(None, -1, None, -1, None), init=False, repr=False, compare=False)
 
     def _cached(self, key: tuple[str, int], compute) -> float:
