@@ -36,6 +36,8 @@ from ..core.runner import ModelRunner
 from ..core.sampling import SamplingParams
 from ..core.speculative import Round, usable_draft, verify_chain
 from ..drafters import AutoDrafter, Beta, Drafter, ModelDrafter, NgramDrafter, SuffixDrafter
+from ..drafters.ngram import suffix_matches
+
 DEFAULT_TREE_WIDTH = 4  # most children per node (the chain's token + runners-up / alternatives)
 MAX_TREE_NODES = 32  # root included: a verify of more rows than this never paid in any measurement
 TREE_MIN_GAIN = 0.05  # a tree must promise this much more than the chain it widens
@@ -43,27 +45,15 @@ TREE_MIN_GAIN = 0.05  # a tree must promise this much more than the chain it wid
 
 def ngram_alternatives(ctx: Sequence[int], k: int, width: int, max_n: int = 5) -> list[list[int]]:
     """Up to `width` distinct continuations of up to k tokens that followed earlier occurrences of
-    the context's suffix, longest match first, then latest occurrence first.
-
-    One pass over the context finds where its last token occurred before; each such place's match
-    is then extended backward, at most max_n tokens. Why not a scan per match length (n = max_n..1,
-    each comparing every window): it runs every round of `auto`, and that scan's cost grows with the
-    context times max_n (0.15 ms a call at 400 tokens on the dev CPU, against 0.035 now) for the same
-    list (tests/core/test_tree.py checks the two against each other)."""
+    the context's suffix (ngram.suffix_matches), longest match first, then latest occurrence first."""
     a = np.asarray(ctx, dtype=np.int64)
     length = a.shape[0]
     out: list[list[int]] = []
     if k <= 0 or width <= 0 or length < 2:
         return out
-    top = min(max_n, length - 1)
-    ends = np.flatnonzero(a[: length - 1] == a[-1])  # j: an earlier occurrence ends at j, continues at j + 1
-    matched = np.ones(ends.shape[0], dtype=np.int64)  # how far back from j it matches the suffix
-    for t in range(1, top):
-        grow = (matched == t) & (ends >= t)
-        grow[grow] = a[ends[grow] - t] == a[length - 1 - t]
-        matched += grow
+    ends, matched = suffix_matches(a, max_n)
     seen: set[tuple[int, ...]] = set()
-    for n in range(top, 0, -1):
+    for n in range(min(max_n, length - 1), 0, -1):
         for j in ends[matched >= n][::-1]:
             cont = tuple(a[j + 1 : j + 1 + k].tolist())
             if cont and cont not in seen:

@@ -17,6 +17,7 @@ from edgespec.models.manifest import content_digest, file_entry
 from edgespec.core.runner import ModelRunner
 from edgespec.engine.build import load_runner
 from edgespec.core.sampling import SamplingParams
+from edgespec.drafters.ngram import ngram_match
 from edgespec.engine.tree_round import _cap_width, ngram_alternatives, subtree
 
 from helpers.stats import chi2_gof
@@ -65,17 +66,21 @@ def test_ngram_alternatives_are_distinct_continuations_longest_match_first():
     assert ngram_alternatives([1], 3, 4) == [] and ngram_alternatives(ctx, 2, 0) == []
 
 
-def _ngram_alternatives_by_scan(ctx, k, width, max_n=5):
-    """The scan ngram_alternatives replaced (one window comparison per match length): the reference."""
+def _hits_by_scan(a, n):
+    """Starts i of the earlier n-token windows a[i:i+n] equal to a's last n tokens: the window scan
+    (one comparison of every window per match length) that ngram.suffix_matches replaced. The reference."""
     from numpy.lib.stride_tricks import sliding_window_view
 
+    return np.flatnonzero((sliding_window_view(a[: len(a) - 1], n) == a[len(a) - n :]).all(axis=1))
+
+
+def _ngram_alternatives_by_scan(ctx, k, width, max_n=5):
     a = np.asarray(ctx, dtype=np.int64)
     out, seen = [], set()
     if k <= 0 or width <= 0 or len(a) < 2:
         return out
     for n in range(min(max_n, len(a) - 1), 0, -1):
-        hits = np.flatnonzero((sliding_window_view(a[: len(a) - 1], n) == a[len(a) - n :]).all(axis=1))
-        for i in hits[::-1]:
+        for i in _hits_by_scan(a, n)[::-1]:
             cont = tuple(a[i + n : i + n + k].tolist())
             if cont and cont not in seen:
                 seen.add(cont)
@@ -85,9 +90,23 @@ def _ngram_alternatives_by_scan(ctx, k, width, max_n=5):
     return out
 
 
-def test_ngram_alternatives_match_the_scan_they_replaced():
-    """Same continuations in the same order as one window scan per match length, on random text over
-    small vocabularies (many repeats, long matches) and on a few edge shapes."""
+def _ngram_match_by_scan(ctx, k, max_n=5, min_n=1):
+    a = np.asarray(ctx, dtype=np.int64)
+    if k <= 0 or len(a) < 2:
+        return [], 0, -1
+    for n in range(min(max_n, len(a) - 1), min_n - 1, -1):
+        hits = _hits_by_scan(a, n)
+        if hits.size:
+            full = hits[hits + n + k <= len(a)]
+            i = int(full[-1] if full.size else hits[-1])
+            return a[i + n : i + n + k].tolist(), n, i + n
+    return [], 0, -1
+
+
+def test_ngram_lookups_match_the_scan_they_replaced():
+    """The tree verifier's alternatives and the n-gram drafter's match (both on ngram.suffix_matches)
+    give what one window scan per match length gave, in the same order, on random text over small
+    vocabularies (many repeats, long matches) and on a few edge shapes."""
     rng = np.random.default_rng(7)
     cases = [[5, 5], [5, 5, 5, 5, 5, 5, 5], [1, 2, 1, 2, 1, 2, 1], [3, 1, 2, 3]]
     cases += [rng.integers(0, v, size=n).tolist() for v in (2, 3, 5, 20) for n in (3, 9, 40, 300)]
@@ -97,6 +116,9 @@ def test_ngram_alternatives_match_the_scan_they_replaced():
             want = _ngram_alternatives_by_scan(ctx, k, width, max_n)
             assert ngram_alternatives(ctx, k, width, max_n) == want, (ctx, k, width, max_n)
             checked += bool(want)
+            for min_n in (1, 2, 4):
+                assert ngram_match(ctx, k, max_n, min_n) == _ngram_match_by_scan(ctx, k, max_n, min_n), \
+                    (ctx, k, max_n, min_n)
     assert checked > 60  # most cases had continuations to compare
 
 
