@@ -54,14 +54,20 @@ class PinnedCosts:
 
     def apply(self, engine) -> None:
         """Fixes the step costs the engine's decisions read (its target's and draft's StepTimes)."""
+        drafts = [r for r in (getattr(engine, n, None) for n in ("draft_runner", "self_runner"))
+                  if r is not None and hasattr(r, "times")]
+        if drafts:
+            self.need_draft("the engine runs a draft")  # before anything is fixed
         engine.target.times.fix(self.target.__getitem__)
-        for name in ("draft_runner", "self_runner"):
-            runner = getattr(engine, name, None)
-            if runner is not None and hasattr(runner, "times"):
-                if self.draft is None:
-                    raise InvalidRequest(f"--pin-costs {self.source}: it prices no draft step, and the engine "
-                                         "runs a draft: give a 'draft' table", param="pin_costs")
-                runner.times.fix(self.draft.__getitem__)
+        for runner in drafts:
+            runner.times.fix(self.draft.__getitem__)
+
+    def need_draft(self, runs: str) -> None:
+        """Refuses a run with draft steps this file cannot price (`runs`: what runs them). The CLI asks
+        before the models load; apply() asks again for any other caller of run_bench."""
+        if self.draft is None:
+            raise InvalidRequest(f"--pin-costs {self.source}: it prices no draft step, and {runs}: give a 'draft' "
+                                 "table, or a bench JSON from a run with the draft", param="pin_costs")
 
     def reprice(self, s):
         """A bench Sample with its decode steps at these costs (modework.priced_sample: its decode time

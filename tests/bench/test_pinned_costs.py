@@ -86,6 +86,12 @@ def test_a_cost_file_without_a_draft_table_refuses_a_mode_with_a_draft(tiny_bund
     assert load_pinned(f).draft is None
     assert main(["bench", str(tiny_bundle), "--modes", "target,model", "--pin-costs", str(f), "--quiet"]) == 1
     assert "it prices no draft step, and model run one" in capsys.readouterr().err
+    # a caller of run_bench that skips the CLI's check is stopped by apply(), before any step is fixed
+    ns = types.SimpleNamespace
+    eng = ns(target=ns(times=StepTimes()), draft_runner=ns(times=StepTimes()))
+    with pytest.raises(InvalidRequest, match="it prices no draft step, and the engine runs a draft") as e:
+        load_pinned(f).apply(eng)
+    assert e.value.param == "pin_costs" and eng.target.times.fixed is None and eng.draft_runner.times.fixed is None
 
 
 def _clock(step):

@@ -105,9 +105,8 @@ def run(args: argparse.Namespace) -> int:
     if pin is not None:
         drafts = {"self"} | ({"draft"} if b.draft is not None else set())  # runners whose steps it must price
         steps_draft = [m.label for m in modes if drafts & set(drafting.get(m.draft).loads)]
-        if pin.draft is None and steps_draft:
-            raise InvalidRequest(f"--pin-costs {args.pin_costs}: it prices no draft step, and {', '.join(steps_draft)} "
-                                 "run one: give a 'draft' table, or a bench JSON from a run with the draft")
+        if steps_draft:
+            pin.need_draft(f"{', '.join(steps_draft)} run one")
 
     from ...engine import Engine
 
