@@ -97,14 +97,19 @@ class CostModel:
         if lo and hi:
             a, b = lo[-1], hi[0]
             return pts[a] + (pts[b] - pts[a]) * (s - a) / (b - a)
-        t1 = self._t1()
         if len(sizes) >= 2 and lo:
-            last = sizes[-3:]
-            xs = np.array(last, dtype=float)
-            ys = np.array([pts[x] for x in last])
-            slope = max(0.0, float(np.polyfit(xs, ys, 1)[0])) if len(last) > 1 else 0.0
-            return pts[sizes[-1]] + slope * (s - sizes[-1])
-        return t1 * _prior_ratio(s)
+            return pts[sizes[-1]] + self._cached(("slope", 0), lambda _: self._slope(pts)) * (s - sizes[-1])
+        return self._t1() * _prior_ratio(s)
+
+    @staticmethod
+    def _slope(pts: dict[int, float]) -> float:
+        """Seconds per extra token past the largest measured size: the least-squares slope of the three
+        largest, at least 0. One fit per version of the medians, not one per size asked: a tree round
+        prices up to 32 sizes past the measured ones (engine/tree_round.py)."""
+        last = sorted(pts)[-3:]
+        xs = np.array(last, dtype=float)
+        ys = np.array([pts[x] for x in last])
+        return max(0.0, float(np.polyfit(xs, ys, 1)[0]))
 
     def draft_step(self, s: int = 1) -> float:
         """Seconds for a draft step of s tokens (s > 1 when the draft catches up on the target's

@@ -20,7 +20,9 @@ or an alternative copy is the target's token when the first candidate is not), a
 grown node by node, most likely first, only while expected tokens per second of verify (measured
 step costs by size, core/costmodel.py) go up; a tree must beat the plain chain by TREE_MIN_GAIN. On this
 2-core CPU a verify of 5 tokens costs ~1.8x a 1-token step, so trees stay small here; where verify
-is nearly flat (a GPU) the same rule grows them.
+is nearly flat (a GPU) the same rule grows them. Before widening, a bound on every node's reach
+(`_no_tree_can_pay`) tells the rounds where no tree could beat the chain, whatever the alternatives:
+those skip the widening, and decide exactly as if they had widened and pruned.
 """
 from __future__ import annotations
 
@@ -113,7 +115,10 @@ class TreeVerifier:
                 self.model.alts = 0
         draft = usable_draft(prop, k, usable)
         free = target.max_len - target.length  # rows the tree may use, root included
-        tree = self._widen(ctx, prop, draft, k, drafter, usable, min(free, MAX_TREE_NODES))
+        max_nodes = min(free, MAX_TREE_NODES)
+        if mode == "auto" and self._no_tree_can_pay(prop, draft, max_nodes):
+            return verify_chain(target, drafter, ctx, prop, draft, params, rng, usable)
+        tree = self._widen(ctx, prop, draft, k, drafter, usable, max_nodes)
         if mode == "auto":
             tree = self._prune(tree, prop, draft)
         if tree.is_chain():
@@ -182,6 +187,48 @@ class TreeVerifier:
             return [float(a) for a in prop.accept[:n]] + [0.0] * max(0, n - len(prop.accept))
         return [0.0] * n
 
+    def _no_tree_can_pay(self, prop: Proposal, draft: list[int], max_nodes: int) -> bool:
+        """Whether `_prune` would cut any widening of this chain back to the chain, whatever
+        alternatives the widening found: then the round skips building them.
+
+        Sound, not a guess: every node off the chain has an estimated reach (`reach`) of at most
+        `top`: a runner-up or alternative is a non-first child, p[parent] * miss * its source's mean,
+        at most that mean; the one other kind of first child hangs under the chain's last node, its
+        reach times ngram.next; below either, each node's reach is its parent's times a probability.
+        So m extra nodes add at most m * top expected tokens, and if for every m the chain's tokens
+        plus that, over the draft seconds and a verify of chain + m rows, stay under the chain's rate
+        times 1 + TREE_MIN_GAIN, no subtree `_prune` could keep beats the chain by its margin.
+
+        Why: measured in the pinned replay of round eleven, no `auto` round of 3,217 was verified as a
+        tree on the dev CPU (a verify of 2 rows costs 1.17x one of 1), yet every round built the
+        alternatives (the suffix automaton's, the n-gram scan's, the draft's runners-up) and pruned them."""
+        chain_p = self._chain_acceptance(prop, len(draft))
+        c = min(len(draft), max_nodes - 1) + 1  # chain nodes the tree would hold, root included
+        if c >= max_nodes:
+            return True
+        reach, e = 1.0, 1.0
+        for a in chain_p[: c - 1]:  # the same products, in the same order, as reach() and _prune
+            reach *= a
+            e += reach
+        top = max(max(b.mean for b in self.alt.values()), reach * self.ngram.next.mean)
+        d = self._draft_seconds(prop)
+        pts = self.costs.measured()
+        goal = e / (d + self.verify_cost(c, pts)) * (1.0 + TREE_MIN_GAIN)
+        # 1e-9: the bound's m * top against _prune's running sum, which may differ in the last bit
+        slack = 1.0 + 1e-9
+        last = min(max_nodes, max(pts)) if pts else max_nodes  # sizes priced one by one
+        for n in range(c + 1, last + 1):
+            if (e + (n - c) * top) * slack >= goal * (d + self.verify_cost(n, pts)):
+                return False
+        if last >= max_nodes:
+            return True
+        # past the largest measured size verify_cost is at least that size's cost per row times the
+        # rows (u per row), and (e + m * top) / (d + (c + m) * u) is monotone in m: its largest value
+        # over the sizes left is at their first or in the limit, top / u
+        u = pts[max(pts)] / max(pts)
+        m = max(1, last + 1 - c)  # the first size past both the chain and the measured sizes
+        return (e + m * top) * slack < goal * (d + (c + m) * u) and top * slack < goal * u
+
     def _prune(self, tree: treelib.Tree, prop: Proposal, draft: list[int]) -> treelib.Tree:
         """The subtree (chain kept) with the best expected tokens per second, if it beats the chain
         by TREE_MIN_GAIN; else the chain."""
@@ -216,14 +263,14 @@ class TreeVerifier:
             best_keep = chain
         return subtree(tree, best_keep)
 
-    def verify_cost(self, n: int) -> float:
+    def verify_cost(self, n: int, pts: dict[int, float] | None = None) -> float:
         """Seconds of a target step of n tokens: the cost model's estimate, but past the largest size
         measured never less than that size's cost per token times n. A tree is wider than any chain
         the warm-up timed, and extrapolating a noisy slope from a few small sizes made 15-node trees
         look as cheap as 9-token verifies (measured: 3x dearer); per-token-linear is what a
         compute-bound CPU does, and a device where wide steps are cheap shows it once they are timed."""
         t = self.costs.verify(n)
-        pts = self.costs.measured()
+        pts = self.costs.measured() if pts is None else pts
         if pts:
             m = max(pts)
             if n > m:

@@ -20,6 +20,7 @@ from edgespec.core.sampling import SamplingParams
 from edgespec.drafters.ngram import ngram_match
 from edgespec.engine.tree_round import _cap_width, ngram_alternatives, subtree
 
+from helpers.costs import freeze
 from helpers.stats import chi2_gof
 
 
@@ -533,3 +534,91 @@ def test_verify_names_a_format_2_manifest_whose_graph_lacks_the_tree_inputs(tiny
     lines = bundle_problems(b, manifest)
     assert any("has no input 'position_ids' (graph contract v2): re-export" in x for x in lines), lines
     assert bundle_problems(tiny_bundle, verify_bundle(tiny_bundle)[0]) == []
+
+
+def _random_round(rng, v):
+    """A random chain (suffix, n-gram or model source, random per-token acceptance), random learned
+    alternative means and a random widening of it, capped as _widen caps it."""
+    from edgespec.drafters import Beta, Proposal
+
+    for name in v.alt:
+        v.alt[name] = Beta(rng.uniform(0.01, 0.99))
+    v.ngram.next = Beta(rng.uniform(0.05, 0.98))
+    source = str(rng.choice(["suffix", "ngram", "model", "none"]))
+    n = 0 if source == "none" else int(rng.integers(1, 8))
+    draft = [int(t) for t in rng.integers(10, 40, n)]
+    prop = Proposal(draft, None, source, ngram=int(rng.integers(1, 5)),
+                    accept=[float(a) for a in rng.uniform(0.05, 1.0, n)])
+    paths = [(draft, None, source)]
+    for _ in range(int(rng.integers(0, 10))):
+        cut = int(rng.integers(0, n + 1))
+        tail = [int(t) for t in rng.integers(10, 40, int(rng.integers(1, 6)))]
+        paths.append((draft[:cut] + tail, None, str(rng.choice(["model-alt", "suffix-alt", "ngram"]))))
+    max_nodes = int(rng.integers(1, 33))
+    tree = _cap_width(treelib.from_paths(1, paths, max_nodes=max_nodes), 4)
+    return prop, draft, tree, max_nodes
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["steep-cpu", "flat-gpu"])
+def test_a_round_skips_widening_only_where_pruning_would_keep_the_chain(flat):
+    """The widening is skipped (TreeVerifier._no_tree_can_pay) only where _prune of any widening
+    would return the chain: checked on 3,000 random chains, alternatives, learned means and cost
+    curves, and a bound that under-prices the rows past the chain (the negative control) is caught by
+    the same check."""
+    rng = np.random.default_rng(7 if flat else 8)
+    skipped = wrong = wrong_control = 0
+    for case in range(1500):
+        per_row = rng.uniform(0.0, 0.02) if flat else rng.uniform(0.12, 0.5)
+        v = _verifier(lambda s, r=per_row: 0.05 * (1 + r * (s - 1)))
+        prop, draft, tree, max_nodes = _random_round(rng, v)
+        chain_kept = v._prune(tree, prop, draft).is_chain()
+        if v._no_tree_can_pay(prop, draft, max_nodes):
+            skipped += 1
+            wrong += not chain_kept
+        true_cost = v.verify_cost  # the control: rows past the chain priced 60 % dearer, in the bound only
+        v.verify_cost = lambda n, pts=None, f=true_cost, c=len(draft) + 1: f(n, pts) * (1.6 if n > c else 1.0)
+        v.costs.measured = lambda: {}  # (so that every size is priced through verify_cost)
+        if v._no_tree_can_pay(prop, draft, max_nodes) and not chain_kept:
+            wrong_control += 1
+    assert wrong == 0
+    assert wrong_control > 0
+    assert skipped > 50  # the bound does fire on random rounds (here at any learned means)
+
+
+def test_the_widening_is_skipped_on_a_steep_cpu_verify_and_kept_on_a_flat_one():
+    """A suffix chain of 3 tokens at the priors' means (alternatives 0.15, copies continuing 0.75):
+    on a verify 17 % dearer per row (the dev CPU) no tree can pay, on a flat one (a GPU) one can."""
+    from edgespec.drafters import Proposal
+
+    prop = Proposal([5, 6, 7], None, "suffix", accept=[0.9, 0.8, 0.7])
+    steep = _verifier(lambda s: 0.0334 * (1 + 0.17 * (s - 1)))
+    flat = _verifier(lambda s: 0.05)
+    assert steep._no_tree_can_pay(prop, prop.tokens, 32) is True
+    assert flat._no_tree_can_pay(prop, prop.tokens, 32) is False
+    assert steep._no_tree_can_pay(prop, prop.tokens, 4) is True  # no row left past the chain
+
+
+def test_a_skipped_widening_runs_the_same_round_as_a_pruned_one(tree_engines):
+    """End to end, greedy `auto` with tree='auto' at pinned CPU-like step costs (each row 17 % more):
+    the same tokens and the same rounds whether the bound skips the widening or every round widens
+    and prunes (the bound turned off), and the bound did skip rounds."""
+    from edgespec.engine import tree_round
+
+    _, path = tree_engines["agree"]
+    orig = tree_round.TreeVerifier._no_tree_can_pay
+    said = []
+    runs = []
+    for skip in (True, False):
+        tree_round.TreeVerifier._no_tree_can_pay = (
+            (lambda self, *a: said.append(orig(self, *a)) or said[-1]) if skip else (lambda self, *a: False))
+        eng = Engine.open(path, max_len=160, warmup=False)  # each run from a fresh engine's state
+        freeze(eng.target.times, **{f"s{n}": 0.0334 * (1 + 0.17 * (n - 1)) for n in range(1, 17)})
+        freeze(eng.draft_runner.times, **{f"s{n}": 0.0133 + 0.002 * (n - 1) for n in range(1, 17)})
+        prompts = _prompts(eng, 3, 4)
+        try:
+            runs.append([(r.token_ids, r.stats.rounds, dict(r.stats.rounds_by_source), r.stats.tree_rounds)
+                         for r in (eng.generate(p, max_new_tokens=24, draft="auto", tree="auto") for p in prompts)])
+        finally:
+            tree_round.TreeVerifier._no_tree_can_pay = orig
+    assert runs[0] == runs[1]
+    assert sum(said) > 0
