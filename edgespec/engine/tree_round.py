@@ -216,7 +216,8 @@ class TreeVerifier:
         goal = e / (d + self.verify_cost(c, pts)) * (1.0 + TREE_MIN_GAIN)
         # 1e-9: the bound's m * top against _prune's running sum, which may differ in the last bit
         slack = 1.0 + 1e-9
-        last = min(max_nodes, max(pts)) if pts else max_nodes  # sizes priced one by one
+        largest = max(pts, default=max_nodes)  # the largest measured size
+        last = min(max_nodes, largest)  # sizes priced one by one
         for n in range(c + 1, last + 1):
             if (e + (n - c) * top) * slack >= goal * (d + self.verify_cost(n, pts)):
                 return False
@@ -225,7 +226,7 @@ class TreeVerifier:
         # past the largest measured size verify_cost is at least that size's cost per row times the
         # rows (u per row), and (e + m * top) / (d + (c + m) * u) is monotone in m: its largest value
         # over the sizes left is at their first or in the limit, top / u
-        u = pts[max(pts)] / max(pts)
+        u = pts[largest] / largest
         m = max(1, last + 1 - c)  # the first size past both the chain and the measured sizes
         return (e + m * top) * slack < goal * (d + (c + m) * u) and top * slack < goal * u
 
@@ -242,8 +243,9 @@ class TreeVerifier:
             chain.add(nxt)
             node = nxt
         d = self._draft_seconds(prop)
+        pts = self.costs.measured()  # read once: every size below prices from the same medians
         e = sum(p[i] for i in chain)
-        chain_rate = e / (d + self.verify_cost(len(chain)))
+        chain_rate = e / (d + self.verify_cost(len(chain), pts))
         keep = set(chain)
         best, best_keep = chain_rate, set(chain)
         extra = sorted((i for i in range(len(tree)) if i not in chain), key=lambda i: -p[i])
@@ -255,7 +257,7 @@ class TreeVerifier:
                     keep.add(i)
                     e += p[i]
                     added = True
-                    rate = e / (d + self.verify_cost(len(keep)))
+                    rate = e / (d + self.verify_cost(len(keep), pts))
                     if rate > best:
                         best, best_keep = rate, set(keep)
                     break

@@ -567,7 +567,7 @@ def test_a_round_skips_widening_only_where_pruning_would_keep_the_chain(flat):
     the same check."""
     rng = np.random.default_rng(7 if flat else 8)
     skipped = wrong = wrong_control = 0
-    for case in range(1500):
+    for _ in range(1500):
         per_row = rng.uniform(0.0, 0.02) if flat else rng.uniform(0.12, 0.5)
         v = _verifier(lambda s, r=per_row: 0.05 * (1 + r * (s - 1)))
         prop, draft, tree, max_nodes = _random_round(rng, v)
@@ -606,11 +606,15 @@ def test_a_skipped_widening_runs_the_same_round_as_a_pruned_one(tree_engines):
 
     _, path = tree_engines["agree"]
     orig = tree_round.TreeVerifier._no_tree_can_pay
-    said = []
+    said = []  # the bound's answers in the run that uses it
+
+    def recorded(self, *a):
+        said.append(orig(self, *a))
+        return said[-1]
+
     runs = []
     for skip in (True, False):
-        tree_round.TreeVerifier._no_tree_can_pay = (
-            (lambda self, *a: said.append(orig(self, *a)) or said[-1]) if skip else (lambda self, *a: False))
+        tree_round.TreeVerifier._no_tree_can_pay = recorded if skip else (lambda self, *a: False)
         eng = Engine.open(path, max_len=160, warmup=False)  # each run from a fresh engine's state
         freeze(eng.target.times, **{f"s{n}": 0.0334 * (1 + 0.17 * (n - 1)) for n in range(1, 17)})
         freeze(eng.draft_runner.times, **{f"s{n}": 0.0133 + 0.002 * (n - 1) for n in range(1, 17)})
