@@ -20,9 +20,10 @@ or an alternative copy is the target's token when the first candidate is not), a
 grown node by node, most likely first, only while expected tokens per second of verify (measured
 step costs by size, core/costmodel.py) go up; a tree must beat the plain chain by TREE_MIN_GAIN. On this
 2-core CPU a verify of 5 tokens costs ~1.8x a 1-token step, so trees stay small here; where verify
-is nearly flat (a GPU) the same rule grows them. Before widening, a bound on every node's reach
-(`_no_tree_can_pay`) tells the rounds where no tree could beat the chain, whatever the alternatives:
-those skip the widening, and decide exactly as if they had widened and pruned.
+is nearly flat (a GPU) the same rule grows them. A tree without a branch is verified as the drafter's
+chain. Before widening, a bound on every node's reach (`_no_tree_can_pay`) tells the rounds where no
+branching tree could be kept, whatever the alternatives: those skip the widening, and decide exactly as
+if they had widened and pruned.
 """
 from __future__ import annotations
 
@@ -188,47 +189,61 @@ class TreeVerifier:
         return [0.0] * n
 
     def _no_tree_can_pay(self, prop: Proposal, draft: list[int], max_nodes: int) -> bool:
-        """Whether `_prune` would cut any widening of this chain back to the chain, whatever
-        alternatives the widening found: then the round skips building them.
+        """Whether `_prune` would keep no branching tree for any widening of this chain, whatever
+        alternatives the widening found: then the round skips building them (`round` verifies the
+        drafter's chain for every tree without a branch, so it decides exactly as if it had widened).
 
-        Sound, not a guess: every node off the chain has an estimated reach (`reach`) of at most
-        `top`: a runner-up or alternative is a non-first child, p[parent] * miss * its source's mean,
-        at most that mean; the one other kind of first child hangs under the chain's last node, its
-        reach times ngram.next; below either, each node's reach is its parent's times a probability.
-        So m extra nodes add at most m * top expected tokens, and if for every m the chain's tokens
-        plus that, over the draft seconds and a verify of chain + m rows, stay under the chain's rate
-        times 1 + TREE_MIN_GAIN, no subtree `_prune` could keep beats the chain by its margin.
+        Sound, not a guess. Off the chain, a widening holds a *spine* (the first child of the chain's
+        last node, its first child, ...: each reach() times ngram.next = q) and nodes that have a
+        non-first child (a runner-up or alternative) among themselves or their ancestors: each of
+        those reaches at most w = the largest alternative mean times the most reach a parent can lose
+        past its first child (p[parent] - p[first child], on the chain or the spine). `_prune` adds
+        nodes most likely first, so spine nodes likelier than w come before any other, and a kept
+        set branches only if it holds a non-spine node. So if, for every spine length and every size,
+        chain + spine + w per other node stays under the best rate the spine's own prefixes reached
+        (or under the chain's times 1 + TREE_MIN_GAIN), no branching subtree can be `_prune`'s pick.
 
-        Why: measured in the pinned replay of round eleven, no `auto` round of 3,217 was verified as a
-        tree on the dev CPU (a verify of 2 rows costs 1.17x one of 1), yet every round built the
-        alternatives (the suffix automaton's, the n-gram scan's, the draft's runners-up) and pruned them."""
-        chain_p = self._chain_acceptance(prop, len(draft))
+        Why: measured in round eleven's pinned replay, no `auto` round of 3,217 was verified as a tree
+        on the dev CPU (a verify of 2 rows costs 1.17x one of 1), yet every round built and pruned the
+        alternatives; in round twelve's profile 212 of 258 rounds that still widened were plain ones,
+        where a path under the root prices as paying (q = 0.75) and is dropped unverified."""
         c = min(len(draft), max_nodes - 1) + 1  # chain nodes the tree would hold, root included
         if c >= max_nodes:
             return True
-        reach, e = 1.0, 1.0
-        for a in chain_p[: c - 1]:  # the same products, in the same order, as reach() and _prune
+        q = self.ngram.next.mean
+        chain_p = self._chain_acceptance(prop, len(draft))
+        reach, e, lost = 1.0, 1.0, 0.0
+        for i in range(c - 1):  # the same products, in the same order, as reach() and _prune
+            a = chain_p[i] if i < len(chain_p) else q
+            lost = max(lost, reach * max(0.0, 1.0 - a))
             reach *= a
             e += reach
-        top = max(max(b.mean for b in self.alt.values()), reach * self.ngram.next.mean)
-        d = self._draft_seconds(prop)
-        pts = self.costs.measured()
-        goal = e / (d + self.verify_cost(c, pts)) * (1.0 + TREE_MIN_GAIN)
-        # 1e-9: the bound's m * top against _prune's running sum, which may differ in the last bit
-        slack = 1.0 + 1e-9
-        largest = max(pts, default=max_nodes)  # the largest measured size
-        last = min(max_nodes, largest)  # sizes priced one by one
-        for n in range(c + 1, last + 1):
-            if (e + (n - c) * top) * slack >= goal * (d + self.verify_cost(n, pts)):
-                return False
-        if last >= max_nodes:
-            return True
-        # past the largest measured size verify_cost is at least that size's cost per row times the
-        # rows (u per row), and (e + m * top) / (d + (c + m) * u) is monotone in m: its largest value
-        # over the sizes left is at their first or in the limit, top / u
-        u = pts[largest] / largest
-        m = max(1, last + 1 - c)  # the first size past both the chain and the measured sizes
-        return (e + m * top) * slack < goal * (d + (c + m) * u) and top * slack < goal * u
+        slack = 1.0 + 1e-9  # the bound's sums against _prune's running sums, which may differ in the last bit
+        w = max(b.mean for b in self.alt.values()) * max(lost, reach * max(0.0, 1.0 - q)) * slack
+        rows = max_nodes - c  # nodes a widening may add
+        cost = self._draft_seconds(prop) + self._row_costs()[c : max_nodes + 1]  # [m]: chain + m rows
+        spine = [0.0]  # spine[j]: the reach of the spine's first j nodes, while each is likelier than w
+        t = reach
+        while len(spine) <= rows:
+            t *= q
+            if not t > w:
+                break
+            spine.append(spine[-1] + t)
+        s_sum = np.array(spine)
+        # the best rate `_prune` has seen once the spine's first j nodes are in (rounded down)
+        seen = np.maximum(e / cost[0] * (1.0 + TREE_MIN_GAIN),
+                          np.maximum.accumulate((e + s_sum) / cost[: len(spine)] / slack))
+        m = np.arange(1, rows + 1)[None, :]  # nodes added, at least one off the spine
+        s = np.minimum(m - 1, np.arange(len(spine))[:, None])  # spine nodes among them, per spine length
+        bound = (e + s_sum[s] + (m - s) * w) / cost[None, 1:] * slack
+        return bool((bound.max(axis=1) < seen).all())
+
+    def _row_costs(self) -> np.ndarray:
+        """verify_cost(n) for n = 0..MAX_TREE_NODES (index 0 unused), kept until a median moves."""
+        def rows(n_max: int) -> np.ndarray:
+            pts = self.costs.measured()
+            return np.array([np.nan] + [self.verify_cost(n, pts) for n in range(1, n_max + 1)])
+        return self.costs.cached(("tree-rows", MAX_TREE_NODES), rows)
 
     def _prune(self, tree: treelib.Tree, prop: Proposal, draft: list[int]) -> treelib.Tree:
         """The subtree (chain kept) with the best expected tokens per second, if it beats the chain

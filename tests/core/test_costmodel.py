@@ -43,11 +43,11 @@ def test_costs_are_memoised_until_a_median_changes():
     t.add(1, 0.1)  # the median stays: nothing changes, not even the version
     assert t.version == v
     t._recent[1].extend([0.5] * 8)  # behind its back: the memo answers (it is one)
-    assert cm.verify(1) == 0.1
+    assert cm.verify(1) == 0.1 and cm.measured() == {1: 0.1, 2: 0.12}
     t.add(1, 0.5)  # a median moves: recomputed
-    assert t.version == v + 1 and cm.verify(1) == 0.5
+    assert t.version == v + 1 and cm.verify(1) == 0.5 and cm.measured() == {1: 0.5, 2: 0.12}
     assert cm.verify(3) == pytest.approx(0.12)  # the slope past size 2 is now negative: clamped flat
     d.add(1, 0.09), d.add(1, 0.09), d.add(1, 0.09)  # the draft's table is watched too
     assert cm.draft_step(1) == 0.09
     cm.target = times(s1=0.2, s2=0.25)  # another table (batch.py: one per pass size)
-    assert cm.verify(1) == 0.2 and cm.verify(2) == 0.25
+    assert cm.verify(1) == 0.2 and cm.verify(2) == 0.25 and cm.measured() == {1: 0.2, 2: 0.25}
