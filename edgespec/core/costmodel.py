@@ -64,7 +64,7 @@ class CostModel:
 
     target: StepTimes
     draft: StepTimes | None = None
-    # the step tables and their versions it was filled at -> {("v" | "d", size): seconds}: a round reads
+    # the step tables and their versions it was filled at -> {(kind, size): value} (cached): a round reads
     # verify() and draft_step() some 30 times (quotes, chain plans, tree pruning) and the answers change
     # only when a step moves a median (or the batch engine points `target` at another table).
     # Recomputing them each time (a median dict, a least-squares slope) was measured, together with
@@ -173,7 +173,8 @@ class CostModel:
         return best_k, best
 
     def measured(self) -> dict[int, float]:
-        """Seconds of a target step by size, for the sizes timed at least twice (recent medians)."""
+        """Seconds of a target step by size, for the sizes timed at least twice (recent medians).
+        Shared until a median moves: read it, never change it."""
         return self._points()
 
     # -- internals --------------------------------------------------------------------------------

@@ -239,10 +239,13 @@ class TreeVerifier:
         return bool((bound.max(axis=1) < seen).all())
 
     def _row_costs(self) -> np.ndarray:
-        """verify_cost(n) for n = 0..MAX_TREE_NODES (index 0 unused), kept until a median moves."""
+        """verify_cost(n) for n = 0..MAX_TREE_NODES (index 0 unused), kept until a median moves;
+        read-only, since every round shares it (the bound and `_prune` price from it)."""
         def rows(n_max: int) -> np.ndarray:
             pts = self.costs.measured()
-            return np.array([np.nan] + [self.verify_cost(n, pts) for n in range(1, n_max + 1)])
+            out = np.array([np.nan] + [self.verify_cost(n, pts) for n in range(1, n_max + 1)])
+            out.setflags(write=False)
+            return out
         return self.costs.cached(("tree-rows", MAX_TREE_NODES), rows)
 
     def _prune(self, tree: treelib.Tree, prop: Proposal, draft: list[int]) -> treelib.Tree:
@@ -258,9 +261,9 @@ class TreeVerifier:
             chain.add(nxt)
             node = nxt
         d = self._draft_seconds(prop)
-        pts = self.costs.measured()  # read once: every size below prices from the same medians
+        rows = self._row_costs()  # the bound's prices: both decide from the same numbers
         e = sum(p[i] for i in chain)
-        chain_rate = e / (d + self.verify_cost(len(chain), pts))
+        chain_rate = e / (d + rows[len(chain)])
         keep = set(chain)
         best, best_keep = chain_rate, set(chain)
         extra = sorted((i for i in range(len(tree)) if i not in chain), key=lambda i: -p[i])
@@ -272,7 +275,7 @@ class TreeVerifier:
                     keep.add(i)
                     e += p[i]
                     added = True
-                    rate = e / (d + self.verify_cost(len(keep), pts))
+                    rate = e / (d + rows[len(keep)])
                     if rate > best:
                         best, best_keep = rate, set(keep)
                     break
