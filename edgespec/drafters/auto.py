@@ -21,10 +21,18 @@ class AutoDrafter(DrafterBase):
     - a source is chosen only when it promises its margin over a plain step (Quote.min_gain):
       falling back to nothing costs nothing, drafting on a thin promise costs a longer verify
       whenever the promise was noise;
+    - but a costed source that drafted the last round keeps drafting while it promises more than a
+      plain step at all (STAY_GAIN): enter at a margin, leave at none. Its rate moves only when it
+      runs, and once it has left, probes are few and its pending catch-up grows with every plain
+      round, so leaving is close to final for the reply, where entering is not. Measured (pinned-cost
+      replay, docs/speed.md round sixteen): with the margin to stay as high as to enter, the third
+      explaining reply left the draft after one round at 31.0 tokens/s (the target 29.9, the margin
+      31.4) and ran 1.00x where the draft alone ran 1.16x; with none to stay, 1.10x;
     - a rate known only from rounds that used the source (Quote.probe) is probed, replacing a
       plain step: first after EARLY_TRIES rounds of a request, then after EXPLORE_EVERY rounds, the
       gap doubling after each probe, at most MAX_PROBES per request, and none after MAX_LOST_PROBES
-      probes whose rounds left its rate under its margin (a source that keeps losing on this text). A probe costs about one draft
+      probes whose rounds left its rate under a plain step's (a source that keeps losing on this
+      text; a probe that clears it goes on drafting, by the margin to stay above). A probe costs about one draft
       catch-up, its draft steps and a slightly longer verify, so the probing of a request is
       bounded by a few target steps whatever the text.
     A free source needs no probe: every round's lookup is scored, used or not.
@@ -41,6 +49,8 @@ class AutoDrafter(DrafterBase):
     EARLY_TRIES = 2  # a request's first rounds that do not use it before it is probed
     MAX_PROBES = 4  # probes of each source per request
     MAX_LOST_PROBES = 2  # probes after which its rate still did not clear its margin: no more this request
+    STAY_GAIN = 0.0  # the margin a costed source that drafted the last round must clear to draft the next
+    # (all prompts, both passes, steps only: `auto` / best single source 1.003 -> 1.010, explaining 0.949 -> 0.978)
     TRUST_PRIOR = 4.0  # promised tokens' worth of evidence that a free source's quotes come true
     TRUST_KEEP = 0.95  # per round that used the source: the weight of the earlier ones
 
@@ -48,7 +58,7 @@ class AutoDrafter(DrafterBase):
         self.costs = costs
         self.sources = list(sources)  # in order of preference on equal rates
         self._probe: dict[str, _ProbeState] = {}
-        self._used: Drafter | None = None  # the source that proposed this round
+        self._used: Drafter | None = None  # the source that proposed this round (next round: the last one's)
         self._trust: dict[str, list[float]] = {}  # free source -> [accepted, promised] tokens, faded
         self._promised = 0.0  # tokens beyond the target's own that this round's quote promised
 
@@ -57,6 +67,7 @@ class AutoDrafter(DrafterBase):
         return any(s.uses_model for s in self.sources)
 
     def begin(self, ctx) -> None:
+        self._used = None
         for s in self.sources:
             s.begin(ctx)
         for p in self._probe.values():
@@ -98,8 +109,13 @@ class AutoDrafter(DrafterBase):
         for s in self.sources:  # free sources learn from every verified row, used this round or not
             s.observe(rows, tokens)
 
+    def _gain(self, s: Drafter, q, last: Drafter | None) -> float:
+        """The margin over a plain step s's quote must clear: a costed source that drafted the last
+        round keeps its streak while it beats a plain step at all (STAY_GAIN); see the class doc."""
+        return self.STAY_GAIN if s is last and s.uses_model else q.min_gain
+
     def propose(self, ctx, k, params, rng) -> Proposal:
-        self._used = None
+        last, self._used = self._used, None
         if k <= 0:
             return EMPTY
         self._promised = 0.0
@@ -109,7 +125,7 @@ class AutoDrafter(DrafterBase):
         for s in self.sources:
             q = quotes[s.name] = s.quote(ctx, k)
             rate, extra = self._trusted(s, q)
-            if rate is not None and rate >= r0 * (1.0 + q.min_gain) and rate > best_rate:
+            if rate is not None and rate >= r0 * (1.0 + self._gain(s, q, last)) and rate > best_rate:
                 best, best_rate, best_quote, promised = s, rate, q, extra
         for s in self.sources:  # rounds since each probed source was last used
             p = self._probe_state(s)
@@ -118,7 +134,7 @@ class AutoDrafter(DrafterBase):
             if p.checking:  # probed last round: did its rate, updated by that round, clear its margin?
                 p.checking = False
                 q = quotes.get(s.name)
-                if q is None or q.rate < r0 * (1.0 + q.min_gain):
+                if q is None or q.rate < r0 * (1.0 + self._gain(s, q, last)):
                     p.losses += 1
             if s is best:
                 p.used(self.EXPLORE_EVERY)
