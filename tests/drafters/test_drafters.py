@@ -649,8 +649,10 @@ def test_auto_needs_a_margin_before_it_drafts():
     model = StubModel(0.9)
     auto = auto_with(cm, FixedQuote(0.0), model)
     model.m_tokens, model.m_seconds = 1.03, 1.0 / r0  # the model's rounds deliver 3 % more
-    # not chosen on its rate until its probe is due (after that, see the stay margin's test)
-    assert [auto.propose(ctx, 4, GREEDY, None).source for _ in range(auto.EARLY_TRIES)] == ["none"] * auto.EARLY_TRIES
+    # not chosen on its rate: plain steps until its probe is due, and from the probe on it drafts
+    # while it beats a plain step (the margin to stay, AutoDrafter.STAY_GAIN)
+    picks = [auto.propose(ctx, 4, GREEDY, None).source for _ in range(10)]
+    assert picks == ["none"] * auto.EARLY_TRIES + ["model"] * (10 - auto.EARLY_TRIES)
     model.m_tokens = 1.5
     assert auto.propose(ctx, 4, GREEDY, None).source == "model"
 
