@@ -11,6 +11,10 @@ FILE is a bench JSON (its decode steps' mean cost per size, as the "priced" colu
     {"target": {"1": 0.0334, "2": 0.0391, ...}, "draft": {"1": 0.0133, "2": 0.0152, ...}}
 in seconds per step by tokens in the step. A size the table lacks costs the straight line between the
 sizes around it, past the largest the slope of its three largest (CostTable).
+
+Or `device:ID`, a board of `--project` (a Jetson, a Pi): the table is the projection's cost model of
+that board for this bundle's graphs (projection.step_tables), so the run re-decides every round as
+`auto` would there. A projection of the board, not a measurement of it; the report says so.
 """
 from __future__ import annotations
 
@@ -86,6 +90,36 @@ class PinnedCosts:
 
     def describe(self) -> dict[str, Any]:
         return {"source": self.source, "target": dict(self.target), "draft": dict(self.draft or {})}
+
+
+DEVICE = "device:"  # `--pin-costs device:ID`: a board's modelled costs instead of a file
+
+
+def pinned_device(spec: str):
+    """The board (projection.Hardware) a `device:ID` spec names, None for a file path; an unknown or
+    unprojectable board is refused here, before the models load, naming the boards that work."""
+    if not spec.startswith(DEVICE):
+        return None
+    from .projection import hardware, projectable
+
+    name = spec[len(DEVICE):].strip()
+    try:
+        if not name:
+            raise InvalidRequest("names no board")
+        return hardware(name)
+    except InvalidRequest as e:
+        raise InvalidRequest(f"--pin-costs {spec}: {e} (boards with a cost model: {', '.join(projectable())})",
+                             param="pin_costs") from None
+
+
+def device_pinned(hw, costs: dict) -> PinnedCosts:
+    """The replay's table for board `hw` and a bundle's models (projection.model_costs)."""
+    from .projection import step_tables
+
+    t = step_tables(costs, hw)
+    draft = CostTable(t["draft"]) if "draft" in t else None
+    return PinnedCosts(CostTable(t["target"]), draft,
+                       f"{DEVICE}{hw.id} (a cost model of the board at its slow end: projected, not measured)")
 
 
 def _table(raw: Any, what: str, path: str) -> CostTable:

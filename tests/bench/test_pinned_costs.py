@@ -166,3 +166,71 @@ def test_the_bench_command_replays_at_a_runs_costs(tiny_bundle, tmp_path, capsys
     assert "--pin-costs replays the decisions of a new run" in capsys.readouterr().err
     assert main(["bench", str(replay), "--project", "none"]) == 0
     assert "REPLAY at pinned step costs" in capsys.readouterr().out  # the saved replay still says what it is
+
+
+def _pair():
+    """Model costs of a 1.5B int4 target and a 0.5B draft, as projection.model_costs reads a bundle."""
+    from edgespec.bench.projection import ModelCost
+
+    return {"target": ModelCost("target", 1_100_000_000, 1_500_000_000, 28, 28_672),
+            "draft": ModelCost("draft", 420_000_000, 500_000_000, 24, 12_288)}
+
+
+def test_a_board_is_priced_by_the_projection_at_its_slow_end():
+    from edgespec.bench.pinned_costs import device_pinned, pinned_device
+    from edgespec.bench.projection import PIN_CONTEXT, step_seconds
+
+    assert pinned_device("costs.json") is None  # a file, read by load_pinned
+    hw = pinned_device("device:orin-nano")  # an alias, as --project and --device take it
+    assert hw.id == "jetson-orin-nano-8gb" and hw.flavor == "cuda"
+    costs = _pair()
+    pin = device_pinned(hw, costs)
+    tgt, drf = costs["target"].for_flavor("cuda")[0], costs["draft"].for_flavor("cuda")[0]
+    for n in (1, 5, 9):
+        assert pin.target[n] == pytest.approx(step_seconds(tgt, hw, n, PIN_CONTEXT, overlap=False))
+    # the slow end: a verify grows with its length, where the overlapping end prices 1 and 9 tokens alike
+    assert step_seconds(tgt, hw, 9, PIN_CONTEXT) == pytest.approx(step_seconds(tgt, hw, 1, PIN_CONTEXT))
+    assert pin.target[9] > pin.target[5] > pin.target[1]
+    assert pin.draft[512] == pytest.approx(step_seconds(drf, hw, 512, PIN_CONTEXT, overlap=False))  # a prompt read
+    assert pin.draft[1] < pin.target[1]
+    assert pin.source.startswith("device:jetson-orin-nano-8gb") and "projected, not measured" in pin.source
+    # a bundle without a draft: no draft table, so a mode with a draft is refused as for a file
+    alone = device_pinned(hw, {"target": costs["target"]})
+    with pytest.raises(InvalidRequest, match="it prices no draft step"):
+        alone.need_draft("model runs one")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("device:", "names no board"),
+    ("device:pdp-11", "unknown device 'pdp-11'"),
+    ("device:generic-x86_64", "no projection for generic-x86_64"),
+])
+def test_a_board_without_a_cost_model_is_named(spec, message):
+    from edgespec.bench.pinned_costs import pinned_device
+
+    with pytest.raises(InvalidRequest) as e:
+        pinned_device(spec)
+    assert e.value.param == "pin_costs" and str(e.value).startswith(f"--pin-costs {spec}: ")
+    assert message in str(e.value) and "jetson-orin-nano-8gb" in str(e.value)  # the boards that work
+
+
+def test_the_bench_command_replays_at_a_boards_costs(tiny_bundle, tmp_path, capsys):
+    """`--pin-costs device:ID` re-decides at the board's modelled costs for this bundle, and says so."""
+    from edgespec.bench.pinned_costs import device_pinned, pinned_device
+    from edgespec.bench.projection import model_costs
+    from edgespec.models.bundle import Bundle
+
+    out = tmp_path / "board.json"
+    argv = ["bench", str(tiny_bundle), "--prompts", "code", "--limit", "1", "--repeats", "1",
+            "--max-new-tokens", "12", "--modes", "target,model", "--project", "none", "--quiet"]
+    assert main([*argv, "--pin-costs", "device:jetson-orin-nano-8gb", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "REPLAY at pinned step costs from device:jetson-orin-nano-8gb" in text and "projected" in text
+    meta = json.loads(out.read_text())["meta"]
+    want = device_pinned(pinned_device("device:jetson-orin-nano-8gb"), model_costs(Bundle.open(tiny_bundle, verify=False)))
+    assert {int(n): v for n, v in meta["pinned_costs"]["target"].items()} == pytest.approx(dict(want.target))
+    assert {int(n): v for n, v in meta["pinned_costs"]["draft"].items()} == pytest.approx(dict(want.draft))
+    # a bad board is refused before the models load
+    assert main([*argv, "--pin-costs", "device:pdp-11"]) == 1
+    err = capsys.readouterr().err
+    assert "--pin-costs device:pdp-11: unknown device 'pdp-11'" in err and "loading" not in err

@@ -47,10 +47,12 @@ def register(sub) -> None:
     p.add_argument("--deterministic", action="store_true",
                    help="open the engine in deterministic mode (docs/runtime.md): chains only, so '+tree' modes "
                         "are refused; compare a run with and without it for the mode's cost")
-    p.add_argument("--pin-costs", metavar="COSTS.json", default=None,
+    p.add_argument("--pin-costs", metavar="COSTS.json|device:ID", default=None,
                    help="replay: every step costs what this file says (a bench JSON's mean decode step costs, or "
                         "{\"target\": {tokens: seconds}, \"draft\": {...}}), so the decisions do not follow the "
-                        "machine's load and two runs of the same code decide the same; not a speed measurement")
+                        "machine's load and two runs of the same code decide the same; device:ID (e.g. "
+                        "device:jetson-orin-nano-8gb): the board's step costs from --project's cost model, every "
+                        "round re-decided as there (projected); not a speed measurement")
     p.add_argument("--no-verify", action="store_true", help="skip the bundle's sha256 check")
     p.add_argument("--quiet", action="store_true", help="no progress line per generation")
     p.set_defaults(func=run)
@@ -72,13 +74,14 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise InvalidRequest(f"--limit must be at least 1, got {args.limit}")
     hw_list = projection.resolve_devices(args.project)
-    pin = None
+    pin = board = None
     if args.pin_costs:
-        from ...bench.pinned_costs import load_pinned
+        from ...bench.pinned_costs import load_pinned, pinned_device
 
-        pin = load_pinned(args.pin_costs)
+        board = pinned_device(args.pin_costs)  # a board's table needs the bundle's models: priced once it is open
+        pin = load_pinned(args.pin_costs) if board is None else None
     if args.bundle.endswith(".json") and Path(args.bundle).is_file():
-        if pin is not None:
+        if args.pin_costs:
             raise InvalidRequest("--pin-costs replays the decisions of a new run: a saved run is reported as it ran "
                                  "(its priced reading is printed already)", param="pin_costs")
         result = bench.load_run(args.bundle)
@@ -102,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequest(f"--repeats must be at least 1, got {args.repeats}")
     if args.max_new_tokens < 1:
         raise InvalidRequest(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if board is not None:
+        from ...bench.pinned_costs import device_pinned
+
+        pin = device_pinned(board, projection.model_costs(b))
     if pin is not None:
         drafts = {"self"} | ({"draft"} if b.draft is not None else set())  # runners whose steps it must price
         steps_draft = [m.label for m in modes if drafts & set(drafting.get(m.draft).loads)]
