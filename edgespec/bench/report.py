@@ -284,8 +284,9 @@ def format_projection(projections: Sequence, hw_list: Sequence) -> str:
     return "\n".join(out)
 
 
-def measured_steps_line(bd: Sequence[Breakdown]) -> str:
-    """This machine's own step costs, for comparison with the modelled ones."""
+def measured_steps_line(bd: Sequence[Breakdown], pinned: bool = False) -> str:
+    """This machine's own step costs, for comparison with the modelled ones; in a replay (`pinned`) the
+    table's, and the line says so: a Jetson's modelled costs must not read as this machine's."""
     t: dict[int, list] = {}
     d: dict[int, list] = {}
     for b in bd:
@@ -307,7 +308,8 @@ def measured_steps_line(bd: Sequence[Breakdown]) -> str:
     if 1 in d:
         d1 = d[1][1] / d[1][0]
         parts.append(f"draft step {d1:.1f} ms ({d1 / t1:.2f}x)")
-    return "measured step costs on this machine: " + ", ".join(parts)
+    return ("step costs pinned for this replay (not measured): " if pinned else
+            "measured step costs on this machine: ") + ", ".join(parts)
 
 
 def by_source(run: BenchRun) -> list[tuple[str, dict[str, int], dict[str, int]]]:
@@ -356,7 +358,7 @@ def report_text(run: BenchRun, projections: Sequence = (), hw_list: Sequence = (
         parts += ["", format_table(summarize(run, "prompt"), "prompt")]
     bd = breakdown(run)
     parts += ["", "where the decode time goes (ms per decode token, all prompts):", format_breakdown(bd)]
-    line = measured_steps_line(bd)
+    line = measured_steps_line(bd, pinned=bool(run.meta.get("pinned_costs")))
     if line:
         parts.append(line)
     tl = tree_lines(run)

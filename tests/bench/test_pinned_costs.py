@@ -152,7 +152,8 @@ def test_the_bench_command_replays_at_a_runs_costs(tiny_bundle, tmp_path, capsys
     argv = ["bench", str(tiny_bundle), "--prompts", "code", "--limit", "1", "--repeats", "1",
             "--max-new-tokens", "12", "--modes", "target,model", "--project", "none", "--quiet"]
     assert main([*argv, "--json", str(first)]) == 0
-    assert "REPLAY" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "REPLAY" not in out and "measured step costs on this machine: target step 1 tok" in out
     pin = load_pinned(first)
     assert set(pin.target) and set(pin.draft)
     replay = tmp_path / "replay.json"
@@ -226,6 +227,9 @@ def test_the_bench_command_replays_at_a_boards_costs(tiny_bundle, tmp_path, caps
     assert main([*argv, "--pin-costs", "device:jetson-orin-nano-8gb", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "REPLAY at pinned step costs from device:jetson-orin-nano-8gb" in text and "projected" in text
+    # the step-cost line under the breakdown is the board's table, not this machine's clock
+    assert "measured step costs on this machine" not in text
+    assert "step costs pinned for this replay (not measured): target step 1 tok" in text
     meta = json.loads(out.read_text())["meta"]
     want = device_pinned(pinned_device("device:jetson-orin-nano-8gb"), model_costs(Bundle.open(tiny_bundle, verify=False)))
     assert {int(n): v for n, v in meta["pinned_costs"]["target"].items()} == pytest.approx(dict(want.target))
