@@ -116,10 +116,11 @@ def device_pinned(hw, costs: dict) -> PinnedCosts:
     """The replay's table for board `hw` and a bundle's models (projection.model_costs)."""
     from .projection import step_tables
 
-    t = step_tables(costs, hw)
+    t, notes = step_tables(costs, hw)
     draft = CostTable(t["draft"]) if "draft" in t else None
     return PinnedCosts(CostTable(t["target"]), draft,
-                       f"{DEVICE}{hw.id} (a cost model of the board at its slow end: projected, not measured)")
+                       f"{DEVICE}{hw.id} (a cost model of the board at its slow end: projected, not measured"
+                       + "".join(f"; {n}" for n in notes) + ")")
 
 
 def _table(raw: Any, what: str, path: str) -> CostTable:

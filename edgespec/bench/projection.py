@@ -342,18 +342,22 @@ PIN_TARGET_SIZES = tuple(range(1, 17))  # a verify of up to 15 drafted tokens (t
 PIN_DRAFT_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512)  # draft rounds, catch-ups, prompt reads
 
 
-def step_tables(costs: dict[str, ModelCost], hw: Hardware, *, context: int = PIN_CONTEXT) -> dict[str, dict[int, float]]:
+def step_tables(costs: dict[str, ModelCost], hw: Hardware, *,
+                context: int = PIN_CONTEXT) -> tuple[dict[str, dict[int, float]], list[str]]:
     """Seconds per step by tokens in the step on `hw`, for the target and the draft (when the bundle has
-    one): the slow end of the model's range (memory and compute adding up), at `context` tokens.
+    one): the slow end of the model's range (memory and compute adding up), at `context` tokens. With
+    them, the notes `project` prints for the same pricing (a graph of the board's flavor the bundle lacks).
 
     Why the slow end: with overlap a Jetson's verify costs one step whatever its length, so every
     drafted token is free to check; adding up keeps the verify growing with its length, which is
     what a wrong proposal costs, so a policy that holds there holds with overlap too. Why a table at
     all: `--project` prices the rounds this machine chose; a replay at the table re-decides them as
     `auto` would on the board (its k, its sources, the draft's prompt reads)."""
-    tgt, _ = costs["target"].for_flavor(hw.flavor)
-    out = {"target": {n: step_seconds(tgt, hw, n, context, overlap=False) for n in PIN_TARGET_SIZES}}
-    if costs.get("draft") is not None:
-        drf, _ = costs["draft"].for_flavor(hw.flavor)
-        out["draft"] = {n: step_seconds(drf, hw, n, context, overlap=False) for n in PIN_DRAFT_SIZES}
-    return out
+    out, notes = {}, []
+    for role, sizes in (("target", PIN_TARGET_SIZES), ("draft", PIN_DRAFT_SIZES)):
+        if costs.get(role) is None:
+            continue
+        m, note = costs[role].for_flavor(hw.flavor)
+        notes += [note] if note else []
+        out[role] = {n: step_seconds(m, hw, n, context, overlap=False) for n in sizes}
+    return out, notes

@@ -4,6 +4,7 @@ The property that matters: two runs of the same code decide the same, even when 
 changes under one of them (the clock is perturbed here, so the test does not depend on timing)."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import types
@@ -195,6 +196,11 @@ def test_a_board_is_priced_by_the_projection_at_its_slow_end():
     assert pin.draft[512] == pytest.approx(step_seconds(drf, hw, 512, PIN_CONTEXT, overlap=False))  # a prompt read
     assert pin.draft[1] < pin.target[1]
     assert pin.source.startswith("device:jetson-orin-nano-8gb") and "projected, not measured" in pin.source
+    # cpu graphs priced as the board's cuda ones: the replay says so, as --project does
+    assert "the bundle's target has no cuda graph: priced as if re-exported with --ep cuda" in pin.source
+    assert "the bundle's draft has no cuda graph" in pin.source
+    cuda = {r: dataclasses.replace(m, flavor="cuda") for r, m in costs.items()}
+    assert "no cuda graph" not in device_pinned(hw, cuda).source
     # a bundle without a draft: no draft table, so a mode with a draft is refused as for a file
     alone = device_pinned(hw, {"target": costs["target"]})
     with pytest.raises(InvalidRequest, match="it prices no draft step"):
