@@ -173,7 +173,9 @@ def header(run: BenchRun) -> str:
     sets = sorted({p.set for p in run.prompts})
     sampling = "greedy" if m.get("temperature", 0.0) == 0.0 else f"temperature {m['temperature']}, seed {m.get('seed')}"
     load = m.get("loadavg_start")
-    return (f"edgespec bench: {m.get('bundle_name')} | prompts {', '.join(sets)} ({len(run.prompts)}) | {sampling} | "
+    order = m.get("prompt_order", "file")
+    return (f"edgespec bench: {m.get('bundle_name')} | prompts {', '.join(sets)} ({len(run.prompts)})"
+            + ("" if order == "file" else f", {order} order") + f" | {sampling} | "
             f"{m.get('max_new_tokens')} new tokens | {m.get('repeats')} repeat(s), modes interleaved\n"
             f"measured on this machine: {m.get('cpu')} ({m.get('cpu_count')} CPUs), onnxruntime {m.get('onnxruntime')}"
             + (f", load average at start {load[0]:.2f}" if load else "")

@@ -446,6 +446,53 @@ def test_multiturn_and_heldout_sets():
     assert not {p.id for p in mt} & {p.id for p in ho}
 
 
+# --- the order the prompts run in (`--order`) --------------------------------------------------------
+def _mixed_prompts():
+    P = prompt_sets.Prompt
+    return [P("a1", "A", "x"), P("b1", "B", "x"), P("t1", "A", "x", conversation="c"), P("a2", "A", "x"),
+            P("t2", "A", "x", conversation="c"), P("b2", "B", "x")]
+
+
+@pytest.mark.parametrize("order, ids", [
+    ("file", ["a1", "b1", "t1", "t2", "a2", "b2"]),  # a conversation's turns run together, where it starts
+    ("reverse", ["b2", "a2", "t1", "t2", "b1", "a1"]),  # units reversed, a conversation's turns still in order
+    ("interleave", ["a1", "b1", "t1", "t2", "b2", "a2"]),  # A, B, A, B, then what is left of A
+])
+def test_order_prompts(order, ids):
+    assert [p.id for p in prompt_sets.order_prompts(_mixed_prompts(), order)] == ids
+
+
+def test_order_prompts_names_a_bad_order():
+    with pytest.raises(InvalidRequest, match="--order 'sideways': must be one of file, reverse, interleave"):
+        prompt_sets.order_prompts(_mixed_prompts(), "sideways")
+
+
+def test_interleave_on_the_shipped_sets_takes_one_of_each_category_in_turn():
+    ps = prompt_sets.order_prompts(prompt_sets.load_prompts("code,chat"), "interleave")
+    cats = [p.category for p in ps]
+    assert cats[:8] == ["write", "complete", "refactor", "explain", "summarise", "answer", "rewrite", "translate"]
+    assert sorted(p.id for p in ps) == sorted(p.id for p in prompt_sets.load_prompts("code,chat"))
+
+
+def test_bench_order_flag(tiny_bundle, tmp_path, capsys):
+    """--order reaches the run: the prompts run (and are saved) reversed, and the header says so; a bad
+    order is refused by the parser, and a saved run cannot be reordered."""
+    out = tmp_path / "o.json"
+    assert main(["bench", str(tiny_bundle), "--prompts", "code", "--limit", "2", "--order", "reverse", "--repeats", "1",
+                 "--max-new-tokens", "6", "--modes", "target,ngram", "--project", "none", "--quiet",
+                 "--json", str(out)]) == 0
+    assert "code (2), reverse order |" in capsys.readouterr().out
+    d = json.loads(out.read_text())
+    first_two = [p.id for p in prompt_sets.load_prompts("code")[:2]]
+    assert [p["id"] for p in d["prompts"]] == first_two[::-1]
+    assert [s["prompt_id"] for s in d["samples"]][:2] == [first_two[1]] * 2 and d["meta"]["prompt_order"] == "reverse"
+    with pytest.raises(SystemExit) as e:
+        main(["bench", str(tiny_bundle), "--order", "sideways"])
+    assert e.value.code == 2 and "invalid choice: 'sideways'" in capsys.readouterr().err
+    assert main(["bench", str(out), "--order", "interleave"]) == 1
+    assert "--order interleave: a saved run is reported in the order it ran" in capsys.readouterr().err
+
+
 def test_a_conversation_turn_holds_the_earlier_turns_and_answers():
     p = prompt_sets.Prompt(id="t2", category="c", prompt="again, in German", conversation="x")
     hist = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ...bench.prompts import PROMPT_ORDERS
 from ...bench.run import FIXED_K_MODES, MODES
 from ...drafters import modes as drafting
 
@@ -36,6 +37,10 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); outputs are compared only then")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--order", choices=PROMPT_ORDERS, default="file",
+                   help="the order the prompts run in: file (default), reverse, or interleave (one of each "
+                        "category in turn); `auto` learns across requests, so its per-category figures depend "
+                        "on what ran before (docs/bench.md)")
     p.add_argument("--json", dest="json_out", metavar="OUT.json", help="write everything as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="write a PNG (needs the plot extra: matplotlib)")
     p.add_argument("--project", default="boards", metavar="DEVICE[,DEVICE]|boards|all|none",
@@ -60,7 +65,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ...bench import run as bench, projection
-    from ...bench.prompts import load_prompts
+    from ...bench.prompts import load_prompts, order_prompts
     from ...models.bundle import Bundle
     from ...errors import InvalidRequest
 
@@ -84,11 +89,14 @@ def run(args: argparse.Namespace) -> int:
         if args.pin_costs:
             raise InvalidRequest("--pin-costs replays the decisions of a new run: a saved run is reported as it ran "
                                  "(its priced reading is printed already)", param="pin_costs")
+        if args.order != "file":
+            raise InvalidRequest(f"--order {args.order}: a saved run is reported in the order it ran", param="order")
         result = bench.load_run(args.bundle)
         return _report(args, result, hw_list, projection.model_costs_from_meta(result.meta) if hw_list else {})
     prompts = load_prompts(args.prompts)
     if args.limit:
         prompts = prompts[: args.limit]
+    prompts = order_prompts(prompts, args.order)
     from ...models.bundle import resolve_bundle
 
     b = Bundle.open(resolve_bundle(args.bundle), verify=not args.no_verify)
@@ -138,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
 
         result = bench.run_bench(engine, prompts, modes, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                                  temperature=args.temperature, seed=args.seed, on_sample=progress, pin=pin)
+        result.meta["prompt_order"] = args.order
     finally:
         engine.close()
 
