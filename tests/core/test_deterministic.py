@@ -229,15 +229,11 @@ def test_serve_reads_deterministic_from_flag_and_environment(monkeypatch):
 # -- a real model -----------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.realmodel
-def test_smollm2_same_answer_whatever_the_cache_held():
+def test_smollm2_same_answer_whatever_the_cache_held(request):
     """The issue's case: a repeated greedy request, its prompt cached but the last token, answered
     differently without the mode (the negative control, measured on SmolLM2 int8: first difference
-    at token 35), identically with it."""
-    from edgespec.models import files
-
-    path = os.environ.get("EDGESPEC_DET_BUNDLE") or str(files.bundles_dir() / "smollm2")
-    if not os.path.exists(os.path.join(path, "manifest.json")):
-        pytest.skip(f"no SmolLM2 bundle at {path} (EDGESPEC_DET_BUNDLE, or edgespec pull)")
+    at token 35), identically with it. EDGESPEC_DET_BUNDLE names another bundle to try it on."""
+    path = os.environ.get("EDGESPEC_DET_BUNDLE") or str(request.getfixturevalue("smollm2_export")[0])
     q = [{"role": "user", "content": "Write a short poem about the sea and the moon, with a title."}]
     diffs = {}
     for det in (False, True):

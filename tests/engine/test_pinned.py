@@ -45,6 +45,37 @@ def test_the_first_visitor_reuses_the_pinned_prefix_after_an_unrelated_request(e
     eng.pinned = None
 
 
+@pytest.mark.parametrize("host_rows", [True, False], ids=["cpu-copy-kept", "gpu-no-copy"])
+def test_the_servers_warm_up_leaves_the_pinned_prompt_for_the_first_visitor(eng, monkeypatch, host_rows):
+    """The warm-up (server/service.py) is a visitor's conversation: at READY the cache holds the
+    pinned rows, so the first visitor reuses them with no copy back, and on a provider whose cache
+    is not on the host (no copy kept: rows None) it reuses them at all. Negative control: the old
+    warm-up, a "Hi" that shares nothing with the prompt, leaves the GPU case's first visitor
+    prefilling the whole prompt."""
+    from edgespec.server.service import warm_up
+
+    eng.pinned = None
+    eng.reset_cache()
+    pin = pin_system_prompt(eng, SYSTEM)
+    n = len(pin.tokens)
+    if not host_rows:
+        pin.rows = None
+    copies = []
+    real_restore = eng.target.restore
+    monkeypatch.setattr(eng.target, "restore", lambda rows: (copies.append(len(rows)), real_restore(rows))[1])
+    warm_up(eng)
+    assert eng.cached()[:n] == pin.tokens
+    first = eng.generate(messages=visitor("Where is the map?"), max_new_tokens=12, draft="none")
+    assert first.stats.cached_tokens == n and copies == []
+    if not host_rows:  # the negative control
+        eng.reset_cache()
+        pin_system_prompt(eng, SYSTEM).rows = None
+        eng.generate(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=2)
+        again = eng.generate(messages=visitor("Where is the map?"), max_new_tokens=12, draft="none")
+        assert again.stats.cached_tokens < n // 4
+    eng.pinned = None
+
+
 def test_a_saved_prefix_starts_a_restart_warm_and_a_corrupt_one_is_ignored(eng, tmp_path, caplog):
     eng.reset_cache()
     a = pin_system_prompt(eng, SYSTEM, save_dir=tmp_path)

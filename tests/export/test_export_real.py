@@ -50,12 +50,8 @@ def chat_ids(bundle: Bundle, text: str) -> list[int]:
     return bundle.load_tokenizer().encode(prompt, add_special_tokens=False).ids
 
 
-def test_smollm2_gguf_exports_and_answers(tmp_path, real_gguf):
-    gguf = real_gguf("smollm2-135m-instruct")
-    out = tmp_path / "smollm2"
-    # SmolLM2's GGUF is Q4_1: re-quantizing it to int4 keeps only ~71 % top-1 (74 % with --head-bits 8);
-    # int8 keeps ~96 % (measured with onnxruntime 1.32 / transformers 4.57.6)
-    d = export_cli(str(gguf), "-o", str(out), "--quant", "int8", "--min-top1", "0.9")
+def test_smollm2_gguf_exports_and_answers(smollm2_export):
+    out, d = smollm2_export  # `edgespec export GGUF --quant int8 --min-top1 0.9` (tests/conftest.py)
     p = d["models"]["target"]["parity"]
     assert p["passed"] and p["top1"] >= 0.9 and p["mean_kl"] < 0.05 and p["tokens"] == 512
     b = Bundle.open(out)

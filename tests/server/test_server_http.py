@@ -435,6 +435,51 @@ def test_warmup_runs_before_ready():
         s.stop()
 
 
+def test_warmup_with_a_pinned_prompt_is_a_visitors_conversation():
+    """`--system-prompt`: the warm-up starts with the pinned prompt, so it leaves the prompt's rows
+    in the cache for the first visitor (tests/engine/test_pinned.py checks the cache itself)."""
+    from types import SimpleNamespace
+
+    eng = FakeEngine()
+    eng.pinned = SimpleNamespace(text="You are the museum's guide.")
+    s = Server(eng, warmup=True)
+    try:
+        assert [r[0]["messages"] for r in eng.runs] == [[
+            {"role": "system", "content": "You are the museum's guide."}, {"role": "user", "content": "Hi"}]]
+    finally:
+        s.stop()
+
+
+def test_the_worker_thread_is_started_before_the_first_request_is_read(monkeypatch):
+    """The loop's first run_in_threadpool pays anyio's one-off set-up (~30 ms), and every request
+    counts its tokens there: the server pays it before it accepts a connection, not the first visitor."""
+    import edgespec.server.service as service_mod
+
+    accepting = []
+    real = service_mod.prime_thread_pool
+    holder = {}
+
+    async def spy():
+        await real()
+        accepting.append(holder["service"].server.started)
+
+    monkeypatch.setattr(service_mod, "prime_thread_pool", spy)
+    real_init = service_mod.Service.__init__
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        holder["service"] = self
+
+    monkeypatch.setattr(service_mod.Service, "__init__", init)
+    s = Server(FakeEngine())
+    try:
+        assert accepting == [False]  # once, before uvicorn started serving
+        status, _, body = s.post(CHAT, chat_body())
+        assert status == 200 and body["usage"]["completion_tokens"] == 4
+    finally:
+        s.stop()
+
+
 def test_sigterm_drain_finishes_running_503s_queued_exits_0(serve):
     eng = FakeEngine(delay=0.05)
     s = serve(eng, queue_size=4, drain_timeout=10)

@@ -159,12 +159,8 @@ def test_api_key_with_the_openai_client(tiny_bundle, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.realmodel
-def test_smollm2_streams_real_text():
-    from edgespec.models import files
-
-    bundle = files.bundles_dir() / "smollm2"
-    if not (bundle / "manifest.json").exists():
-        pytest.skip(f"no SmolLM2 bundle at {bundle} (edgespec pull / quickstart makes it)")
+def test_smollm2_streams_real_text(smollm2_export):
+    bundle = smollm2_export[0]  # int8, exported from the real GGUF once per session (tests/conftest.py)
     r = RunningServer(bundle)
     try:
         chunks = list(r.client.chat.completions.create(
@@ -177,7 +173,7 @@ def test_smollm2_streams_real_text():
         alone = r.client.chat.completions.create(
             model="smollm2", messages=[{"role": "user", "content": "Name three colours."}], max_tokens=32,
             extra_body={"draft": "none"})
-        # int4 with accuracy level 4: the verify kernel may flip a near-tie (docs/graph-contract.md), so
+        # int8 with accuracy level 4: the verify kernel may flip a near-tie (docs/graph-contract.md), so
         # token identity is not demanded; but both runs share the prompt's prefill, so the first word
         # is the same, and a flip changes the text from some point on, not all of it
         other = alone.choices[0].message.content
