@@ -84,7 +84,7 @@ def warm_up(engine: Any) -> None:
     With a pinned system prompt (`--system-prompt`) the warm-up is a visitor's conversation: it
     starts with that prompt, so the target cache holds the prompt's rows at READY and the first
     visitor reuses them exactly as the second does. A warm-up that shares nothing with the prompt
-    overwrote them: on the CPU provider the first visitor then paid the copy back (12-14 ms for 923
+    overwrote them: on the CPU provider the first visitor then paid the copy back (11-14 ms for 923
     tokens, measured), and on a GPU provider, where no copy is kept, the whole prompt's prefill."""
     pin = getattr(engine, "pinned", None)
     system = pin.text if pin is not None and pin.text else ""
