@@ -145,17 +145,13 @@ def smollm2_export(tmp_path_factory, real_gguf) -> tuple[Path, dict]:
     the quickstart), so on a fresh CI machine the tests that need a real model skipped and checked
     nothing. The GGUF comes from real_gguf (fetched by the project's own store in CI)."""
     pytest.importorskip("torch", reason="the exporter needs the export extra")
-    import json
-    import subprocess
+    from helpers.cli import export_cli
 
     gguf = real_gguf("smollm2-135m-instruct")
     out = tmp_path_factory.mktemp("real") / "smollm2"
     # SmolLM2's GGUF is Q4_1: re-quantizing it to int4 keeps only ~71 % top-1 (74 % with --head-bits 8);
     # int8 keeps ~96 % (measured with onnxruntime 1.32 / transformers 4.57.6)
-    r = subprocess.run([sys.executable, "-m", "edgespec", "export", str(gguf), "-o", str(out), "--quant", "int8",
-                        "--min-top1", "0.9", "--json"], capture_output=True, text=True, timeout=3600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return out, json.loads(r.stdout)
+    return out, export_cli(str(gguf), "-o", str(out), "--quant", "int8", "--min-top1", "0.9")
 
 
 @pytest.fixture

@@ -4,12 +4,6 @@ The Qwen2.5-Coder pair takes ~10 minutes and ~9 GB: it runs only with EDGESPEC_T
 (it is what the README's numbers come from)."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -17,15 +11,9 @@ pytest.importorskip("torch", reason="the exporter needs the export extra")
 
 from edgespec.models.bundle import Bundle  # noqa: E402
 from edgespec.engine.build import load_runner  # noqa: E402
+from helpers.cli import export_cli  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.realmodel]
-
-
-def export_cli(*args: str) -> dict:
-    r = subprocess.run([sys.executable, "-m", "edgespec", "export", *args, "--json"], capture_output=True, text=True,
-                       timeout=3600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout)
 
 
 def greedy(bundle: Bundle, role: str, prompt_ids: list[int], n: int) -> list[int]:
