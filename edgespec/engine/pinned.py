@@ -43,6 +43,12 @@ class PinnedPrefix:
     rows: list[np.ndarray] | None  # the target cache's rows for `tokens` (None: cache not on the host)
     source: str = "prefill"  # "prefill" | "file": how this start got them (logs and tests)
     text: str = ""  # the system prompt (the kiosk page sends it when its URL sets none)
+    chat: bool = True  # the prefix is a chat's system turn (False: a bundle without a chat template)
+
+    def request(self, user: str) -> dict:
+        """generate() arguments for a visitor's turn `user`: a request that starts with the prefix,
+        in the shape prefix_tokens rendered it (the server's warm-up is one)."""
+        return visit(self.text, user, self.chat)
 
     def restore(self, ids: Sequence[int], target, cache) -> bool:
         """Before a request: if it starts with the prefix (and goes on past it) and the target cache
@@ -57,16 +63,25 @@ class PinnedPrefix:
         return True
 
 
-def prefix_tokens(engine, system: str) -> list[int]:
+def visit(system: str, user: str, chat: bool = True) -> dict:
+    """A request with this system prompt and user turn: a chat's messages, or (a bundle without a
+    chat template) the prompt text followed by the turn, as a completion's prompt."""
+    if chat:
+        return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+    return {"prompt": system + user}
+
+
+def prefix_tokens(engine, system: str) -> tuple[list[int], bool]:
     """The tokens every conversation with this system prompt starts with, whatever follows: the
-    common prefix of two renderings that differ only in the user's turn (template-agnostic; a
-    bundle without a chat template: the prompt text itself, as a completion's prompt)."""
+    common prefix of two renderings that differ only in the user's turn (template-agnostic), and
+    whether they were a chat's (False: a bundle without a chat template)."""
+    chat = True
     try:
-        a = engine.encode(messages=[{"role": "system", "content": system}, {"role": "user", "content": "A"}])
-        b = engine.encode(messages=[{"role": "system", "content": system}, {"role": "user", "content": "Z"}])
+        a, b = engine.encode(**visit(system, "A")), engine.encode(**visit(system, "Z"))
     except InvalidRequest:
-        a, b = engine.encode(system + "A"), engine.encode(system + "Z")
-    return a[: common_prefix(a, b)]
+        chat = False
+        a, b = engine.encode(**visit(system, "A", chat)), engine.encode(**visit(system, "Z", chat))
+    return a[: common_prefix(a, b)], chat
 
 
 def cache_key(engine, tokens: Sequence[int]) -> str:
@@ -120,7 +135,7 @@ def load(path: Path, tokens: Sequence[int], like: Sequence[np.ndarray] | None) -
 def pin_system_prompt(engine, system: str, *, save_dir: str | os.PathLike | None = None) -> PinnedPrefix | None:
     """Prefills (or loads) the system prompt's prefix into the engine's target cache and pins it:
     sets `engine.pinned`, returns it. None (and a log line) when the prompt does not fit the cache."""
-    tokens = prefix_tokens(engine, system)
+    tokens, chat = prefix_tokens(engine, system)
     if not tokens:
         return None
     if len(tokens) >= engine.max_len - 1:
@@ -154,7 +169,7 @@ def pin_system_prompt(engine, system: str, *, save_dir: str | os.PathLike | None
                     save(path, tokens, pin.rows)
                 except OSError as e:
                     log.warning("pinned prefix: cannot save %s: %s", path, e)
-        pin.text = system
+        pin.text, pin.chat = system, chat
         engine.pinned = pin
     log.info("pinned prefix: %d tokens of system prompt (%s)", len(tokens), pin.source)
     return pin

@@ -87,13 +87,13 @@ def warm_up(engine: Any) -> None:
     overwrote them: on the CPU provider the first visitor then paid the copy back (11-14 ms for 923
     tokens, measured), and on a GPU provider, where no copy is kept, the whole prompt's prefill."""
     pin = getattr(engine, "pinned", None)
-    system = pin.text if pin is not None and pin.text else ""
-    turn = [{"role": "user", "content": "Hi"}]
+    if pin is not None:
+        engine.generate(**pin.request("Hi"), max_new_tokens=2)
+        return
     try:
-        engine.generate(messages=[{"role": "system", "content": system}] + turn if system else turn,
-                        max_new_tokens=2)
-    except InvalidRequest:  # a bundle without a chat template: the pinned prefix is the prompt's text
-        engine.generate(prompt=system + "Hi", max_new_tokens=2)
+        engine.generate(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=2)
+    except InvalidRequest:  # a bundle without a chat template
+        engine.generate(prompt="Hi", max_new_tokens=2)
 
 
 async def prime_thread_pool() -> None:

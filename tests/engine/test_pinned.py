@@ -106,7 +106,7 @@ def test_a_saved_prefix_starts_a_restart_warm_and_a_corrupt_one_is_ignored(eng, 
 def test_a_stale_saved_prefix_is_ignored(eng, tmp_path, caplog):
     eng.reset_cache()
     other = pin_system_prompt(eng, "Answer in German.", save_dir=tmp_path)
-    stale = tmp_path / f"{cache_key(eng, prefix_tokens(eng, SYSTEM))}.npz"
+    stale = tmp_path / f"{cache_key(eng, prefix_tokens(eng, SYSTEM)[0])}.npz"
     (tmp_path / f"{cache_key(eng, other.tokens)}.npz").rename(stale)  # another prompt's rows under this key
     with caplog.at_level(logging.WARNING, logger="edgespec.engine"):
         pin = pin_system_prompt(eng, SYSTEM, save_dir=tmp_path)

@@ -435,17 +435,22 @@ def test_warmup_runs_before_ready():
         s.stop()
 
 
-def test_warmup_with_a_pinned_prompt_is_a_visitors_conversation():
+@pytest.mark.parametrize("chat", [True, False], ids=["chat-template", "no-template"])
+def test_warmup_with_a_pinned_prompt_is_a_visitors_conversation(chat):
     """`--system-prompt`: the warm-up starts with the pinned prompt, so it leaves the prompt's rows
-    in the cache for the first visitor (tests/engine/test_pinned.py checks the cache itself)."""
-    from types import SimpleNamespace
+    in the cache for the first visitor (tests/engine/test_pinned.py checks the cache itself); for a
+    bundle without a chat template the pinned prefix is the prompt's text, and so is the warm-up's."""
+    from edgespec.engine.pinned import PinnedPrefix
 
     eng = FakeEngine()
-    eng.pinned = SimpleNamespace(text="You are the museum's guide.")
+    eng.pinned = PinnedPrefix([], None, text="You are the museum's guide.", chat=chat)
     s = Server(eng, warmup=True)
     try:
-        assert [r[0]["messages"] for r in eng.runs] == [[
-            {"role": "system", "content": "You are the museum's guide."}, {"role": "user", "content": "Hi"}]]
+        if chat:
+            assert [(r[0]["messages"], r[0]["prompt"]) for r in eng.runs] == [([
+                {"role": "system", "content": "You are the museum's guide."}, {"role": "user", "content": "Hi"}], None)]
+        else:
+            assert [(r[0]["messages"], r[0]["prompt"]) for r in eng.runs] == [(None, "You are the museum's guide.Hi")]
     finally:
         s.stop()
 
@@ -592,10 +597,10 @@ def test_ui_serves_package_files_only(serve):
 def test_ready_carries_the_pinned_system_prompt_to_the_kiosk_page_only(serve):
     """serve --system-prompt: /ready names the pinned prompt when the page is served (the page sends it
     back as its system message); a plain API server does not show it to unauthenticated callers."""
-    from types import SimpleNamespace
+    from edgespec.engine.pinned import PinnedPrefix
 
     eng = FakeEngine()
-    eng.pinned = SimpleNamespace(text="You are the museum's guide.")
+    eng.pinned = PinnedPrefix([], None, text="You are the museum's guide.")
     files = static_files(__import__("edgespec.server.state", fromlist=["STATIC_DIR"]).STATIC_DIR)
     if "/" in files:
         s = serve(engine=eng, ui=True)
