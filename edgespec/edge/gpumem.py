@@ -126,19 +126,22 @@ def context_cost(read: FreeReader, open_session: Callable[[], object]) -> int | 
     return max(0, before - after)
 
 
-def cuda_probe_session():
+def cuda_probe_session(provider: str | None = None):
     """A CUDA session on a one-node graph (providers.probe_model_bytes), run once: the context, the
-    provider's kernels and its arena exist after this. Raises if the session is not on CUDA."""
+    provider's kernels and its arena exist after this. Raises if the session is not on `provider`
+    (CUDA; the tests pass the CPU provider to run the same feed where no GPU is)."""
     import numpy as np
     import onnxruntime as ort
 
     from .providers import CUDA, preload_cuda_libraries, probe_model_bytes, session_options
 
+    provider = provider or CUDA
     preload_cuda_libraries()
-    sess = ort.InferenceSession(probe_model_bytes(), session_options(1), providers=[CUDA])
-    if sess.get_providers()[0] != CUDA:
-        raise RuntimeError(f"onnxruntime gave {sess.get_providers()[0]}, not {CUDA}")
-    sess.run(None, {sess.get_inputs()[0].name: np.ones((1, 8), np.float32)})
+    sess = ort.InferenceSession(probe_model_bytes(), session_options(1), providers=[provider])
+    if sess.get_providers()[0] != provider:
+        raise RuntimeError(f"onnxruntime gave {sess.get_providers()[0]}, not {provider}")
+    # the probe graph is Y = MatMul(X [1, 8], W [8, 8]): every input is fed (feeding X alone was refused)
+    sess.run(None, {"X": np.ones((1, 8), np.float32), "W": np.eye(8, dtype=np.float32)})
     return sess
 
 

@@ -278,3 +278,12 @@ def test_a_cuda_session_preloads_and_a_cpu_one_does_not(fake_preload, monkeypatc
     with pytest.raises(Exception, match="no CUDA here"):
         providers.create_session(model, providers="cuda")
     assert fake_preload == ["preload"]
+
+
+def test_the_probe_session_feeds_every_input_of_the_probe_graph():
+    """The probe graph has two inputs (X, W); a feed of X alone fails on every provider (seen on a GPU)."""
+    from edgespec.edge.gpumem import cuda_probe_session
+    from edgespec.edge.providers import CPU
+
+    sess = cuda_probe_session(CPU)
+    assert sorted(i.name for i in sess.get_inputs()) == ["W", "X"]
