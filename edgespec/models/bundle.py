@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import BundleCorrupt, BundleNotFound, TokenizerMismatch
 from .bundlefiles import read_json
+from .catalog import DEFAULT_BUNDLE
 from .files import bundles_dir
 from .bundlecheck import verify_bundle
 from .manifest import MANIFEST_NAME, Manifest, ModelFacts
@@ -112,11 +113,14 @@ class Bundle:
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, verify: bool = True) -> "Bundle":
-        """`verify=False` skips the sha256 pass (sizes and schema are still checked): for a service
+        """`path` is a bundle folder (or its manifest.json) or the name of one under
+        $EDGESPEC_HOME/bundles, resolved as the CLI resolves it (resolve_bundle), so
+        `Engine.open("qwen-coder")` opens what `edgespec generate qwen-coder` opens.
+        `verify=False` skips the sha256 pass (sizes and schema are still checked): for a service
         restarting on a bundle it verified at install time, where hashing 1.5 GB costs seconds."""
-        root = Path(path).expanduser()
+        root = resolve_bundle(path)
         if not root.exists():
-            raise BundleNotFound(f"bundle {root} does not exist (create one with `edgespec export`)")
+            raise BundleNotFound(not_found_message(path))
         if root.is_file() and root.name == MANIFEST_NAME:
             root = root.parent
         reading = read_bundle(root, checksums=verify)
@@ -182,9 +186,31 @@ def compatibility_problems(manifest: Manifest) -> list[str]:
 def resolve_bundle(name: str | os.PathLike) -> Path:
     """A path as given, or else a bundle of that name under $EDGESPEC_HOME/bundles (where
     `edgespec quickstart` puts its bundle). An unknown name comes back as given, so Bundle.open
-    says clearly that it does not exist."""
+    says what it looked for (not_found_message)."""
     p = Path(name).expanduser()
-    if p.exists():
+    if p.exists() or not _is_plain_name(name):
         return p
     cand = bundles_dir() / str(name)
     return cand if cand.exists() else p
+
+
+def _is_plain_name(name: str | os.PathLike) -> bool:
+    """A name like `qwen-coder` (one path component, not ~ or . or ..): looked up under bundles_dir()
+    too. A path with a folder in it is only ever that path."""
+    text = os.fspath(name)
+    return bool(text) and "/" not in text and os.sep not in text and text not in (".", "..") \
+        and not text.startswith("~")
+
+
+def not_found_message(name: str | os.PathLike) -> str:
+    """One line for a bundle that is not there: where it was looked for and how to make one (the
+    CLI, `verify` and `Engine.open` all say this)."""
+    given = Path(name).expanduser()
+    if not _is_plain_name(name):
+        return (f"bundle {given} does not exist: make one with `edgespec export --target MODEL -o {given}` "
+                "(or `edgespec quickstart` for the default pair)")
+    home = bundles_dir() / str(name)
+    how = ("`edgespec quickstart` exports the default pair there" if str(name) == DEFAULT_BUNDLE
+           else f"`edgespec export --target MODEL -o {home}` makes it")
+    return (f"bundle {os.fspath(name)!r} not found: no folder {given.resolve()} and no {home} "
+            f"($EDGESPEC_HOME/bundles); {how}; `edgespec models` lists the bundles present")

@@ -104,6 +104,7 @@ MODELS: dict[str, KnownModel] = {
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_PAIR = (DEFAULT_TARGET, DEFAULT_DRAFT)
+DEFAULT_BUNDLE = "qwen-coder"  # the bundle `edgespec quickstart` exports the default pair into, under $EDGESPEC_HOME/bundles
 
 
 def known(name: str) -> KnownModel:

@@ -17,9 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from ...models.catalog import DEFAULT_BUNDLE  # light: a table of names
+
 SAMPLE_PROMPT = ("Write a Python function `merge_intervals(intervals)` that merges overlapping "
                  "[start, end] intervals and returns them sorted. Include a docstring and a short example.")
-DEFAULT_BUNDLE = "qwen-coder"
 STAMP = "quickstart.json"  # in the bundle's parent folder: which sources each quickstart bundle came from
 
 

@@ -270,11 +270,11 @@ def run(args: argparse.Namespace) -> int:
         bundle = args.bundle or _env("EDGESPEC_BUNDLE")
         if not bundle:
             raise BundleNotFound("no bundle given: `edgespec serve BUNDLE` (or EDGESPEC_BUNDLE in the environment)")
-        from ...models.bundle import resolve_bundle
+        from ...models.bundle import not_found_message, resolve_bundle
 
         path = resolve_bundle(bundle)
         if not path.exists():
-            raise BundleNotFound(f"bundle {path} does not exist (create one with `edgespec export` or `edgespec pull`)")
+            raise BundleNotFound(not_found_message(bundle))
         if path.name == "manifest.json":
             path = path.parent
         config = server_config(args)

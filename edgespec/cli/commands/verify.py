@@ -24,7 +24,8 @@ def register(sub) -> None:
                        description="Check a bundle: manifest schema and digest, every file's size and sha256, "
                        "no unlisted files, the manifest's facts against the graphs, every node against its provider's "
                        "kernel contract, target/draft compatibility. One line per problem; exit 0 if none.")
-    p.add_argument("bundle", metavar="BUNDLE", help="bundle folder (or its manifest.json)")
+    p.add_argument("bundle", metavar="BUNDLE", help="bundle folder (or its manifest.json), or the name of one under "
+                   "$EDGESPEC_HOME/bundles")
     p.add_argument("--fast", action="store_true", help="check sizes only, not sha256 (seconds instead of minutes on a Pi)")
     p.add_argument("--load", action="store_true", help="also load each model with onnxruntime and run one step")
     p.add_argument("--json", action="store_true", help="machine-readable result")
@@ -34,14 +35,14 @@ def register(sub) -> None:
 def check(path: Path, *, checksums: bool = True, load: bool = False) -> tuple[object, list[str]]:
     """(manifest or None, problems): exactly Bundle.open's checks (models.bundle.read_bundle), plus
     the optional load test."""
-    from ...models.bundle import read_bundle
+    from ...models.bundle import not_found_message, read_bundle, resolve_bundle
     from ...models.manifest import MANIFEST_NAME
 
-    path = path.expanduser()
+    given, path = path, resolve_bundle(path)
     if path.is_file() and path.name == MANIFEST_NAME:
         path = path.parent
     if not path.exists():
-        return None, [f"{path}: does not exist"]
+        return None, [not_found_message(given)]
     reading = read_bundle(path, checksums=checksums)
     manifest, problems = reading.manifest, reading.problems + reading.mismatches
     if load and manifest is not None and not problems:
@@ -76,12 +77,17 @@ def load_problems(root: Path, manifest) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from ...units import format_bytes
 
-    path = Path(args.bundle)
-    manifest, problems = check(path, checksums=not args.fast, load=args.load)
+    from ...models.bundle import resolve_bundle
+
+    path = resolve_bundle(args.bundle)
+    manifest, problems = check(Path(args.bundle), checksums=not args.fast, load=args.load)
     if args.json:
         print(json.dumps({"bundle": str(path), "ok": not problems, "problems": problems,
                           "checksums": not args.fast, "loaded": bool(args.load and not problems)}, indent=2))
         return 0 if not problems else 1
+    if not path.exists():  # the one line says what was looked for and how to make it
+        print(problems[0], file=sys.stdout)
+        return 1
     if problems:
         for p in problems:
             print(f"{path}: {p}", file=sys.stdout)
