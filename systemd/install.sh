@@ -25,6 +25,7 @@ KIOSK=0
 START=1
 ROOT=
 BUNDLE=
+PRINT_PIP=0
 
 usage() { sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; cat <<'EOF'
 Options:
@@ -40,6 +41,11 @@ Options:
   --kiosk                  serve the kiosk page and install edgespec-kiosk.service
   --no-start               install and enable, but do not (re)start now
   --root DIR               write into the file tree DIR (an image being built); no systemctl, no pip
+  --print-pip              print the pip install line this venv would get (which extras) and exit
+
+The venv gets edgespec[server], plus the CPU onnxruntime (edgespec[server,cpu]) only where it sees no
+onnxruntime at all: a Jetson's onnxruntime-gpu (seen with --system-site-packages, or installed into the
+venv before) stays the one used, never shadowed by the CPU wheel.
 EOF
 }
 
@@ -59,11 +65,30 @@ while [ $# -gt 0 ]; do
     --kiosk) KIOSK=1; shift ;;
     --no-start) START=0; shift ;;
     --root) ROOT=${2:?}; PIP=0; START=0; shift 2 ;;
+    --print-pip) PRINT_PIP=1; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) die "unknown option $1 (see --help)" ;;
     *) [ -z "$BUNDLE" ] || die "one bundle only (got '$BUNDLE' and '$1')"; BUNDLE=$1; shift ;;
   esac
 done
+
+# The extras for a venv's python: the CPU onnxruntime only where no onnxruntime is importable (a module with a
+# file: a leftover onnxruntime/ folder of a removed wheel is none), so a GPU build present is never shadowed.
+extras_for() {
+  if "$1" -c 'import importlib.util as u, sys; s = u.find_spec("onnxruntime"); sys.exit(0 if s and s.origin else 1)' \
+      2>/dev/null; then
+    echo server
+  else
+    echo server,cpu
+  fi
+}
+[ -z "$VENV" ] && VENV=$PREFIX/venv
+if [ "$PRINT_PIP" = 1 ]; then
+  py=$VENV/bin/python3
+  [ -x "$py" ] || py=$PYTHON
+  echo "$py -m pip install '$SRC[$(extras_for "$py")]'"
+  exit 0
+fi
 
 [ -n "$BUNDLE" ] || { usage >&2; die "no bundle given"; }
 [ -f "$BUNDLE/manifest.json" ] || die "$BUNDLE is not a bundle (no manifest.json); create one with 'edgespec export' or 'edgespec pull'"
@@ -71,7 +96,6 @@ BUNDLE=$(cd "$BUNDLE" && pwd)
 NAME=$(basename "$BUNDLE")
 case "$NAME" in *[!A-Za-z0-9._-]*) die "bundle folder name '$NAME' must use only letters, digits, '.', '_' and '-'" ;; esac
 case "$PREFIX" in /*) ;; *) die "--prefix must be an absolute path" ;; esac
-[ -z "$VENV" ] && VENV=$PREFIX/venv
 case "$VENV" in /*) ;; *) die "--venv must be an absolute path" ;; esac
 if [ -n "$PORT" ]; then
   case "$PORT" in ''|*[!0-9]*) die "--port must be a number" ;; esac
@@ -99,7 +123,9 @@ if [ "$PIP" = 1 ]; then
     say "creating $VENV"
     "$PYTHON" -m venv $SYSTEM_SITE "$VENV" || die "could not create a venv (Debian/Ubuntu: apt install python3-venv)"
   fi
-  say "installing edgespec[server] from $SRC into $VENV"
+  EXTRAS=$(extras_for "$VENV/bin/python3")
+  [ "$EXTRAS" = server ] && say "$VENV sees an onnxruntime already (a Jetson's onnxruntime-gpu): not adding the CPU one"
+  say "installing edgespec[$EXTRAS] from $SRC into $VENV"
   # build from a copy: setuptools writes build files into the source tree, which may be read-only
   # or belong to the user who cloned it (this script runs as root)
   BUILD=$(mktemp -d)
@@ -107,12 +133,12 @@ if [ "$PIP" = 1 ]; then
   tar -C "$SRC" --exclude=./.venv --exclude=./.git --exclude=./build --exclude=./dist --exclude=./bundles \
     --exclude='*.egg-info' --exclude=__pycache__ --exclude=.pytest_cache -cf - . | tar -C "$BUILD" -xf -
   "$VENV/bin/python3" -m pip install -q --upgrade pip
-  "$VENV/bin/python3" -m pip install -q "$BUILD[server]"
+  "$VENV/bin/python3" -m pip install -q "$BUILD[$EXTRAS]"
 fi
 if [ -z "$ROOT" ]; then
   [ -x "$VENV/bin/python3" ] || die "$VENV/bin/python3 does not exist (drop --no-pip/--venv to create it)"
   "$VENV/bin/python3" -c 'import edgespec.server.service, uvicorn, starlette' 2>/dev/null \
-    || die "edgespec[server] is not importable from $VENV (pip install '$SRC[server]' into it)"
+    || die "edgespec[server] is not importable from $VENV (pip install '$SRC[server]' into it, plus [cpu] where it has no onnxruntime)"
   # --- 2. the bundle, verified once here (every file's sha256) ------------------------------------
   say "verifying $BUNDLE"
   "$VENV/bin/python3" - "$BUNDLE" <<'EOF' || die "bundle $BUNDLE failed verification (see above); not installed"

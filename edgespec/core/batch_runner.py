@@ -65,6 +65,19 @@ def graph_batches(session) -> bool:
     return meta.get(PADDED_QUERIES_KEY) == "1"
 
 
+def _stripped() -> bool:
+    """Whether the installed onnxruntime lacks the batching input (the loader took it out: models/ortcompat.py)."""
+    from ..models.ortcompat import missing_inputs
+
+    return bool(missing_inputs())
+
+
+def _batch_ort() -> str:
+    from ..models.ortcompat import BATCH_ORT
+
+    return BATCH_ORT
+
+
 @dataclass
 class BatchTimes:
     """Step wall times by rows in the step (the batch size), each a StepTimes by tokens per row.
@@ -95,6 +108,11 @@ class BatchRunner:
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
         check_batchable(facts, slots)
+        if slots > 1 and not graph_batches(session) and _stripped():
+            raise BatchUnsupported(
+                f"batched serving (--parallel {slots}) needs onnxruntime {_batch_ort()} or newer (GroupQueryAttention's "
+                f"query_seqlens); this one is {ort.__version__}: serve with --parallel 1, or pip install "
+                f"'onnxruntime>={_batch_ort()}' where Python 3.11+ allows it")
         if slots > 1 and not graph_batches(session):
             raise BatchUnsupported(
                 "this bundle's graph cannot verify several requests in one pass (it was exported before "

@@ -206,6 +206,7 @@ def create_session(path: str | os.PathLike, *, providers=None, threads: int | No
     from ..models.kernels import require_floor
 
     require_floor(ort.__version__, flavor)  # one line naming the release needed, not onnxruntime's "invalid model"
+    path, external_dir = loadable(path)
     explicit = providers is not None and not isinstance(providers, ProfileOrder)
     order = normalize(providers)
     available = set(ort.get_available_providers())
@@ -228,6 +229,8 @@ def create_session(path: str | os.PathLike, *, providers=None, threads: int | No
         chain = _chain(order, i, available, options)
         try:
             so = session_options(threads, spinning=spinning, shared_threads=shared_threads)
+            if external_dir is not None:  # a graph loaded from bytes finds its weights beside its file
+                so.add_session_config_entry(EXTERNAL_DIR_KEY, external_dir)
             if configure is not None:
                 configure(so)
             sess = ort.InferenceSession(path if isinstance(path, bytes) else str(Path(path)), so, providers=chain)
@@ -248,6 +251,30 @@ def create_session(path: str | os.PathLike, *, providers=None, threads: int | No
     if explicit and CPU not in order:
         hint = " (add cpu to the list to fall back to the CPU)"
     raise ProviderError(f"no execution provider could run {name_of}: " + "; ".join(errors) + hint)
+
+
+EXTERNAL_DIR_KEY = "session.model_external_initializers_file_folder_path"  # onnxruntime's session config key
+
+
+def loadable(path):
+    """(what to give InferenceSession, the folder of its external weights or None): the graph as is, or,
+    where this onnxruntime's GroupQueryAttention lacks an input the graph wires (models/ortcompat.py,
+    query_seqlens below 1.32.0), its bytes with that input taken out."""
+    from ..models.ortcompat import STRIPPABLE, missing_inputs, strip_inputs
+
+    drop = missing_inputs()
+    if not drop:
+        return path, None
+    model = path if isinstance(path, bytes) else Path(path).read_bytes()
+    stripped, changed = strip_inputs(model, drop)
+    if not changed:
+        return path, None
+    import onnxruntime as ort
+
+    lost = "; ".join(f"{STRIPPABLE[i][0]}: {STRIPPABLE[i][1]}" for i in sorted(drop))
+    log.info("onnxruntime %s has no GroupQueryAttention %s: loaded without it (%d node(s); lost: %s)",
+             ort.__version__, ", ".join(drop.values()), changed, lost)
+    return stripped, None if isinstance(path, bytes) else str(Path(path).resolve().parent)
 
 
 _preloaded = False

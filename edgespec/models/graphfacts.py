@@ -48,6 +48,7 @@ class Node:
     name: str = ""
     domain: str = ""  # "" is the ONNX domain (ai.onnx), "com.microsoft" onnxruntime's contrib ops
     tensor_type: str | None = None  # a Constant's value type (its `value` attribute)
+    tensor_dims: list[int] | None = None  # a Constant's value shape (a Reshape's target rank is its length)
 
 
 @dataclass
@@ -193,6 +194,7 @@ def _node(buf: memoryview) -> Node:
                     value = av - (1 << 64) if av >= 1 << 63 else av
                 elif anum == 5 and awt == 2:
                     node.tensor_type = _data_type(av)
+                    node.tensor_dims = _tensor(av)[1]
             if name is not None and value is not None:
                 node.ints[name] = value
     return node

@@ -100,6 +100,23 @@ def _gqa_head_size(node: Node, io: GraphIO) -> str | None:
     return None
 
 
+def _gqa_rotary_head(node: Node, io: GraphIO) -> str | None:
+    """CheckInputs (contrib_ops/cpu/bert/group_query_attention_helper.h, shared by the CPU and CUDA
+    kernels): with cos_cache and sin_cache wired, "head_size shall be a multiple of 16"."""
+    if not (_input(node, 7) and _input(node, 8)):
+        return None
+    h, kv = node.ints.get("num_heads", 0), node.ints.get("kv_num_heads", 0)
+    width = io._width(node.inputs[0]) if node.inputs else None
+    q = io.inputs.get(_input(node, 0))
+    if width is None and q is not None and q.dims and isinstance(q.dims[-1], int):
+        width = q.dims[-1]
+    per = h + 2 * kv if not _input(node, 1) else h
+    if not width or not per or width % per or (width // per) % 16 == 0:
+        return None
+    return (f"head size {width // per} with cos_cache and sin_cache wired: the kernel's input check needs a "
+            "multiple of 16 (group_query_attention_helper.h)")
+
+
 def _gqa_shared_cache(node: Node, io: GraphIO) -> str | None:
     past, present = _input(node, 3), node.outputs[1] if len(node.outputs) > 1 else ""
     if not past or not present:
@@ -121,16 +138,36 @@ def _block_size_pow2(node: Node, io: GraphIO) -> str | None:
     return None
 
 
+def _data_rank(name: str, io: GraphIO) -> int | None:
+    """The rank of a value as a kernel receives it: an initializer's, or a Reshape's target (its shape
+    input, an initializer or a Constant, has one element per dimension). None when the graph does not say."""
+    if name in io.initializer_dims:
+        return len(io.initializer_dims[name])
+    producer = next((n for n in io.nodes if name in n.outputs), None)
+    if producer is None or producer.op_type != "Reshape" or len(producer.inputs) < 2:
+        return None
+    shape = producer.inputs[1]
+    if shape in io.initializer_dims and len(io.initializer_dims[shape]) == 1:
+        return io.initializer_dims[shape][0]
+    const = next((n for n in io.nodes if shape in n.outputs and n.op_type == "Constant"), None)
+    if const is not None and const.tensor_dims is not None and len(const.tensor_dims) == 1:
+        return const.tensor_dims[0]
+    return None
+
+
 def _gbq_last_axis(node: Node, io: GraphIO) -> str | None:
-    dims = io.initializer_dims.get(node.inputs[0]) if node.inputs else None
-    axis = node.ints.get("quantize_axis", 1)
-    if dims and axis != len(dims) - 1:
-        return f"quantize_axis {axis}: the CUDA kernel needs the last axis ({len(dims) - 1})"
+    rank = _data_rank(node.inputs[0], io) if node.inputs else None
+    axis = node.ints.get("quantize_axis", 0)  # the CUDA constructor's default (the CPU schema's is 1)
+    if rank and axis != rank - 1:
+        unset = " (unset: the CUDA kernel's default is 0)" if "quantize_axis" not in node.ints else ""
+        return (f"quantize_axis {axis}{unset}: the CUDA kernel enforces the last axis of the data it receives "
+                f"({rank - 1}, rank {rank})")
     return None
 
 
 CHECKS: dict[str, Callable[[Node, GraphIO], str | None]] = {
     "gqa_heads": _gqa_heads, "gqa_rotary": _gqa_rotary, "gqa_head_size": _gqa_head_size,
+    "gqa_rotary_head": _gqa_rotary_head,
     "gqa_shared_cache": _gqa_shared_cache, "block_size_pow2": _block_size_pow2, "gbq_last_axis": _gbq_last_axis,
 }
 

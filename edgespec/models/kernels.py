@@ -18,33 +18,41 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# The onnxruntime floor, per graph flavor: the first release whose kernels take every input that
-# flavor's graphs wire (export/edgespec_export/build.py). Per flavor because the two differ and the
-# GPU wheels lag: onnxruntime-gpu stops at 1.31.1 on PyPI while the cpu flavor needs 1.32.0. The cpu
-# flavor wires GroupQueryAttention's query_seqlens (input 16, batched serving, export/graph_batch.py);
-# the cuda flavor does not (batched serving runs on the cpu flavor), so it stops at position_ids (9).
-ORT_FLOORS = {"cpu": "1.32.0", "cuda": "1.24.1"}
-ORT_FLOOR = ORT_FLOORS["cpu"]  # pyproject.toml's: the `onnxruntime` wheel is the CPU build
+# The onnxruntime floor, per graph flavor: the oldest release that loads and runs that flavor's graphs
+# (export/edgespec_export/build.py), set by what the boards have. The cpu flavor: 1.23.2, the last release with
+# Python 3.10 wheels (JetPack 6 and Ubuntu 22.04 ship 3.10); its batching input query_seqlens exists only from
+# 1.32.0, so an older onnxruntime loads the graph without it (models/ortcompat.py) and serves one pass per
+# multi-token row. The cuda flavor: 1.24.0, NVIDIA's JetPack 6 onnxruntime-gpu (the first CUDA
+# GroupQueryAttention that reads position_ids, input 9).
+ORT_FLOORS = {"cpu": "1.23.2", "cuda": "1.24.0"}
+ORT_FLOOR = ORT_FLOORS["cpu"]  # pyproject.toml's `cpu` extra: the `onnxruntime` wheel is the CPU build
 FLOOR_SOURCES = {  # the evidence for each floor (docs/graph-contract.md, "The onnxruntime floor, per flavor")
-    "cpu": "query_seqlens (input 16) is in onnxruntime 1.32.0's GroupQueryAttention schema and in no earlier "
-           "one. Tested on the CPU provider: the tiny cpu-flavored graphs fail to load on 1.22.1, 1.23.0, "
-           "1.23.2, 1.24.1, 1.24.4, 1.26.0, 1.28.0, 1.30.0 and 1.31.1 ('invalid model': the node has more "
-           "inputs than the schema) and load and step on 1.32.0.",
-    "cuda": "onnxruntime-gpu wheels from PyPI, the strings of their CUDA provider library: 1.23.2's "
-            "GroupQueryAttention has 'position_ids and attention_bias are not supported in GroupQueryAttention "
-            "cuda kernel.' (it refuses input 9); 1.24.1, the next onnxruntime-gpu on PyPI, refuses only "
-            "attention_bias and has the 8-bit MatMulNBits (matmul_8bits.cu) and uint8 data / float16 scales "
-            "GatherBlockQuantized kernels the cuda flavor uses; every later one on PyPI (1.24.4 to 1.31.1) "
-            "reads position_ids too (from 1.29.0 it also takes an attention_bias). No release up to 1.31.1 has "
-            "query_seqlens in its CUDA library. Tested on the CPU provider: the tiny cuda-flavored graphs load "
-            "and step on 1.23.0, 1.23.2, 1.24.1 and 1.32.0 (1.22.1 has no float16 GatherBlockQuantized). Not "
-            "run on a GPU.",
+    "cpu": "1.23.2 is the last onnxruntime with cp310 wheels. Its GroupQueryAttention schema has inputs 0-11 "
+           "(onnxruntime.capi get_all_operator_schema); query_seqlens (input 16) first exists in 1.32.0, so below "
+           "that the loader drops it (models/ortcompat.py) and the graph loads. Tested on the CPU provider: the "
+           "tiny cpu-flavored graphs, so loaded, generate on 1.23.2 and 1.24.1 (scripts/ci-ort.sh); 1.22.1 has "
+           "no float16 GatherBlockQuantized.",
+    "cuda": "1.24.0 is NVIDIA's JetPack 6 onnxruntime-gpu (Jetson AI Lab index jp6/cu126: 1.23.0 and 1.24.0, "
+            "cp310); PyPI's onnxruntime-gpu 1.24.1 was built from the 1.24.0 release candidate (onnxruntime "
+            "issue 27130). Its CUDA provider library refuses only attention_bias in GroupQueryAttention "
+            "(group_query_attention.cc ComputeInternal: 'attention_bias is not supported in GroupQueryAttention "
+            "cuda kernel.') and has the 8-bit MatMulNBits (quantization/matmul_8bits.cu) and uint8 data / float16 "
+            "scales GatherBlockQuantized kernels (REGISTER_GATHERBLOCKQUANTIZED(uint8_t, MLFloat16, ...)). "
+            "1.23.x is below: its ComputeInternal returns 'position_ids and attention_bias are not supported in "
+            "GroupQueryAttention cuda kernel.' when input 9 is wired, and a chain without position_ids would "
+            "still need int4 lm_head/embedding tensors (no 8-bit CUDA MatMulNBits in 1.23.2's library) and "
+            "would lose tree verification. Tested on the CPU provider: the tiny cuda-flavored graphs load and "
+            "step on 1.23.2, 1.24.1 and 1.32.0. Not run on a GPU.",
 }
+BATCH_SOURCE = ("contrib_ops/cpu/bert/group_query_attention_helper.h CheckInputs, which the CUDA kernel calls too: "
+                "'batch_size must be 1 when sequence_length > 1 and past context is given.' unless query_seqlens "
+                "(1.32.0) says which query rows are real; tested on the CPU provider on 1.23.2, 1.24.1 and 1.32.0")
 
 CPU_READ = "onnxruntime 1.32.0 (its CPU kernel registry, onnxruntime.capi get_all_opkernel_def)"
 CUDA_READ = ("onnxruntime main, stored snapshot of group_query_attention.cc with k_scale/v_scale and XQA "
              "(after the CUDA GQA rework that made it read position_ids, onnxruntime PR 26920 of January 2026; "
-             "before the query_seqlens input of 1.32); other files as noted")
+             "before the query_seqlens input of 1.32), its CheckInputs in contrib_ops/cpu/bert/"
+             "group_query_attention_helper.h; held against the strings of onnxruntime-gpu 1.24.1's CUDA library")
 FLOATS = ("float32", "float16", "bfloat16")
 
 
@@ -91,7 +99,7 @@ CPU: tuple[Kernel, ...] = (
               (10, "attention_bias", ("float32", "float16")), (16, "query_seqlens", ("int32",))),
            absent=((14, "q_norm_weight", "the fused q/k-norm is CUDA's (the CPU kernel refuses it)"),
                    (15, "k_norm_weight", "the fused q/k-norm is CUDA's (the CPU kernel refuses it)")),
-           checks=("gqa_heads", "gqa_rotary"),
+           checks=("gqa_heads", "gqa_rotary", "gqa_rotary_head"),
            source="onnxruntime/contrib_ops/cpu/bert/group_query_attention.cc", read_from=CPU_READ),
     Kernel("MatMulNBits", "com.microsoft",
            _t((0, "A", ("float32", "float16")), (1, "B", ("uint8",)), (2, "scales", ("float32", "float16"))),
@@ -142,10 +150,11 @@ CUDA: tuple[Kernel, ...] = (
                     'the CUDA kernel returns INVALID_ARGUMENT "attention_bias is not supported in '
                     'GroupQueryAttention cuda kernel." on every run'),
                    (16, "query_seqlens",
-                    "no onnxruntime-gpu release has it (PyPI's newest, 1.31.1, has no input 16 in its "
-                    "schema and no query_seqlens in its CUDA provider library): batched serving runs on "
-                    "the cpu flavor; a cuda graph exported with it: re-export the bundle with this edgespec")),
-           checks=("gqa_heads", "gqa_rotary", "gqa_head_size", "gqa_shared_cache"),
+                    "no onnxruntime-gpu release up to 1.31.1 has it (no input 16 in its schema, no query_seqlens "
+                    "in its CUDA provider library), and NVIDIA's JetPack 6 wheel is 1.24.0: batched serving of "
+                    "the cuda flavor runs a pass per multi-token row (core/batch_runner.py); a cuda graph "
+                    "exported with it: re-export the bundle with this edgespec")),
+           checks=("gqa_heads", "gqa_rotary", "gqa_rotary_head", "gqa_head_size", "gqa_shared_cache"),
            source="onnxruntime/contrib_ops/cuda/bert/group_query_attention.cc", read_from=CUDA_READ),
     Kernel("MatMulNBits", "com.microsoft",
            _t((0, "A", FLOATS), (1, "B", ("uint8",)), (2, "scales", FLOATS)),
@@ -158,13 +167,18 @@ CUDA: tuple[Kernel, ...] = (
            attrs=(("bits", (4, 8), 4),), checks=("block_size_pow2", "gbq_last_axis"),
            note="bits 2 is in the operator schema; the CUDA kernel read does not show 2-bit data handled",
            source="onnxruntime/contrib_ops/cuda/quantization/gather_block_quantized.cc",
-           read_from="onnxruntime main, stored snapshot (REGISTER_GATHERBLOCKQUANTIZED rows; the constructor's "
-                     "block_size check; quantize_axis == rank - 1 enforced in ComputeInternal)"),
+           read_from="onnxruntime main, stored snapshot (REGISTER_GATHERBLOCKQUANTIZED rows; the constructor: "
+                     "block_size a power of two >= 16, quantize_axis_ = GetAttrOrDefault(\"quantize_axis\", 0); "
+                     "ComputeInternal: ORT_ENFORCE(quantize_axis_ == data_rank - 1) on the data as it arrives, "
+                     "after any Reshape)"),
     Kernel("SkipSimplifiedLayerNormalization", "com.microsoft", _t((0, "input", ("float32", "float16"))),
            source="onnxruntime/contrib_ops/cuda/bert/skip_layer_norm.cc",
            read_from="onnxruntime main, stored snapshot (REGISTER_KERNEL_TYPED float, MLFloat16)"),
-    Kernel("SimplifiedLayerNormalization", "", _t((0, "X", FLOATS + ("float64",))),
-           source="onnxruntime/core/providers/cuda/nn/layer_norm.cc", read_from=_PLACEMENT),
+    Kernel("SimplifiedLayerNormalization", "", _t((0, "X", ("float32", "float64", "float16"))),
+           source="onnxruntime/contrib_ops/cuda/layer_norm.cc",
+           read_from="onnxruntime, stored snapshots: REGISTER_KERNEL_TYPED (T, U, V) rows float, double, MLFloat16 "
+                     "(BFloat16 only in later snapshots than the 1.24 kernels: not taken); "
+                     "core/providers/cuda/nn/layer_norm.cc registers LayerNormalization only"),
     Kernel("RotaryEmbedding", "com.microsoft", _t((0, "input", FLOATS), (1, "position_ids", ("int64",))),
            source="onnxruntime/contrib_ops/cuda/bert/rotary_embedding.cc", read_from=_PLACEMENT,
            note="not emitted by the cuda flavor (GroupQueryAttention rotates with do_rotary=1)"),
@@ -190,9 +204,9 @@ def table(provider: str) -> dict[tuple[str, str], Kernel]:
     return {k.key: k for k in TABLES[provider]}
 
 
-JETSON_WHEELS = ("on a Jetson, the onnxruntime-gpu wheel for your JetPack from NVIDIA's Jetson AI Lab index "
-                 "(JetPack 6: pip install 'onnxruntime-gpu>={floor}' --index-url https://pypi.jetson-ai-lab.io/jp6/cu126), "
-                 "or one built from source where no such wheel exists yet (JetPack 5)")
+JETSON_WHEELS = ("on a Jetson, NVIDIA's onnxruntime-gpu for JetPack 6 from the Jetson AI Lab index "
+                 "(pip install 'onnxruntime-gpu>={floor}' --index-url https://pypi.jetson-ai-lab.io/jp6/cu126; "
+                 "docs/jetson.md); JetPack 5 (Python 3.8) is not supported")
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -216,13 +230,13 @@ def floor_problem(version: str, flavor: str | None = "cpu") -> str | None:
         return None
     if flavor == "cuda":
         return (f"onnxruntime {version} is older than {floor}, the first release whose CUDA GroupQueryAttention "
-                f"takes every input edgespec's cuda-flavored graphs wire (position_ids): pip install "
+                f"takes every input edgespec's cuda-flavored graphs wire (position_ids) and that has their 8-bit "
+                f"MatMulNBits: pip install "
                 f"'onnxruntime-gpu>={floor}' (or 'onnxruntime>={floor}' for the CPU); "
                 + JETSON_WHEELS.format(floor=floor))
-    return (f"onnxruntime {version} is older than {floor}, the first release whose GroupQueryAttention takes "
-            f"every input edgespec's {flavor}-flavored graphs wire (query_seqlens, for batched serving): pip "
-            f"install 'onnxruntime>={floor}'; on a GPU (onnxruntime-gpu {ORT_FLOORS['cuda']} or newer) use a "
-            f"bundle exported with --ep cuda instead")
+    return (f"onnxruntime {version} is older than {floor}, the oldest release edgespec's {flavor}-flavored graphs "
+            f"are tested on: pip install 'edgespec[cpu]' (onnxruntime>={floor}); on a GPU (onnxruntime-gpu "
+            f"{ORT_FLOORS['cuda']} or newer) use a bundle exported with --ep cuda instead")
 
 
 def require_floor(version: str | None = None, flavor: str | None = "cpu") -> None:

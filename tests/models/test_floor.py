@@ -1,9 +1,9 @@
-"""The onnxruntime floor, per graph flavor (kernels.ORT_FLOORS), and what the cuda flavor leaves out for it.
+"""The onnxruntime floor, per graph flavor (kernels.ORT_FLOORS), set by what the boards have.
 
-onnxruntime-gpu stops at 1.31.1 on PyPI while query_seqlens (batched serving) first exists in 1.32.0,
-so the cuda flavor wires no query_seqlens and its floor is the first release whose CUDA
-GroupQueryAttention takes every input it does wire; the cpu flavor keeps batching and 1.32.0.
-Versions are faked (onnxruntime.__version__ monkeypatched); the graphs are the tiny test bundles.
+The cpu flavor: 1.23.2 (the last cp310 release), its batching input dropped at load where the installed
+onnxruntime lacks it (models/ortcompat.py); the cuda flavor: 1.24.0, NVIDIA's JetPack 6 wheel. Versions
+are faked (onnxruntime.__version__ monkeypatched); the graphs are the tiny test bundles. The real old
+releases run in scripts/ci-ort.sh.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from edgespec.models.kernelcheck import check_graph
 from edgespec.models.kernels import FLOOR_SOURCES, ORT_FLOOR, ORT_FLOORS, floor_problem
 
 CPU_FLOOR, CUDA_FLOOR = ORT_FLOORS["cpu"], ORT_FLOORS["cuda"]
-GPU_WHEEL = "1.31.1"  # the newest onnxruntime-gpu on PyPI when the floors were set
+GPU_WHEEL = "1.24.0"  # NVIDIA's JetPack 6 onnxruntime-gpu (jp6/cu126 has 1.23.0 and 1.24.0)
 
 
 def _graph(bundle: Path, role: str = "target") -> Path:
@@ -34,11 +34,14 @@ def test_each_floor_cites_its_evidence():
     assert all(ORT_FLOORS[f] in FLOOR_SOURCES[f] for f in ORT_FLOORS)
 
 
-def test_the_floors_are_ordered_as_the_wheels_need():
-    assert ORT_FLOOR == CPU_FLOOR == "1.32.0"
-    assert floor_problem(GPU_WHEEL, "cuda") is None  # the cuda flavor runs on the GPU wheel a user can install
-    assert f"onnxruntime {GPU_WHEEL} is older than {CPU_FLOOR}" in floor_problem(GPU_WHEEL, "cpu")
-    assert floor_problem(CUDA_FLOOR, "cuda") is None and floor_problem(CPU_FLOOR, "cpu") is None
+def test_the_floors_are_what_the_boards_have():
+    assert ORT_FLOOR == CPU_FLOOR == "1.23.2"  # the last onnxruntime with Python 3.10 wheels
+    assert CUDA_FLOOR == "1.24.0" and floor_problem(GPU_WHEEL, "cuda") is None  # NVIDIA's JetPack 6 wheel
+    assert floor_problem(GPU_WHEEL, "cpu") is None
+    assert f"onnxruntime 1.23.0 is older than {CUDA_FLOOR}" in floor_problem("1.23.0", "cuda")
+    assert "JetPack 5 (Python 3.8) is not supported" in floor_problem("1.23.0", "cuda")
+    assert f"onnxruntime 1.22.1 is older than {CPU_FLOOR}" in floor_problem("1.22.1", "cpu")
+    assert "edgespec[cpu]" in floor_problem("1.22.1", "cpu")
 
 
 def test_cuda_export_wires_no_query_seqlens(tiny_cuda_bundle, tiny_both_flavors_bundle):
@@ -70,16 +73,18 @@ def test_export_below_the_flavor_s_floor_is_one_line(monkeypatch, tiny_cuda_bund
     from edgespec.errors import ExportError
 
     monkeypatch.setattr(onnxruntime, "__version__", GPU_WHEEL)
-    check_kernels(_graph(tiny_cuda_bundle), "cuda", "target")  # the GPU wheel can export the cuda flavor
+    check_kernels(_graph(tiny_cuda_bundle), "cuda", "target")  # the JetPack wheel can export the cuda flavor
+    check_kernels(_graph(tiny_bundle), "cpu", "target")
+    monkeypatch.setattr(onnxruntime, "__version__", "1.22.1")
     with pytest.raises(ExportError) as e:
         check_kernels(_graph(tiny_bundle), "cpu", "target")
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("the cpu graph of target cannot be checked with this onnxruntime")
-    assert f"onnxruntime {GPU_WHEEL} is older than {CPU_FLOOR}" in msg
+    assert f"onnxruntime 1.22.1 is older than {CPU_FLOOR}" in msg
 
 
-def test_gpu_wheel_version_loads_a_cuda_bundle_and_refuses_a_cpu_one_in_one_line(monkeypatch, tiny_cuda_bundle,
-                                                                                tiny_bundle):
+def test_the_jetpack_wheel_version_loads_both_flavors_and_an_older_one_is_one_line(monkeypatch, tiny_cuda_bundle,
+                                                                                   tiny_bundle):
     import onnxruntime
 
     from edgespec.engine.build import load_runner
@@ -87,14 +92,16 @@ def test_gpu_wheel_version_loads_a_cuda_bundle_and_refuses_a_cpu_one_in_one_line
     from edgespec.models.bundle import Bundle
 
     monkeypatch.setattr(onnxruntime, "__version__", GPU_WHEEL)
-    cuda = Bundle.open(tiny_cuda_bundle)
-    r = load_runner(cuda.model_path("target"), cuda.target, max_len=16, providers="cpu")
-    assert r.facts.graph_flavor() == "cuda" and r.step([1, 2, 3], n_logits=1).shape == (1, cuda.target.vocab_size)
+    for path in (tiny_cuda_bundle, tiny_bundle):
+        b = Bundle.open(path)
+        r = load_runner(b.model_path("target"), b.target, max_len=16, providers="cpu")
+        assert r.step([1, 2, 3], n_logits=1).shape == (1, b.target.vocab_size)
+    monkeypatch.setattr(onnxruntime, "__version__", "1.22.1")
     cpu = Bundle.open(tiny_bundle)
     with pytest.raises(OnnxruntimeTooOld) as e:
         load_runner(cpu.model_path("target"), cpu.target, max_len=16, providers="cpu")
     msg = str(e.value)
-    assert "\n" not in msg and f"onnxruntime {GPU_WHEEL} is older than {CPU_FLOOR}" in msg
+    assert "\n" not in msg and f"onnxruntime 1.22.1 is older than {CPU_FLOOR}" in msg
     assert "cpu-flavored" in msg and "--ep cuda" in msg
 
 
@@ -105,12 +112,12 @@ def test_below_the_cuda_floor_is_one_line_naming_the_gpu_wheel(monkeypatch, tiny
     from edgespec.errors import OnnxruntimeTooOld
     from edgespec.models.bundle import Bundle
 
-    monkeypatch.setattr(onnxruntime, "__version__", "1.23.2")
+    monkeypatch.setattr(onnxruntime, "__version__", "1.23.0")  # the other JetPack 6 wheel: no CUDA position_ids
     b = Bundle.open(tiny_cuda_bundle)
     with pytest.raises(OnnxruntimeTooOld) as e:
         load_runner(b.model_path("target"), b.target, max_len=16, providers="cpu")
     msg = str(e.value)
-    assert "\n" not in msg and f"onnxruntime 1.23.2 is older than {CUDA_FLOOR}" in msg
+    assert "\n" not in msg and f"onnxruntime 1.23.0 is older than {CUDA_FLOOR}" in msg
     assert f"'onnxruntime-gpu>={CUDA_FLOOR}'" in msg and "JetPack" in msg
 
 
@@ -153,9 +160,9 @@ def test_batch_runner_refuses_a_cuda_graph_given_directly(tiny_cuda_bundle):
     assert BatchRunner(s, b.target, 32, 1).slots == 1  # one slot needs no per-row lengths
 
 
-def test_pyproject_requires_the_cpu_floor():
+def test_pyproject_s_cpu_extra_requires_the_cpu_floor():
     text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
-    assert f'"onnxruntime>={CPU_FLOOR}"' in text
+    assert f'cpu = ["onnxruntime>={CPU_FLOOR}"]' in text
 
 
 def test_doctor_names_each_flavor_s_floor(monkeypatch):
@@ -163,13 +170,13 @@ def test_doctor_names_each_flavor_s_floor(monkeypatch):
 
     from edgespec.edge.doctor import collect, render
 
-    monkeypatch.setattr(onnxruntime, "__version__", GPU_WHEEL)
+    monkeypatch.setattr(onnxruntime, "__version__", "1.23.2")  # the last cp310 CPU wheel
     report = collect(probe=False)
     assert report["onnxruntime"]["floors"] == ORT_FLOORS
-    assert set(report["onnxruntime"]["below_floor"]) == {"cpu"}
+    assert set(report["onnxruntime"]["below_floor"]) == {"cuda"}
     text = render(report)
-    assert f"TOO OLD for the cpu flavor: onnxruntime {GPU_WHEEL} is older than {CPU_FLOOR}" in text
-    assert "TOO OLD for the cuda flavor" not in text and f">= {CUDA_FLOOR} for the cuda flavor" in text
+    assert f"TOO OLD for the cuda flavor: onnxruntime 1.23.2 is older than {CUDA_FLOOR}" in text
+    assert "TOO OLD for the cpu flavor" not in text and f">= {CPU_FLOOR} for the cpu flavor" in text
 
 
 def test_board_profiles_name_the_cuda_floor():

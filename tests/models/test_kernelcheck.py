@@ -85,6 +85,9 @@ CPU_CASES = {
                                       "num_heads must be a multiple of kv_num_heads"),
     "GroupQueryAttention.gqa_rotary": (lambda d: _gqa(d, "bad", rotary=1, cos=False), lambda d: _gqa(d, "good", rotary=1),
                                        "cos_cache"),
+    "GroupQueryAttention.gqa_rotary_head": (lambda d: _gqa(d, "bad", rotary=1, head=24),
+                                            lambda d: _gqa(d, "good", rotary=1, head=32),
+                                            "head_size shall be a multiple of 16"),
 }
 
 
@@ -151,7 +154,50 @@ CUDA_CASES = {
     "MatMulNBits.bits": lambda d: _mnb(d, "x", bits=2, T="float16"),
     "GatherBlockQuantized.gbq_last_axis": lambda d: _gbq(d, "x", axis=0),
     "NoSuchKernel.unlisted": lambda d: _unlisted(d, "x"),
+    "GroupQueryAttention.gqa_rotary_head": lambda d: _gqa(d, "x", T="float16", rotary=1, head=24),
+    "SimplifiedLayerNormalization.X.type": lambda d: (make_graph(
+        d / "x.onnx", "SimplifiedLayerNormalization", [("x", "bfloat16", [1, 8], None), ("w", "float32", [8], None)],
+        ["y"]), {}),
 }
+
+
+def _gbq_through_reshape(d: Path, name: str, *, axis: int | None) -> Path:
+    """The builder's tied embedding: the lm_head's [V, blocks, blob] data Reshaped by a Constant to
+    [V, E] before GatherBlockQuantized (quantize_axis unset when axis is None)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    V, E = 4, 32
+    w = numpy_helper.from_array(np.zeros((V, 1, E), np.uint8), "w3")
+    s = numpy_helper.from_array(np.ones((V, 1), np.float16), "s")
+    shape = helper.make_node("Constant", [], ["shape"], name="/Shape2d",
+                             value=numpy_helper.from_array(np.array([V, E], np.int64), "shape_v"))
+    reshape = helper.make_node("Reshape", ["w3", "shape"], ["w2"], name="/Reshape")
+    attrs = {} if axis is None else {"quantize_axis": axis}
+    gbq = helper.make_node("GatherBlockQuantized", ["w2", "i", "s"], ["y"], name="/GatherBlockQuantized_under_test",
+                           domain="com.microsoft", bits=8, block_size=32, gather_axis=0, **attrs)
+    g = helper.make_graph([shape, reshape, gbq], "g", [helper.make_tensor_value_info("i", TensorProto.INT64, [1, 2])],
+                          [onnx.ValueInfoProto(name="y")], initializer=[w, s])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 10
+    onnx.save(m, str(d / f"{name}.onnx"))
+    return d / f"{name}.onnx"
+
+
+def test_gbq_axis_is_read_through_the_reshape_with_cuda_s_default(tmp_path):
+    """CUDA's GatherBlockQuantized defaults quantize_axis to 0 and enforces the last axis of the data it
+    receives: a Reshape's target rank, not the initializer's."""
+    found = check_graph(_gbq_through_reshape(tmp_path, "unset", axis=None), "cuda")
+    assert [v.rule for v in found] == ["GatherBlockQuantized.gbq_last_axis"]
+    assert "quantize_axis 0 (unset: the CUDA kernel's default is 0)" in found[0].detail and "rank 2" in found[0].detail
+    assert [v.rule for v in check_graph(_gbq_through_reshape(tmp_path, "axis2", axis=2), "cuda")] == [
+        "GatherBlockQuantized.gbq_last_axis"]  # the initializer's last axis, not the data's
+    assert check_graph(_gbq_through_reshape(tmp_path, "ok", axis=1), "cuda") == []
+
+
+def test_simplified_layer_norm_row_cites_the_contrib_registration():
+    row = next(r for r in CUDA if r.op == "SimplifiedLayerNormalization")
+    assert row.source == "onnxruntime/contrib_ops/cuda/layer_norm.cc" and "bfloat16" not in row.types[0][2]
 
 
 @pytest.mark.parametrize("rule", sorted(CUDA_CASES))

@@ -208,3 +208,30 @@ def test_install_refuses_bad_input(tmp_path, tiny_bundle, args, message):
     r = run_install("--root", tmp_path / "img", *args, check=False)
     assert r.returncode != 0 and message in r.stderr, r.stderr
     assert not (tmp_path / "img/etc/systemd/system/edgespec.service").exists()
+
+
+# --- which onnxruntime the installer's venv gets (--print-pip: the pip line, nothing installed) ------------
+def _fake_venv(tmp_path: Path, name: str, site: Path | None) -> Path:
+    """PREFIX/venv/bin/python3: this python without site-packages, seeing only `site` (a stand-in for
+    JetPack's system packages holding onnxruntime-gpu)."""
+    import sys
+
+    prefix = tmp_path / name
+    py = prefix / "venv/bin/python3"
+    py.parent.mkdir(parents=True)
+    path = f"PYTHONPATH={site} " if site else "PYTHONPATH= "
+    py.write_text(f"#!/bin/sh\n{path}exec {sys.executable} -S \"$@\"\n")
+    py.chmod(0o755)
+    return prefix
+
+
+def test_installer_never_adds_the_cpu_onnxruntime_beside_a_gpu_one(tmp_path):
+    gpu = tmp_path / "jetpack-site"
+    (gpu / "onnxruntime").mkdir(parents=True)
+    (gpu / "onnxruntime/__init__.py").write_text("__version__ = '1.24.0'  # NVIDIA's onnxruntime-gpu\n")
+    leftover = tmp_path / "leftover-site"
+    (leftover / "onnxruntime").mkdir(parents=True)  # a folder without its module: no onnxruntime
+    for name, site, extras in (("jetson", gpu, "server"), ("pi", None, "server,cpu"), ("broken", leftover, "server,cpu")):
+        out = run_install("--prefix", _fake_venv(tmp_path, name, site), "--print-pip").stdout.strip()
+        assert out.endswith(f"-m pip install '{REPO}[{extras}]'"), (name, out)
+        assert f"{tmp_path}/{name}/venv/bin/python3" in out

@@ -1,0 +1,92 @@
+"""What the runtime asks of the machine it is installed on (pyproject.toml): no onnxruntime of its own
+(the `cpu` extra adds the CPU wheel; a Jetson keeps NVIDIA's onnxruntime-gpu), Python 3.10 or newer,
+and one line naming both installs when no onnxruntime is importable."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _project() -> dict:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+: the test reads, the runtime never does
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def test_the_runtime_requires_no_onnxruntime_and_the_cpu_extra_adds_it():
+    from edgespec.models.kernels import ORT_FLOORS
+
+    p = _project()
+    assert not [d for d in p["dependencies"] if d.startswith("onnxruntime")], p["dependencies"]
+    extras = p["optional-dependencies"]
+    assert extras["cpu"] == [f"onnxruntime>={ORT_FLOORS['cpu']}"]
+    assert "cpu" in extras["all"][0] and p["requires-python"] == ">=3.10"
+    assert any(d.startswith("vermin") for d in extras["test"])
+
+
+def _import_edgespec(*args: str, env_path: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": env_path}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+def _last_line(r: subprocess.CompletedProcess) -> str:
+    return r.stderr.strip().splitlines()[-1]
+
+
+def test_import_without_any_onnxruntime_is_one_line_naming_both_installs():
+    # -S: no site-packages at all, so no onnxruntime anywhere (the repository alone on the path)
+    r = _import_edgespec("-S", "-c", "import edgespec", env_path=str(ROOT))
+    assert r.returncode == 1
+    line = _last_line(r)
+    assert line.startswith("ImportError: edgespec needs onnxruntime and none is importable here")
+    assert "pip install 'edgespec[cpu]'" in line and "onnxruntime-gpu" in line and "Jetson" in line
+
+
+def test_import_with_onnxruntime_blocked_on_the_meta_path_is_the_same_line():
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] == 'onnxruntime':\n"
+            "            raise ModuleNotFoundError(name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import edgespec\n")
+    r = _import_edgespec("-c", code, env_path=str(ROOT))
+    assert r.returncode == 1 and "pip install 'edgespec[cpu]'" in _last_line(r)
+
+
+def test_a_leftover_onnxruntime_folder_is_not_an_onnxruntime(tmp_path):
+    (tmp_path / "onnxruntime").mkdir()  # what `pip uninstall` of one of two onnxruntime wheels leaves
+    r = _import_edgespec("-S", "-c", "import edgespec", env_path=f"{tmp_path}{os.pathsep}{ROOT}")
+    assert r.returncode == 1 and "--force-reinstall" in _last_line(r)
+
+
+def test_import_with_onnxruntime_present_works():
+    r = subprocess.run([sys.executable, "-c", "import edgespec; print(edgespec.__version__)"], capture_output=True,
+                       text=True, timeout=60, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0 and r.stdout.strip() == __import__("edgespec").__version__, r.stderr
+
+
+def test_vermin_finds_nothing_newer_than_python_3_10():
+    vermin = shutil.which("vermin") or str(Path(sys.executable).parent / "vermin")
+    if not Path(vermin).exists():
+        pytest.skip("vermin is not installed (pip install 'edgespec[test]')")
+    r = subprocess.run([vermin, "-t=3.10-", "--no-tips", "--violations", "--eval-annotations", "edgespec"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Minimum required versions: 3.10" in r.stdout or "Minimum required versions: ~" in r.stdout, r.stdout
+
+
+def test_vermin_would_say_so_for_a_3_11_module(tmp_path):
+    vermin = shutil.which("vermin") or str(Path(sys.executable).parent / "vermin")
+    if not Path(vermin).exists():
+        pytest.skip("vermin is not installed (pip install 'edgespec[test]')")
+    (tmp_path / "new.py").write_text("import tomllib\n")
+    r = subprocess.run([vermin, "-t=3.10-", "--no-tips", "--violations", str(tmp_path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1 and "tomllib" in r.stdout
