@@ -25,6 +25,10 @@ class Proposal:
     # the drafter's estimate that token j is accepted given all before it were (empty: none); a
     # batched round reads it to choose how many tokens every row carries (engine/round_shape.py)
     accept: list[float] = field(default_factory=list)
+    # tree verification (engine/tree_round.py): per drafted position, the draft's next best tokens
+    # other than the one drafted, (token, probability), when the round asked for them (set_tree_width)
+    alts: list[list[tuple[int, float]]] = field(default_factory=list)
+    draft_s: float = 0.0  # seconds its draft steps cost, priced from measured step times (0: free)
 
 
 EMPTY = Proposal()

@@ -1,4 +1,6 @@
-"""One round of speculative decoding: propose k -> verify k+1 in one target pass -> accept -> rewind.
+"""The acceptance of one sequence's speculative round: propose k -> verify k+1 in one target pass ->
+accept -> rewind. engine/round.py runs rounds (for a batch of sequences, one sequence being the batch
+of one) and decides each row with the accept functions here.
 
 State between rounds (the invariant every function here keeps):
     ctx      every token so far (prompt + output); ctx[-1] is the newest, not yet fed to the target
@@ -14,8 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .proposal import EMPTY, Proposal, Proposer
-from .runner import ModelRunner
+from .proposal import Proposal
 from .sampling import SamplingParams, greedy_tokens, probs, sample, without
 
 
@@ -29,12 +30,6 @@ class Round:
     tree_nodes: int = 0  # tree nodes verified, root included (0 for a chain)
 
 
-def speculative_round(target: ModelRunner, drafter: Proposer, ctx: list[int], k: int,
-                      params: SamplingParams, rng: np.random.Generator, usable: int) -> Round:
-    prop = drafter.propose(ctx, k, params, rng) if k > 0 else EMPTY
-    return verify_chain(target, drafter, ctx, prop, usable_draft(prop, k, usable), params, rng, usable)
-
-
 def usable_draft(prop: Proposal, k: int, usable: int) -> list[int]:
     """The proposal's first k tokens, cut at the first id past the usable vocabulary (never accepted)."""
     draft = prop.tokens[:k]
@@ -42,23 +37,6 @@ def usable_draft(prop: Proposal, k: int, usable: int) -> list[int]:
         if not 0 <= t < usable:
             return draft[:i]
     return draft
-
-
-def verify_chain(target: ModelRunner, drafter: Proposer, ctx: list[int], prop: Proposal, draft: list[int],
-                 params: SamplingParams, rng: np.random.Generator, usable: int) -> Round:
-    """Verifies a chain of proposals (draft, from prop) in one target pass, accepts, rewinds."""
-    base = len(ctx) - 1  # == target.length
-    rows = target.step([ctx[-1], *draft], n_logits=len(draft) + 1)  # [len(draft)+1, V]
-    if params.greedy:
-        n, nxt = accept_greedy(rows, draft, usable)
-    else:
-        n, nxt = accept_sampled(rows, prop, draft, params, rng, usable)
-    target.rewind(base + 1 + n)  # forget the rejected proposals' cache rows ...
-    drafter.feedback(prop, n, base + 1 + n)  # ... and the drafter forgets its own the same way
-    observe = getattr(drafter, "observe", None)  # a bare Proposer (tests) may not have it
-    if observe is not None:
-        observe(rows[: n + 1], [ctx[-1], *draft[:n]])  # the rows of the final context only
-    return Round(draft[:n] + [nxt], len(draft), n, prop.source)
 
 
 def accept_greedy(rows: np.ndarray, draft: list[int], usable: int) -> tuple[int, int]:

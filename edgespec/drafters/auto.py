@@ -6,6 +6,7 @@ from typing import Sequence
 from ..core.costmodel import CostModel
 from ..core.proposal import EMPTY, Proposal
 from .base import Drafter, DrafterBase
+from .ngram import ngram_alternatives
 
 
 class AutoDrafter(DrafterBase):
@@ -85,6 +86,15 @@ class AutoDrafter(DrafterBase):
     def reset(self) -> None:
         for s in self.sources:
             s.reset()
+
+    def set_tree_width(self, width: int) -> None:
+        for s in self.sources:
+            s.set_tree_width(width)
+
+    def alternatives(self, ctx, k, width) -> list[tuple[list[int], str]]:
+        """Its sources' alternatives, then prompt lookup's (free, whichever source drafts)."""
+        out = [a for s in self.sources for a in s.alternatives(ctx, k, width)]
+        return out + [(c, "ngram") for c in ngram_alternatives(ctx, k, width)]
 
     def forget(self) -> None:
         self._trust.clear()

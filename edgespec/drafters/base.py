@@ -10,6 +10,12 @@
     forget()                                   forget what earlier requests taught (Engine.reset_cache)
     uses_model                                 drafting costs model steps (a power limit may forbid it)
     quote(ctx, k) -> Quote | None              what drafting this round would buy, for `auto`
+    set_tree_width(width)                      the next proposal may be widened into a tree of this
+                                               many children per node (0: a chain): record runners-up
+    alternatives(ctx, k, width)                other continuations a tree may verify beside the
+                                               proposal's chain: [(tokens, source label)]
+    end(ctx)                                   a request ended (whatever mode ran it): its final text
+    warmup()                                   time the steps its proposals run (at engine open)
 
 Proposals are lossless whatever they contain: the target accepts only what it would have produced
 (greedy) or corrects the distribution (rejection sampling, core/speculative.py). Drafters only
@@ -73,6 +79,14 @@ class Drafter(Protocol):
 
     def quote(self, ctx: Sequence[int], k: int) -> Quote | None: ...
 
+    def set_tree_width(self, width: int) -> None: ...
+
+    def alternatives(self, ctx: Sequence[int], k: int, width: int) -> list[tuple[list[int], str]]: ...
+
+    def end(self, ctx: Sequence[int]) -> None: ...
+
+    def warmup(self) -> None: ...
+
 
 class DrafterBase:
     """No-op defaults for every method of the interface: proposes nothing, learns nothing."""
@@ -110,6 +124,23 @@ class DrafterBase:
 
     def quote(self, ctx: Sequence[int], k: int) -> Quote | None:
         return None
+
+    def set_tree_width(self, width: int) -> None:
+        """A tree round asks the next proposal to record up to width - 1 runners-up per drafted
+        position (Proposal.alts; 0: a chain). Only a drafter with logits of its own has any."""
+
+    def alternatives(self, ctx: Sequence[int], k: int, width: int) -> list[tuple[list[int], str]]:
+        """Up to `width` other continuations of ctx (at most k tokens each) that a tree round may
+        verify beside the proposal's chain, each with its source label (engine/tree_round.py prices
+        and learns them by label). Only free lookups offer any."""
+        return []
+
+    def end(self, ctx: Sequence[int]) -> None:
+        """The request ended, whatever mode ran it; ctx is its whole text (the suffix index keeps it)."""
+
+    def warmup(self) -> None:
+        """Times the steps its proposals run once at engine open, so its costs are this device's
+        from the first request; leaves no cache behind."""
 
 
 class NoDrafter(DrafterBase):

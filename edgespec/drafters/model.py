@@ -56,10 +56,9 @@ class ModelDrafter(CostedDrafter):
         self.eager_prefill = eager_prefill
         self.adaptive = adaptive and costs is not None
         self.tokens: list[int] = []  # exactly what the draft cache holds
-        # tree verification (engine/tree_round.py): with alts > 0 each proposal also records, per
-        # drafted position, the draft's next `alts` best tokens other than the one drafted
+        # tree verification (engine/tree_round.py, set_tree_width): with alts > 0 the next proposal
+        # also records, per drafted position, the draft's next `alts` best tokens (Proposal.alts)
         self.alts = 0
-        self.last_alts: list[list[tuple[int, float]]] = []
         self._picked_row = 0  # the logits row of the last token _pick chose
         mids = np.concatenate([[0.1], (_CONF_EDGES[:-1] + _CONF_EDGES[1:]) / 2, [0.995]])
         self.by_conf = [Beta(float(m) * CONF_PRIOR_SCALE) for m in mids]
@@ -93,6 +92,18 @@ class ModelDrafter(CostedDrafter):
     def set_adaptive(self, on: bool) -> None:
         self.adaptive = on and self.costs is not None
 
+    def set_tree_width(self, width: int) -> None:
+        self.alts = max(0, width - 1)
+
+    def warmup(self) -> None:
+        """Times 1- and 2-token draft steps twice each (the first run of a shape pays one-off
+        allocations), so its cost is this device's from the first round; leaves its cache empty."""
+        for s in (1, 2):
+            for _ in range(2):
+                self.runner.rewind(0)
+                self.runner.step([0] * s, 1)
+        self.reset()
+
     def acceptance(self, conf: float) -> float:
         return self.by_conf[conf_bin(conf)].mean
 
@@ -118,7 +129,7 @@ class ModelDrafter(CostedDrafter):
         return row
 
     def draft(self, ctx, k, params, rng) -> Proposal:
-        self.last_alts = []
+        alts: list[list[tuple[int, float]]] = []
         if k <= 0 or len(ctx) + k - 1 > self.runner.max_len:
             return EMPTY
         row = self._sync(ctx)
@@ -133,9 +144,9 @@ class ModelDrafter(CostedDrafter):
         for j in range(k):
             t, c, q = self._pick(row, params, rng)
             if self.alts > 0:  # siblings by logits row; a pruned head's rows map back to token ids
-                alts = runner_ups(row[: self.scored], self._picked_row, self.alts)
+                ups = runner_ups(row[: self.scored], self._picked_row, self.alts)
                 m = self.vocab_map
-                self.last_alts.append(alts if m is None else [(int(m[i]), pr) for i, pr in alts])
+                alts.append(ups if m is None else [(int(m[i]), pr) for i, pr in ups])
             if q is not None:
                 qs.append(q)
             tokens.append(t)
@@ -161,7 +172,11 @@ class ModelDrafter(CostedDrafter):
             del tokens[best_j:], confs[best_j:], qs[best_j:]
         if not tokens:
             return EMPTY
-        return Proposal(tokens, np.stack(qs) if qs else None, "model", confs)
+        # per-token acceptance estimates (a batched round's width, a tree's pricing read them) and
+        # the seconds its draft steps cost (a tree's pricing)
+        return Proposal(tokens, np.stack(qs) if qs else None, self.name, confs,
+                        accept=[self.acceptance(c) for c in confs], alts=alts[: len(tokens)],
+                        draft_s=self.costs.draft_steps(self.last_sizes) if self.costs is not None else 0.0)
 
     def _pick(self, row: np.ndarray, params: SamplingParams, rng) -> tuple[int, float, np.ndarray | None]:
         t, c, q, self._picked_row = pick(row, params, rng, self.scored, self.usable, self.vocab_map)

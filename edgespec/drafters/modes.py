@@ -26,6 +26,7 @@ class Kit:
     suffix_capacity: int = 1 << 20
     vocab_map: Any = None  # the pruned draft's logits row -> token id map (`export --draft-vocab`)
     bundle: Any = None  # models.bundle.Bundle (its manifest's records: the draft heads')
+    sources: list | None = None  # the built drafters `auto` chooses between (by auto_rank), for its row's build
 
     def runner(self, name: str):
         return (self.runners or {}).get(name)
@@ -41,7 +42,9 @@ class DraftMode:
     batched: bool = False  # runs in a batched engine (`serve --parallel N`), each request its own drafter
     fixed_k: bool = True  # the bench adds "mode k=N" columns for it (auto picks its k every round)
     auto_rank: int | None = None  # a source `auto` chooses between, by this order of preference
-    build: Callable[[Kit], Any] | None = None  # the serial engine's drafter (None: built by the engine)
+    build: Callable[[Kit], Any] | None = None  # the engine's drafter (None: nothing to build)
+    chooses: bool = False  # its build chooses between the other rows' drafters (Kit.sources): built last
+    fallback: bool = False  # the free drafter a limit that forbids model steps drafts with instead
 
 
 def _ngram(kit: Kit):
@@ -90,6 +93,12 @@ def _heads(kit: Kit):
     return from_record(kit.bundle.manifest.heads, kit.bundle.root, session, kit.target, kit.usable)
 
 
+def _auto(kit: Kit):
+    from .auto import AutoDrafter
+
+    return AutoDrafter(kit.costs, list(kit.sources or ()))
+
+
 def _none(kit: Kit):
     from .base import NoDrafter
 
@@ -102,10 +111,10 @@ def _none(kit: Kit):
 # draft="self" has it as one more source of its `auto`.
 MODES: tuple[DraftMode, ...] = (
     DraftMode("auto", "per round, whichever source (suffix index, recycled candidates, draft model, heads) pays "
-              "most by measured cost, or none", loads=("draft", "heads"), batched=True, fixed_k=False),
+              "most by measured cost, or none", loads=("draft", "heads"), batched=True, fixed_k=False, build=_auto, chooses=True),
     DraftMode("model", "the bundle's draft model", runner="draft", loads=("draft",), auto_rank=2, build=_model),
     DraftMode("suffix", "the suffix index over this and earlier requests", batched=True, auto_rank=0,
-              build=_suffix),
+              build=_suffix, fallback=True),
     DraftMode("recycle", "the target's own top candidates per token, recycled", auto_rank=1, build=_recycle),
     DraftMode("ngram", "prompt lookup (n-gram)", batched=True, build=_ngram),
     DraftMode("self", "the target with some layers skipped drafts for itself (a bundle exported with "
@@ -117,6 +126,21 @@ MODES: tuple[DraftMode, ...] = (
 BY_NAME = {m.name: m for m in MODES}
 NAMES = tuple(m.name for m in MODES)  # what a `draft` setting or request may name
 BATCHED = tuple(m.name for m in MODES if m.batched)
+FALLBACK = next(m.name for m in MODES if m.fallback)
+
+
+def build_all(kit: Kit) -> dict[str, Any]:
+    """Every drafter the table can build with what `kit` holds, by mode name: the rows that choose
+    between others last, over the built drafters they rank (auto_rank)."""
+    built: dict[str, Any] = {}
+    for row in sorted(MODES, key=lambda r: r.chooses):
+        if row.chooses:
+            kit.sources = [built[r.name] for r in sorted(MODES, key=lambda r: (r.auto_rank is None, r.auto_rank or 0))
+                           if r.auto_rank is not None and r.name in built]
+        d = row.build(kit) if row.build is not None else None
+        if d is not None:
+            built[row.name] = d
+    return built
 
 
 def get(name) -> DraftMode:

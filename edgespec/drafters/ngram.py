@@ -42,6 +42,28 @@ def suffix_matches(a: np.ndarray, max_n: int) -> tuple[np.ndarray, np.ndarray]:
     return ends, matched
 
 
+def ngram_alternatives(ctx: Sequence[int], k: int, width: int, max_n: int = 5) -> list[list[int]]:
+    """Up to `width` distinct continuations of up to k tokens that followed earlier occurrences of
+    the context's suffix (suffix_matches), longest match first, then latest occurrence first: what a
+    tree round widens a chain with (engine/tree_round.py)."""
+    a = np.asarray(ctx, dtype=np.int64)
+    length = a.shape[0]
+    out: list[list[int]] = []
+    if k <= 0 or width <= 0 or length < 2:
+        return out
+    ends, matched = suffix_matches(a, max_n)
+    seen: set[tuple[int, ...]] = set()
+    for n in range(min(max_n, length - 1), 0, -1):
+        for j in ends[matched >= n][::-1]:
+            cont = tuple(a[j + 1 : j + 1 + k].tolist())
+            if cont and cont not in seen:
+                seen.add(cont)
+                out.append(list(cont))
+                if len(out) >= width:
+                    return out
+    return out
+
+
 def ngram_match(ctx: Sequence[int] | np.ndarray, k: int, max_n: int = 5, min_n: int = 1
                 ) -> tuple[list[int], int, int]:
     """ngram_lookup, plus where the proposal is copied from: the index in ctx of its first token
@@ -159,6 +181,9 @@ class NgramDrafter(DrafterBase):
 
     def set_adaptive(self, on: bool) -> None:
         self.adaptive = on and self.costs is not None
+
+    def alternatives(self, ctx: Sequence[int], k: int, width: int) -> list[tuple[list[int], str]]:
+        return [(c, "ngram") for c in ngram_alternatives(ctx, k, width, self.max_n)]
 
     def quote(self, ctx: Sequence[int], k: int) -> Quote | None:
         """The lookup is free, so the quote carries the proposal itself (None when nothing pays)."""

@@ -14,7 +14,6 @@ from typing import Sequence
 import numpy as np
 
 from ..core.costmodel import CostModel
-from ..core.proposal import EMPTY, Proposal
 from ..core.self_runner import SelfRunner
 from ..errors import DraftUnavailable
 from ..models.manifest import ModelFacts
@@ -95,12 +94,12 @@ class SelfDrafter(ModelDrafter):
         self.last_sizes.append(1)
         return row
 
-    def draft(self, ctx, k, params, rng) -> Proposal:
-        prop = super().draft(ctx, k, params, rng)
-        if prop is EMPTY:
-            return prop
-        prop.source = self.name
-        return prop
+    def warmup(self) -> None:
+        """Times its 1-token step (it never catches up, so no other size) a few times."""
+        for _ in range(3):
+            self.runner.rewind(0)
+            self.runner.step([0], 1)
+        self.reset()
 
     def learn(self, proposal, accepted, valid_len) -> None:
         self.tokens = []  # the rows it wrote are the verify's now

@@ -92,6 +92,14 @@ class SuffixDrafter(FreeLookupDrafter):
         self.sync(ctx)
         self._open = False
 
+    def end(self, ctx: Sequence[int]) -> None:
+        self.record(ctx)
+
+    def alternatives(self, ctx: Sequence[int], k: int, width: int) -> list[tuple[list[int], str]]:
+        """The index's other continuations of the context's longest earlier match (SuffixIndex.alternatives)."""
+        idx = self.index
+        return [(c, "suffix-alt") for c in idx.alternatives(ctx[-idx.max_match :], k, width)]
+
     def reset(self) -> None:
         """The engine's caches were invalidated (an error mid-request, a warm-up): the text indexed
         so far stays, but the next request starts a new document."""

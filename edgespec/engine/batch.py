@@ -38,16 +38,15 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from ..core.batch_runner import BatchRunner, SlotRunner
 from ..core.costmodel import CostModel
-from ..core.proposal import EMPTY, common_prefix
+from ..core.proposal import common_prefix
 from ..core.sampling import choose, make_rng
-from ..core.speculative import accept_greedy, accept_sampled
 from ..drafters import Drafter, NoDrafter
 from ..errors import InvalidRequest
 from ..limits import PREFILL_CHUNK
@@ -57,9 +56,9 @@ from .loop import Emitter, finish_stats
 from .requests import Request, RequestParser, Vocabulary
 from .results import GenerationResult, GenerationStats
 from .batch_drafters import BatchDrafters
+from .round import Conditions, Seq, run_round
 from .settings import Settings
 from .batch_ticket import Ticket
-from .round_shape import RowPlan, choose_width
 
 log = logging.getLogger("edgespec.batch")
 
@@ -88,6 +87,7 @@ class _Active:
     stats: GenerationStats = field(default_factory=GenerationStats)
     rng: np.random.Generator | None = None
     drafter: Drafter = field(default_factory=NoDrafter)
+    seq: Seq | None = None  # its part in every round (engine/round.py)
     costs: CostModel | None = None
     k_cap: int = 0
     t0: float = 0.0
@@ -290,7 +290,8 @@ class BatchEngine:
         self._cached[a.slot] = a.ctx  # the slot holds ctx[:length] from here on
         a.filled = reuse
         a.costs = CostModel(self.runner.times.table(1))
-        a.drafter, a.k_cap = self._drafters.for_request(req.draft, req.k, a.costs)
+        a.drafter, fallback, a.k_cap = self._drafters.for_request(req.draft, req.k, a.costs)
+        a.seq = Seq(a.slot, a.ctx, a.drafter, fallback, 0, req.params, a.rng, a.stats, fixed_k=req.k is not None)
 
     def _prefill_chunk(self, a: _Active) -> None:
         end = min(len(a.ctx), a.filled + self.prefill_chunk)
@@ -302,6 +303,8 @@ class BatchEngine:
             return
         a.stats.target_passes = 1
         a.drafter.begin(a.ctx)
+        if a.seq.fallback is not a.drafter:
+            a.seq.fallback.begin(a.ctx)
         first = choose(row, a.req.params, self.vocab.usable, a.rng)
         a.ctx.append(first)
         a.t_first = time.perf_counter()
@@ -324,74 +327,23 @@ class BatchEngine:
         return None
 
     def _decode_round(self, decoding: list[_Active]) -> None:
-        usable = self.vocab.usable
-        gov = self.governor
-        lim = gov.limits() if gov is not None else None
+        """One round (engine/round.py) for every generating request; its tokens through each one's
+        stop/emit step."""
         lo, hi = self.runner.pass_range([a.slot for a in decoding])
         table = self.runner.times.pricing(hi - lo)
-        rows: dict[int, list[int]] = {}
-        props = {}
+        seqs = []
         for a in decoding:
-            a.costs.target = table
-            free = self.runner.free(a.slot)
-            k = min(a.k_cap, free - 1, a.req.max_new_tokens - len(a.emit.out) - 1)
-            drafter = a.drafter
-            if lim is not None:
-                if lim.max_k is not None:
-                    k = min(k, lim.max_k)
-                if lim.drafting == "none":
-                    k = 0
-            k = max(0, k)
-            prop = drafter.propose(a.ctx, k, a.req.params, a.rng) if k > 0 else EMPTY
-            draft = prop.tokens[:k]
-            for i, t in enumerate(draft):  # ids past the usable vocabulary can never be accepted
-                if not 0 <= t < usable:
-                    draft = draft[:i]
-                    break
-            props[a.slot] = (prop, draft)
-        self._shape(decoding, props, CostModel(table))
-        for a in decoding:
-            rows[a.slot] = [a.ctx[-1], *props[a.slot][1]]
-        out = self.runner.step(rows)
+            a.costs.target = table  # drafters size proposals at this batch's verify cost
+            a.seq.k = min(a.k_cap, self.runner.free(a.slot) - 1, a.req.max_new_tokens - len(a.emit.out) - 1)
+            seqs.append(a.seq)
+        cond = Conditions(self.vocab.usable, self.governor, pass_seconds=CostModel(table).verify)
+        rounds = run_round(self.runner, seqs, cond)
         self.rounds += 1
         self.last_batch = len(decoding)
-        n_tokens = 0
-        for a in decoding:
-            prop, draft = props[a.slot]
-            logits = out[a.slot]
-            base = len(a.ctx) - 1
-            if a.req.params.greedy:
-                n, nxt = accept_greedy(logits, draft, usable)
-            else:
-                n, nxt = accept_sampled(logits, prop, draft, a.req.params, a.rng, usable)
-            self.runner.rewind(a.slot, base + 1 + n)
-            a.drafter.feedback(prop, n, base + 1 + n)
-            new = draft[:n] + [nxt]
-            a.ctx.extend(new)
-            st = a.stats
-            st.target_passes += 1
-            st.rounds += 1
-            st.drafted += len(draft)
-            st.accepted += n
-            st.rounds_by_source[prop.source] = st.rounds_by_source.get(prop.source, 0) + 1
+        for a, r in zip(decoding, rounds):
+            a.ctx.extend(r.tokens)
             a.ticket.batch_sizes.append(len(decoding))
-            n_tokens += len(new)
-            self._emit(a, new)
-        if gov is not None:
-            gov.on_tokens(n_tokens)
-            if lim is not None and lim.pace_s > 0:
-                time.sleep(lim.pace_s)
-
-    def _shape(self, decoding: list[_Active], props: dict, costs: CostModel) -> None:
-        """Cuts the adaptive rows to the round's width (round_shape.py): the pass is as wide as its
-        longest row, so the width is chosen for the batch, not by each request alone."""
-        plans = [RowPlan(len(props[a.slot][1]), props[a.slot][0].accept or None, a.req.k is not None)
-                 for a in decoding]
-        keep = choose_width(plans, costs.verify) - 1
-        for a in decoding:
-            prop, draft = props[a.slot]
-            if a.req.k is None and len(draft) > keep:
-                props[a.slot] = (replace(prop, tokens=draft[:keep], accept=prop.accept[:keep]), draft[:keep])
+            self._emit(a, r.tokens)
 
     # -- leaving ------------------------------------------------------------------------------------
     def _end(self, a: _Active, finish: str) -> None:

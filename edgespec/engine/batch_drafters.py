@@ -45,9 +45,14 @@ class BatchDrafters:
         self._ngram = NgramDrafter(None)  # the last finished request's n-gram estimates
         self._suffix_acc = None  # ... and its suffix acceptance table
 
-    def for_request(self, mode: str, k: int | None, costs: CostModel) -> tuple[Drafter, int]:
-        """The request's drafter and per-round proposal cap (k=None: sized from measured costs). `mode`
-        is one the table marks batched (drafters/modes.py; the request parser refused the others)."""
+    def for_request(self, mode: str, k: int | None, costs: CostModel) -> tuple[Drafter, Drafter, int]:
+        """The request's drafter, its free fallback (what a limit forbidding model steps drafts with)
+        and per-round proposal cap (k=None: sized from measured costs). `mode` is one the table marks
+        batched (drafters/modes.py; the request parser refused the others)."""
+        d, cap = self._drafter(mode, k, costs)
+        return d, d if not d.uses_model else self._suffix(None, costs), cap
+
+    def _drafter(self, mode: str, k: int | None, costs: CostModel) -> tuple[Drafter, int]:
         if mode == "none":
             return NoDrafter(), 0
         cap = DEFAULT_K_CAP if k is None else k
@@ -60,13 +65,17 @@ class BatchDrafters:
             ng.next.a, ng.next.b = ev.next.a, ev.next.b
             ng.cont.a, ng.cont.b = ev.cont.a, ev.cont.b
             return ng, cap
-        own = SuffixIndex(self.request_capacity, self.history.max_match, self.history.max_chain)
-        sx = SuffixDrafter(own, costs, adaptive=adaptive, shared=self.history)
-        if self._suffix_acc is not None:
-            sx.acc = copy.deepcopy(self._suffix_acc)
+        sx = self._suffix(k, costs)
         if mode == "suffix":
             return sx, cap
         return AutoDrafter(costs, [sx]), cap
+
+    def _suffix(self, k: int | None, costs: CostModel) -> SuffixDrafter:
+        own = SuffixIndex(self.request_capacity, self.history.max_match, self.history.max_chain)
+        sx = SuffixDrafter(own, costs, adaptive=k is None, shared=self.history)
+        if self._suffix_acc is not None:
+            sx.acc = copy.deepcopy(self._suffix_acc)
+        return sx
 
     def finished(self, drafter: Drafter, ctx: Sequence[int]) -> None:
         """A request ended (whatever its finish): its text joins the history, its estimates seed

@@ -20,7 +20,7 @@ from typing import Generator
 
 from ..core.costmodel import CostModel
 from ..core.runner import ModelRunner
-from ..drafters import AutoDrafter, Drafter, modes
+from ..drafters import Drafter, modes
 from ..drafters.heads import NO_HEADS
 from ..errors import InvalidRequest
 from ..limits import DEFAULT_K_CAP
@@ -69,16 +69,9 @@ class Engine:
         # learn across requests: the suffix index (bounded; reset_cache() clears it), the recycle table
         kit = modes.Kit(self.costs, self.usable, target, target.times, runners, s.suffix_capacity,
                         _draft_vocab_map(bundle) if draft is not None else None, bundle)
-        self._drafters: dict[str, Drafter] = {}
-        for row in modes.MODES:
-            d = row.build(kit) if row.build is not None else None
-            if d is not None:
-                self._drafters[row.name] = d
-        ranked = sorted((r for r in modes.MODES if r.auto_rank is not None and r.name in self._drafters),
-                        key=lambda r: r.auto_rank)
-        self._drafters["auto"] = AutoDrafter(self.costs, [self._drafters[r.name] for r in ranked])
-        self._suffix = self._drafters["suffix"]
-        self._tree = TreeVerifier(self.costs, self._drafters["ngram"], self._drafters.get("model"))
+        self._drafters: dict[str, Drafter] = modes.build_all(kit)
+        self._fallback = self._drafters[modes.FALLBACK]  # a power limit's free drafter (engine/round.py)
+        self._tree = TreeVerifier(self.costs, target)
         self._cache = PrefixCache()
         self.pinned = None  # a PinnedPrefix (pinned.py): written back before a request that starts with it
         self._lock = threading.Lock()
@@ -208,17 +201,8 @@ class Engine:
                 for _ in range(2):
                     self.target.rewind(0)
                     self.target.step([0] * s, s)  # as a verify: every row scored
-            if self.draft_runner is not None:
-                for s in (1, 2):
-                    for _ in range(2):
-                        self.draft_runner.rewind(0)
-                        self.draft_runner.step([0] * s, 1)
-            if "heads" in self._drafters:
-                self._drafters["heads"].warmup()
-            if self.self_runner is not None:  # its steps are 1 token (it never catches up)
-                for _ in range(3):
-                    self.self_runner.rewind(0)
-                    self.self_runner.step([0], 1)
+            for d in self._drafters.values():  # the draft model's, the self-draft's, the heads' steps
+                d.warmup()
             self._invalidate()
 
     def reset_cache(self) -> None:
@@ -266,6 +250,11 @@ class Engine:
         drafter.set_adaptive(k is None)
         return drafter, DEFAULT_K_CAP if k is None else k
 
+    def _end(self, ctx) -> None:
+        """A request ended, whatever mode ran it: every drafter hears its text (the suffix index keeps it)."""
+        for d in self._drafters.values():
+            d.end(ctx)
+
     def _invalidate(self) -> None:
         """Forget what the caches hold (after an error mid-step, or a warm-up)."""
         self._cache.clear()
@@ -283,8 +272,8 @@ class Engine:
             if self.pinned is not None:
                 self.pinned.restore(req.ids, self.target, self._cache)
             parts = Parts(self.target, self.tokenizer, self.eos_ids, self.usable, self.prefill_chunk,
-                          free_drafter=self._suffix, governor=self.governor, tree=self._tree,
-                          on_end=self._suffix.record)
+                          free_drafter=self._fallback, governor=self.governor, tree=self._tree,
+                          on_end=self._end)
             try:
                 return (yield from decode(parts, req, drafter, k_cap, self._cache))
             except GeneratorExit:

@@ -1,4 +1,5 @@
-"""The decode loop of one request: prefill what the cache lacks, then speculative rounds until a stop.
+"""The decode loop of one request: prefill what the cache lacks, then speculative rounds (engine/round.py,
+as the batch of one) until a stop.
 
     decode(parts, req, drafter, k_cap, cache) -> generator of text deltas, returning GenerationResult
 
@@ -12,37 +13,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Generator, Iterator, Protocol
+from typing import Callable, Generator, Iterator
 
 from ..core.detokenize import TextStream
 from ..core.proposal import common_prefix
 from ..core.runner import ModelRunner
 from ..core.sampling import choose, make_rng
-from ..core.speculative import speculative_round
 from ..drafters.base import Drafter
 from .requests import Request
-from .tree_round import TreeVerifier
 from .results import GenerationResult, GenerationStats
-
-
-class RoundLimits(Protocol):
-    max_k: int | None  # cap on proposals per round (None: no cap)
-    drafting: str  # "any" | "ngram" (free drafts only) | "none"
-    pace_s: float  # pause after each round (0: none)
-
-
-class Governor(Protocol):
-    """What the loop asks of a power/thermal governor (edgespec.edge.governor.Governor is the real one)."""
-
-    def limits(self) -> RoundLimits: ...
-
-    def on_tokens(self, n: int) -> None: ...
-
-    def mark(self): ...
-
-    def j_per_token_since(self, mark) -> float | None: ...
-
-    def close(self) -> None: ...
+from .round import Conditions, Governor, OneSlot, Seq, run_round
+from .tree_round import TreeVerifier
 
 
 @dataclass
@@ -160,6 +141,9 @@ def decode(parts: Parts, req: Request, drafter: Drafter, k_cap: int,
     stats.ttft_s = t_first - t0
 
     em = Emitter(parts.tokenizer, req, parts.eos_ids)
+    one = OneSlot(target)  # the batch of one (engine/round.py)
+    cond = Conditions(usable, gov, parts.tree)
+    seq = Seq(0, ctx, drafter, parts.free_drafter, 0, params, rng, stats, fixed_k=req.k is not None, tree=req.tree)
     finish = None
     pending = [first]
     try:
@@ -176,33 +160,9 @@ def decode(parts: Parts, req: Request, drafter: Drafter, k_cap: int,
                 finish = "cache_full"
                 break
             k = min(k_cap, free - 1, req.max_new_tokens - len(em.out) - 1)
-            round_drafter, pace = drafter, 0.0
-            if gov is not None:
-                lim = gov.limits()
-                if lim.max_k is not None:
-                    k = min(k, lim.max_k)
-                if lim.drafting == "none":
-                    k = 0
-                elif lim.drafting == "ngram" and drafter.uses_model:
-                    round_drafter = parts.free_drafter
-                pace = lim.pace_s
-            if parts.tree is not None:  # a governor's fallback drafter runs chains
-                tree_mode = req.tree if round_drafter is drafter else "off"
-                r = parts.tree.round(target, round_drafter, ctx, max(0, k), params, rng, usable, tree_mode)
-            else:
-                r = speculative_round(target, round_drafter, ctx, max(0, k), params, rng, usable)
+            seq.k = k
+            (r,) = run_round(one, [seq], cond)
             ctx.extend(r.tokens)
-            stats.target_passes += 1
-            stats.rounds += 1
-            stats.drafted += r.drafted
-            stats.accepted += r.accepted
-            stats.rounds_by_source[r.source] = stats.rounds_by_source.get(r.source, 0) + 1
-            if r.accepted:
-                stats.accepted_by_source[r.source] = stats.accepted_by_source.get(r.source, 0) + r.accepted
-            if gov is not None:
-                gov.on_tokens(len(r.tokens))
-                if pace > 0:
-                    time.sleep(pace)  # the governor's pacing: a deliberate pause, not a wait for anything
             pending = r.tokens
     finally:
         if parts.on_end is not None:  # also when the stream is closed early: ctx is final text

@@ -1,17 +1,20 @@
 """A round of tree verification: chain proposal -> widened into a tree -> one target pass -> accept
-the longest path -> compact the caches.
+the longest path -> compact the caches. A batch of one only (engine/round.py runs the round and asks
+`propose` for the tree, `verify` for its pass): a batched pass verifies chains.
 
 The round starts like a chain round (the drafter proposes, with its own adaptive length) and then
-widens the chain with candidates that cost no extra draft step:
-- the draft model's runners-up at each depth it drafted (its logits rows are already computed);
-- the n-gram drafter's alternative continuations (other earlier matches of the context's suffix);
-- the suffix index's other continuations of the context's longest earlier match (each first token
-  that followed it, then its most frequent path: `SuffixIndex.alternatives`, O(match length)).
+widens the chain with candidates that cost no extra draft step, offered through the drafter
+interface (drafters/base.py):
+- the draft's runners-up at each depth it drafted (its logits rows are already computed), recorded
+  in Proposal.alts when the round asks (`set_tree_width`);
+- free lookups' other continuations (`alternatives`): prompt lookup's other earlier matches of the
+  context's suffix, the suffix index's other continuations of its longest earlier match (each first
+  token that followed it, then its most frequent path: `SuffixIndex.alternatives`, O(match length)).
 Merged into a trie (core/tree.py) they are verified in one target step: node i at cache row L+i and
 rotary position L+depth(i), seeing only its ancestors (graph contract v2). The accepted path's rows
 are then copied to rows L+1.. (`ModelRunner.compact`), so afterwards the target cache holds exactly
 ctx[:-1] again: the invariant of core/speculative.py. The draft model only ever ran the chain, so its
-cache holds ctx + chain tokens; it is rewound to its common prefix with the new context (the
+cache holds ctx + chain tokens; its feedback keeps the part of the chain the accepted path kept (the
 accepted path's draft rows are already contiguous: the draft never computed a side branch).
 
 Whether a round widens, and how much, is the cost model's call (`--tree auto`): each extra node has
@@ -34,37 +37,18 @@ import numpy as np
 
 from ..core import tree as treelib
 from ..core.costmodel import CostModel
-from ..core.proposal import EMPTY, Proposal, common_prefix
+from ..core.proposal import EMPTY, Proposal
 from ..core.runner import ModelRunner
 from ..core.sampling import SamplingParams
-from ..core.speculative import Round, usable_draft, verify_chain
-from ..drafters import AutoDrafter, Beta, Drafter, ModelDrafter, NgramDrafter, SuffixDrafter
-from ..drafters.ngram import suffix_matches
+from ..core.speculative import Round, usable_draft
+from ..drafters.base import Beta, Drafter
 
 DEFAULT_TREE_WIDTH = 4  # most children per node (the chain's token + runners-up / alternatives)
 MAX_TREE_NODES = 32  # root included: a verify of more rows than this never paid in any measurement
 TREE_MIN_GAIN = 0.05  # a tree must promise this much more than the chain it widens
-
-
-def ngram_alternatives(ctx: Sequence[int], k: int, width: int, max_n: int = 5) -> list[list[int]]:
-    """Up to `width` distinct continuations of up to k tokens that followed earlier occurrences of
-    the context's suffix (ngram.suffix_matches), longest match first, then latest occurrence first."""
-    a = np.asarray(ctx, dtype=np.int64)
-    length = a.shape[0]
-    out: list[list[int]] = []
-    if k <= 0 or width <= 0 or length < 2:
-        return out
-    ends, matched = suffix_matches(a, max_n)
-    seen: set[tuple[int, ...]] = set()
-    for n in range(min(max_n, length - 1), 0, -1):
-        for j in ends[matched >= n][::-1]:
-            cont = tuple(a[j + 1 : j + 1 + k].tolist())
-            if cont and cont not in seen:
-                seen.add(cont)
-                out.append(list(cont))
-                if len(out) >= width:
-                    return out
-    return out
+# an alternative copy's tokens past its first, given the first was the target's: a copy that starts
+# right usually goes on (the n-gram drafter's prior for a continuing span, drafters/ngram.py)
+ALT_CONTINUE = 0.75
 
 
 @dataclass
@@ -79,71 +63,62 @@ class TreeStats:
 
 
 class TreeVerifier:
-    """Runs a round as a chain or a tree (see the module docstring); keeps the learned acceptance of
-    runners-up and alternative copies, which the auto decision needs."""
+    """Widens a batch-of-one round into a tree and verifies it (see the module docstring); keeps the
+    learned acceptance of runners-up and alternative copies, which the auto decision needs. It meets
+    the drafter through drafters.base.Drafter only: `set_tree_width` (runners-up recorded in
+    Proposal.alts), `alternatives` (free lookups' other continuations), the proposal's own
+    per-token estimates (Proposal.accept) and draft cost (Proposal.draft_s)."""
 
-    def __init__(self, costs: CostModel, ngram: NgramDrafter, model: ModelDrafter | None,
-                 width: int = DEFAULT_TREE_WIDTH):
+    def __init__(self, costs: CostModel, target: ModelRunner, width: int = DEFAULT_TREE_WIDTH):
         if not 1 <= width <= 8:
             raise ValueError(f"tree width must be 1..8, got {width}")
         self.costs = costs
-        self.ngram = ngram
-        self.model = model
+        self.target = target
         self.width = width
         # P(a non-first child is the target's token | its parent was reached and the first child was
         # not): priors low (a runner-up is right far less often than the draft's first choice)
         self.alt = {"model-alt": Beta(0.15, weight=6.0), "ngram": Beta(0.15, weight=6.0),
                     "suffix-alt": Beta(0.15, weight=6.0)}
+        self.cont = ALT_CONTINUE  # P(an alternative copy's next token is right | the ones before were)
         self.stats = TreeStats()
 
     def begin(self) -> None:
         self.stats = TreeStats()
 
     # -- the round ----------------------------------------------------------------------------------
-    def round(self, target: ModelRunner, drafter: Drafter, ctx: list[int], k: int, params: SamplingParams,
-              rng: np.random.Generator, usable: int, mode: str) -> Round:
+    def propose(self, drafter: Drafter, ctx: list[int], k: int, params: SamplingParams, rng: np.random.Generator,
+                usable: int, mode: str) -> tuple[Proposal, list[int], treelib.Tree | None]:
+        """The round's proposal, its usable chain, and the tree it widens into (None: verify the
+        chain, engine/round.py)."""
+        target = self.target
         if mode == "off" or k <= 0 or not target.can_tree or self.width < 2:
             prop = drafter.propose(ctx, k, params, rng) if k > 0 else EMPTY
-            return verify_chain(target, drafter, ctx, prop, usable_draft(prop, k, usable), params, rng, usable)
-        uses_model = drafter is self.model or isinstance(drafter, AutoDrafter)
-        if self.model is not None:
-            self.model.alts = self.width - 1 if uses_model else 0
-            self.model.last_alts = []
+            return prop, usable_draft(prop, k, usable), None
+        drafter.set_tree_width(self.width)  # the draft records its runners-up (Proposal.alts)
         try:
             prop = drafter.propose(ctx, k, params, rng)
         finally:
-            if self.model is not None:
-                self.model.alts = 0
+            drafter.set_tree_width(0)
         draft = usable_draft(prop, k, usable)
         free = target.max_len - target.length  # rows the tree may use, root included
         max_nodes = min(free, MAX_TREE_NODES)
         if mode == "auto" and self._no_tree_can_pay(prop, draft, max_nodes):
-            return verify_chain(target, drafter, ctx, prop, draft, params, rng, usable)
+            return prop, draft, None
         tree = self._widen(ctx, prop, draft, k, drafter, usable, max_nodes)
         if mode == "auto":
             tree = self._prune(tree, prop, draft)
-        if tree.is_chain():
-            return verify_chain(target, drafter, ctx, prop, draft, params, rng, usable)
-        return self._verify_tree(target, drafter, ctx, prop, draft, tree, params, rng, usable)
+        return prop, draft, None if tree.is_chain() else tree
 
     def _widen(self, ctx, prop: Proposal, draft: list[int], k: int, drafter: Drafter, usable: int,
                max_nodes: int) -> treelib.Tree:
         paths: list[tuple[list[int], list | None, str]] = []
         q = None if prop.q is None else list(prop.q[: len(draft)])
         paths.append((draft, q, prop.source))
-        alts = self.model.last_alts if (self.model is not None and prop.source == "model") else []
-        for j, ups in enumerate(alts[: len(draft)]):
+        for j, ups in enumerate(prop.alts[: len(draft)]):
             for t, _p in ups[: self.width - 1]:
                 if 0 <= t < usable:
                     paths.append((draft[:j] + [t], None, "model-alt"))
-        alternatives: list[tuple[list[int], str]] = []
-        suffix = _suffix_of(drafter)
-        if suffix is not None:
-            idx = suffix.index
-            alternatives += [(c, "suffix-alt") for c in idx.alternatives(ctx[-idx.max_match :], k, self.width)]
-        if isinstance(drafter, (NgramDrafter, AutoDrafter)):
-            alternatives += [(c, "ngram") for c in ngram_alternatives(ctx, k, self.width)]
-        for cont, src in alternatives:
+        for cont, src in drafter.alternatives(ctx, k, self.width):
             cut = list(cont)
             for i, t in enumerate(cut):
                 if not 0 <= t < usable:
@@ -168,7 +143,7 @@ class TreeVerifier:
                 if tree.source[i] == prop.source and d - 1 < len(chain_p):
                     a = chain_p[d - 1]
                 else:  # an alternative copy continuing past its own first token
-                    a = self.ngram.next.mean
+                    a = self.cont
                 p[i] = p[par] * a
             else:
                 f = first_of[par]
@@ -177,16 +152,11 @@ class TreeVerifier:
                 p[i] = p[par] * miss * self.alt[src].mean
         return p
 
-    def _chain_acceptance(self, prop: Proposal, n: int) -> list[float]:
-        """Per-depth acceptance of the drafter's chain, given the depth before was accepted."""
-        if prop.source == "model" and self.model is not None and prop.conf:
-            return [self.model.acceptance(c) for c in prop.conf[:n]]
-        if prop.source == "ngram":
-            first = self.ngram._first_estimate(prop.ngram).mean
-            return [first] + [self.ngram.next.mean] * (n - 1)
-        if prop.accept:  # a free drafter's own per-token estimates (suffix, recycle)
-            return [float(a) for a in prop.accept[:n]] + [0.0] * max(0, n - len(prop.accept))
-        return [0.0] * n
+    @staticmethod
+    def _chain_acceptance(prop: Proposal, n: int) -> list[float]:
+        """Per-depth acceptance of the drafter's chain, given the depth before was accepted: the
+        drafter's own per-token estimates (Proposal.accept; none: 0)."""
+        return [float(a) for a in prop.accept[:n]] + [0.0] * max(0, n - len(prop.accept))
 
     def _no_tree_can_pay(self, prop: Proposal, draft: list[int], max_nodes: int) -> bool:
         """Whether `_prune` would keep no branching tree for any widening of this chain, whatever
@@ -210,7 +180,7 @@ class TreeVerifier:
         c = min(len(draft), max_nodes - 1) + 1  # chain nodes the tree would hold, root included
         if c >= max_nodes:
             return True
-        q = self.ngram.next.mean
+        q = self.cont
         chain_p = self._chain_acceptance(prop, len(draft))
         reach, e, lost = 1.0, 1.0, 0.0
         for i in range(c - 1):  # the same products, in the same order, as reach() and _prune
@@ -297,15 +267,16 @@ class TreeVerifier:
                 t = max(t, pts[m] * n / m)
         return t
 
-    def _draft_seconds(self, prop: Proposal) -> float:
-        if prop.source == "model" and self.model is not None:
-            return self.costs.draft_steps(self.model.last_sizes)
-        return 0.0
+    @staticmethod
+    def _draft_seconds(prop: Proposal) -> float:
+        return prop.draft_s
 
     # -- verify -------------------------------------------------------------------------------------
-    def _verify_tree(self, target: ModelRunner, drafter: Drafter, ctx: list[int], prop: Proposal,
-                     draft: list[int], tree: treelib.Tree, params: SamplingParams, rng: np.random.Generator,
-                     usable: int) -> Round:
+    def verify(self, drafter: Drafter, ctx: list[int], prop: Proposal, draft: list[int], tree: treelib.Tree,
+               params: SamplingParams, rng: np.random.Generator, usable: int) -> Round:
+        """One target pass over the flattened tree, the accepted path compacted to the cache rows
+        after ctx[:-1] (the round's invariant, core/speculative.py)."""
+        target = self.target
         base = len(ctx) - 1  # == target.length; the root is ctx[-1], written at row base
         rows = target.step_tree(tree.tokens, tree.depth, tree.ancestors())  # [N, V]
         if params.greedy:
@@ -321,13 +292,9 @@ class TreeVerifier:
         while on_chain < min(n, len(draft)) and accepted[on_chain] == draft[on_chain] \
                 and tree.source[path[on_chain + 1]] == prop.source:
             on_chain += 1
-        drafter.feedback(prop, on_chain, base + 1 + n)
-        if self.model is not None:  # its cache holds ctx + its chain: keep only what the new context has
-            new_ctx = ctx + accepted + [nxt]
-            keep = common_prefix(self.model.tokens, new_ctx)
-            if keep < len(self.model.tokens):
-                self.model.runner.rewind(keep)
-                del self.model.tokens[keep:]
+        # the draft's cache holds ctx + its chain: past the part the accepted path kept, its rows may
+        # be stale, so that is the length it may keep (a draft never computed a side branch)
+        drafter.feedback(prop, on_chain, base + 1 + on_chain)
         self._learn(tree, path)
         s = self.stats
         shape = tree.shape()
@@ -355,13 +322,6 @@ class TreeVerifier:
             for c in kids[1:]:
                 src = tree.source[c] if tree.source[c] in self.alt else "ngram"
                 self.alt[src].add(c == taken, c != taken)
-
-
-def _suffix_of(drafter: Drafter) -> SuffixDrafter | None:
-    """The suffix drafter that drafts (or may draft) this round: the drafter itself or one of auto's sources."""
-    if isinstance(drafter, SuffixDrafter):
-        return drafter
-    return next((s for s in getattr(drafter, "sources", ()) if isinstance(s, SuffixDrafter)), None)
 
 
 def subtree(tree: treelib.Tree, keep: set[int]) -> treelib.Tree:

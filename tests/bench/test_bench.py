@@ -523,7 +523,7 @@ def test_conversation_turns_run_in_order_from_one_reset(tiny_bundle):
     eng = Engine.open(tiny_bundle, draft="auto", max_len=512)
     resets = []
     orig = eng.reset_cache
-    eng.reset_cache = lambda: (resets.append(len(eng._suffix.index)), orig())[1]
+    eng.reset_cache = lambda: (resets.append(len(eng._drafters["suffix"].index)), orig())[1]
     try:
         run = bench.run_bench(eng, prompts, modes, max_new_tokens=16, repeats=1, warmup=False)
     finally:

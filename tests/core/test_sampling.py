@@ -12,7 +12,7 @@ from edgespec.drafters import ModelDrafter, NgramDrafter, Proposal
 from edgespec.errors import InvalidRequest
 from edgespec.core.runner import StepTimes
 from edgespec.core.sampling import SamplingParams, choose, probs, sample
-from edgespec.core.speculative import speculative_round
+from edgespec.engine.round import speculative_round
 from edgespec.drafters import RecycleDrafter, SuffixDrafter, SuffixIndex
 
 from helpers.stats import chi2_gof, chi2_sf
@@ -301,9 +301,7 @@ def test_free_drafters_really_propose_in_the_sampling_harness(kind):
     params = SAMPLING[0]
     t, _ = _tables(True)
     seen = {"drafted": 0, "accepted": 0}
-    import edgespec.core.speculative as spec
-
-    orig = spec.speculative_round
+    orig = speculative_round
 
     def counting(*a, **kw):
         r = orig(*a, **kw)

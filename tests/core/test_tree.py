@@ -17,8 +17,8 @@ from edgespec.models.manifest import content_digest, file_entry
 from edgespec.core.runner import ModelRunner
 from edgespec.engine.build import load_runner
 from edgespec.core.sampling import SamplingParams
-from edgespec.drafters.ngram import ngram_match
-from edgespec.engine.tree_round import _cap_width, ngram_alternatives, subtree
+from edgespec.drafters.ngram import ngram_alternatives, ngram_match
+from edgespec.engine.tree_round import _cap_width, subtree
 
 from helpers.costs import freeze
 from helpers.stats import chi2_gof
@@ -463,7 +463,6 @@ def test_a_current_cpu_export_is_format_3_with_the_tree_inputs(tiny_bundle):
 # --- the auto decision ----------------------------------------------------------------------------
 def _verifier(cost_of_size):
     from edgespec.core.costmodel import CostModel
-    from edgespec.drafters import NgramDrafter
     from edgespec.core.runner import StepTimes
     from edgespec.engine.tree_round import TreeVerifier
 
@@ -472,13 +471,13 @@ def _verifier(cost_of_size):
         for _ in range(3):
             times.add(s, cost_of_size(s))
     costs = CostModel(times)
-    return TreeVerifier(costs, NgramDrafter(costs), None)
+    return TreeVerifier(costs, None)  # the pricing alone: no target
 
 
 def _ngram_tree():
     from edgespec.drafters import Proposal
 
-    prop = Proposal([5, 6, 7], None, "ngram", ngram=3)
+    prop = Proposal([5, 6, 7], None, "ngram", ngram=3, accept=[0.45, 0.75, 0.75])  # ngram's priors
     paths = [([5, 6, 7], None, "ngram"), ([8, 9, 10], None, "ngram"), ([11, 12], None, "ngram")]
     return prop, treelib.from_paths(1, paths)
 
@@ -543,7 +542,7 @@ def _random_round(rng, v):
 
     for name in v.alt:
         v.alt[name] = Beta(rng.uniform(0.01, 0.99))
-    v.ngram.next = Beta(rng.uniform(0.05, 0.98))
+    v.cont = rng.uniform(0.05, 0.98)
     source = str(rng.choice(["suffix", "ngram", "model", "none"]))
     n = 0 if source == "none" else int(rng.integers(1, 8))
     draft = [int(t) for t in rng.integers(10, 40, n)]

@@ -195,7 +195,7 @@ def test_a_later_request_copies_an_earlier_answer(eng):
     fresh = eng.generate("def add(a, b):", max_new_tokens=40, draft="suffix")
     assert fresh.token_ids == first.token_ids
     assert fresh.stats.accepted < again.stats.accepted
-    assert len(eng._suffix.index) == len(eng.encode("def add(a, b):")) + 40
+    assert len(eng._drafters["suffix"].index) == len(eng.encode("def add(a, b):")) + 40
 
 
 def test_recycle_mode_drafts_from_the_verify_rows(eng):
@@ -227,8 +227,8 @@ def test_a_stream_closed_early_leaves_a_clean_document(eng):
     s = eng.stream("def add(a, b):", max_new_tokens=40, draft="suffix")
     next(s)
     s.close()
-    first_doc = list(eng._suffix.index.text)
+    first_doc = list(eng._drafters["suffix"].index.text)
     assert first_doc[: len(eng.encode("def add(a, b):"))] == eng.encode("def add(a, b):")
     r = eng.generate("x = [1, 2", max_new_tokens=8, draft="none")
     ids = eng.encode("x = [1, 2")
-    assert list(eng._suffix.index.text) == [*first_doc, SEP, *ids, *r.token_ids]
+    assert list(eng._drafters["suffix"].index.text) == [*first_doc, SEP, *ids, *r.token_ids]

@@ -97,9 +97,9 @@ def test_adaptive_rows_are_cut_to_the_rounds_width(batch, alone, monkeypatch):
     """The batch's width choice (round_shape.py) is applied: with the width pinned to 2, adaptive
     rows carry at most one proposal, a client's fixed k is never cut (and sets the width), and every
     output is still what the request gets alone."""
-    import edgespec.engine.batch as batch_mod
+    import edgespec.engine.round as round_mod
 
-    monkeypatch.setattr(batch_mod, "choose_width",
+    monkeypatch.setattr(round_mod, "choose_width",
                         lambda rows, pass_seconds: max([2] + [r.proposed + 1 for r in rows if r.fixed]))
     monkeypatch.setattr(batch.runner, "times", _FlatTimes())  # every width costs the same: rows go wide
     passes: list[list[int]] = []

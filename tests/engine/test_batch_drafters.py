@@ -10,7 +10,7 @@ from helpers.costs import times
 
 
 def _suffix(bd: BatchDrafters, ctx: list[int]) -> SuffixDrafter:
-    d, cap = bd.for_request("suffix", 8, None)
+    d, _, cap = bd.for_request("suffix", 8, None)
     assert isinstance(d, SuffixDrafter) and cap == 8
     d.begin(ctx)
     return d
@@ -50,7 +50,7 @@ def test_admission_copies_nothing_and_the_own_index_holds_only_the_request():
     bd.history.extend(old)
     history, held, states = bd.history, len(bd.history), bd.history.states
     for mode in ("suffix", "auto"):
-        d, _ = bd.for_request(mode, None, CostModel(times(s1=0.1)))
+        d, _, _ = bd.for_request(mode, None, CostModel(times(s1=0.1)))
         sx = d if mode == "suffix" else d.sources[0]
         assert sx.shared is history and sx.index is not history  # the history itself, not a copy
         assert len(sx.index) == 0 and sx.index.states == 1  # an empty automaton (its root) to start

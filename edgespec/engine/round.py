@@ -1,0 +1,260 @@
+"""One speculative round for a batch of sequences: draft -> verify -> accept -> rewind.
+
+    rounds = run_round(target, seqs, conditions)      # seqs: [Seq], one per sequence; -> [Round]
+
+The serial engine (loop.decode) runs every round as a batch of one; the batched engine
+(batch.BatchEngine) runs one for all the requests generating. What a round does, in order:
+
+1. limits: the governor's (max k, free drafts only, no drafts, pacing), read once per round; under
+   "free drafts only" a sequence whose drafter uses a model drafts with its free fallback instead;
+2. propose: each sequence's drafter proposes at most its k tokens (`Seq.k`, already capped by the
+   cache and max_new_tokens), cut at the first id past the usable vocabulary. Drafters that step a
+   model draft through `Conditions.drafts` when given (engine/draft_batch.py: one batched draft
+   step for every sequence that wants one); a batch of one with a tree verifier may widen its
+   proposal into a tree (engine/tree_round.py);
+3. width: in a batch of several, the pass is as wide as its longest row, so adaptive rows are cut
+   to the width with the most expected tokens per second for the batch (round_shape.py);
+4. verify: one target pass over every chain row (`Target.step`); a tree is verified by its verifier;
+5. accept (`decide`, the one place logits become accept decisions), rewind the sequence's cache to
+   what it accepted, feedback and observe to its drafter, count the round in its stats;
+6. the governor hears of the tokens, and paces.
+
+A round does not know which drafter it drives: it meets them through drafters.base.Drafter only.
+What a batched engine cannot run is refused before a request is admitted, in one place per kind:
+drafting modes by drafters/modes.py's table (`check_batched`), trees by settings.check_batched_tree.
+
+Every sequence accepts exactly what it would alone: greedy rows are the target's argmax whatever
+their neighbours; a sampled row draws from its own RNG in its own order (bitwise with the runners'
+deterministic mode, where a row does not depend on the other rows of the pass).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from ..core import speculative as spec
+from ..core.proposal import EMPTY, Proposal
+from ..core.sampling import SamplingParams
+from ..core.speculative import Round, usable_draft
+from ..drafters.base import Drafter
+from .results import GenerationStats
+from .round_shape import RowPlan, choose_width
+
+
+class RoundLimits(Protocol):
+    max_k: int | None  # cap on proposals per round (None: no cap)
+    drafting: str  # "any" | "ngram" (free drafts only) | "none"
+    pace_s: float  # pause after each round (0: none)
+
+
+class Governor(Protocol):
+    """What a round asks of a power/thermal governor (edgespec.edge.governor.Governor is the real one)."""
+
+    def limits(self) -> RoundLimits: ...
+
+    def on_tokens(self, n: int) -> None: ...
+
+    def mark(self): ...
+
+    def j_per_token_since(self, mark) -> float | None: ...
+
+    def close(self) -> None: ...
+
+
+class Target(Protocol):
+    """The target as a round sees it: a cache slot per sequence, one pass for all their rows.
+    core/batch_runner.BatchRunner is one; OneSlot puts a ModelRunner behind it."""
+
+    def step(self, rows: Mapping[int, Sequence[int]]) -> Mapping[int, np.ndarray]: ...  # {slot: [s, V]}
+
+    def rewind(self, slot: int, length: int) -> None: ...
+
+
+class OneSlot:
+    """A ModelRunner as the batch of one (slot 0): the serial engine's target."""
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def step(self, rows: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
+        ((slot, tokens),) = rows.items()
+        return {slot: self.runner.step(tokens, n_logits=len(tokens))}  # a view, read before the next step
+
+    def rewind(self, slot: int, length: int) -> None:
+        self.runner.rewind(length)
+
+
+class Drafts(Protocol):
+    """Runs proposal calls whose model steps may be batched together (engine/draft_batch.py)."""
+
+    def run(self, calls: Sequence[Callable[[], Proposal]]) -> list[Proposal]: ...
+
+
+@dataclass
+class Seq:
+    """One sequence's part in a round. Invariant between rounds (core/speculative.py): ctx[-1] is the
+    newest token, not yet in the target's cache, which holds ctx[:-1] in slot `slot`."""
+
+    slot: int
+    ctx: list[int]
+    drafter: Drafter
+    fallback: Drafter  # what a "free drafts only" limit drafts with for a drafter that uses a model
+    k: int  # most proposals this round (capped by the free cache and max_new_tokens)
+    params: SamplingParams
+    rng: np.random.Generator
+    stats: GenerationStats
+    fixed_k: bool = False  # the client chose k: a batch's width choice never cuts it
+    tree: str = "off"  # "auto" | "on" | "off": only a batch of one with a tree verifier widens
+
+
+@dataclass
+class Conditions:
+    """What the engine lends every round."""
+
+    usable: int  # ids >= usable are never accepted (logits padding rows)
+    governor: Governor | None = None
+    tree: object = None  # engine/tree_round.TreeVerifier: a batch of one may verify a tree
+    pass_seconds: Callable[[int], float] | None = None  # a batched pass's seconds by width (round_shape.py)
+    drafts: Drafts | None = None  # proposals whose model steps run batched
+
+
+def run_round(target: Target, seqs: Sequence[Seq], cond: Conditions) -> list[Round]:
+    """One round for every sequence (see the module docstring); returns each one's Round, in order.
+    The caller extends each ctx with its round's tokens."""
+    gov = cond.governor
+    lim = gov.limits() if gov is not None else None
+    usable = cond.usable
+    ks, drafters = [], []
+    for s in seqs:
+        k, d = s.k, s.drafter
+        if lim is not None:
+            if lim.max_k is not None:
+                k = min(k, lim.max_k)
+            if lim.drafting == "none":
+                k = 0
+            elif lim.drafting == "ngram" and d.uses_model:
+                d = s.fallback
+        ks.append(max(0, k))
+        drafters.append(d)
+    # propose: a tree (a batch of one) or chains, whose model steps may run batched
+    trees: list = [None] * len(seqs)
+    tv = cond.tree
+    if tv is not None and len(seqs) == 1 and seqs[0].tree != "off" and drafters[0] is seqs[0].drafter:
+        s = seqs[0]
+        prop, draft, trees[0] = tv.propose(drafters[0], s.ctx, ks[0], s.params, s.rng, usable, s.tree)
+        props = [(prop, draft)]
+    else:
+        calls = [_proposer(d, s, k) for d, s, k in zip(drafters, seqs, ks)]
+        wants = [i for i, (d, k) in enumerate(zip(drafters, ks)) if k > 0 and d.uses_model]
+        made = [None] * len(seqs)
+        if cond.drafts is not None and len(wants) > 1:
+            for i, p in zip(wants, cond.drafts.run([calls[i] for i in wants])):
+                made[i] = p
+        props = []
+        for i, (s, k) in enumerate(zip(seqs, ks)):
+            prop = made[i] if made[i] is not None else calls[i]()
+            props.append((prop, usable_draft(prop, k, usable)))
+    if len(seqs) > 1 and cond.pass_seconds is not None:
+        props = _shape(seqs, props, cond.pass_seconds)
+    # verify: the chains in one pass
+    chains = {s.slot: [s.ctx[-1], *props[i][1]] for i, s in enumerate(seqs) if trees[i] is None}
+    out = target.step(chains) if chains else {}
+    rounds: list[Round] = []
+    for i, s in enumerate(seqs):
+        prop, draft = props[i]
+        d = drafters[i]
+        if trees[i] is not None:
+            r = tv.verify(d, s.ctx, prop, draft, trees[i], s.params, s.rng, usable)
+        else:
+            r = _accept(target, s, d, prop, draft, out[s.slot], usable)
+        count(s.stats, r)
+        rounds.append(r)
+    if gov is not None:
+        gov.on_tokens(sum(len(r.tokens) for r in rounds))
+        if lim is not None and lim.pace_s > 0:
+            time.sleep(lim.pace_s)  # the governor's pacing: a deliberate pause, not a wait for anything
+    return rounds
+
+
+def _proposer(d: Drafter, s: Seq, k: int) -> Callable[[], Proposal]:
+    if k <= 0:
+        return lambda: EMPTY
+    return lambda: d.propose(s.ctx, k, s.params, s.rng)
+
+
+def decide(logits: np.ndarray, prop: Proposal, draft: list[int], params: SamplingParams,
+           rng: np.random.Generator, usable: int) -> tuple[int, int]:
+    """The one place a sequence's verified logits become its accept decision: (proposals accepted,
+    the target's next token). logits: [len(draft) + 1, V], row i the target's prediction after
+    draft[:i]. Per-row acceptance is core/speculative.py's (greedy: the longest prefix matching the
+    argmax; sampled: rejection sampling). A per-row logits mask (constrained decoding) belongs here,
+    applied to `logits` before the decision, so proposals and the target's own token obey it alike."""
+    if params.greedy:
+        return spec.accept_greedy(logits, draft, usable)
+    return spec.accept_sampled(logits, prop, draft, params, rng, usable)
+
+
+def _accept(target: Target, s: Seq, d: Drafter, prop: Proposal, draft: list[int], logits: np.ndarray,
+            usable: int) -> Round:
+    base = len(s.ctx) - 1  # == the slot's length before the pass
+    n, nxt = decide(logits, prop, draft, s.params, s.rng, usable)
+    target.rewind(s.slot, base + 1 + n)  # forget the rejected proposals' cache rows ...
+    d.feedback(prop, n, base + 1 + n)  # ... and the drafter forgets its own the same way
+    d.observe(logits[: n + 1], [s.ctx[-1], *draft[:n]])  # the rows of the final context only
+    return Round(draft[:n] + [nxt], len(draft), n, prop.source)
+
+
+def count(stats: GenerationStats, r: Round) -> None:
+    """A round in its sequence's stats: passes, proposals, acceptance, by source."""
+    stats.target_passes += 1
+    stats.rounds += 1
+    stats.drafted += r.drafted
+    stats.accepted += r.accepted
+    stats.rounds_by_source[r.source] = stats.rounds_by_source.get(r.source, 0) + 1
+    if r.accepted:
+        stats.accepted_by_source[r.source] = stats.accepted_by_source.get(r.source, 0) + r.accepted
+
+
+def _shape(seqs: Sequence[Seq], props: list, pass_seconds: Callable[[int], float]) -> list:
+    """Cuts the adaptive rows to the round's width (round_shape.py): the pass is as wide as its
+    longest row, so the width is chosen for the batch, not by each sequence alone."""
+    plans = [RowPlan(len(draft), prop.accept or None, s.fixed_k) for s, (prop, draft) in zip(seqs, props)]
+    keep = choose_width(plans, pass_seconds) - 1
+    out = []
+    for s, (prop, draft) in zip(seqs, props):
+        if not s.fixed_k and len(draft) > keep:
+            prop = replace(prop, tokens=draft[:keep], accept=prop.accept[:keep], q=None if prop.q is None
+                           else prop.q[:keep], conf=prop.conf[:keep], alts=prop.alts[:keep])
+            draft = draft[:keep]
+        out.append((prop, draft))
+    return out
+
+
+def speculative_round(target, drafter: Drafter, ctx: list[int], k: int, params: SamplingParams,
+                      rng: np.random.Generator, usable: int) -> Round:
+    """One round of one sequence on a ModelRunner, as the batch of one (tests and tools drive a
+    drafter with it); `drafter` needs only propose and feedback (core/proposal.Proposer)."""
+    s = Seq(0, ctx, _Bare(drafter), _Bare(drafter), k, params, rng, GenerationStats())
+    return run_round(OneSlot(target), [s], Conditions(usable))[0]
+
+
+class _Bare:
+    """A bare Proposer (tests) as a Drafter: the rest of the interface does nothing."""
+
+    def __init__(self, p):
+        self.p = p
+        self.uses_model = bool(getattr(p, "uses_model", False))
+
+    def propose(self, ctx, k, params, rng):
+        return self.p.propose(ctx, k, params, rng)
+
+    def feedback(self, proposal, accepted, valid_len):
+        self.p.feedback(proposal, accepted, valid_len)
+
+    def observe(self, rows, tokens):
+        observe = getattr(self.p, "observe", None)
+        if observe is not None:
+            observe(rows, tokens)
