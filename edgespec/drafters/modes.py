@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import DraftUnavailable, InvalidRequest
+from ..limits import DRAFT_MODES
 
 
 @dataclass
@@ -125,6 +126,8 @@ MODES: tuple[DraftMode, ...] = (
 )
 BY_NAME = {m.name: m for m in MODES}
 NAMES = tuple(m.name for m in MODES)  # what a `draft` setting or request may name
+if NAMES != DRAFT_MODES:  # the manifest reader checks `drafting.mode` against limits.DRAFT_MODES
+    raise ImportError(f"drafters/modes.py rows {NAMES} differ from limits.DRAFT_MODES {DRAFT_MODES}: add the name there")
 BATCHED = tuple(m.name for m in MODES if m.batched)
 FALLBACK = next(m.name for m in MODES if m.fallback)
 

@@ -76,10 +76,10 @@ def _tokenizer(root: Path, manifest: Manifest) -> tuple[Any, list[str]]:
     except BaseException as e:  # noqa: BLE001 - a Rust panic is a BaseException (pyo3's PanicException)
         first = (str(e).strip().splitlines() or [""])[0][:200]
         return None, [f"tokenizer.json: not a tokenizer this runtime can load ({type(e).__name__}: {first})"]
-    usable = manifest.tokenizer.usable_vocab
-    if usable > size:
-        return tok, [f"manifest.json: tokenizer.usable_vocab is {usable}, but tokenizer.json has {size} tokens"]
-    return tok, []
+    from .derived import usable_problem
+
+    said = usable_problem(manifest, size)
+    return tok, [said] if said else []
 
 
 def _config(root: Path, manifest: Manifest) -> tuple[dict, str | None]:

@@ -83,8 +83,12 @@ def verify_bundle(root: str | os.PathLike, *, checksums: bool = True) -> tuple[M
 
         added = {n for rows in CONTRACT_INPUTS.values() for names in rows.values() for n in names}
         graphs = [(role, g) for role, facts in manifest.models.items() for g in facts.graphs().values()]
+        from .derived import bundle_map_problems, graph_problems
+
         for role, graph in graphs:  # each flavor's graph (export --ep cpu,cuda)
             problems += model_problems(root, role, graph, set(manifest.files), added)
+            problems += graph_problems(root, role, graph)  # the facts derived from its nodes
+        problems += bundle_map_problems(root, manifest)
         if manifest.heads is not None:  # the draft heads' graph against its record (method, sizes)
             from .graphfacts import heads_problems
 

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ..limits import QUANTS
+from . import fieldrules
+from .fieldrules import MAX_EOS_IDS, MAX_SPECIAL_TOKENS, MAX_TOKENIZER_FILES, at_most
 from .schema import (all_of, between, check_object, ids_below, int_of, io_name, is_int, layer_pattern, listed_in,
                      not_empty, one_of, show, text)
 
@@ -214,6 +216,8 @@ def _self_draft(v, obj, root):
     skip, layers = v.get("skip", []), int_of(obj, "layers")
     if not isinstance(skip, list) or not all(is_int(i) and 1 <= i < (layers or 0) for i in skip):
         return f".skip must be a list of layer numbers from 1 to {(layers or 2) - 1}, got {show(skip)}"
+    if len(set(skip)) != len(skip):
+        return f".skip names a layer twice, got {show(skip)}"
     return None
 
 
@@ -235,12 +239,16 @@ MODEL_RULES = {
     "position_ids": io_name, "attention_bias": io_name, "hidden_states": io_name,
     "past_key": layer_pattern, "past_value": layer_pattern, "present_key": layer_pattern,
     "present_value": layer_pattern,
-    "self_draft": _self_draft, "vocab_map": _listed,
+    "self_draft": _self_draft, "vocab_map": fieldrules.vocab_map, "parity": fieldrules.parity,
 }
 TOKENIZER_RULES = {
     "usable_vocab": all_of(_positive, _at_most_target_vocab),
-    "bos_id": ids_below(_usable), "eos_ids": all_of(not_empty("generation would never stop at an end token"), ids_below(_usable)),
-    "pad_id": ids_below(_target_vocab), "special_tokens": ids_below(_target_vocab),
+    "bos_id": ids_below(_usable),
+    "eos_ids": all_of(not_empty("generation would never stop at an end token"), at_most(MAX_EOS_IDS, "ids"),
+                      ids_below(_usable)),
+    "pad_id": ids_below(_target_vocab),
+    "special_tokens": all_of(at_most(MAX_SPECIAL_TOKENS, "tokens"), ids_below(_target_vocab)),
+    "files": at_most(MAX_TOKENIZER_FILES, "files"),
 }
 HEADS_METHODS = ("medusa", "feature")  # export/edgespec_export/heads.py METHODS
 
@@ -252,13 +260,15 @@ def _heads(v, obj, root):
     for f in ("path", "vocab_map"):
         if not isinstance(v.get(f), str) or v[f] not in root["files"]:
             return f".{f} {show(v.get(f))} is not listed in 'files'"
+    if not v["vocab_map"].endswith(fieldrules.MAP_SUFFIX):
+        return f".vocab_map {show(v['vocab_map'])} is not a numpy array file ({fieldrules.MAP_SUFFIX})"
     for f in ("n_heads", "hidden_size", "kept"):
         if not is_int(v.get(f)) or v[f] <= 0:
             return f".{f} must be a positive integer, got {show(v.get(f))}"
     return None
 
 
-TOP_RULES = {"name": text(200), "heads": _heads}
+TOP_RULES = {"name": text(200), "heads": _heads, "drafting": fieldrules.drafting, "defaults": fieldrules.defaults}
 _SHA256 = lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)  # noqa: E731
 
 
@@ -390,6 +400,11 @@ def _flavor_problems(role: str, facts: dict, files: dict) -> list[str]:
         for f in ("kv_dtype", "logits_dtype", "activation_dtype"):
             if diff.get(f) is not None and diff[f] not in DTYPES:
                 out.append(f"{w}.{f} {diff[f]!r} is not one of {', '.join(DTYPES)}")
+        said = fieldrules.parity(diff["parity"], diff, {}) if isinstance(diff.get("parity"), dict) else None
+        if "parity" in diff and not isinstance(diff["parity"], dict):
+            said = f" must be an object, got {show(diff['parity'])}"
+        if said:
+            out.append(f"{w}.parity{said}")
     return out
 
 

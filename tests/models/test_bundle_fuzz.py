@@ -29,9 +29,12 @@ VALUES = [None, True, False, 0, -1, 1, 7, 2**31, 2**63, 10**30, 1.5, -0.0, float
 def _paths(d: dict) -> list[tuple[str, ...]]:
     """Every field of the manifest down to the facts of each model and the tokenizer."""
     out = [(k,) for k in d]
+    for record in ("drafting", "defaults"):  # free-form records: each key the reader knows, and one it does not
+        out += [(record, k) for k in d[record]] + [(record, "unknown")]
     for role, facts in d["models"].items():
         out += [("models", role, k) for k in facts]
         out.append(("models", role, "self_draft", "skip"))
+        out += [("models", role, "parity", k) for k in facts["parity"]]
     out += [("tokenizer", k) for k in d["tokenizer"]]
     rel = next(iter(d["files"]))
     out += [("files", rel, "size"), ("files", rel, "sha256")]
@@ -71,9 +74,21 @@ def _near(v, rng: random.Random) -> list:
     return []
 
 
+# cross-field lies a hostile probe found passing (issue: every field against the graph): each must be refused
+FIXED_LIES = [
+    (("defaults", "max_len"), 3), (("defaults", "max_len"), -1), (("defaults", "max_len"), "x"),
+    (("defaults", "max_len"), 1e40), (("tokenizer", "usable_vocab"), 10),
+    (("drafting",), {"mode": "bogus", "k": -5}), (("drafting",), {"k": 1e40}),
+    (("drafting",), {"k": 1e308, "max_k": -1}), (("drafting",), {"draft_agreement": "x"}),
+    (("models", "target", "activation_dtype"), "float16"), (("models", "target", "block_size"), 7),
+    (("models", "target", "vocab_map"), "tokenizer.json"), (("models", "target", "parity", "top1"), float("nan")),
+    (("tokenizer", "eos_ids"), [2] * 100_000),
+]
+
+
 def _cases(d: dict) -> list[tuple[tuple[str, ...], object]]:
     rng = random.Random(SEED)
-    cases = []
+    cases = list(FIXED_LIES)
     for path in _paths(d):
         try:
             current = _get(d, path)
@@ -104,7 +119,7 @@ def test_fuzzed_manifests_load_or_are_one_line_each(scratch):
     files = set(original["files"])
     base = json.dumps(original)
     loaded, refused = [], 0
-    for path, value in _cases(original):
+    for i, (path, value) in enumerate(_cases(original)):  # the FIXED_LIES first
         d = json.loads(base)  # a fresh copy (faster than deepcopy)
         _set(d, path, value)
         d["digest"] = content_digest(d)
@@ -120,6 +135,7 @@ def test_fuzzed_manifests_load_or_are_one_line_each(scratch):
         for line in problems:
             assert "\n" not in line and len(line) < 400, (case, line)
             assert _named(line, files), (case, line)
+        assert problems or i >= len(FIXED_LIES), f"{case}: a lie the probe found is accepted"
         if problems:
             refused += 1
         elif path[0] not in _NOT_READ and path[-1] not in _NOT_READ:
