@@ -88,11 +88,12 @@ def verify_bundle(root: str | os.PathLike, *, checksums: bool = True) -> tuple[M
         for role, graph in graphs:  # each flavor's graph (export --ep cpu,cuda)
             problems += model_problems(root, role, graph, set(manifest.files), added)
             problems += graph_problems(root, role, graph)  # the facts derived from its nodes
-        problems += bundle_map_problems(root, manifest)
         if manifest.heads is not None:  # the draft heads' graph against its record (method, sizes)
             from .graphfacts import heads_problems
 
             problems += heads_problems(root, manifest.heads)
+        if not problems:  # the maps index graphs whose sizes are now known to be the manifest's
+            problems += bundle_map_problems(root, manifest)
         if all(graph_readable(root / g.path) for _, g in graphs):  # each node against its provider's kernels
             problems += kernel_problems(root, manifest)  # (kernelcheck.py), whatever the facts said
     return manifest, problems + stray_problems(root, set(manifest.files) | {MANIFEST_NAME})
