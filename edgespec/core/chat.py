@@ -10,7 +10,8 @@ import threading
 from typing import Any, Sequence
 
 from ..errors import InvalidRequest
-from ..models.template import TemplateRefused, compiled, render_budgeted
+from ..models.template import TemplateRefused
+from ..models.template_process import TemplateFailed, TemplateRaised, render as render_isolated
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -52,10 +53,6 @@ def check_text(text: str, param: str) -> None:
                              param=param) from None
 
 
-def _raise(message: str):
-    raise InvalidRequest(f"chat template: {message}", param="messages")
-
-
 def render(template: str | None, messages: Sequence[dict], *, add_generation_prompt: bool = True,
            bos_token: str = "", eos_token: str = "", **extra: Any) -> str:
     """The prompt text for `messages`, ending with the assistant's turn opener when
@@ -65,18 +62,19 @@ def render(template: str | None, messages: Sequence[dict], *, add_generation_pro
     if not template:
         raise InvalidRequest("this bundle has no chat template: pass a plain prompt instead of messages", param="messages")
     msgs = validate_messages(messages)
-    try:
-        return render_budgeted(compiled(template, _raise), len(msgs), messages=msgs,
-                               add_generation_prompt=add_generation_prompt, bos_token=bos_token,
-                               eos_token=eos_token, **extra)
-    except InvalidRequest:  # the template's own raise_exception
-        raise
+    try:  # in a child process killed at the deadline (models/template_process.py)
+        return render_isolated(template, len(msgs), messages=msgs, add_generation_prompt=add_generation_prompt,
+                               bos_token=bos_token, eos_token=eos_token, **extra)
+    except TemplateRaised as e:  # the template's own raise_exception
+        raise InvalidRequest(f"chat template: {e}", param="messages") from None
     except TemplateRefused as e:
         raise InvalidRequest(f"the bundle's chat template was stopped: {e}", param="messages") from None
     except RecursionError:
         raise InvalidRequest("the bundle's chat template recursed too deeply (a macro that calls itself "
                              "without end?)", param="messages") from None
-    except Exception as e:  # noqa: BLE001 - TemplateError, or a TypeError/ZeroDivisionError in the template
+    except MemoryError:
+        raise InvalidRequest("the bundle's chat template ran out of memory on these messages", param="messages") from None
+    except (TemplateFailed, Exception) as e:  # noqa: BLE001 - TemplateError, TypeError, ... in the template
         raise InvalidRequest(f"the bundle's chat template failed on these messages: {e}", param="messages") from None
 
 

@@ -52,7 +52,7 @@ def read_bundle(root: str | os.PathLike, *, checksums: bool = True) -> Reading:
         problems.append(why)
     template = manifest.tokenizer.chat_template
     if template is not None:
-        from .template import probe
+        from .template_process import probe
 
         said = probe(template, bos_token=_text(config.get("bos_token")), eos_token=_text(config.get("eos_token")))
         if said:

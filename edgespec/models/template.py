@@ -12,12 +12,19 @@ is metered before the work is done:
 - a string or list an operator, call or filter would produce is sized first where it can be
   (`'x' * n`, `s.center(n)`, `2 ** n`, format widths) and checked after otherwise; nothing over
   MAX_CHARS is built, and the rendered output stops at MAX_CHARS;
-- a wall-clock deadline (SECONDS) backs all of this up, checked at each operation;
+- a wall-clock deadline (SECONDS) backs all of this up, checked at each operation (and enforced by
+  killing the render's process, below);
 - a macro that calls itself without end is Python's RecursionError, caught here.
 
-A bundle's template is compiled and probe-rendered when the bundle is read (models/bundle.py), so
-a template that loops or balloons refuses the bundle in seconds; the same budgets hold at request
-time (core/chat.py), where overrunning them is a 400.
+- a filter's, method's or operator's input or result spends operations by its size before (or, for
+  results made by one C call, as soon as) it is made: one per item for the filters that work per item
+  in Python (urlize, wordwrap, title, sort, map, ...), one per 64 or 256 characters for the others; so
+  the budget bounds the work itself, not just the number of steps.
+
+The render itself runs in a child process killed at the deadline (models/template_process.py): a
+single long call cannot hold the caller past it. A bundle's template is compiled and probe-rendered
+when the bundle is read (models/bundle.py), so a template that loops or balloons refuses the bundle in
+under a second; the same budgets hold at request time (core/chat.py), where overrunning them is a 400.
 """
 from __future__ import annotations
 
@@ -29,14 +36,33 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, Callable
 
-MAX_CHARS = 1 << 23  # largest string, list or rendered prompt a template may make (8 Mi characters)
+# largest string, list or rendered prompt a template may make (2 Mi characters: about 500 K tokens, past any
+# edge device's cache, and twice the server's 1 MiB request body)
+MAX_CHARS = 1 << 21
 MAX_TEMPLATE_CHARS = 1 << 20  # a chat template's own source (real ones are under 40 KB)
 MAX_INT_BITS = 1 << 16  # integers a template may compute (about 20,000 digits; templates count, not factor)
 OPS_BASE = 100_000  # operations a render may spend, plus OPS_PER_MESSAGE for each message
 OPS_PER_MESSAGE = 1_000
-SECONDS = 5.0  # wall-clock backstop of one render
+SECONDS = 2.0  # wall-clock backstop of one render (real templates render in milliseconds, on a Pi too)
+# What a filter's input costs in operations, before it runs (measured on the dev CPU, 1 M characters):
+# Python-level work per character or item (urlize 1.6 s, wordwrap 2.3 s, sort 4.5 s, map 3.3 s, title 0.34 s)
+# spends one operation per item; C-speed work about 50 ns per character (striptags, escape, list, split)
+# one per 64 characters; the rest (trim, upper, replace, tojson, about 1-25 ns) one per 256. So the whole
+# budget is at most about half a second of filter work, however it is spent.
+PER_ITEM_FILTERS = frozenset({"urlize", "wordwrap", "title", "pprint", "wordcount", "unique", "sort", "dictsort",
+                              "map", "select", "reject", "selectattr", "rejectattr", "batch", "slice", "max", "min",
+                              "groupby", "sum", "urlencode", "xmlattr", "items", "join", "list"})
+MEDIUM_FILTERS = frozenset({"striptags", "escape", "forceescape", "e", "capitalize", "int", "float", "tojson",
+                            "truncate", "center", "indent", "replace", "format"})
+MEDIUM_CHARS_PER_OP = 64
+METHOD_CHARS_PER_OP = 16  # a str method is C, but may make an item per character (split) that is sized after
+FAST_CHARS_PER_OP = 256
 _WIDTH = re.compile(r"\d{7,}")  # a format width or precision of a million or more
 _NESTED_SPEC = re.compile(r"\{[^{}]*:[^{}]*\{")  # a replacement field inside a format spec
+
+
+# the metering filters' names: not identifiers, so no template can call or shadow them
+METER_ITER, METER_CONCAT = "edgespec-metered-iter", "edgespec-metered-concat"
 
 
 class TemplateRefused(Exception):
@@ -66,6 +92,25 @@ def _budget() -> _Budget:
         b = _local.budget = _Budget(OPS_BASE, SECONDS)
     b.tick()
     return b
+
+
+def _spend(ops: int, what: str) -> None:
+    """Work proportional to a value's size, paid before it is done (a filter over 2 M characters)."""
+    b = _budget()
+    b.ops -= ops
+    if b.ops < 0:
+        raise TemplateRefused(f"{what}: over the render budget of work (a very long value, or many of them)")
+
+
+def _filter_cost(name: str, value: Any) -> int:
+    """Operations a filter's input costs (the tables above): items for the per-item filters, characters
+    and items all the way down (the value's weight) for the rest."""
+    if name in PER_ITEM_FILTERS:
+        if name == "pprint":
+            return _weight(value)
+        return len(value) if isinstance(value, (str, bytes, list, tuple, dict)) else 0
+    per = MEDIUM_CHARS_PER_OP if name in MEDIUM_FILTERS else FAST_CHARS_PER_OP
+    return _weight(value) // per
 
 
 def _weight(x: Any, memo: dict | None = None) -> int:
@@ -250,16 +295,38 @@ def _namespace_class():
 def _metered_filter(name: str, f: Callable) -> Callable:
     import functools
 
+    from jinja2.utils import _PassArg
+
+    passes = int(_PassArg.from_obj(f) is not None)  # a context, eval context or environment comes first
+
     @functools.wraps(f)
     def run(*args: Any, **kwargs: Any) -> Any:
         _budget()
         _check_args(args, kwargs, f"filter {name}")
+        value = args[1 if passes else 0] if len(args) > passes else None  # ([context,] value, ...)
+        _spend(_filter_cost(name, value), f"filter {name}")
         if name == "replace" and len(args) >= 4:  # (eval_ctx, s, old, new[, count])
             _grow("replace", str(args[1]), (str(args[2]), str(args[3])))
         args = _filter_size(name, args)
         return _check_result(f(*args, **kwargs), f"filter {name}")
 
     return run
+
+
+def _metered_iter(value: Any) -> Any:
+    """Every `{% for %}` iterates through this (make_environment's parse step wraps each loop's
+    iterable): one operation per item, so a loop over a 2 M-character string with an empty body is
+    stopped like a `range` loop."""
+    for item in value:
+        _budget()
+        yield item
+
+
+def _metered_concat(value: Any) -> Any:
+    """`a ~ b` (made by Jinja in one C call; its operands are bounded): its result sized and paid for."""
+    _check_result(value, "'~'")
+    _spend(_weight(value) // FAST_CHARS_PER_OP, "'~'")
+    return value
 
 
 def _tojson(x, indent=None, ensure_ascii=False, sort_keys=False):
@@ -275,14 +342,38 @@ def make_environment(raise_exception: Callable[[str], Any]):
     `raise_exception(msg)` (Hugging Face templates call it to refuse a conversation)."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+    from jinja2 import nodes
+    from jinja2.visitor import NodeTransformer
+
+    class _Meter(NodeTransformer):
+        def visit_For(self, node):
+            node = self.generic_visit(node)
+            node.iter = nodes.Filter(node.iter, METER_ITER, [], [], None, None, lineno=node.lineno)
+            return node
+
+        def visit_Concat(self, node):
+            node = self.generic_visit(node)
+            return nodes.Filter(node, METER_CONCAT, [], [], None, None, lineno=node.lineno)
+
     class MeteredEnvironment(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+        def _parse(self, source, name, filename):
+            """Each loop's iterable and each `~` run through a metering filter (added after parsing,
+            so no template can name or avoid them)."""
+            return _Meter().visit(super()._parse(source, name, filename))
 
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's own signature
             _budget()
             _check_args(args, kwargs, "call")
-            args = _grow(getattr(__obj, "__name__", ""), getattr(__obj, "__self__", None), args)
-            return _check_result(super().call(__context, __obj, *args, **kwargs), "call")
+            owner = getattr(__obj, "__self__", None)
+            if isinstance(owner, (str, bytes, list, tuple, dict)):  # a method: work on its object, and
+                _spend(_weight(owner) // METHOD_CHARS_PER_OP, "call")  # perhaps an item per character
+            args = _grow(getattr(__obj, "__name__", ""), owner, args)
+            out = _check_result(super().call(__context, __obj, *args, **kwargs), "call")
+            if isinstance(out, (str, bytes, list, tuple)):  # a method's result (a split's million items)
+                _spend(len(out) // MEDIUM_CHARS_PER_OP, "call")
+            return out
 
         def wrap_str_format(self, value):
             wrapped = super().wrap_str_format(value)
@@ -298,11 +389,17 @@ def make_environment(raise_exception: Callable[[str], Any]):
         def call_binop(self, context, operator, left, right):
             _budget()
             _binop_size(operator, left, right)
-            return super().call_binop(context, operator, left, right)
+            out = super().call_binop(context, operator, left, right)
+            if isinstance(out, (str, bytes, list, tuple)):  # built by one C call: paid for by its size
+                _spend(len(out) // FAST_CHARS_PER_OP, f"'{operator}'")
+            return out
 
     env = MeteredEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters["tojson"] = _tojson
     env.filters = {k: _metered_filter(k, f) for k, f in env.filters.items()}
+    env.filters[METER_ITER] = _metered_iter
+    env.filters[METER_CONCAT] = _metered_concat
+    env.globals.pop("lipsum", None)  # lorem ipsum of n paragraphs: no chat template writes filler text
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     env.globals["range"] = _Range()
@@ -343,39 +440,6 @@ def render_budgeted(tmpl: Any, n_messages: int, **variables: Any) -> str:
         return "".join(out)
     finally:
         _local.budget = None
-
-
-# every chat model's template renders this (no system turn: some templates refuse one)
-PROBE = ({"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi."},
-         {"role": "user", "content": "Thanks"})
-
-
-class _ProbeRaised(Exception):
-    pass
-
-
-def _probe_raise(message: str):
-    raise _ProbeRaised(str(message))
-
-
-def probe(template: Any, *, bos_token: str = "", eos_token: str = "") -> str | None:
-    """Compiles the template and renders PROBE under the budgets: None when it renders, else what
-    is wrong, one line (models/bundle.py refuses the bundle with it)."""
-    try:
-        tmpl = compiled(template, _probe_raise)
-        render_budgeted(tmpl, len(PROBE), messages=[dict(m) for m in PROBE], add_generation_prompt=True,
-                        bos_token=bos_token, eos_token=eos_token)
-    except TemplateRefused as e:
-        return str(e)
-    except RecursionError:
-        return "recurses without end (a macro or loop that calls itself)"
-    except _ProbeRaised as e:
-        return f"refuses a plain user/assistant/user conversation: {str(e)[:200]}"
-    except MemoryError:
-        return "ran out of memory rendering a short conversation"
-    except Exception as e:  # noqa: BLE001 - TemplateError, TypeError, ZeroDivisionError, ... in the template
-        return f"fails on a short conversation: {_one_line(e)}"
-    return None
 
 
 def _one_line(e: BaseException) -> str:
