@@ -22,5 +22,14 @@ SUFFIX_CAPACITY = 1 << 20
 # ~120 bytes per token of real text, drafters/suffix_index.py), and the second automaton that briefly
 # exists while the kept text's is rebuilt after an eviction: the memory plan counts a full index at this rate
 SUFFIX_BYTES_PER_TOKEN = 4 + 2 * 120
+
+
+def suffix_memory_text() -> str:
+    """The suffix index's size in words, for every help text, the env file and the docs (one figure:
+    what `plan` counts)."""
+    mib = (SUFFIX_CAPACITY + 1) * SUFFIX_BYTES_PER_TOKEN / 2**20
+    return (f"default {SUFFIX_CAPACITY}; counted at {SUFFIX_BYTES_PER_TOKEN} bytes a token held: 4 for the token, ~120 "
+            f"for its suffix automaton, as much again while the automaton is rebuilt after an eviction; "
+            f"{mib:.0f} MiB at the default")
 QUANTS = ("int4", "int8", "fp16", "fp32")  # weight precisions a bundle's model may have
 STOP_LIMIT = 16  # stop strings per request

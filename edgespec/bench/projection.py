@@ -226,13 +226,14 @@ class Projection:
     device: str
     name: str
     path: str
-    fits: bool | None  # the bundle (weights + KV at max_len) within the profile's memory budget
+    fits: bool | None  # the memory plan for the board fits its budget (edge/boardfit.py, as `plan` says)
     step_ms: dict[str, dict[int, float]]  # role -> n -> modelled ms (what the board pays per step)
     modes: list[ProjectedMode]
     ttft_s: float | None  # modelled prefill of the run's mean prompt
     hardware: dict[str, Any]
     flavor: str = "cpu"  # the graph flavor priced (the one the board runs)
     notes: list[str] = field(default_factory=list)
+    fit_text: str = ""  # the plan's outcome in words ("yes (62 %)", "without the draft (88 %)", "NO: ...")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -241,9 +242,12 @@ class Projection:
 
 
 def project(work: dict[str, ModeWork], costs: dict[str, ModelCost], hw: Hardware, *, max_len: int = DEFAULT_MAX_LEN,
-            k_max: int = 8, need_bytes: int | None = None) -> Projection:
-    """Projects every mode in `work` (which must include "target") to `hw`. `need_bytes`: the memory
-    planner's estimate for the run's engine (else weights + KV at max_len, plus 15 %)."""
+            k_max: int = 8, need_bytes: int | None = None, fit: dict | None = None) -> Projection:
+    """Projects every mode in `work` (which must include "target") to `hw`. `fit`: the memory plan's
+    answer for this board (edge/boardfit.py, kept in the run's JSON as meta.board_fits): what
+    `edgespec plan --device` says. Without it (a JSON saved before board_fits existed), `need_bytes`,
+    the planner's estimate for the run's own engine (else weights + KV at max_len, plus 15 %), is
+    compared with the board's budget."""
     if "target" not in work or work["target"].tokens == 0:
         raise ValueError("the projection needs the target-alone generations of the run")
     notes: list[str] = []
@@ -277,7 +281,11 @@ def project(work: dict[str, ModeWork], costs: dict[str, ModelCost], hw: Hardware
         kv = (tgt.kv_bytes_per_token + (drf.kv_bytes_per_token if drf else 0)) * max_len
         need_bytes = int(1.15 * (tgt.weight_bytes + (drf.weight_bytes if drf else 0) + kv))
     fits = None if hw.memory_budget_bytes is None else need_bytes <= hw.memory_budget_bytes
-    return Projection(hw.id, hw.name, hw.path, fits, step_ms, rows, ttft, asdict(hw), flavor=hw.flavor, notes=notes)
+    fit_text = ""
+    if fit is not None:
+        fits, fit_text = fit.get("fits"), str(fit.get("text") or "")
+    return Projection(hw.id, hw.name, hw.path, fits, step_ms, rows, ttft, asdict(hw), flavor=hw.flavor, notes=notes,
+                      fit_text=fit_text)
 
 
 def _rows(work: dict[str, ModeWork], tgt: ModelCost, drf: ModelCost | None, hw: Hardware, ctx: float, k_max: int,

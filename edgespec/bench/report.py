@@ -263,7 +263,7 @@ def format_projection(projections: Sequence, hw_list: Sequence) -> str:
     for p in projections:
         by = {m.mode: m for m in p.modes}
         best = next((m for m in p.modes if m.mode.startswith("model, k=")), None)
-        fits = {True: "yes", False: "NO", None: "?"}[p.fits]
+        fits = getattr(p, "fit_text", "") or {True: "yes", False: "NO", None: "?"}[p.fits]
         lines.append([f"{p.device} ({getattr(p, 'flavor', 'cpu')})", _span(by['target'].tokens_per_s, by['target'].tokens_per_s_low, ".1f", ""),
                       *[_span(by[m].speedup, by[m].speedup_low, ".2f", "x") if m in by else "-" for m in modes],
                       f"k={best.mode.split('k=')[1].split()[0]}: {_span(best.speedup, best.speedup_low, '.2f', 'x')}"

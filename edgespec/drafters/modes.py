@@ -164,4 +164,4 @@ def check_batched(name: str | None) -> None:
 
 def help_text(default: str = "auto") -> str:
     """`--draft`'s help: every mode in one line."""
-    return "; ".join(f"{m.name}: {m.help}" + (" (default)" if m.name == default else "") for m in MODES)
+    return "; ".join(f"{m.name}{' (default)' if m.name == default else ''}: {m.help}" for m in MODES)

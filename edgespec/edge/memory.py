@@ -113,6 +113,19 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
+def _default_budget_note(profile, budget_bytes: int) -> str:
+    """Where the default budget came from: the profile's own size, or (a profile without one, such as
+    a Pi 4, planned from another machine) the memory of the machine this runs on, which is no default
+    of that board."""
+    det = getattr(profile, "detected", {}) or {}
+    on = det.get("memory_measured_on")
+    if det.get("memory_source") == "measured" and on not in (None, "this board"):
+        return (f"memory budget {format_size(budget_bytes)} follows from the {format_size(profile.memory_bytes)} "
+                f"measured on {on}, not from a {profile.id} (its profile has no memory size): give --memory-budget "
+                f"for the board you plan for")
+    return f"memory budget {format_size(budget_bytes)} is the {profile.id} default"
+
+
 # --- prediction ----------------------------------------------------------------------------------
 def _open(bundle):
     if isinstance(bundle, Bundle):
@@ -283,7 +296,7 @@ def plan(
     if budget_bytes is None and profile is not None:
         budget_bytes = getattr(profile, "memory_budget_bytes", None)
         if budget_bytes:
-            notes.append(f"memory budget {format_size(budget_bytes)} is the {profile.id} default")
+            notes.append(_default_budget_note(profile, budget_bytes))
     if budget_bytes is not None and budget_bytes <= 0:
         raise InvalidRequest(f"memory budget must be positive, got {budget_bytes}", param="memory_budget")
     load_draft = bool(want_draft and b.draft is not None)

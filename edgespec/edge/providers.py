@@ -64,6 +64,11 @@ def normalize(names) -> list[str]:
     return out
 
 
+def default_order_text() -> str:
+    """The default order as the CLI's help states it ("cuda,cpu where this onnxruntime has them")."""
+    return ",".join(short_name(p) for p in DEFAULT_ORDER) + " where this onnxruntime has them"
+
+
 def short_name(provider: str) -> str:
     for short, full in SHORT_NAMES.items():
         if full == provider and short != "trt":

@@ -92,8 +92,8 @@ class Engine:
         requests, and its `auto` has the self-draft as one more option.
         max_len: the cache length; default: the bundle's (`export --max-context`) capped by the
         board's profile and the memory budget.
-        suffix_capacity: tokens the suffix index keeps across requests (4 bytes each; the oldest
-        are evicted).
+        suffix_capacity: tokens the suffix index keeps across requests (the oldest are evicted;
+        the memory plan counts 244 bytes a token held, limits.suffix_memory_text: 244 MiB at the default).
         warmup: time the step sizes adaptive drafting chooses between once at open (about 1 s on
         a 2-core CPU), so the first request neither pays one-off allocations nor guesses costs.
         device: None (no board defaults), "auto" (this board, detected) or a profile name: its

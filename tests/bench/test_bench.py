@@ -389,6 +389,13 @@ def test_bench_command_end_to_end(tiny_bundle, tmp_path, capsys):
     d = json.loads(out_json.read_text())
     assert [p["device"] for p in d["projection"]] == ["rpi5-8gb", "jetson-orin-nano-8gb"]
     assert all(p["kind"].startswith("projection") for p in d["projection"])
+    # "fits memory" is the memory plan `edgespec plan --device` runs (edge/boardfit.py), for every board
+    from edgespec.edge import boardfit, devices
+
+    for p in d["projection"]:
+        want = boardfit.fit(tiny_bundle, devices.profiles()[p["device"]], want_draft=True)
+        assert (p["fits"], p["fit_text"]) == (want.fits, want.text) and want.text.startswith("yes (")
+    assert set(d["meta"]["board_fits"]) == set(devices.profiles())
     if out_png:
         assert out_png.exists()
     # the saved run reports, plots and projects again without measuring: same measured table

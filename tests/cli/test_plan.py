@@ -169,3 +169,75 @@ def test_engine_plans_like_plan_for_a_named_board_without_a_size(tiny_bundle, ca
         assert eng.max_len == out["max_len"]
     finally:
         eng.close()
+
+
+def test_plan_for_a_pi4_elsewhere_does_not_call_this_machines_memory_the_pi4_default(tiny_bundle, tmp_path, capsys):
+    root = _fake_root(tmp_path, "jetson-orin-nano")
+    rc = cli.main(["plan", str(tiny_bundle), "--device", "rpi4", "--root", str(root)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "is the rpi4 default" not in text
+    assert "not from a rpi4 (its profile has no memory size): give --memory-budget for the board you plan for" in text
+
+
+def _tight_profile(tiny_bundle, *, draft: bool):
+    """The rpi5-4gb profile shrunk so that the bundle's full plan does not fit but a shorter cache does
+    (with the draft, or only without it): the case where a sum at the run's own max_len said NO."""
+    import copy
+
+    from edgespec.edge import devices
+
+    p = copy.deepcopy(devices.profiles()["rpi5-4gb"])
+    full = memory.plan(tiny_bundle, max_len=None, want_draft=True, profile=p, budget_bytes=None)
+    floor = memory.plan(tiny_bundle, max_len=memory.MIN_MAX_LEN, want_draft=draft, budget_bytes=None)
+    budget = (full.predicted_bytes + floor.predicted_bytes) // 2 if draft else floor.predicted_bytes
+    p.memory_bytes = p.memory_reserve_bytes + budget
+    return p, full
+
+
+@pytest.mark.parametrize("draft", [True, False])
+def test_bench_projection_and_plan_give_one_answer(tiny_bundle, capsys, draft):
+    """`bench --project` used its own sum (the run's engine at its max_len) and said NO where `plan`
+    shrank the cache and said 99 %: both read edge/boardfit.py now."""
+    from edgespec.bench import projection
+    from edgespec.edge import boardfit
+
+    p, full = _tight_profile(tiny_bundle, draft=draft)
+    assert full.predicted_bytes > p.memory_budget_bytes  # the old column's NO
+    fit = boardfit.fit(tiny_bundle, p, want_draft=True)
+    plan = memory.plan(tiny_bundle, max_len=None, want_draft=True, budget_bytes=None, profile=p)
+    share = f"({100 * plan.predicted_bytes / plan.budget_bytes:.0f} %)"
+    assert fit.fits is True and fit.text == (f"yes, max_len {plan.max_len} {share}" if draft
+                                             else f"without the draft {share}")
+    assert plan.load_draft is draft
+
+    from dataclasses import replace
+
+    work, costs, hw = _projection_inputs(tiny_bundle)
+    hw = replace(hw, memory_budget_bytes=p.memory_budget_bytes)
+    proj = projection.project(work, costs, hw, need_bytes=full.predicted_bytes, fit=fit.to_dict())
+    assert proj.fits is True and proj.fit_text == fit.text
+    assert projection.project(work, costs, hw, need_bytes=full.predicted_bytes).fits is False  # old JSONs
+
+
+def test_a_board_too_small_for_the_target_says_no_with_the_numbers(tiny_bundle):
+    import copy
+
+    from edgespec.edge import boardfit, devices
+
+    p = copy.deepcopy(devices.profiles()["rpi5-4gb"])
+    p.memory_bytes = p.memory_reserve_bytes + (20 << 20)
+    fit = boardfit.fit(tiny_bundle, p, want_draft=True)
+    assert fit.fits is False and fit.text.startswith("NO: needs ") and fit.text.endswith(" of 20 MiB")
+    p.memory_bytes = None
+    assert boardfit.fit(tiny_bundle, p, want_draft=True).fits is None
+
+
+def _projection_inputs(bundle):
+    from edgespec.bench import projection
+    from edgespec.bench.modework import ModeWork
+    from edgespec.models.bundle import Bundle
+
+    b = Bundle.open(bundle, verify=False)
+    work = {"target": ModeWork("target", tokens=100, decode_s=2.0, target_steps={1: [100, 2.0]}, rounds=100,
+                               context_sum=60.0, generations=1, prompt_tokens=20)}
+    return work, projection.model_costs(b), projection.hardware("rpi5-4gb")

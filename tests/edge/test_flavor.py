@@ -294,7 +294,7 @@ def test_plan_counts_the_graph_the_engine_loads(tiny_both_flavors_bundle, monkey
     """`edgespec plan` picks the graph through flavor.planned, the engine's own choice: planned for an
     Orin from elsewhere (its profile's order) the cuda graph on CUDA; here, with only the CPU provider,
     the cpu graph."""
-    from edgespec.cli.commands.plan import _runs_on
+    from edgespec.edge.boardfit import runs_on as _runs_on
     from edgespec.edge import devices
 
     b = Bundle.open(tiny_both_flavors_bundle)

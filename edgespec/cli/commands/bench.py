@@ -147,6 +147,10 @@ def run(args: argparse.Namespace) -> int:
         result = bench.run_bench(engine, prompts, modes, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                                  temperature=args.temperature, seed=args.seed, on_sample=progress, pin=pin)
         result.meta["prompt_order"] = args.order
+        from ...edge import boardfit
+
+        # what `edgespec plan --device X` says for every board, kept so a saved run's projection says it too
+        result.meta["board_fits"] = boardfit.every_board(b, want_draft=engine.has_draft)
     finally:
         engine.close()
 
@@ -163,7 +167,9 @@ def _report(args: argparse.Namespace, result, hw_list, costs) -> int:
         work = collect_work(result.samples)
         max_len = result.meta.get("max_len") or DEFAULT_MAX_LEN
         need = result.meta.get("memory_need_bytes")
-        projections = [projection.project(work, costs, hw, max_len=max_len, need_bytes=need) for hw in hw_list]
+        fits = result.meta.get("board_fits") or {}
+        projections = [projection.project(work, costs, hw, max_len=max_len, need_bytes=need, fit=fits.get(hw.id))
+                       for hw in hw_list]
     print(bench_report.report_text(result, projections, hw_list, per_prompt=args.per_prompt))
     if args.json_out:
         bench_report.write_json(args.json_out, bench_report.report_json(result, projections))

@@ -9,7 +9,8 @@ import json
 import sys
 
 from ...drafters import modes
-from ...limits import K_LIMIT, TREE_MODES
+from ...edge.providers import default_order_text
+from ...limits import K_LIMIT, TREE_MODES, suffix_memory_text
 
 TREE_HELP = ("tree verification: auto (a tree only when measured costs say it pays; default), on (always widen "
              "drafts into a tree), off (chains only)")
@@ -29,13 +30,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="the same request gives the same tokens whatever the cache holds and whichever drafter "
                         "runs (chains only; sampled requests are not drafted; docs/runtime.md)")
     p.add_argument("--suffix-capacity", type=int, default=None, metavar="TOKENS",
-                   help="tokens of earlier requests and answers the suffix index keeps for drafting (4 bytes "
-                        "each; the oldest are evicted; default 1048576 = 4 MB)")
+                   help="tokens of earlier requests and answers the suffix index keeps for drafting (the oldest "
+                        f"are evicted; {suffix_memory_text()})")
     p.add_argument("--threads", type=int, default=None,
                    help="onnxruntime intra-op threads (default: the device profile's, else all cores)")
     p.add_argument("--providers", default=None,
-                   help="execution providers for the target, in order, e.g. tensorrt,cuda,cpu (default: the device "
-                        "profile's, else tensorrt,cuda,cpu where this onnxruntime has them)")
+                   help="execution providers for the target, in order, e.g. cuda,cpu (default: the device "
+                        f"profile's, else {default_order_text()}; tensorrt only when named)")
     p.add_argument("--draft-providers", default=None,
                    help="execution providers for the draft model, e.g. cpu (default: the device profile's, else "
                         "those of the target)")

@@ -31,11 +31,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...edge import devices, gpumem, memcheck, memory
+    from ...edge import boardfit, devices, gpumem, memcheck, memory
     from ...engine.measure import measure_fresh
     from ...units import format_size, parse_size
-    from ...models.bundle import Bundle
-    from ...models.bundle import resolve_bundle
+    from ...models.bundle import Bundle, resolve_bundle
 
     # a named board without a memory size (a Pi 4: 1-8 GB), or the board this runs on: the kernel's number
     profile = devices.with_measured_memory(devices.resolve(args.device, root=args.root), args.root)
@@ -43,7 +42,7 @@ def run(args) -> int:
     budget = parse_size(args.memory_budget) if args.memory_budget is not None else None
     want_draft = "draft" in modes.get(args.draft).loads
     here = not args.device or args.device == "auto" or profile.detected.get("memory_measured_on") == "this board"
-    flavor, device = _runs_on(bundle, profile, here)
+    flavor, device = boardfit.runs_on(bundle, profile, here)
     context = None
     if args.measure and device == "cuda":  # the context first (a fresh process), so the plan uses it
         context = gpumem.measure_context_fresh(args.root, unified=profile.memory_shared_with_gpu)
@@ -114,26 +113,6 @@ def run(args) -> int:
     elif device_note:
         print(f"device memory: {device_note}")
     return 0
-
-
-def _runs_on(bundle, profile, here: bool) -> tuple[str | None, str]:
-    """(graph flavor, "cuda" | "cpu"): where the engine would run the target on this profile: the first
-    provider of its order that this onnxruntime has (here), or its first provider (a board planned
-    for from elsewhere). The device side is planned only for a cuda-flavored graph on CUDA."""
-    from ...edge import flavor as fl
-    from ...edge.providers import device_of, normalize
-
-    order = normalize(getattr(profile, "providers", None) or None)
-    if here:
-        import onnxruntime as ort
-
-        available = ort.get_available_providers()
-    else:
-        available = order
-    first = fl.first_usable(order, available)
-    graph = fl.planned(bundle.target, order, available).graph_flavor()  # the engine's own choice
-    device = device_of(first) if first and graph == "cuda" else "cpu"
-    return graph, device
 
 
 def _memory_source(profile) -> str:

@@ -13,7 +13,8 @@ import sys
 from typing import Any, Callable
 
 from ...drafters import modes
-from ...limits import TREE_MODES
+from ...edge.providers import default_order_text
+from ...limits import TREE_MODES, suffix_memory_text
 
 # EX_CONFIG from sysexits.h: the unit's RestartPreventExitStatus=78 keeps systemd from restarting a
 # service that cannot start (bad bundle, bad option) in a loop
@@ -131,10 +132,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "with and whichever drafter runs (chains only; sampled requests are not drafted; "
                      "docs/runtime.md) [EDGESPEC_DETERMINISTIC=1]")
     eng.add_argument("--suffix-capacity", type=int, metavar="TOKENS", help="tokens of earlier requests and "
-                     "answers the suffix index keeps for drafting (the oldest evicted; default 1048576; a token "
-                     "buffer of 4 bytes each plus a suffix automaton of ~120 bytes per token held; with "
-                     "--parallel the shared history of finished requests, plus one copy per running request) "
-                     "[EDGESPEC_SUFFIX_CAPACITY]")
+                     f"answers the suffix index keeps for drafting (the oldest evicted; {suffix_memory_text()}; "
+                     "with --parallel the shared history of finished requests, read in place by every running "
+                     "request beside an index of its own text) [EDGESPEC_SUFFIX_CAPACITY]")
     eng.add_argument("--system-prompt", metavar="FILE", help="a system prompt (UTF-8 text file) every "
                      "conversation starts with: prefilled before READY, kept in the cache across conversations and "
                      "saved under $EDGESPEC_HOME/pinned so a restart starts warm; the kiosk page sends it when its "
@@ -145,8 +145,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     eng.add_argument("--max-temp", metavar="C", help="e.g. 80C [EDGESPEC_MAX_TEMP]")
     eng.add_argument("--device", help="device profile whose provider orders, threads and memory budget fill what "
                      "is not given (default: auto, this board as `edgespec doctor` detects it) [EDGESPEC_DEVICE]")
-    eng.add_argument("--providers", help="execution providers for the target, comma-separated "
-                     "(e.g. tensorrt,cuda,cpu) [EDGESPEC_PROVIDERS]")
+    eng.add_argument("--providers", help="execution providers for the target, comma-separated, e.g. cuda,cpu "
+                     f"(default: the device profile's, else {default_order_text()}; tensorrt only when named) "
+                     "[EDGESPEC_PROVIDERS]")
     eng.add_argument("--draft-providers", help="execution providers for the draft [EDGESPEC_DRAFT_PROVIDERS]")
     eng.add_argument("--threads", type=int, help="CPU threads per session [EDGESPEC_THREADS]")
     eng.add_argument("--no-verify", dest="verify", action="store_false", default=None,
