@@ -49,17 +49,21 @@ PLUGGED = {"export": "pip install torch==2.13.0 && pip install ./export   (in th
 
 def _missing(sub, name: str, install: str) -> None:
     p = sub.add_parser(name, help=f"(not installed: {install})", add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
 
     def run(_args) -> int:
         raise EdgespecError(f"the {name} half of edgespec is not installed: {install}")
 
-    p.set_defaults(func=run)
+    # any options it is given are the absent command's: main() lets them through to this one line
+    p.set_defaults(func=run, takes_any_arguments=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
-    args = ap.parse_args(argv)
+    # parse_known_args: a command whose distribution is absent (`export --target X.gguf` on a runtime-only
+    # install) answers with its install line, not with argparse's "unrecognized arguments"
+    args, extra = ap.parse_known_args(argv)
+    if extra and not getattr(args, "takes_any_arguments", False):
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",

@@ -176,8 +176,12 @@ def _recommend(profile, results, board) -> dict[str, Any]:
         "max_len": profile.default_max_len,
     }
     budget = profile.memory_budget_bytes
+    rec["memory_budget_from"] = "profile"
     if budget is None and board.get("mem_available"):
+        # a profile without a size (generic, Pi 4) sets no budget itself: suggest one from what is free now,
+        # a fifth left for what starts later
         budget = int(board["mem_available"] * 0.8)
+        rec["memory_budget_from"] = "available"
     if budget:
         rec["memory_budget"] = _size_flag(budget)
     if profile.family == "raspberrypi":
@@ -288,6 +292,9 @@ def render(report: dict[str, Any]) -> str:
     if rec.get("max_temp"):
         flags.append(f"--max-temp {rec['max_temp']}")
     row("recommended", " ".join(flags))
+    if rec.get("memory_budget") and rec.get("memory_budget_from") == "available":
+        row("", f"--memory-budget {rec['memory_budget']}: 80 % of the {format_size(report['memory']['available_bytes'])} available "
+                f"now; the {rec['device']} profile has no budget of its own, so pass it (it is not applied by default)")
     po = report.get("provider_order")
     if po:
         row("provider order", f"{','.join(po['order'])}: {po['why']}")

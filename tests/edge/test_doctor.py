@@ -160,3 +160,20 @@ def test_fake_pi5_names_the_pmic_sum_core_rails(board):
     r = doctor.collect(board("rpi5"))
     text = doctor.render(r)
     assert "core rails" in text and "board power" not in text
+
+
+def test_a_suggested_budget_says_it_is_not_a_default():
+    """A generic board's profile sets no budget: doctor suggests one from the memory free now and says
+    that it is a suggestion to pass, not something set (before: a recommended budget, then 'none is set')."""
+    r = doctor.collect("/", device="generic-x86_64", probe=False)
+    rec = r["recommended"]
+    assert rec["memory_budget_from"] == "available" and r["memory"]["default_budget_bytes"] is None
+    text = doctor.render(r)
+    assert f"--memory-budget {rec['memory_budget']}: 80 % of the " in text
+    assert "the generic-x86_64 profile has no budget of its own, so pass it (it is not applied by default)" in text
+
+
+def test_a_profile_budget_is_recommended_without_the_caveat(board):
+    r = doctor.collect(board("jetson-orin-nano"), probe=False)
+    assert r["recommended"]["memory_budget_from"] == "profile"
+    assert "not applied by default" not in doctor.render(r)
