@@ -20,7 +20,7 @@ def register(sub) -> None:
     add_engine_args(p)
     add_sampling_args(p)
     p.add_argument("--system", default=None, help="system message")
-    p.add_argument("--quiet", action="store_true", help="no stats line after each reply")
+    p.add_argument("--quiet", action="store_true", help="no progress line while the bundle loads, no stats line after each reply")
     p.set_defaults(func=run)
 
 

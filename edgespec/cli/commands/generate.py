@@ -72,6 +72,7 @@ def register(sub) -> None:
     p.add_argument("--system", default=None, help="system message (with --chat)")
     add_sampling_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (text, finish_reason, stats), no streaming")
+    p.add_argument("--quiet", action="store_true", help="no progress line while the bundle loads (shown on a terminal only)")
     p.set_defaults(func=run)
 
 
@@ -89,11 +90,20 @@ def engine_settings(args: argparse.Namespace):
 
 
 def open_engine(args: argparse.Namespace):
+    """The bundle checked, then the engine opened, with a progress line on a terminal (cli/loading.py):
+    the two steps that take seconds, tens of them from a Pi's SD card."""
     from ...engine import Engine
-    from ...models.bundle import resolve_bundle
+    from ...models.bundle import Bundle, resolve_bundle
+    from ...units import format_size
+    from ..loading import LoadProgress
 
     settings = engine_settings(args)
-    return Engine.open(resolve_bundle(args.bundle), settings)
+    with LoadProgress(str(args.bundle), quiet=getattr(args, "quiet", False)) as progress:
+        progress.stage("checking the bundle" + (" (sha256 of every file)" if settings.verify else ""))
+        bundle = Bundle.open(resolve_bundle(args.bundle), verify=settings.verify)
+        size = sum(bundle.model_bytes(role) for role in bundle.manifest.models)
+        progress.stage(f"loading the models ({format_size(size)}) and timing their steps")
+        return Engine.open(bundle, settings)
 
 
 def sampling_kwargs(args: argparse.Namespace) -> dict:
