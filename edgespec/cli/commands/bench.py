@@ -151,6 +151,10 @@ def run(args: argparse.Namespace) -> int:
 
         # what `edgespec plan --device X` says for every board, kept so a saved run's projection says it too
         result.meta["board_fits"] = boardfit.every_board(b, want_draft=engine.has_draft)
+        from ...bench.bound import measure as measure_bound
+
+        if pin is None:  # a replay's step times are the pinned costs: nothing to set beside the bound
+            result.meta["bound"] = measure_bound(engine, result.samples, args.threads)  # same process, threads
     finally:
         engine.close()
 
