@@ -220,12 +220,7 @@ def _first_diff(a: Sequence[int], b: Sequence[int]) -> int | None:
 def fresh_cache(engine) -> None:
     """Makes the next request prefill its whole prompt. The engine reuses a shared prefix between
     requests, which would hand every mode after the first a free prefill of the same prompt."""
-    reset = getattr(engine, "reset_cache", None)
-    if reset is not None:
-        reset()  # takes the engine's lock itself
-        return
-    with engine._lock:  # engines from before reset_cache() existed
-        engine._invalidate()
+    engine.reset_cache()  # takes the engine's lock itself
 
 
 def run_bench(
@@ -240,6 +235,7 @@ def run_bench(
     warmup: bool = True,
     on_sample: Callable[[Sample, int, int], None] | None = None,
     pin: PinnedCosts | None = None,
+    peer=None,  # a bench/peer.py PeerRun: each prompt outside a conversation runs through it too
 ) -> BenchRun:
     """Runs every mode on every prompt `repeats` times, interleaved, on one open Engine.
 
@@ -285,6 +281,8 @@ def run_bench(
                         target_ids[p.id] = ids
                     pending.append((s, ids))
                 lineages.leave(mode.label)
+            if peer is not None and unit[0].conversation is None:
+                peer.run(engine, unit[0], rep, max_new_tokens, target_ids.get(unit[0].id) if greedy else None)
             for s, ids in pending:  # the target may have run after some modes: compare at the end
                 s = s if pin is None else pin.reprice(s)
                 ref = target_ids.get(s.prompt_id)
@@ -300,6 +298,7 @@ def run_bench(
     meta["loadavg_start"] = load_start
     meta["loadavg_end"] = _loadavg()
     meta["pinned_costs"] = None if pin is None else pin.describe()
+    meta["peer"] = None if peer is None else peer.meta()
     return BenchRun(meta=meta, modes=modes, prompts=list(prompts), samples=samples)
 
 

@@ -3,6 +3,7 @@ with speed-ups as ratios within the run, where the time goes, and a labelled pro
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -58,6 +59,12 @@ def register(sub) -> None:
                         "machine's load and two runs of the same code decide the same; device:ID (e.g. "
                         "device:jetson-orin-nano-8gb): the board's step costs from --project's cost model, every "
                         "round re-decided as there (projected); not a speed measurement")
+    p.add_argument("--peer", metavar="llama-cpp|URL", default=None,
+                   help="also run each prompt through llama.cpp on the same GGUF, in this run, and print its tok/s "
+                        "beside each mode: llama-cpp (the llama_cpp module, --threads threads) or the http:// URL "
+                        "of a llama-server (docs/bench.md, 'A peer')")
+    p.add_argument("--peer-gguf", metavar="FILE.gguf", default=None,
+                   help="the GGUF --peer llama-cpp loads (default: the target's source GGUF in the model cache)")
     p.add_argument("--no-verify", action="store_true", help="skip the bundle's sha256 check")
     p.add_argument("--quiet", action="store_true", help="no progress line per generation")
     p.set_defaults(func=run)
@@ -123,6 +130,14 @@ def run(args: argparse.Namespace) -> int:
         if steps_draft:
             pin.need_draft(f"{', '.join(steps_draft)} run one")
 
+    peer = None
+    if args.peer:
+        from ...bench.peer import PeerRun, open_peer
+
+        peer = PeerRun(open_peer(args.peer, gguf=args.peer_gguf, source=b.manifest.models["target"].source,
+                                 threads=args.threads or os.cpu_count() or 1, n_ctx=args.max_len or 4096))
+    elif args.peer_gguf:
+        raise InvalidRequest("--peer-gguf needs --peer llama-cpp", param="peer_gguf")
     from ...engine import Engine
 
     draft = engine_mode(modes)  # e.g. "self" loads the self-draft; auto then also has it as an option
@@ -145,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
 
         result = bench.run_bench(engine, prompts, modes, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                                 temperature=args.temperature, seed=args.seed, on_sample=progress, pin=pin)
+                                 temperature=args.temperature, seed=args.seed, on_sample=progress, pin=pin,
+                                 peer=peer)
         result.meta["prompt_order"] = args.order
         from ...edge import boardfit
 
