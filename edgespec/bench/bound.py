@@ -11,8 +11,8 @@ Both halves are measured here, not assumed:
 
 - bytes: from the graph file's initializers (models/graphfacts.py reads their shapes and types, no
   weights loaded). An initializer read by a matrix product is read whole every step; one read only
-  by a Gather / GatherBlockQuantized (an embedding, possibly through a Reshape) is read one row per
-  token. MatMulNBits' packed weights, its scales and zero points are counted apart, the lm_head
+  by a Gather / GatherBlockQuantized (an embedding, possibly through a Reshape) or as attention's
+  rotary cos/sin cache is read one row per token. MatMulNBits' packed weights, its scales and zero points are counted apart, the lm_head
   (the product whose width is the vocabulary) apart again. The KV cache adds
   kv_bytes_per_token x context.
 - bandwidth: a streaming read of a buffer much larger than the last-level cache, split over the
@@ -35,8 +35,9 @@ from typing import Any, Sequence
 ELEM_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float64": 8.0, "int64": 8.0, "uint64": 8.0,
               "int32": 4.0, "uint32": 4.0, "int16": 2.0, "uint16": 2.0, "int8": 1.0, "uint8": 1.0, "bool": 1.0,
               "float8e4m3fn": 1.0, "int4": 0.5, "uint4": 0.5}
-ROW_GATHERS = {"Gather", "GatherBlockQuantized"}  # input 0 (and a block-quantized one's scales, zero points): rows
-GATHER_ROW_INPUTS = {"Gather": (0,), "GatherBlockQuantized": (0, 2, 3)}
+# inputs a node reads one row of per token: an embedding's table (and a block-quantized one's scales and
+# zero points), GroupQueryAttention's rotary cos/sin caches (one row per position)
+ROW_INPUTS = {"Gather": (0,), "GatherBlockQuantized": (0, 2, 3), "GroupQueryAttention": (7, 8)}
 # the streaming read: 256 MiB, 8x the 32 MiB L3 of the largest CPUs we target, so the cache cannot hold it
 BANDWIDTH_BUFFER = 256 << 20
 BANDWIDTH_PASSES = 5  # best of 5: the first pass pays page faults, the others show the load's noise
@@ -49,7 +50,7 @@ class StepBytes:
     weights: int = 0  # MatMulNBits packed weights, lm_head excluded
     scales: int = 0  # MatMulNBits scales and zero points, lm_head excluded
     lm_head: int = 0  # the vocabulary-wide product: its weight, scales and zero points
-    embedding_rows: int = 0  # the rows of row-gathered tensors that `tokens` tokens read
+    embedding_rows: int = 0  # the rows `tokens` tokens read of embeddings and rotary caches
     other: int = 0  # float weights: norms, biases, unquantized products, constants
     kv_per_position: int = 0  # KV bytes each cached position adds to a step's reads
     tokens: int = 1
@@ -111,8 +112,8 @@ def step_bytes(graph: str | Path, *, tokens: int = 1, kv_per_position: int = 0) 
 def _row_read(node, i: int, io, reshaped: dict) -> bool:
     """Does `node` read only the rows its token ids pick from its input i? Through a Reshape (a tied
     embedding reshapes the lm_head's tensor), the Reshape's consumers decide."""
-    if node.op_type in ROW_GATHERS:
-        return i in GATHER_ROW_INPUTS[node.op_type] and node.ints.get("gather_axis", node.ints.get("axis", 0)) == 0
+    if node.op_type in ROW_INPUTS:
+        return i in ROW_INPUTS[node.op_type] and node.ints.get("gather_axis", node.ints.get("axis", 0)) == 0
     if node.op_type == "Reshape" and i == 0:
         out = node.outputs[0]
         users = [(n, j) for n in io.nodes for j, x in enumerate(n.inputs) if x == out]

@@ -9,7 +9,7 @@ from edgespec.bench import bound
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
-V, H, F, BLK = 64, 32, 48, 16  # vocabulary, hidden, ffn width, quantization block
+V, H, F, BLK, P = 64, 32, 48, 16, 128  # vocabulary, hidden, ffn width, quantization block, positions
 
 
 def _init(name, dtype, dims):
@@ -42,6 +42,10 @@ def _graph(path, tied: bool):
     else:
         inits.append(_init("embed", TensorProto.FLOAT, [V, H]))
         nodes.append(helper.make_node("Gather", ["embed", "ids"], ["x0"], axis=0))
+    # attention reads one row of its rotary caches [positions, head_dim / 2] per token
+    inits += [_init("cos", TensorProto.FLOAT, [P, 4]), _init("sin", TensorProto.FLOAT, [P, 4])]
+    nodes.append(helper.make_node("GroupQueryAttention", ["x0", "", "", "", "", "lens", "total", "cos", "sin"], ["att"],
+                                  domain="com.microsoft", num_heads=1, kv_num_heads=1))
     inits.append(_init("norm.weight", TensorProto.FLOAT, [H]))
     nodes.append(helper.make_node("SimplifiedLayerNormalization", ["x0", "norm.weight"], ["x1"], domain=""))
     for name, x, out, n, k, zp in (("up", "x1", "x2", F, H, True), ("down", "x2", "x3", H, F, False),
@@ -61,7 +65,8 @@ def test_step_bytes_are_counted_exactly_from_the_initializers(tmp_path):
     assert b.weights == F * blocks_up * BLK // 2 + H * blocks_down * BLK // 2  # 4-bit: BLK/2 bytes a block
     assert b.scales == 4 * (F * blocks_up + H * blocks_down) + F * ((blocks_up + 1) // 2)  # + up's zero points
     assert b.lm_head == V * blocks_head * BLK // 2 + 4 * V * blocks_head
-    assert b.embedding_rows == 3 * H * 4  # 3 tokens, one float32 row each, not the whole [V, H] table
+    # 3 tokens, one float32 row each, not the whole [V, H] table; and one row of cos and of sin each
+    assert b.embedding_rows == 3 * H * 4 + 3 * 2 * 4 * 4
     assert b.other == 4 * H  # the norm's weight
     assert b.total(context=10) == b.fixed + 1000
 
@@ -69,7 +74,7 @@ def test_step_bytes_are_counted_exactly_from_the_initializers(tmp_path):
 def test_a_tied_embedding_is_read_whole_by_the_lm_head_and_counted_once(tmp_path):
     b = bound.step_bytes(_graph(tmp_path / "m.onnx", tied=True), tokens=1)
     assert b.lm_head == V * (H // BLK) * BLK // 2 + 4 * V * (H // BLK)
-    assert b.embedding_rows == 0  # the gather reads the lm_head's tensor, already counted whole
+    assert b.embedding_rows == 2 * 4 * 4  # the gather reads the lm_head's tensor, already counted whole
     assert b.other == 4 * H + 8 * 2  # the norm's weight and the Reshape's int64 shape
 
 
