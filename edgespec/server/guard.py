@@ -5,9 +5,9 @@ the device - the kiosk's own Chromium included - can reach it on behalf of any w
  * a cross-origin "simple" request (POST with Content-Type text/plain, no preflight) is sent as is;
  * a DNS-rebinding site makes its own name resolve to 127.0.0.1 and is then "same-origin" to itself.
 So every request must pass, in this order (each refusal is an OpenAI-style JSON error):
- 0. Host is read strictly: one header, `host[:port]` and nothing else (400 otherwise), so no
-    value such as `127.0.0.1:8000@evil.example` can read as ours to one check and as another name
-    to whatever reads it next.
+ 0. Host is read strictly: one header, `host[:port]` and nothing else (400 otherwise; none at all,
+    which HTTP/1.0 allows, is a 400 too), so no value such as `127.0.0.1:8000@evil.example` can read
+    as ours to one check and as another name to whatever reads it next. Origin too: at most one.
  1. Host: the bound address, a loopback name, an IP literal when bound to every interface, or a
     name from --allowed-hosts ("*" turns the check off). Rebinding needs a foreign name: refused (403).
  2. Origin, when the browser sends one: the server's own origin (the kiosk page), or one listed in
@@ -130,10 +130,16 @@ class Guard:
         host = hosts[0] if hosts else None
         if len(hosts) > 1 or (host is not None and parse_host(host) is None):
             raise APIError(400, f"Host header {echo(', '.join(hosts))} is not one host[:port]", code="invalid_host")
+        if host is None and not self.hosts.any:  # HTTP/1.0 may leave it out (h11 refuses HTTP/1.1 without one)
+            raise APIError(400, "the request has no Host header (send one: which server is it for?)",
+                           code="invalid_host")
         if not self.hosts.allows(host):
             raise APIError(403, f"Host {echo(host or '')} is not a name of this server; add it with "
                                 "--allowed-hosts if clients really use it", code="host_not_allowed")
-        origin = headers.get("origin")
+        origins = headers.getlist("origin")
+        if len(origins) > 1:  # which one would the browser, a proxy, or the next check believe?
+            raise APIError(400, f"{len(origins)} Origin headers: a request has one origin", code="invalid_origin")
+        origin = origins[0] if origins else None
         cors = None
         if origin is not None:
             o = origin.rstrip("/").lower()

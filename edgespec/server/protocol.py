@@ -15,6 +15,10 @@
    longest idle first; then ones still sending their headers. Only when every connection in the way
    has a request in flight is the new one refused (a JSON 503). While the table is more than
    PRESSURE full, sockets that have sent nothing for SILENT_GRACE seconds are closed at once.
+ * A total header budget (MAX_HEADER_BYTES): the request line and every header counted together,
+   however they arrive. h11 refuses 16 KiB of *unfinished* headers, but headers that arrive whole in
+   one read (one 20,000-byte header, three of 8 KB, 5,000 small ones) were parsed and served; here the
+   parsed request is measured before it reaches the app.
  * uvicorn's plain-text 400 for a malformed request (no Host header, headers too large, bad syntax)
    becomes the API's JSON error.
 """
@@ -34,6 +38,11 @@ log = logging.getLogger("edgespec.server")
 SILENT_GRACE = 2.0  # seconds a socket may stay silent while the table is under pressure
 PRESSURE = 0.75  # fraction of the table in use from which silent sockets get SILENT_GRACE only
 EVICTION_LOG_EVERY = 10.0  # seconds between the warnings that idle connections are being closed
+
+MAX_HEADER_BYTES = 16 << 10  # request line and headers of one request (docs/server.md); h11's own default too
+# each header line's bytes beyond its name and value (": " and CRLF), and the request line's ("GET  HTTP/1.1\r\n")
+HEADER_LINE_OVERHEAD, REQUEST_LINE_OVERHEAD = 4, 12
+TOO_LARGE = "request line and headers over MAX_HEADER_BYTES"
 
 # eviction classes: lower goes first
 SILENT, KEPT_ALIVE, SENDING = 0, 1, 2
@@ -65,6 +74,7 @@ def make_protocol(header_timeout: float, total: int, per_client: int) -> type:
             self._made = self._active = time.monotonic()
             self._spoke = False  # any byte received on this connection
             self._sending = False  # bytes of a request whose headers are not complete yet
+            self._measure_requests()
             if self._make_room():
                 self._arm_header_timer()
 
@@ -129,6 +139,26 @@ def make_protocol(header_timeout: float, total: int, per_client: int) -> type:
                                                    "service_unavailable"))
             self.transport.close()
 
+        # -- the header budget --------------------------------------------------------------------
+        def _measure_requests(self) -> None:
+            """Every request h11 parses is measured before uvicorn hands it to the app: over the budget
+            it is h11's own RemoteProtocolError, which uvicorn answers with send_400_response."""
+            parse = self.conn.next_event
+            self._too_large = False
+
+            def next_event():
+                try:
+                    event = parse()
+                except h11.RemoteProtocolError as e:  # 431: h11's own limit on unfinished headers
+                    self._too_large = e.error_status_hint == 431
+                    raise
+                if isinstance(event, h11.Request) and header_bytes(event) > MAX_HEADER_BYTES:
+                    self._too_large = True
+                    raise h11.RemoteProtocolError(TOO_LARGE, error_status_hint=431)
+                return event
+
+            self.conn.next_event = next_event
+
         # -- the header timeout -------------------------------------------------------------------
         def _arm_header_timer(self) -> None:
             if self._header_timer is None:
@@ -170,9 +200,17 @@ def make_protocol(header_timeout: float, total: int, per_client: int) -> type:
             super().connection_lost(exc)
 
         def send_400_response(self, msg: str) -> None:
-            self.transport.write(raw_json_response(
-                400, "Bad Request", "malformed HTTP request (bad syntax, headers too large, or no Host header)",
-                "invalid_http"))
+            if getattr(self, "_too_large", False):  # (uvicorn passes its own generic msg)
+                body = (f"the request line and headers are over {MAX_HEADER_BYTES // 1024} KiB", "headers_too_large")
+            else:
+                body = ("malformed HTTP request (bad syntax, headers too large, or no Host header)", "invalid_http")
+            self.transport.write(raw_json_response(400, "Bad Request", *body))
             self.transport.close()
 
     return GuardedH11Protocol
+
+
+def header_bytes(request: "h11.Request") -> int:
+    """The size of a parsed request's request line and headers, as sent (h11 keeps names and values)."""
+    line = len(request.method) + len(request.target) + REQUEST_LINE_OVERHEAD
+    return line + sum(len(name) + len(value) + HEADER_LINE_OVERHEAD for name, value in request.headers)
