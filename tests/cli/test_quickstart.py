@@ -183,33 +183,35 @@ def test_demo_compares_two_prompts_after_a_warm_up(tiny_bundle, monkeypatch):
     assert len(res["why"].splitlines()) == 1
 
 
-def _row(name, speedup, acceptance=0.9, drafted=40, tokens_per_pass=2.0):
+def _row(name, speedup, acceptance=0.9, drafted=40, tokens_per_pass=2.0, source="model"):
     return {"name": name, "speedup": speedup, "acceptance": acceptance, "drafted": drafted,
-            "tokens_per_pass": tokens_per_pass, "pass_cost": tokens_per_pass / speedup}
+            "tokens_per_pass": tokens_per_pass, "pass_cost": tokens_per_pass / speedup,
+            "rounds_by_source": {"none": 5, source: 20, "recycle": 1} if drafted else {"none": 30}}
 
 
-@pytest.mark.parametrize("rows, says", [
-    ([_row("fresh code", 1.3), _row("code edit", 1.9, tokens_per_pass=3.4)],
-     "why: drafting paid: each pass with drafting wrote more tokens than it cost plain steps"),
-    ([_row("fresh code", 0.97, acceptance=0.4, tokens_per_pass=1.2), _row("code edit", 1.8, tokens_per_pass=3.1)],
-     "why: drafting paid on the code edit, not on the fresh code: what copies the prompt is proposed for free"),
+@pytest.mark.parametrize("rows, says, ends", [
+    ([_row("fresh code", 1.3), _row("code edit", 1.9, tokens_per_pass=3.4, source="suffix")],
+     "why: drafting paid. fresh code: ", "So each pass with drafting wrote more tokens than it cost plain steps."),
+    ([_row("fresh code", 0.97, acceptance=0.4, tokens_per_pass=1.2), _row("code edit", 1.8, tokens_per_pass=3.1,
+                                                                           source="suffix")],
+     "why: drafting paid on the code edit and not on the fresh code. code edit: 3.10 tokens a target pass (90% of 40 "
+     "proposals accepted, mostly copied from earlier text) for 1.72 plain steps = 1.80x; fresh code: ",
+     "So a pass pays only where it writes clearly more tokens than it costs plain steps."),
     ([_row("fresh code", 1.0, drafted=0, acceptance=None, tokens_per_pass=1.0), _row("code edit", 0.9)],
-     "why: drafting did not pay on this machine: a pass with drafting cost more plain steps than it wrote tokens"),
+     "why: drafting did not pay on this machine. fresh code: nothing drafted, no source promised a gain (1.00x); "
+     "code edit: 2.00 tokens a target pass (90% of 40 proposals accepted, mostly the draft model) for 2.22 plain "
+     "steps = 0.90x.", "So a pass with drafting cost more plain steps than it wrote tokens (where a verify"),
 ])
-def test_the_why_line_reads_the_measured_figures(rows, says):
+def test_the_why_line_reads_the_measured_figures(rows, says, ends):
     line = qs.why_line(rows)
     assert line.startswith(says) and "\n" not in line
-    for r in rows:
-        if r["drafted"]:
-            assert (f"{r['name']}: {r['acceptance'] * 100:.0f}% accepted, {r['tokens_per_pass']:.2f} tokens a pass "
-                    f"for {r['pass_cost']:.2f} plain steps = {r['speedup']:.2f}x") in line
-        else:
-            assert f"{r['name']}: nothing drafted, no source promised a gain ({r['speedup']:.2f}x)" in line
+    assert ends in line and line.endswith(".")
 
 
 def test_within_the_noise_is_not_called_a_gain():
-    assert qs.why_line([_row("fresh code", 1.04), _row("code edit", 1.04)]).startswith(
-        "why: drafting did not pay on this machine: a pass with drafting cost about as many plain steps as it wrote")
+    line = qs.why_line([_row("fresh code", 1.04), _row("code edit", 1.04)])
+    assert line.startswith("why: drafting did not pay on this machine.")
+    assert "So a pass with drafting cost about as many plain steps as it wrote tokens" in line
 
 
 # --- end to end: pull (fake PyPI) -> export (real pipeline, GGUF) -> demo ----------------------------

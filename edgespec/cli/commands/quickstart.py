@@ -247,36 +247,44 @@ def summary_table(mode: str, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+SOURCE_WORDS = {"suffix": "mostly copied from earlier text", "ngram": "mostly copied from the prompt",
+                "recycle": "mostly the target's own runners-up", "model": "mostly the draft model",
+                "heads": "mostly the draft heads", "self": "mostly the self-draft"}
+
+
 def why_line(rows: list[dict]) -> str:
     """One line: why drafting paid or did not on this machine, from each prompt's measured acceptance,
-    tokens per target pass and what a pass with drafting cost in plain target steps (speed-up =
-    tokens per pass / pass cost)."""
+    tokens per target pass, where the proposals came from, and what a pass with drafting cost in plain
+    target steps (speed-up = tokens per pass / pass cost)."""
     def verdict(r: dict) -> str:
         return "paid" if r["speedup"] >= 1 + NOISE else "lost" if r["speedup"] <= 1 - NOISE else "even"
 
     def figures(r: dict) -> str:
         if not r["drafted"]:
             return f"{r['name']}: nothing drafted, no source promised a gain ({r['speedup']:.2f}x)"
-        return (f"{r['name']}: {r['acceptance'] * 100:.0f}% accepted, {r['tokens_per_pass']:.2f} tokens a pass "
-                f"for {r['pass_cost']:.2f} plain steps = {r['speedup']:.2f}x")
+        used = {k: v for k, v in (r.get("rounds_by_source") or {}).items() if k != "none" and v}
+        source = f", {SOURCE_WORDS.get(max(used, key=used.get), 'mostly ' + max(used, key=used.get))}" if used else ""
+        return (f"{r['name']}: {r['tokens_per_pass']:.2f} tokens a target pass ({r['acceptance'] * 100:.0f}% of "
+                f"{r['drafted']} proposals accepted{source}) for {r['pass_cost']:.2f} plain steps = {r['speedup']:.2f}x")
 
     rows = [r for r in rows if "speedup" in r]
     if not rows:
         return ""
-    paid = [r["name"] for r in rows if verdict(r) == "paid"]
-    rest = [r["name"] for r in rows if verdict(r) != "paid"]
+    paid = [r for r in rows if verdict(r) == "paid"]
+    rest = [r for r in rows if verdict(r) != "paid"]
     if not rest:
-        why = "drafting paid: each pass with drafting wrote more tokens than it cost plain steps"
+        head, tail = "drafting paid", "each pass with drafting wrote more tokens than it cost plain steps"
     elif paid:
-        why = (f"drafting paid on the {' and '.join(paid)}, not on the {' and '.join(rest)}: what copies the prompt "
-               "is proposed for free and mostly accepted; elsewhere a pass cost about as many plain steps as it wrote")
+        head = (f"drafting paid on the {' and '.join(r['name'] for r in paid)} and not on the "
+                f"{' and '.join(r['name'] for r in rest)}")
+        tail = "a pass pays only where it writes clearly more tokens than it costs plain steps"
     else:
         dear = any(r["drafted"] and r["pass_cost"] > r["tokens_per_pass"] * (1 + NOISE) for r in rows)
-        why = (f"drafting did not pay on this machine: a pass with drafting cost {'more' if dear else 'about as many'} "
-               "plain steps than it wrote tokens (where a verify of several tokens costs about one step, as on a "
-               "board's GPU, the same acceptance pays: docs/speed.md)").replace("about as many plain steps than",
-                                                                                 "about as many plain steps as")
-    return f"why: {why} ({'; '.join(figures(r) for r in rows)})"
+        head = "drafting did not pay on this machine"
+        tail = (f"a pass with drafting cost {'more plain steps than' if dear else 'about as many plain steps as'} it "
+                "wrote tokens (where a verify of several tokens costs about one step, as on a board's GPU, the same "
+                "acceptance pays more: docs/speed.md)")
+    return f"why: {head}. {'; '.join(figures(r) for r in (paid + rest))}. So {tail}."
 
 
 def _fresh(eng) -> None:
