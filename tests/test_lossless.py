@@ -56,6 +56,32 @@ def test_greedy_every_drafter_every_k_equals_target_alone(engines, name):
     check_greedy_lossless(engine(engines, name), SEEDS[name], 8, range(1, 9))
 
 
+# a schema whose answers end inside 48 tokens on the tiny models (bounded string, integer and array)
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
+    "tag": {"enum": ["alpha", "beta", "gamma"]}, "flags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}},
+    "required": ["name", "n", "tag", "flags"], "additionalProperties": False}
+LARK = 'start: "set " DEVICE " to " NUM "%" ("; " "set " DEVICE " to " NUM "%")*\nDEVICE: /[a-z]{1,8}/\nNUM: /[0-9]{1,2}/\n'
+
+
+@pytest.mark.parametrize("name", ["agree", "disagree", "llama"])
+@pytest.mark.parametrize("kind", ["json_schema", "grammar"])
+def test_greedy_under_a_grammar_equals_constrained_target_alone(engines, name, kind):
+    """Structured output: every drafter (the grammar's forced tokens among them, alone and in front
+    of the others' proposals), every k, gives the constrained target-alone tokens, and the answers
+    follow the grammar."""
+    eng = engine(engines, name)
+    kw = {"json_schema": SCHEMA} if kind == "json_schema" else {"grammar": LARK}
+    check_greedy_lossless(eng, 30 + SEEDS[name], 2, (1, 3, 8), modes=[*MODES, "grammar"], **kw)
+    r = eng.generate("status:", max_new_tokens=48, draft="auto", **kw)
+    if kind == "json_schema" and r.finish_reason == "stop":
+        import json
+        d = json.loads(r.text)
+        assert set(d) == set(SCHEMA["properties"]) and d["tag"] in ("alpha", "beta", "gamma")
+    elif kind == "grammar":
+        assert r.text.startswith("set ") and " to " in r.text
+
+
 def test_cuda_flavored_bundle_really_runs_float16(engines):
     """The cuda-flavored engines above really run the float16 graph (not a float32 one)."""
     for name in ("cuda-agree", "cuda-disagree"):

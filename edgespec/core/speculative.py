@@ -1,6 +1,6 @@
 """The acceptance of one sequence's speculative round: propose k -> verify k+1 in one target pass ->
 accept -> rewind. engine/round.py runs rounds (for a batch of sequences, one sequence being the batch
-of one) and decides each row with the accept functions here.
+of one) and decides each row with the accept functions here (under a grammar: accept_masked).
 
 State between rounds (the invariant every function here keeps):
     ctx      every token so far (prompt + output); ctx[-1] is the newest, not yet fed to the target
@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .constraint import Constraint
 from .proposal import Proposal
-from .sampling import SamplingParams, greedy_tokens, probs, sample, without
+from .sampling import SamplingParams, choose, greedy_token, greedy_tokens, probs, sample, without
 
 
 @dataclass
@@ -37,6 +38,64 @@ def usable_draft(prop: Proposal, k: int, usable: int) -> list[int]:
         if not 0 <= t < usable:
             return draft[:i]
     return draft
+
+
+def first_token(row: np.ndarray, params: SamplingParams, usable: int, rng: np.random.Generator,
+                constraint: Constraint | None = None) -> int:
+    """The token after the prompt (from the prefill's last row), masked and advanced under a constraint."""
+    if constraint is None:
+        return choose(row, params, usable, rng)
+    t = choose(constraint.mask(row), params, usable, rng)
+    constraint.advance([t])
+    return t
+
+
+def grammar_draft(prop: Proposal, draft: list[int], constraint: Constraint) -> tuple[list[int], np.ndarray | None]:
+    """The draft cut at its first token the grammar forbids, and that token's draft distribution
+    (None for a deterministic proposal or no cut). A sampled draft token the grammar forbids has
+    p = 0, so rejection sampling would reject it and draw from max(0, p - q): the caller draws from
+    that residual at the cut, which keeps the output distributed as the masked target's."""
+    n = constraint.check(draft)
+    if n >= len(draft):
+        return draft, None
+    q = prop.q[n] if prop.q is not None and n < len(prop.q) else None
+    return draft[:n], q
+
+
+def accept_masked(rows: np.ndarray, prop: Proposal, draft: list[int], params: SamplingParams,
+                  rng: np.random.Generator, usable: int, constraint: Constraint,
+                  cut_q: np.ndarray | None) -> tuple[int, int]:
+    """accept_greedy / accept_sampled on rows masked position by position: row i by the grammar
+    state after draft[:i] (the constraint advances through each accepted token), so each decision
+    sees exactly the distribution target-alone decoding under the grammar would sample from."""
+    for i in range(len(draft) + 1):
+        row = constraint.mask(rows[i])
+        if params.greedy:
+            best = greedy_token(row, usable)
+            if i < len(draft) and draft[i] == best:
+                constraint.advance([best])
+                continue
+            constraint.advance([best])
+            return i, best
+        p = probs(row, params, usable)
+        if i < len(draft):
+            x = draft[i]
+            q = prop.q[i] if prop.q is not None else None
+            qx = 1.0 if q is None else float(q[x])
+            if rng.random() * qx < p[x]:
+                constraint.advance([x])
+                continue
+            resid = without(p, q, x)
+        elif cut_q is not None:  # the proposal's next token was forbidden: rejected, as p(x) = 0
+            resid = np.maximum(p - cut_q, 0.0)
+        else:
+            resid = p
+        if resid.sum() <= 0.0:
+            resid = p
+        t = sample(resid, rng)
+        constraint.advance([t])
+        return i, t
+    raise AssertionError("unreachable: the last row always decides")
 
 
 def accept_greedy(rows: np.ndarray, draft: list[int], usable: int) -> tuple[int, int]:

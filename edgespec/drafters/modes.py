@@ -100,6 +100,12 @@ def _auto(kit: Kit):
     return AutoDrafter(kit.costs, list(kit.sources or ()))
 
 
+def _grammar(kit: Kit):
+    from .grammar import GrammarDrafter
+
+    return GrammarDrafter(kit.costs)
+
+
 def _none(kit: Kit):
     from .base import NoDrafter
 
@@ -122,6 +128,8 @@ MODES: tuple[DraftMode, ...] = (
               "--self-draft)", runner="self", loads=("self",), auto_rank=3, build=_self),
     DraftMode("heads", "draft heads over the target's hidden state (a bundle exported with --heads)",
               runner="heads", loads=("heads",), auto_rank=4, build=_heads),
+    DraftMode("grammar", "the tokens a request's JSON schema or grammar forces (free; proposes nothing "
+              "without one)", batched=True, auto_rank=5, build=_grammar),
     DraftMode("none", "the target alone", batched=True, fixed_k=False, build=_none),
 )
 BY_NAME = {m.name: m for m in MODES}

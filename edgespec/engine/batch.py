@@ -46,8 +46,10 @@ import numpy as np
 from ..core.batch_runner import BatchRunner, SlotRunner
 from ..core.costmodel import CostModel
 from ..core.proposal import common_prefix
-from ..core.sampling import choose, make_rng
+from ..core.sampling import make_rng
+from ..core.speculative import first_token
 from ..drafters import Drafter, NoDrafter
+from ..drafters.grammar import with_grammar
 from ..errors import InvalidRequest
 from ..limits import PREFILL_CHUNK
 from . import build
@@ -58,6 +60,7 @@ from .results import GenerationResult, GenerationStats
 from .batch_drafters import BatchDrafters
 from .round import Conditions, Seq, run_round
 from .settings import Settings
+from .structured import tool_calls
 from .batch_ticket import Ticket
 
 log = logging.getLogger("edgespec.batch")
@@ -168,11 +171,13 @@ class BatchEngine:
     def submit(self, prompt: str | None = None, *, messages=None, max_new_tokens: int = 256, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None, stop=None, draft: str | None = None,
                k: int | None = None, cancel=None, on_delta: Callable[[str], None] | None = None,
-               on_start: Callable[[], None] | None = None, tree: str | None = None) -> Ticket:
+               on_start: Callable[[], None] | None = None, tree: str | None = None, json_schema=None,
+               grammar: str | None = None, tools=None, tool_choice=None, strict: bool = True) -> Ticket:
         """Validates and tokenizes now (bad input raises here); the request joins at the next round.
-        Batched rounds are chains: tree "auto" and "off" run them, "on" is refused."""
+        Batched rounds are chains: tree "auto" and "off" run them, "on" is refused. Structured
+        output as Engine.stream (each request its own grammar)."""
         req = self._parse(prompt, messages, max_new_tokens, temperature, top_p, top_k, seed, stop, draft, k, cancel,
-                          tree)
+                          tree, json_schema, grammar, tools, tool_choice, not strict)
         with self._cv:
             self._ids += 1
             t = Ticket(self._ids, len(req.ids), on_delta, on_start)
@@ -290,8 +295,11 @@ class BatchEngine:
         self._cached[a.slot] = a.ctx  # the slot holds ctx[:length] from here on
         a.filled = reuse
         a.costs = CostModel(self.runner.times.table(1))
-        a.drafter, fallback, a.k_cap = self._drafters.for_request(req.draft, req.k, a.costs)
-        a.seq = Seq(a.slot, a.ctx, a.drafter, fallback, 0, req.params, a.rng, a.stats, fixed_k=req.k is not None)
+        d, fallback, a.k_cap = self._drafters.for_request(req.draft, req.k, a.costs)
+        a.drafter = with_grammar(d, req.constraint)  # under a grammar: its forced tokens first
+        fallback = a.drafter if fallback is d else fallback
+        a.seq = Seq(a.slot, a.ctx, a.drafter, fallback, 0, req.params, a.rng, a.stats, fixed_k=req.k is not None,
+                    constraint=req.constraint)
 
     def _prefill_chunk(self, a: _Active) -> None:
         end = min(len(a.ctx), a.filled + self.prefill_chunk)
@@ -305,7 +313,7 @@ class BatchEngine:
         a.drafter.begin(a.ctx)
         if a.seq.fallback is not a.drafter:
             a.seq.fallback.begin(a.ctx)
-        first = choose(row, a.req.params, self.vocab.usable, a.rng)
+        first = first_token(row, a.req.params, self.vocab.usable, a.rng, a.req.constraint)
         a.ctx.append(first)
         a.t_first = time.perf_counter()
         a.stats.ttft_s = a.t_first - a.t0
@@ -362,7 +370,7 @@ class BatchEngine:
         if a.ticket.batch_sizes:
             st.batch_size_mean = sum(a.ticket.batch_sizes) / len(a.ticket.batch_sizes)
         text = a.emit.text.text if a.emit is not None else ""
-        a.ticket.result = GenerationResult(text, list(out), finish, st)
+        a.ticket.result = GenerationResult(text, list(out), finish, st, tool_calls(text, a.req.structured))
         a.ticket.done.set()
 
     def _fail(self, a: _Active, e: BaseException) -> None:

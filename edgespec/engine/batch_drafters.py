@@ -27,6 +27,7 @@ from typing import Sequence
 
 from ..core.costmodel import CostModel
 from ..drafters import AutoDrafter, Drafter, NgramDrafter, NoDrafter
+from ..drafters.grammar import GrammarDrafter
 from ..drafters.suffix import SuffixDrafter
 from ..drafters.suffix_index import SuffixIndex
 from ..limits import DEFAULT_K_CAP, DEFAULT_MAX_LEN, SUFFIX_CAPACITY
@@ -57,6 +58,8 @@ class BatchDrafters:
             return NoDrafter(), 0
         cap = DEFAULT_K_CAP if k is None else k
         adaptive = k is None
+        if mode == "grammar":
+            return GrammarDrafter(costs), cap
         if mode == "ngram":
             ng = NgramDrafter(costs, adaptive=adaptive)
             ev = self._ngram
@@ -68,7 +71,7 @@ class BatchDrafters:
         sx = self._suffix(k, costs)
         if mode == "suffix":
             return sx, cap
-        return AutoDrafter(costs, [sx]), cap
+        return AutoDrafter(costs, [sx, GrammarDrafter(costs)]), cap
 
     def _suffix(self, k: int | None, costs: CostModel) -> SuffixDrafter:
         own = SuffixIndex(self.request_capacity, self.history.max_match, self.history.max_chain)

@@ -21,6 +21,7 @@ from typing import Generator
 from ..core.costmodel import CostModel
 from ..core.runner import ModelRunner
 from ..drafters import Drafter, modes
+from ..drafters.grammar import with_grammar
 from ..drafters.heads import NO_HEADS
 from ..errors import InvalidRequest
 from ..limits import DEFAULT_K_CAP
@@ -31,6 +32,7 @@ from .loop import Parts, PrefixCache, decode
 from .requests import Request, RequestParser, Vocabulary
 from .results import GenerationResult, Stream
 from .settings import Settings
+from .structured import tool_calls
 from .tree_round import TreeVerifier
 
 log = logging.getLogger("edgespec.engine")
@@ -165,9 +167,12 @@ class Engine:
     def generate(self, prompt: str | None = None, *, messages=None, max_new_tokens: int = 256,
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                  stop=None, draft: str | None = None, k: int | None = None, cancel=None,
-                 tree: str | None = None) -> GenerationResult:
+                 tree: str | None = None, json_schema=None, grammar: str | None = None, tools=None,
+                 tool_choice=None, strict: bool = True) -> GenerationResult:
         s = self.stream(prompt, messages=messages, max_new_tokens=max_new_tokens, temperature=temperature,
-                        top_p=top_p, top_k=top_k, seed=seed, stop=stop, draft=draft, k=k, cancel=cancel, tree=tree)
+                        top_p=top_p, top_k=top_k, seed=seed, stop=stop, draft=draft, k=k, cancel=cancel, tree=tree,
+                        json_schema=json_schema, grammar=grammar, tools=tools, tool_choice=tool_choice,
+                        strict=strict)
         for _ in s:
             pass
         assert s.result is not None
@@ -176,12 +181,17 @@ class Engine:
     def stream(self, prompt: str | None = None, *, messages=None, max_new_tokens: int = 256,
                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                stop=None, draft: str | None = None, k: int | None = None, cancel=None,
-               tree: str | None = None) -> Stream:
+               tree: str | None = None, json_schema=None, grammar: str | None = None, tools=None,
+               tool_choice=None, strict: bool = True) -> Stream:
         """Validates and tokenizes now (bad input raises here, before anything runs); generation
         runs as the stream is iterated. tree: "auto" | "on" | "off" (None: the engine's default),
-        tree verification of the drafts (docs/runtime.md)."""
+        tree verification of the drafts (docs/runtime.md). Structured output (docs/structured-output.md):
+        json_schema (a dict or JSON text), grammar (llguidance's Lark form), or tools (OpenAI's
+        function list) with tool_choice ("auto", "required", "none", {"type": "function",
+        "function": {"name": ...}}); the result's tool_calls holds the call. strict=False ignores
+        JSON-schema keywords the grammar library does not implement instead of refusing them."""
         req = self._parse(prompt, messages, max_new_tokens, temperature, top_p, top_k, seed, stop, draft, k, cancel,
-                          tree)
+                          tree, json_schema, grammar, tools, tool_choice, not strict)
         return Stream(self._run(req), len(req.ids))
 
     def count_tokens(self, prompt: str | None = None, *, messages=None) -> int:
@@ -274,8 +284,11 @@ class Engine:
             parts = Parts(self.target, self.tokenizer, self.eos_ids, self.usable, self.prefill_chunk,
                           free_drafter=self._fallback, governor=self.governor, tree=self._tree,
                           on_end=self._end)
+            drafter = with_grammar(drafter, req.constraint, self._drafters.get("grammar"))
             try:
-                return (yield from decode(parts, req, drafter, k_cap, self._cache))
+                result = yield from decode(parts, req, drafter, k_cap, self._cache)
+                result.tool_calls = tool_calls(result.text, req.structured)
+                return result
             except GeneratorExit:
                 # the stream was closed between rounds (a client pressed Stop): every cache is
                 # consistent there, so the next turn reuses what this one prefilled and generated

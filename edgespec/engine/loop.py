@@ -18,7 +18,8 @@ from typing import Callable, Generator, Iterator
 from ..core.detokenize import TextStream
 from ..core.proposal import common_prefix
 from ..core.runner import ModelRunner
-from ..core.sampling import choose, make_rng
+from ..core.sampling import make_rng
+from ..core.speculative import first_token
 from ..drafters.base import Drafter
 from .requests import Request
 from .results import GenerationResult, GenerationStats
@@ -135,7 +136,7 @@ def decode(parts: Parts, req: Request, drafter: Drafter, k_cap: int,
     drafter.begin(ctx)
     if k_cap > 0:
         drafter.prefill(ctx)  # what a drafter wants before decoding (the draft model: nothing by default)
-    first = choose(row, params, usable, rng)
+    first = first_token(row, params, usable, rng, req.constraint)
     ctx.append(first)
     t_first = time.perf_counter()
     stats.ttft_s = t_first - t0
@@ -143,7 +144,8 @@ def decode(parts: Parts, req: Request, drafter: Drafter, k_cap: int,
     em = Emitter(parts.tokenizer, req, parts.eos_ids)
     one = OneSlot(target)  # the batch of one (engine/round.py)
     cond = Conditions(usable, gov, parts.tree)
-    seq = Seq(0, ctx, drafter, parts.free_drafter, 0, params, rng, stats, fixed_k=req.k is not None, tree=req.tree)
+    seq = Seq(0, ctx, drafter, parts.free_drafter, 0, params, rng, stats, fixed_k=req.k is not None, tree=req.tree,
+              constraint=req.constraint)
     finish = None
     pending = [first]
     try:

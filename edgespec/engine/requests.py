@@ -7,11 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from ..core.constraint import Constraint, Grammars
 from ..core.sampling import SamplingParams
 from ..drafters import modes
 from ..errors import DraftUnavailable, InvalidRequest, PromptTooLong
 from ..limits import STOP_LIMIT
 from .settings import Settings, check_batched_tree, check_k, check_tree
+from .structured import Structured, check_structured, tools_prompt
 
 
 @dataclass
@@ -24,6 +26,8 @@ class Request:
     k: int | None
     cancel: Callable[[], bool]
     tree: str = "off"  # "auto" | "on" | "off": tree verification (engine/tree_round.py)
+    constraint: Constraint | None = None  # the grammar the answer follows (core/constraint.py), this request's own
+    structured: Structured | None = None  # what was asked (the tool calls are read back from the answer with it)
 
 
 class Encoder:
@@ -36,14 +40,20 @@ class Encoder:
         self.bos_text = bos_text
         self.eos_text = eos_text
 
-    def __call__(self, prompt, messages) -> list[int]:
+    def __call__(self, prompt, messages, tools=()) -> list[int]:
         if prompt is not None and messages is not None:
             raise InvalidRequest("pass either a prompt or messages, not both", param="prompt")
         from ..core.chat import check_text, encode_chat
 
         if messages is not None:  # message text never becomes control tokens (core.chat.encode_chat)
-            ids = encode_chat(self.tokenizer, self.facts.chat_template, messages,
-                              bos_token=self.bos_text, eos_token=self.eos_text)
+            template = self.facts.chat_template
+            extra = {}
+            if tools and template and "tools" in template:  # the template shows them (Qwen2.5, Hermes)
+                extra["tools"] = list(tools)
+            elif tools:
+                messages = [{"role": "system", "content": tools_prompt(tools)}, *messages]
+            ids = encode_chat(self.tokenizer, template, messages,
+                              bos_token=self.bos_text, eos_token=self.eos_text, **extra)
         elif prompt is None:
             raise InvalidRequest("a prompt or messages are required", param="prompt")
         elif not isinstance(prompt, str):
@@ -100,6 +110,7 @@ class Vocabulary:
     encode: Encoder
     usable: int
     eos_ids: frozenset[int]
+    grammars: Grammars  # structured output: requests' grammars compiled against this vocabulary
 
     @classmethod
     def of(cls, bundle, tokenizer, vocab_size: int) -> "Vocabulary":
@@ -111,7 +122,8 @@ class Vocabulary:
 
         enc = Encoder(tokenizer, tf, bos_text=_token_text(cfg.get("bos_token")) or id_text(tf.bos_id),
                       eos_text=_token_text(cfg.get("eos_token")) or id_text(tf.eos_ids[0] if tf.eos_ids else None))
-        return cls(tokenizer, enc, min(tf.usable_vocab, vocab_size), frozenset(tf.eos_ids))
+        return cls(tokenizer, enc, min(tf.usable_vocab, vocab_size), frozenset(tf.eos_ids),
+                   Grammars(tokenizer, vocab_size, tf.eos_ids))
 
 
 def _token_text(v) -> str:
@@ -136,7 +148,8 @@ class RequestParser:
 
     def __call__(self, prompt=None, messages=None, max_new_tokens: int = 256, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed=None, stop=None, draft=None, k=None, cancel=None,
-                 tree=None) -> Request:
+                 tree=None, json_schema=None, grammar=None, tools=None, tool_choice=None,
+                 lenient: bool = False) -> Request:
         check_max_new_tokens(max_new_tokens)
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         s = self.settings
@@ -156,10 +169,18 @@ class RequestParser:
         if self.tree_check is not None:
             self.tree_check(tree)
         stops = check_stop(stop)
-        ids = self.vocab.encode(prompt, messages)
+        st = check_structured(json_schema, grammar, tools, tool_choice, grammars=self.vocab.grammars, lenient=lenient)
+        if st is not None and st.tools and messages is None:
+            raise InvalidRequest("tools need messages (a chat request), not a prompt", param="tools")
+        ids = self.vocab.encode(prompt, messages, st.tools if st is not None else ())
         if len(ids) >= self.max_len:
             raise PromptTooLong(len(ids), max_new_tokens, self.max_len)
-        req = Request(ids, max_new_tokens, params, stops, mode, s.k if k is None else k, cancel_fn(cancel), tree)
+        constraint = None
+        if st is not None and st.grammar is not None:
+            constraint = self.vocab.grammars.compile(st.grammar)
+            tree = "off"  # a constrained round is a chain: its rows are masked one grammar state after another
+        req = Request(ids, max_new_tokens, params, stops, mode, s.k if k is None else k, cancel_fn(cancel), tree,
+                      constraint, st)
         return pin_for_determinism(req) if s.deterministic else req
 
 

@@ -50,6 +50,9 @@ class GenerationResult:
     token_ids: list[int]
     finish_reason: str  # "stop" | "length" | "cache_full" | "cancelled"
     stats: GenerationStats
+    # a request with tools: the call the answer made, OpenAI-shaped ([{"id", "type": "function",
+    # "function": {"name", "arguments": JSON text}}]); None for a text answer (engine/structured.py)
+    tool_calls: list[dict] | None = None
 
 
 class Stream:

@@ -36,6 +36,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from ..core import speculative as spec
+from ..core.constraint import Constraint
 from ..core.proposal import EMPTY, Proposal
 from ..core.sampling import SamplingParams
 from ..core.speculative import Round, usable_draft
@@ -108,6 +109,7 @@ class Seq:
     stats: GenerationStats
     fixed_k: bool = False  # the client chose k: a batch's width choice never cuts it
     tree: str = "off"  # "auto" | "on" | "off": only a batch of one with a tree verifier widens
+    constraint: Constraint | None = None  # the request's grammar (core/constraint.py): rows masked, drafts cut
 
 
 @dataclass
@@ -157,6 +159,13 @@ def run_round(target: Target, seqs: Sequence[Seq], cond: Conditions) -> list[Rou
         for i, (s, k) in enumerate(zip(seqs, ks)):
             prop = made[i] if made[i] is not None else calls[i]()
             props.append((prop, usable_draft(prop, k, usable)))
+    # a constrained row ends at its first token the grammar forbids (it could never be accepted);
+    # cuts: that row's length and, for a sampled proposal, the forbidden token's draft distribution
+    cuts: list = [(0, None)] * len(seqs)
+    for i, s in enumerate(seqs):
+        if s.constraint is not None and trees[i] is None:
+            draft, q = spec.grammar_draft(props[i][0], props[i][1], s.constraint)
+            props[i], cuts[i] = (props[i][0], draft), (len(draft), q)
     if len(seqs) > 1 and cond.pass_seconds is not None:
         props = _shape(seqs, props, cond.pass_seconds)
     # verify: the chains in one pass
@@ -169,7 +178,9 @@ def run_round(target: Target, seqs: Sequence[Seq], cond: Conditions) -> list[Rou
         if trees[i] is not None:
             r = tv.verify(d, s.ctx, prop, draft, trees[i], s.params, s.rng, usable)
         else:
-            r = _accept(target, s, d, prop, draft, out[s.slot], usable)
+            # a row the width cut shorter was cut whatever its tokens: no residual owed there
+            cut = cuts[i][1] if len(draft) == cuts[i][0] else None
+            r = _accept(target, s, d, prop, draft, out[s.slot], usable, cut)
         count(s.stats, r)
         rounds.append(r)
     if gov is not None:
@@ -186,21 +197,25 @@ def _proposer(d: Drafter, s: Seq, k: int) -> Callable[[], Proposal]:
 
 
 def decide(logits: np.ndarray, prop: Proposal, draft: list[int], params: SamplingParams,
-           rng: np.random.Generator, usable: int) -> tuple[int, int]:
+           rng: np.random.Generator, usable: int, constraint: Constraint | None = None,
+           cut_q: np.ndarray | None = None) -> tuple[int, int]:
     """The one place a sequence's verified logits become its accept decision: (proposals accepted,
     the target's next token). logits: [len(draft) + 1, V], row i the target's prediction after
     draft[:i]. Per-row acceptance is core/speculative.py's (greedy: the longest prefix matching the
-    argmax; sampled: rejection sampling). A per-row logits mask (constrained decoding) belongs here,
-    applied to `logits` before the decision, so proposals and the target's own token obey it alike."""
+    argmax; sampled: rejection sampling). Under a constraint each row is masked by the grammar state
+    after the draft's tokens before it, so proposals and the target's own token obey it alike, and
+    the constraint advances by what is accepted (core/speculative.accept_masked; cut_q: see there)."""
+    if constraint is not None:
+        return spec.accept_masked(logits, prop, draft, params, rng, usable, constraint, cut_q)
     if params.greedy:
         return spec.accept_greedy(logits, draft, usable)
     return spec.accept_sampled(logits, prop, draft, params, rng, usable)
 
 
 def _accept(target: Target, s: Seq, d: Drafter, prop: Proposal, draft: list[int], logits: np.ndarray,
-            usable: int) -> Round:
+            usable: int, cut_q: np.ndarray | None = None) -> Round:
     base = len(s.ctx) - 1  # == the slot's length before the pass
-    n, nxt = decide(logits, prop, draft, s.params, s.rng, usable)
+    n, nxt = decide(logits, prop, draft, s.params, s.rng, usable, s.constraint, cut_q)
     target.rewind(s.slot, base + 1 + n)  # forget the rejected proposals' cache rows ...
     d.feedback(prop, n, base + 1 + n)  # ... and the drafter forgets its own the same way
     d.observe(logits[: n + 1], [s.ctx[-1], *draft[:n]])  # the rows of the final context only
@@ -234,10 +249,10 @@ def _shape(seqs: Sequence[Seq], props: list, pass_seconds: Callable[[int], float
 
 
 def speculative_round(target, drafter: Drafter, ctx: list[int], k: int, params: SamplingParams,
-                      rng: np.random.Generator, usable: int) -> Round:
+                      rng: np.random.Generator, usable: int, constraint: Constraint | None = None) -> Round:
     """One round of one sequence on a ModelRunner, as the batch of one (tests and tools drive a
     drafter with it); `drafter` needs only propose and feedback (core/proposal.Proposer)."""
-    s = Seq(0, ctx, _Bare(drafter), _Bare(drafter), k, params, rng, GenerationStats())
+    s = Seq(0, ctx, _Bare(drafter), _Bare(drafter), k, params, rng, GenerationStats(), constraint=constraint)
     return run_round(OneSlot(target), [s], Conditions(usable))[0]
 
 

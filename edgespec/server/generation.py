@@ -206,10 +206,14 @@ class GenerationEndpoint:
         first = writer.first()
         if first:
             await send({"type": "http.response.body", "body": first, "more_body": True})
+        req = job.request
+        hold = shapes.ToolHold(bool(req.tools) and req.tool_choice != "none")
         while True:
             if kind == "delta":
                 out.tokens_sent += 1
-                await send({"type": "http.response.body", "body": writer.delta(value), "more_body": True})
+                text = hold.push(value)
+                if text:
+                    await send({"type": "http.response.body", "body": writer.delta(text), "more_body": True})
             elif kind in ("done", "error", "timeout"):
                 if kind == "done":
                     out.result = value
@@ -219,7 +223,9 @@ class GenerationEndpoint:
                     out.status, out.error = err.status, err.message
                     tail = writer.error(err.body())
                 else:
-                    tail = writer.final(value, _queue_s(job), job.request.include_usage)
+                    calls = getattr(value, "tool_calls", None)
+                    tail = writer.tool_calls(calls) if calls else writer.delta(hold.held) if hold.held else b""
+                    tail += writer.final(value, _queue_s(job), job.request.include_usage)
                 await send({"type": "http.response.body", "body": tail + shapes.DONE, "more_body": False})
                 return
             try:

@@ -60,7 +60,12 @@ def completion_body(kind: str, rid: str, model: str, text: str, result: Any, que
                     created: int | None = None) -> dict[str, Any]:
     created = int(time.time()) if created is None else created
     finish = FINISH.get(result.finish_reason, "stop")
-    if kind == "chat":
+    calls = getattr(result, "tool_calls", None)
+    if kind == "chat" and calls:
+        msg = {"role": "assistant", "content": None, "tool_calls": calls}
+        choice = {"index": 0, "message": msg, "logprobs": None, "finish_reason": "tool_calls"}
+        obj = "chat.completion"
+    elif kind == "chat":
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
         obj = "chat.completion"
     else:
@@ -75,6 +80,29 @@ def completion_body(kind: str, rid: str, model: str, text: str, result: Any, que
         "usage": usage(result.stats),
         "edgespec": stats_dict(result.stats, finish_reason=result.finish_reason, queue_s=queue_s),
     }
+
+
+class ToolHold:
+    """A streamed answer that may be a tool call: text is held while it could still be one (it
+    starts like a call), and sent as it comes once it cannot; the call itself goes out at the end
+    as tool-call deltas (ChunkWriter.tool_calls)."""
+
+    STARTS = ("<tool_call>", "{")  # what a call's text starts with (engine/structured.py)
+
+    def __init__(self, active: bool):
+        self.holding = active
+        self.held = ""
+
+    def push(self, delta: str) -> str:
+        """The text to send now ("" while holding)."""
+        if not self.holding:
+            return delta
+        self.held += delta
+        head = self.held.lstrip()
+        if not head or any(head.startswith(s) or s.startswith(head) for s in self.STARTS):
+            return ""
+        self.holding, out, self.held = False, self.held, ""
+        return out
 
 
 class ChunkWriter:
@@ -106,10 +134,24 @@ class ChunkWriter:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
         return sse(self._chunk(choice))
 
+    def tool_calls(self, calls: list[dict]) -> bytes:
+        """A tool call as OpenAI streams one: its id, type and name first, then its arguments."""
+        out = b""
+        for i, c in enumerate(calls):
+            head = {"index": i, "id": c["id"], "type": "function", "function": {"name": c["function"]["name"],
+                                                                                "arguments": ""}}
+            args = {"index": i, "function": {"arguments": c["function"]["arguments"]}}
+            for tc in (head, args):
+                choice = {"index": 0, "delta": {"tool_calls": [tc]}, "logprobs": None, "finish_reason": None}
+                out += sse(self._chunk(choice))
+        return out
+
     def final(self, result: Any, queue_s: float | None, include_usage: bool) -> bytes:
         """The finishing chunk carries usage and the edgespec stats; with stream_options.include_usage
         OpenAI's extra usage-only chunk (empty choices) follows."""
         finish = FINISH.get(result.finish_reason, "stop")
+        if getattr(result, "tool_calls", None) and self.kind == "chat":
+            finish = "tool_calls"
         if self.kind == "chat":
             choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}
         else:

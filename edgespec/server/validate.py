@@ -3,8 +3,10 @@
 Everything a client can send is checked here, before the request reaches the queue, so that a bad
 request costs no engine time and can never leave the engine in a strange state. Unknown fields are
 ignored (OpenAI clients send `user`, `metadata`, ...), but a known feature we do not implement with a
-non-default value (n > 1, logprobs, tools, penalties, JSON mode ...) is refused rather than silently
-ignored: a client relying on it must find out.
+non-default value (n > 1, logprobs, penalties ...) is refused rather than silently ignored: a client
+relying on it must find out. Structured output (`response_format`, `tools`, `tool_choice`) is checked
+for shape here; the schema itself is compiled when the request is parsed by the engine, which
+answers a schema the grammar library refuses with a 400 naming it (engine/structured.py).
 """
 from __future__ import annotations
 
@@ -53,6 +55,11 @@ class GenRequest:
     draft: str | None = None
     draft_k: int | None = None
     tree: str | None = None  # "auto" | "on" | "off" (None: the engine's default)
+    json_schema: Any = None  # response_format json_schema / json_object: the schema the answer follows
+    lenient: bool = False  # response_format json_schema with strict=false: unknown schema keywords ignored
+    grammar: str | None = None  # edgespec's own: an llguidance Lark grammar (docs/structured-output.md)
+    tools: list[dict] | None = None
+    tool_choice: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def engine_kwargs(self) -> dict[str, Any]:
@@ -75,6 +82,11 @@ class GenRequest:
             kw["k"] = self.draft_k
         if self.tree is not None:
             kw["tree"] = self.tree
+        for name in ("json_schema", "grammar", "tools", "tool_choice"):
+            if getattr(self, name) is not None:
+                kw[name] = getattr(self, name)
+        if self.lenient:
+            kw["strict"] = False
         return kw
 
     def prompt_kwargs(self) -> dict[str, Any]:
@@ -259,10 +271,7 @@ def _common(body: Any, kind: str, limits: Limits) -> GenRequest:
         if _number(body, name, lo=-2.0, hi=2.0, default=0.0) != 0.0:
             raise bad_request(f"'{name}' is not supported by this server (only 0)", param=name, code="unsupported_parameter")
     _unsupported(body, "logit_bias", lambda v: v == {}, "only {}")
-    _unsupported(body, "tools", lambda v: v == [], "no tool calling")
-    _unsupported(body, "functions", lambda v: v == [], "no function calling")
-    _unsupported(body, "tool_choice", lambda v: v == "none", "no tool calling")
-    _unsupported(body, "response_format", lambda v: isinstance(v, dict) and v.get("type") == "text", "text only")
+    _unsupported(body, "functions", lambda v: v == [], "the older function calling: use tools")
     stream = _bool(body, "stream")
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
@@ -294,7 +303,62 @@ def _common(body: Any, kind: str, limits: Limits) -> GenRequest:
         draft=draft,
         draft_k=_int(body, "draft_k", lo=1, hi=K_LIMIT, default=None),
         tree=tree,
+        **_structured(body, kind),
     )
+
+
+def _structured(body: dict, kind: str) -> dict[str, Any]:
+    """response_format, tools, tool_choice (and edgespec's `grammar`), checked for shape."""
+    out: dict[str, Any] = {}
+    rf = body.get("response_format")
+    if rf is not None:
+        if not isinstance(rf, dict):
+            raise bad_request(f"'response_format' must be an object, got {_type_name(rf)}", param="response_format")
+        t = rf.get("type")
+        if t == "json_object":
+            out["json_schema"] = {"type": "object"}
+        elif t == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
+                raise bad_request("'response_format.json_schema' must be an object with a 'schema' object "
+                                  "({'name': ..., 'schema': {...}, 'strict': true})", param="response_format.json_schema")
+            strict = js.get("strict")
+            if strict is not None and not isinstance(strict, bool):
+                raise bad_request("'response_format.json_schema.strict' must be true or false",
+                                  param="response_format.json_schema.strict")
+            out["json_schema"] = js["schema"]
+            out["lenient"] = strict is False
+        elif t != "text":
+            raise bad_request(f"'response_format.type' must be one of text, json_object, json_schema, got {_show(t)}",
+                              param="response_format.type")
+    g = body.get("grammar")
+    if g is not None:
+        if not isinstance(g, str) or not g.strip():
+            raise bad_request("'grammar' must be a non-empty string (llguidance's Lark form)", param="grammar")
+        out["grammar"] = g
+    tools = body.get("tools")
+    if tools is not None and tools != []:
+        if kind != "chat":
+            raise bad_request("'tools' needs /v1/chat/completions", param="tools")
+        if not isinstance(tools, list):
+            raise bad_request(f"'tools' must be an array, got {_type_name(tools)}", param="tools")
+        out["tools"] = tools
+    choice = body.get("tool_choice")
+    if choice is not None:
+        if not (choice in ("auto", "required", "none") or isinstance(choice, dict)):
+            raise bad_request(f"'tool_choice' must be 'auto', 'required', 'none' or {{'type': 'function', "
+                              f"'function': {{'name': ...}}}}, got {_show(choice)}", param="tool_choice")
+        if choice != "none" and "tools" not in out:
+            raise bad_request("'tool_choice' needs 'tools'", param="tool_choice")
+        out.update({"tool_choice": choice} if "tools" in out else {})
+    _bool(body, "parallel_tool_calls")  # one call per answer either way
+    given = [n for n in ("json_schema", "grammar") if n in out] + (
+        ["tools"] if "tools" in out and out.get("tool_choice") != "none" else [])
+    if len(given) > 1:
+        names = {"json_schema": "response_format", "grammar": "grammar", "tools": "tools"}
+        raise bad_request(f"'{names[given[0]]}' and '{names[given[1]]}' cannot be combined: one constraint per "
+                          "answer", param=names[given[1]])
+    return out
 
 
 def _content(msg: dict, i: int) -> str:

@@ -226,3 +226,39 @@ def test_generate_suffix_capacity(tiny_bundle, capsys):
     assert rc == 0 and out == ref.text + "\n"
     rc, _, err = run_cli(capsys, "generate", str(tiny_bundle), "-p", "x", "--suffix-capacity", "8")
     assert rc == 1 and "suffix index capacity must be an integer >= 16 tokens, got 8" in err
+
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                           "tag": {"enum": ["a", "b"]}}, "required": ["n", "tag"],
+          "additionalProperties": False}
+
+
+def test_generate_with_a_json_schema_or_grammar_file(tiny_bundle, capsys, tmp_path):
+    schema = tmp_path / "report.json"
+    schema.write_text(json.dumps(SCHEMA))
+    ref = Engine.open(tiny_bundle).generate("x", max_new_tokens=30, draft="none", json_schema=SCHEMA)
+    rc, out, _ = run_cli(capsys, "generate", str(tiny_bundle), "-p", "x", "--max-new-tokens", "30",
+                         "--json-schema", str(schema))
+    assert rc == 0 and out == ref.text + "\n"
+    if ref.finish_reason == "stop":
+        assert set(json.loads(ref.text)) == {"n", "tag"}
+    lark = tmp_path / "cmd.lark"
+    lark.write_text('start: "on" | "off"\n')
+    rc, out, _ = run_cli(capsys, "generate", str(tiny_bundle), "-p", "x", "--grammar", str(lark))
+    assert rc == 0 and out in ("on\n", "off\n")
+
+
+@pytest.mark.parametrize("flag, content, needle", [
+    ("--json-schema", None, "cannot be read"),
+    ("--json-schema", "{not json", "not valid JSON"),
+    ("--json-schema", '{"type": "strin"}', "refused by the grammar compiler"),
+    ("--grammar", "start: nope", "refused by the grammar compiler"),
+])
+def test_a_bad_schema_or_grammar_file_is_exit_1_naming_it(tiny_bundle, capsys, tmp_path, flag, content, needle):
+    path = tmp_path / "bad.txt"
+    if content is not None:
+        path.write_text(content)
+    rc, out, err = run_cli(capsys, "generate", str(tiny_bundle), "-p", "x", flag, str(path))
+    assert rc == 1 and out == ""
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("edgespec generate: error:") and f"{flag} {path}" in last and needle in last

@@ -239,3 +239,26 @@ def test_reset_cache_forgets_slots_and_evidence_and_waits_for_no_one(tiny_bundle
         pass
     assert t.wait(0).token_ids == _alone(alone, prompt=PROMPTS[1], max_new_tokens=4).token_ids
     be.close()
+
+
+SCHEMA = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
+                                           "kind": {"enum": ["pump", "valve", "fan"]}},
+          "required": ["id", "kind"], "additionalProperties": False}
+LARK = 'start: "on" | "off" | "level " /[0-9]{1,3}/\n'
+
+
+@pytest.mark.parametrize("draft", ["none", "grammar", "suffix", "auto"])
+def test_each_batched_request_keeps_its_own_grammar(batch, alone, draft):
+    """Requests with different constraints (a schema, a grammar, none) share rounds; each gets what
+    the constrained target alone writes, and its answer follows its own grammar."""
+    kinds = [{"json_schema": SCHEMA}, {"grammar": LARK}, {}, {"json_schema": SCHEMA}, {"grammar": LARK}]
+    reqs = [dict(prompt=p, max_new_tokens=30, draft=draft, **kw) for p, kw in zip(PROMPTS, kinds)]
+    got = batch.generate_many(reqs)
+    for r, g in zip(reqs, got):
+        kw = {n: r[n] for n in ("json_schema", "grammar") if n in r}
+        want = _alone(alone, prompt=r["prompt"], max_new_tokens=30, **kw)
+        assert g.token_ids == want.token_ids, r
+        if "grammar" in r:
+            assert g.text in ("on", "off") or g.text.startswith("level ")
+        if "json_schema" in r and g.finish_reason == "stop":
+            assert g.text.startswith('{"id": ') and '"kind": ' in g.text

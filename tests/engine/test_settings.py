@@ -19,7 +19,7 @@ from edgespec.server import validate
 
 
 @pytest.mark.parametrize("kw,param,words", [
-    ({"draft": "fast"}, "draft", "unknown drafter 'fast': choose one of auto, model, suffix, recycle, ngram, self, heads, none"),
+    ({"draft": "fast"}, "draft", "unknown drafter 'fast': choose one of auto, model, suffix, recycle, ngram, self, heads, grammar, none"),
     ({"k": 0}, "k", "k must be an integer from 1 to 16"),
     ({"tree": "maybe"}, "tree", "unknown tree mode 'maybe': choose one of auto, on, off"),
     ({"max_len": 1}, "max_len", "max_len must be an integer >= 2"),
@@ -77,8 +77,8 @@ def test_the_server_the_bench_and_the_batch_read_the_table():
     assert e.value.param == "tree" and f"must be one of {', '.join(TREE_MODES)}, got" in e.value.message
     assert set(bench.MODES) == {"target", *modes.NAMES} - {"none"}
     assert set(bench.FIXED_K_MODES) == {m.name for m in modes.MODES if m.fixed_k}
-    assert modes.BATCHED == ("auto", "suffix", "ngram", "none")
-    with pytest.raises(DraftUnavailable, match="draft='recycle' is not batched: .* use auto, suffix, ngram, none"):
+    assert modes.BATCHED == ("auto", "suffix", "ngram", "grammar", "none")
+    with pytest.raises(DraftUnavailable, match="draft='recycle' is not batched: .* use auto, suffix, ngram, grammar, none"):
         modes.check_batched("recycle")
 
 
@@ -100,7 +100,7 @@ def test_the_engine_builds_every_row_it_has_a_runner_for(tiny_bundle):
         assert set(eng._drafters) == {m.name for m in modes.MODES if m.runner not in ("self", "heads")}
         ranked = [m.name for m in sorted((m for m in modes.MODES if m.auto_rank is not None
                                           and m.runner not in ("self", "heads")), key=lambda m: m.auto_rank)]
-        assert [s.name for s in eng._drafters["auto"].sources] == ranked == ["suffix", "recycle", "model"]
+        assert [s.name for s in eng._drafters["auto"].sources] == ranked == ["suffix", "recycle", "model", "grammar"]
     finally:
         eng.close()
 

@@ -19,19 +19,21 @@ def random_prompt(eng, rng: np.random.Generator, n_tokens: int) -> str:
     return text if text.strip() else "x" + text
 
 
-def check_greedy_lossless(eng, seed: int, n_prompts: int, ks, modes=MODES) -> None:
+def check_greedy_lossless(eng, seed: int, n_prompts: int, ks, modes=MODES, **kw) -> None:
     """Every mode, adaptive and with each k, gives the target-alone tokens, text and finish reason;
     and every mode really drafted (else the check would pass vacuously). The engine is not reset
-    between calls: the suffix index and the recycle table fill up as the same prompt repeats."""
+    between calls: the suffix index and the recycle table fill up as the same prompt repeats. `kw`
+    goes to every call (a json_schema or grammar: the constrained target alone is the reference)."""
     rng = np.random.default_rng(seed)
     mismatches = []
     drafted = dict.fromkeys(modes, 0)
     for i in range(n_prompts):
         prompt = random_prompt(eng, rng, int(rng.integers(2, 40)))
-        ref = eng.generate(prompt, max_new_tokens=48, draft="none")
-        assert ref.stats.drafted == 0 and ref.stats.tokens_per_pass == pytest.approx(1.0)
+        ref = eng.generate(prompt, max_new_tokens=48, draft="none", **kw)
+        # one pass per token (a pass that chose EOS emits none)
+        assert ref.stats.drafted == 0 and ref.stats.target_passes == len(ref.token_ids) + (ref.finish_reason == "stop")
         for mode, k in itertools.chain(((m, None) for m in modes), itertools.product(modes, ks)):
-            r = eng.generate(prompt, max_new_tokens=48, draft=mode, k=k)
+            r = eng.generate(prompt, max_new_tokens=48, draft=mode, k=k, **kw)
             drafted[mode] += r.stats.drafted
             if r.token_ids != ref.token_ids or r.text != ref.text or r.finish_reason != ref.finish_reason:
                 mismatches.append((i, mode, k, ref.token_ids, r.token_ids))

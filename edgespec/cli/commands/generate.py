@@ -71,9 +71,37 @@ def register(sub) -> None:
                    help="wrap the prompt as a user message in the bundle's chat template")
     p.add_argument("--system", default=None, help="system message (with --chat)")
     add_sampling_args(p)
+    p.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="the answer follows this JSON schema (docs/structured-output.md)")
+    p.add_argument("--grammar", default=None, metavar="FILE",
+                   help="the answer follows this grammar, in llguidance's Lark form (docs/structured-output.md)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, finish_reason, stats), no streaming")
     p.add_argument("--quiet", action="store_true", help="no progress line while the bundle loads (shown on a terminal only)")
     p.set_defaults(func=run)
+
+
+def structured_kwargs(args: argparse.Namespace) -> dict:
+    """--json-schema / --grammar FILE -> generate's keywords; a file that cannot be read, or a
+    schema that is not JSON, is an InvalidRequest naming the file (exit 1)."""
+    from ...errors import InvalidRequest
+
+    out = {}
+    for flag, key in (("--json-schema", "json_schema"), ("--grammar", "grammar")):
+        path = getattr(args, key)
+        if path is None:
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidRequest(f"{flag} {path}: cannot be read ({e})", param=flag) from None
+        if key == "json_schema":
+            try:
+                json.loads(text)
+            except ValueError as e:
+                raise InvalidRequest(f"{flag} {path}: not valid JSON ({e})", param=flag) from None
+        out[key] = text
+    return out
 
 
 def engine_settings(args: argparse.Namespace):
@@ -135,7 +163,10 @@ def stats_line(result) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ...errors import InvalidRequest
+
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    structured = structured_kwargs(args)  # before the bundle is opened: a bad file costs nothing
     eng = open_engine(args)
     try:
         if args.chat:
@@ -144,7 +175,13 @@ def run(args: argparse.Namespace) -> int:
             req = dict(messages=messages)
         else:
             req = dict(prompt=prompt)
-        stream = eng.stream(**req, **sampling_kwargs(args))
+        try:
+            stream = eng.stream(**req, **sampling_kwargs(args), **structured)
+        except InvalidRequest as e:
+            if e.param in structured:  # the library refused the schema or grammar: name the file
+                flag = "--" + e.param.replace("_", "-")
+                raise InvalidRequest(f"{flag} {getattr(args, e.param)}: {e}", param=flag) from None
+            raise
         if args.json:
             for _ in stream:
                 pass
