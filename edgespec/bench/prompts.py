@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from ..errors import InvalidRequest
 
-PROMPT_SETS = ("code", "chat", "multiturn", "heldout")
+PROMPT_SETS = ("code", "chat", "multiturn", "heldout", "unseen")
 PROMPT_KEYS = {"id", "category", "prompt", "messages", "max_new_tokens", "raw", "conversation"}
 PROMPT_ORDERS = ("file", "reverse", "interleave")  # `bench --order`: see order_prompts
 

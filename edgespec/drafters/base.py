@@ -9,7 +9,8 @@
     reset()                                    forget any cache (the engine's caches were invalidated)
     forget()                                   forget what earlier requests taught (Engine.reset_cache)
     uses_model                                 drafting costs model steps (a power limit may forbid it)
-    quote(ctx, k) -> Quote | None              what drafting this round would buy, for `auto`
+    quote(ctx, k) -> Quote | None              a free drafter: its proposal and its rate, for `auto`
+    cost(ctx) -> DraftCost | None              a drafter that costs model steps: their seconds, for `auto`
     set_tree_width(width)                      the next proposal may be widened into a tree of this
                                                many children per node (0: a chain): record runners-up
     alternatives(ctx, k, width)                other continuations a tree may verify beside the
@@ -53,6 +54,22 @@ class Quote:
     probe: bool = False
 
 
+@dataclass(frozen=True)
+class DraftCost:
+    """What drafting this round would cost a drafter whose proposals cost model steps, so `auto`
+    can price it before paying (drafters/auto.py).
+
+    first: seconds of the step that drafts the first token, feeding the draft whatever of ctx it
+      has not seen (its cache's catch-up: the prompt on its first round of a request).
+    step: seconds of each further drafted token (0 when one run drafts the whole chain: heads).
+    prior: its acceptance per token before `auto` has seen any verdict (the export's measured
+      agreement of the pair where the bundle records one)."""
+
+    first: float
+    step: float
+    prior: float
+
+
 @runtime_checkable
 class Drafter(Protocol):
     name: str
@@ -86,6 +103,8 @@ class Drafter(Protocol):
     def end(self, ctx: Sequence[int]) -> None: ...
 
     def warmup(self) -> None: ...
+
+    def cost(self, ctx: Sequence[int]) -> DraftCost | None: ...
 
 
 class DrafterBase:
@@ -141,6 +160,10 @@ class DrafterBase:
     def warmup(self) -> None:
         """Times the steps its proposals run once at engine open, so its costs are this device's
         from the first request; leaves no cache behind."""
+
+    def cost(self, ctx: Sequence[int]) -> DraftCost | None:
+        """None: drafting costs no model step (or it cannot draft at all)."""
+        return None
 
 
 class NoDrafter(DrafterBase):

@@ -23,7 +23,7 @@ from ..core.costmodel import CostModel, chain_tokens, expected_tokens
 from ..core.proposal import EMPTY, Proposal
 from ..core.sampling import SamplingParams
 from ..limits import PREFILL_CHUNK
-from .base import NEW_REQUEST_KEEP, DrafterBase, Quote
+from .base import NEW_REQUEST_KEEP, DraftCost, DrafterBase, Quote
 from .costed_params import (  # the numbers, each with the measurement behind it
     RATE_KEEP, MODEL_MIN_GAIN, CATCH_UP, PROBE_CATCH_UP_STEPS, FIRST_LOOK_ROUNDS, REPLY_PRIOR, REPLY_KEEP,
     STREAK_PRIOR, STREAK_KEEP, SHARE_PRIOR, SHARE_EVIDENCE, PRIOR_K_MAX, PREFILL_WAIT, PREFILL_MIN_GAIN,
@@ -269,6 +269,15 @@ class CostedDrafter(DrafterBase):
         if self.m_seconds <= 0:  # nothing seen yet: i.i.d. acceptance at the prior mean
             return self.costs.best_k(self.prior_acceptance(), 4)[1]
         return self.m_tokens / (self.m_seconds + self.m_catch)
+
+    def cost(self, ctx: Sequence[int]) -> DraftCost | None:
+        """Its draft steps' measured seconds: the first one feeds whatever of ctx its cache lacks."""
+        if self.costs is None:
+            return None
+        self._quoted = len(ctx)  # `auto` priced this round: a proposal it asks for is not second-guessed
+        one = self.costs.draft_step()
+        pending = self.catch_up(ctx)
+        return DraftCost(self.costs.draft_step(pending) if pending > 1 else one, one, self.prior_acceptance())
 
     def quote(self, ctx: Sequence[int], k: int) -> Quote | None:
         """No proposal (that would cost the draft steps): the rate of its recent rounds, which only

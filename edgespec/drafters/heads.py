@@ -24,7 +24,7 @@ from ..core.costmodel import CostModel, chain_tokens
 from ..core.proposal import EMPTY, Proposal
 from ..core.runner import ModelRunner, StepTimes
 from ..core.sampling import SamplingParams
-from .base import Beta
+from .base import Beta, DraftCost
 from .costed import CostedDrafter
 from .model import _CONF_EDGES, check_vocab_map, conf_bin, pick
 
@@ -80,6 +80,11 @@ class ChainHeads(CostedDrafter):
 
     def draft_cost(self, n: int) -> float:
         raise NotImplementedError
+
+    def cost(self, ctx: Sequence[int]) -> DraftCost | None:
+        """No cache to catch up: the first token costs one run, each further one what a longer chain adds."""
+        one = self.draft_cost(1)
+        return DraftCost(one, self.draft_cost(2) - one, self.prior_acceptance())
 
     def _proposal(self, tokens: list[int], confs: list[float], qs: list) -> Proposal:
         if not tokens:

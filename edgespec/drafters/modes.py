@@ -46,6 +46,7 @@ class DraftMode:
     build: Callable[[Kit], Any] | None = None  # the engine's drafter (None: nothing to build)
     chooses: bool = False  # its build chooses between the other rows' drafters (Kit.sources): built last
     fallback: bool = False  # the free drafter a limit that forbids model steps drafts with instead
+    hidden: bool = False  # left out of --draft's help and the bench's default columns (bench-only)
 
 
 def _ngram(kit: Kit):
@@ -106,6 +107,12 @@ def _grammar(kit: Kit):
     return GrammarDrafter(kit.costs)
 
 
+def _auto_old(kit: Kit):
+    from .auto_old import OldAutoDrafter
+
+    return OldAutoDrafter(kit.costs, list(kit.sources or ()))
+
+
 def _none(kit: Kit):
     from .base import NoDrafter
 
@@ -119,6 +126,8 @@ def _none(kit: Kit):
 MODES: tuple[DraftMode, ...] = (
     DraftMode("auto", "per round, whichever source (suffix index, recycled candidates, draft model, heads) pays "
               "most by measured cost, or none", loads=("draft", "heads"), batched=True, fixed_k=False, build=_auto, chooses=True),
+    DraftMode("auto-old", "the replaced `auto`, for the bench's comparison only", loads=("draft", "heads"),
+              fixed_k=False, build=_auto_old, chooses=True, hidden=True),
     DraftMode("model", "the bundle's draft model", runner="draft", loads=("draft",), auto_rank=2, build=_model),
     DraftMode("suffix", "the suffix index over this and earlier requests", batched=True, auto_rank=0,
               build=_suffix, fallback=True),
@@ -136,6 +145,7 @@ BY_NAME = {m.name: m for m in MODES}
 NAMES = tuple(m.name for m in MODES)  # what a `draft` setting or request may name
 if NAMES != DRAFT_MODES:  # the manifest reader checks `drafting.mode` against limits.DRAFT_MODES
     raise ImportError(f"drafters/modes.py rows {NAMES} differ from limits.DRAFT_MODES {DRAFT_MODES}: add the name there")
+SHOWN = tuple(m.name for m in MODES if not m.hidden)  # what the CLI's --draft offers
 BATCHED = tuple(m.name for m in MODES if m.batched)
 FALLBACK = next(m.name for m in MODES if m.fallback)
 
@@ -172,4 +182,4 @@ def check_batched(name: str | None) -> None:
 
 def help_text(default: str = "auto") -> str:
     """`--draft`'s help: every mode in one line."""
-    return "; ".join(f"{m.name}{' (default)' if m.name == default else ''}: {m.help}" for m in MODES)
+    return "; ".join(f"{m.name}{' (default)' if m.name == default else ''}: {m.help}" for m in MODES if not m.hidden)

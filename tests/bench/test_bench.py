@@ -451,6 +451,9 @@ def test_multiturn_and_heldout_sets():
     ho = prompt_sets.load_prompts("heldout")
     assert len(ho) >= 8 and not any(p.conversation for p in ho)
     assert not {p.id for p in mt} & {p.id for p in ho}
+    un = prompt_sets.load_prompts("unseen")
+    assert len(un) == 16 and len({p.category for p in un}) == 8
+    assert not {p.id for p in un} & ({p.id for p in ho} | {p.id for p in mt})
 
 
 # --- the order the prompts run in (`--order`) --------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from edgespec.models.bundle import Bundle
 from edgespec.core.costmodel import CostModel, expected_tokens, expected_tokens_chain
-from edgespec.drafters import (EMPTY, AutoDrafter, Beta, CostedDrafter, DrafterBase, ModelDrafter, NgramDrafter, Proposal,
+from edgespec.drafters import (EMPTY, OldAutoDrafter as AutoDrafter, Beta, CostedDrafter, DrafterBase, ModelDrafter, NgramDrafter, Proposal,
                                Quote, common_prefix, ngram_lookup)
 from edgespec.drafters.model import conf_bin
 from edgespec.drafters.tally import Tally, prompt_octave

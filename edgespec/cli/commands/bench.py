@@ -24,7 +24,7 @@ def register(sub) -> None:
     p.add_argument("bundle", help="bundle folder, or the name of one under $EDGESPEC_HOME/bundles (e.g. qwen-coder); "
                    "or a JSON file from an earlier --json: report, plot and project it again without measuring")
     p.add_argument("--prompts", default="code",
-                   help="code, chat, multiturn, heldout, a .jsonl file, or several joined by commas (default: code)")
+                   help="code, chat, multiturn, heldout, unseen, a .jsonl file, or several joined by commas (default: code)")
     p.add_argument("--modes", default=None,
                    help=f"comma-separated from {','.join(MODES)} (target: the target alone; default: all "
                         "the bundle supports but self; self and model need two runs); a speculative mode + '+tree' "
@@ -109,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     b = Bundle.open(resolve_bundle(args.bundle), verify=not args.no_verify)
     if args.modes is None:
         # every mode the bundle runs in one engine: the self-draft needs a bench of its own
-        names = ",".join(n for n in MODES if n != "self" and (n != "model" or b.draft is not None)
+        names = ",".join(n for n in MODES if n != "self" and (n == "target" or not drafting.get(n).hidden)
+                         and (n != "model" or b.draft is not None)
                          and (n != "heads" or b.manifest.heads is not None))
     else:
         names = args.modes
