@@ -8,8 +8,8 @@ the draft model's per-token acceptance is recovered from them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Iterable
 
 
 @dataclass
@@ -69,25 +69,6 @@ def collect_work(samples: Iterable) -> dict[str, ModeWork]:
         add_steps(w.target_steps, target)
         add_steps(w.draft_steps, draft)
     return out
-
-
-def mean_costs(samples: Iterable) -> tuple[dict[int, float], dict[int, float]]:
-    """Seconds per decode step by size over every generation of a run: (target, draft)."""
-    acc: tuple[dict[int, list], dict[int, list]] = ({}, {})
-    for s in samples:
-        for side, steps in zip(acc, decode_steps(s)):
-            add_steps(side, steps)
-    t, d = ({n: sec / c for n, (c, sec) in side.items() if c} for side in acc)
-    return t, d
-
-
-def priced_sample(s, target: Mapping[int, float], draft: Mapping[int, float]):
-    """The sample with its decode time rebuilt: its decode steps at these costs per size, plus its own
-    time outside model steps (bench/priced.py: at a run's mean costs; pinned_costs.py: at a table's)."""
-    ts, ds = decode_steps(s)
-    own = sum(sec for _, sec in ts.values()) + sum(sec for _, sec in ds.values())
-    priced = sum(c * target[n] for n, (c, _) in ts.items()) + sum(c * draft[n] for n, (c, _) in ds.items())
-    return replace(s, decode_s=max(s.decode_s - own, 0.0) + priced)
 
 
 def decode_steps(s) -> tuple[dict[int, list], dict[int, list]]:

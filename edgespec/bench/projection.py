@@ -342,30 +342,3 @@ def cost_model_text(hw_list: Sequence[Hardware]) -> list[str]:
                      f"{hw.eff_compute:g} ({hw.path}; {hw.basis}), launch {hw.launch_ms_per_layer:g} ms/layer, "
                      f"cpu_speed {hw.cpu_speed:g}")
     return lines
-
-
-# --- a board's step costs as a table, for `bench --pin-costs device:ID` ----------------------------
-PIN_CONTEXT = 256  # tokens of cache the table's steps are priced at (the shipped sets: prompt + half a reply)
-PIN_TARGET_SIZES = tuple(range(1, 17))  # a verify of up to 15 drafted tokens (trees included)
-PIN_DRAFT_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512)  # draft rounds, catch-ups, prompt reads
-
-
-def step_tables(costs: dict[str, ModelCost], hw: Hardware, *,
-                context: int = PIN_CONTEXT) -> tuple[dict[str, dict[int, float]], list[str]]:
-    """Seconds per step by tokens in the step on `hw`, for the target and the draft (when the bundle has
-    one): the slow end of the model's range (memory and compute adding up), at `context` tokens. With
-    them, the notes `project` prints for the same pricing (a graph of the board's flavor the bundle lacks).
-
-    Why the slow end: with overlap a Jetson's verify costs one step whatever its length, so every
-    drafted token is free to check; adding up keeps the verify growing with its length, which is
-    what a wrong proposal costs, so a policy that holds there holds with overlap too. Why a table at
-    all: `--project` prices the rounds this machine chose; a replay at the table re-decides them as
-    `auto` would on the board (its k, its sources, the draft's prompt reads)."""
-    out, notes = {}, []
-    for role, sizes in (("target", PIN_TARGET_SIZES), ("draft", PIN_DRAFT_SIZES)):
-        if costs.get(role) is None:
-            continue
-        m, note = costs[role].for_flavor(hw.flavor)
-        notes += [note] if note else []
-        out[role] = {n: step_seconds(m, hw, n, context, overlap=False) for n in sizes}
-    return out, notes

@@ -11,12 +11,10 @@ pass over the prompts): a wide range means the machine was noisy.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from .autocheck import AUTO_VS_BEST, AUTO_VS_TARGET, SINGLE_MODES, AutoCheck, auto_checks
 from .run import PREFILL_MIN_TOKENS, BenchRun, Sample
 
 ALL = "all"
@@ -98,32 +96,6 @@ def summarize(run: BenchRun, by: str = "category") -> list[Row]:
     return rows
 
 
-# --- auto against its parts (autocheck.py) -------------------------------------------------------
-def priced_checks(run: BenchRun) -> list[AutoCheck]:
-    """auto_checks on the run with every step priced at the run's mean cost for its size (priced.py)."""
-    from .priced import priced_run
-
-    return auto_checks(summarize(priced_run(run), "category"), _repeats(run))
-
-
-def _repeats(run: BenchRun) -> int:
-    return len({s.repeat for s in run.samples})
-
-
-def _check_json(c: AutoCheck) -> dict[str, Any]:
-    return {**asdict(c), "ratio": c.ratio, "ok": c.ok, "resolved": c.resolved}
-
-
-def format_auto_checks(checks: Sequence[AutoCheck], group_title: str = "category") -> str:
-    cols = [group_title, "mode", "speed-up", "best single mode", "its speed-up", "auto / best", "+-2 s.e.", "rule"]
-    lines = []
-    for c in checks:
-        pm = "-" if c.resolution is None else f"{c.ratio * math.expm1(c.resolution):.2f}"
-        lines.append([c.group, c.mode, f"{c.speedup:.2f}x", c.best_mode, f"{c.best_speedup:.2f}x",
-                      f"{c.ratio:.2f}", pm, c.verdict()])
-    return _grid(cols, lines, right_from=2)
-
-
 # --- where the time goes -------------------------------------------------------------------------
 @dataclass
 class Breakdown:
@@ -178,9 +150,7 @@ def header(run: BenchRun) -> str:
             + ("" if order == "file" else f", {order} order") + f" | {sampling} | "
             f"{m.get('max_new_tokens')} new tokens | {m.get('repeats')} repeat(s), modes interleaved\n"
             f"measured on this machine: {m.get('cpu')} ({m.get('cpu_count')} CPUs), onnxruntime {m.get('onnxruntime')}"
-            + (f", load average at start {load[0]:.2f}" if load else "")
-            + (f"\nREPLAY at pinned step costs from {m['pinned_costs']['source']}: every decision read them and "
-               "every decode time is priced at them (not a speed measurement)" if m.get("pinned_costs") else ""))
+            + (f", load average at start {load[0]:.2f}" if load else ""))
 
 
 def format_table(rows: Sequence[Row], group_title: str = "category") -> str:
@@ -286,9 +256,8 @@ def format_projection(projections: Sequence, hw_list: Sequence) -> str:
     return "\n".join(out)
 
 
-def measured_steps_line(bd: Sequence[Breakdown], pinned: bool = False) -> str:
-    """This machine's own step costs, for comparison with the modelled ones; in a replay (`pinned`) the
-    table's, and the line says so: a Jetson's modelled costs must not read as this machine's."""
+def measured_steps_line(bd: Sequence[Breakdown]) -> str:
+    """This machine's own step costs, for comparison with the modelled ones."""
     t: dict[int, list] = {}
     d: dict[int, list] = {}
     for b in bd:
@@ -310,8 +279,7 @@ def measured_steps_line(bd: Sequence[Breakdown], pinned: bool = False) -> str:
     if 1 in d:
         d1 = d[1][1] / d[1][0]
         parts.append(f"draft step {d1:.1f} ms ({d1 / t1:.2f}x)")
-    return ("step costs pinned for this replay (not measured): " if pinned else
-            "measured step costs on this machine: ") + ", ".join(parts)
+    return "measured step costs on this machine: " + ", ".join(parts)
 
 
 def by_source(run: BenchRun) -> list[tuple[str, dict[str, int], dict[str, int]]]:
@@ -347,20 +315,11 @@ def format_by_source(rows) -> str:
 def report_text(run: BenchRun, projections: Sequence = (), hw_list: Sequence = (), *, per_prompt: bool = False) -> str:
     rows = summarize(run, "category")
     parts = [header(run), "", format_table(rows)]
-    checks = auto_checks(rows, _repeats(run))
-    if checks:
-        parts += ["", f"auto beside the best single mode (rule: >= {AUTO_VS_BEST:.2f}x the best of "
-                      f"{', '.join(m for m in SINGLE_MODES if m in {r.mode for r in rows})} and the target alone, "
-                      f">= {AUTO_VS_TARGET:.2f}x the target):", format_auto_checks(checks),
-                  "(+-2 s.e.: two standard errors of auto / best, from how far each mode's speed-up moved between "
-                  "repeats; a verdict inside them is 'within noise': this run cannot tell; bench/autocheck.py)"]
-        parts += ["", "the same, every mode's steps priced at the run's mean cost per step size (load drift "
-                      "between modes taken out; bench/priced.py):", format_auto_checks(priced_checks(run))]
     if per_prompt:
         parts += ["", format_table(summarize(run, "prompt"), "prompt")]
     bd = breakdown(run)
     parts += ["", "where the decode time goes (ms per decode token, all prompts):", format_breakdown(bd)]
-    line = measured_steps_line(bd, pinned=bool(run.meta.get("pinned_costs")))
+    line = measured_steps_line(bd)
     if line:
         parts.append(line)
     tl = tree_lines(run)
@@ -413,9 +372,7 @@ def report_json(run: BenchRun, projections: Sequence = ()) -> dict[str, Any]:
     d = run.to_dict()
     rows = summarize(run, "category")
     d["summary"] = {"by_category": [asdict(r) for r in rows],
-                    "by_prompt": [asdict(r) for r in summarize(run, "prompt")],
-                    "auto_vs_best": [_check_json(c) for c in auto_checks(rows, _repeats(run))],
-                    "auto_vs_best_priced": [_check_json(c) for c in priced_checks(run)]}
+                    "by_prompt": [asdict(r) for r in summarize(run, "prompt")]}
     d["breakdown"] = [asdict(b) for b in breakdown(run)]
     d["projection"] = [p.to_dict() for p in projections]
     return d

@@ -33,7 +33,6 @@ from ..errors import DraftUnavailable, InvalidRequest
 from ..limits import K_LIMIT
 from ..units import peak_rss_bytes
 from .lineage import Lineages
-from .pinned_costs import PinnedCosts
 from .prompts import Prompt, prompt_units
 
 MODES = ("target", *(m.name for m in drafting.MODES if m.name != "none"))  # drafters/modes.py; "none" is "target"
@@ -234,7 +233,6 @@ def run_bench(
     seed: int | None = 0,
     warmup: bool = True,
     on_sample: Callable[[Sample, int, int], None] | None = None,
-    pin: PinnedCosts | None = None,
     peer=None,  # a bench/peer.py PeerRun: each prompt outside a conversation runs through it too
 ) -> BenchRun:
     """Runs every mode on every prompt `repeats` times, interleaved, on one open Engine.
@@ -242,8 +240,7 @@ def run_bench(
     Order: for each repeat, for each prompt, all modes back to back, the mode order rotated by one
     per (repeat, prompt) so no mode always runs first after a prompt change; the drafters' learning is
     kept per mode (lineage.py). A conversation counts
-    as one prompt here: each mode runs all its turns in order, from one reset. With `pin`, every
-    decision reads its costs and every decode time is priced at them (a replay: pinned_costs.py)."""
+    as one prompt here: each mode runs all its turns in order, from one reset."""
     if repeats < 1:
         raise InvalidRequest(f"--repeats must be at least 1, got {repeats}", param="repeats")
     if max_new_tokens < 1:
@@ -255,8 +252,6 @@ def run_bench(
     greedy = temperature == 0.0
     load_start = _loadavg()
     rss = PeakRSS()
-    if pin is not None:
-        pin.apply(engine)  # before the warmup: the costs the engine's open timed must not be read
     lineages = Lineages(engine, fresh_cache)  # each mode learns alone, from before the warmup (lineage.py)
     if warmup:
         _warm(engine, prompts[0], modes)
@@ -284,7 +279,6 @@ def run_bench(
             if peer is not None and unit[0].conversation is None:
                 peer.run(engine, unit[0], rep, max_new_tokens, target_ids.get(unit[0].id) if greedy else None)
             for s, ids in pending:  # the target may have run after some modes: compare at the end
-                s = s if pin is None else pin.reprice(s)
                 ref = target_ids.get(s.prompt_id)
                 if s.mode != "target" and greedy and ref is not None:
                     s.first_diff = _first_diff(ids, ref)
@@ -297,8 +291,7 @@ def run_bench(
     meta["rss_per_generation"] = rss.resettable
     meta["loadavg_start"] = load_start
     meta["loadavg_end"] = _loadavg()
-    meta["pinned_costs"] = None if pin is None else pin.describe()
-    meta["peer"] = None if peer is None else peer.meta()
+    peer=None,  # a bench/peer.py PeerRun: each prompt outside a conversation runs through it too
     return BenchRun(meta=meta, modes=modes, prompts=list(prompts), samples=samples)
 
 

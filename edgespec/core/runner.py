@@ -35,7 +35,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -71,11 +71,7 @@ class CacheFull(EdgespecError):
 
 @dataclass
 class StepTimes:
-    """Wall time of steps by number of input tokens: the cost model the drafter's k choice reads.
-
-    `fix(cost)` makes the medians read `cost(n_tokens)` instead of the clock (the totals stay
-    measured): a replay in which every decision sees the same costs whatever the machine's load, so
-    two runs of the same code decide the same (bench --pin-costs, bench/pinned_costs.py)."""
+    """Wall time of steps by number of input tokens: the cost model the drafter's k choice reads."""
 
     total_s: dict[int, float] = field(default_factory=dict)
     count: dict[int, int] = field(default_factory=dict)
@@ -85,17 +81,9 @@ class StepTimes:
     window: int = 9
     _recent: dict[int, deque] = field(default_factory=dict, repr=False)
     _medians: dict[int, float] | None = field(default=None, repr=False)
-    fixed: Callable[[int], float] | None = field(default=None, repr=False)
     # bumped whenever what the medians read changes: CostModel keys its memo on it (costs are read
     # some 30 times a round and change at most once a step)
     version: int = field(default=0, repr=False, compare=False)
-
-    def fix(self, cost: Callable[[int], float]) -> None:
-        """From now on the medians read cost(n); what was timed before is dropped from them."""
-        self.fixed = cost
-        self._recent.clear()
-        self._medians = None
-        self.version += 1
 
     def add(self, n_tokens: int, seconds: float) -> None:
         c = self.count.get(n_tokens, 0)
@@ -104,10 +92,10 @@ class StepTimes:
         q = self._recent.setdefault(n_tokens, deque(maxlen=self.window))
         if c == 1 and q and seconds < q[-1]:
             q.clear()  # the first run of a shape pays one-off allocations: drop it
-        q.append(seconds if self.fixed is None else self.fixed(n_tokens))
+        q.append(seconds)
         median = sorted(q)[len(q) // 2]
         if self._medians is not None and self._medians.get(n_tokens) == median and c >= 2:
-            return  # nothing a reader sees has changed (a pinned replay: every step after the second)
+            return  # nothing a reader sees has changed
         self._medians = None
         self.version += 1
 

@@ -53,12 +53,6 @@ def register(sub) -> None:
     p.add_argument("--deterministic", action="store_true",
                    help="open the engine in deterministic mode (docs/runtime.md): chains only, so '+tree' modes "
                         "are refused; compare a run with and without it for the mode's cost")
-    p.add_argument("--pin-costs", metavar="COSTS.json|device:ID", default=None,
-                   help="replay: every step costs what this file says (a bench JSON's mean decode step costs, or "
-                        "{\"target\": {tokens: seconds}, \"draft\": {...}}), so the decisions do not follow the "
-                        "machine's load and two runs of the same code decide the same; device:ID (e.g. "
-                        "device:jetson-orin-nano-8gb): the board's step costs from --project's cost model, every "
-                        "round re-decided as there (projected); not a speed measurement")
     p.add_argument("--peer", metavar="llama-cpp|URL", default=None,
                    help="also run each prompt through llama.cpp on the same GGUF, in this run, and print its tok/s "
                         "beside each mode: llama-cpp (the llama_cpp module, --threads threads) or the http:// URL "
@@ -86,16 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise InvalidRequest(f"--limit must be at least 1, got {args.limit}")
     hw_list = projection.resolve_devices(args.project)
-    pin = board = None
-    if args.pin_costs:
-        from ...bench.pinned_costs import load_pinned, pinned_device
-
-        board = pinned_device(args.pin_costs)  # a board's table needs the bundle's models: priced once it is open
-        pin = load_pinned(args.pin_costs) if board is None else None
     if args.bundle.endswith(".json") and Path(args.bundle).is_file():
-        if args.pin_costs:
-            raise InvalidRequest("--pin-costs replays the decisions of a new run: a saved run is reported as it ran "
-                                 "(its priced reading is printed already)", param="pin_costs")
         if args.order != "file":
             raise InvalidRequest(f"--order {args.order}: a saved run is reported in the order it ran", param="order")
         result = bench.load_run(args.bundle)
@@ -121,15 +106,6 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequest(f"--repeats must be at least 1, got {args.repeats}")
     if args.max_new_tokens < 1:
         raise InvalidRequest(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if board is not None:
-        from ...bench.pinned_costs import device_pinned
-
-        pin = device_pinned(board, projection.model_costs(b))
-    if pin is not None:
-        drafts = {"self"} | ({"draft"} if b.draft is not None else set())  # runners whose steps it must price
-        steps_draft = [m.label for m in modes if drafts & set(drafting.get(m.draft).loads)]
-        if steps_draft:
-            pin.need_draft(f"{', '.join(steps_draft)} run one")
 
     peer = None
     if args.peer:
@@ -161,8 +137,7 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
 
         result = bench.run_bench(engine, prompts, modes, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                                 temperature=args.temperature, seed=args.seed, on_sample=progress, pin=pin,
-                                 peer=peer)
+                                 temperature=args.temperature, seed=args.seed, on_sample=progress, peer=peer)
         result.meta["prompt_order"] = args.order
         from ...edge import boardfit
 
@@ -170,8 +145,7 @@ def run(args: argparse.Namespace) -> int:
         result.meta["board_fits"] = boardfit.every_board(b, want_draft=engine.has_draft)
         from ...bench.bound import measure as measure_bound
 
-        if pin is None:  # a replay's step times are the pinned costs: nothing to set beside the bound
-            result.meta["bound"] = measure_bound(engine, result.samples, args.threads)  # same process, threads
+        result.meta["bound"] = measure_bound(engine, result.samples, args.threads)  # same process, threads
     finally:
         engine.close()
 
