@@ -168,7 +168,7 @@ def get(name) -> DraftMode:
     """The row for a mode name; anything else is an InvalidRequest listing the names."""
     row = BY_NAME.get(name) if isinstance(name, str) else None
     if row is None:
-        raise InvalidRequest(f"unknown drafter {name!r}: choose one of {', '.join(NAMES)}", param="draft")
+        raise InvalidRequest(f"unknown drafter {name!r}: choose one of {', '.join(SHOWN)}", param="draft")
     return row
 
 

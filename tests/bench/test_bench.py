@@ -380,7 +380,7 @@ def test_multiturn_and_heldout_sets():
     assert len(ho) >= 8 and not any(p.conversation for p in ho)
     assert not {p.id for p in mt} & {p.id for p in ho}
     un = prompt_sets.load_prompts("unseen")
-    assert len(un) == 16 and len({p.category for p in un}) == 8
+    assert len(un) == 16 and len({p.category for p in un}) == 7
     assert not {p.id for p in un} & ({p.id for p in ho} | {p.id for p in mt})
 
 
