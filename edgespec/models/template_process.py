@@ -18,6 +18,7 @@ is ("ok", text) or (kind, message) for the exceptions below, which render() rais
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import struct
@@ -30,6 +31,7 @@ from typing import Any
 
 from .template import SECONDS, TemplateRefused, compiled, render_budgeted
 
+log = logging.getLogger("edgespec")
 MEMORY_BYTES = 1 << 30  # the child's address space: a 2 Mi-character value and its copies, with room to spare
 KILL_MARGIN_S = 0.5  # past the deadline the child's own flag check gets to say which budget ran out first
 _HEADER = struct.Struct(">I")  # each message: its length, then JSON
@@ -79,7 +81,10 @@ def main() -> None:
     """The child: renders each request from stdin, replies on stdout, until stdin closes."""
     import resource
 
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+    except (OSError, ValueError):  # a sandbox that forbids it (or a lower hard limit): the budgets still hold
+        pass
     rfd, wfd = sys.stdin.fileno(), sys.stdout.fileno()
     while True:
         req = _read(rfd, None)
@@ -130,6 +135,7 @@ class _Child:
         self.proc: subprocess.Popen | None = None
         self.starts = 0  # children started (tests read it: a kill means a restart)
         self.unavailable: str | None = None  # why no child can be started (renders then run here)
+        self.answered = False  # the current child has answered once (a child that cannot start never does)
 
     def _start(self) -> subprocess.Popen | None:
         if self.proc is not None and self.proc.poll() is None:
@@ -143,10 +149,16 @@ class _Child:
                 self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                 start_new_session=True)  # a terminal's Ctrl-C is the parent's to handle
         except OSError as e:
-            self.unavailable = f"{type(e).__name__}: {e}"
+            self._give_up(f"{type(e).__name__}: {e}")
             return None
         self.starts += 1
+        self.answered = False
         return self.proc
+
+    def _give_up(self, why: str) -> None:
+        self.unavailable = why
+        log.warning("chat templates render in this process, under the budgets but without a deadline that can "
+                    "stop one call: the template process cannot run (%s)", why)
 
     def kill(self) -> None:
         proc, self.proc = self.proc, None
@@ -171,9 +183,13 @@ class _Child:
             except OSError:  # the child died before or while reading the request
                 reply = None
             if reply is None:
-                code = proc.poll()
                 self.kill()
+                code = proc.returncode
+                if not self.answered:  # it never answered: it cannot start here (an import, a sandbox)
+                    self._give_up(f"it exited with {code} before its first answer")
+                    return _render_here(template, n_messages, variables)
                 return "refused", f"the render's process ended (exit {code}: out of memory?)"
+            self.answered = True
             return tuple(reply)
 
 

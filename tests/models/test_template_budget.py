@@ -74,6 +74,16 @@ def test_a_render_past_the_deadline_is_killed_and_the_next_gets_a_fresh_child():
     child.kill()
 
 
+def test_a_child_that_cannot_start_leaves_renders_to_this_process(caplog):
+    """No `exec` allowed, a broken install: the metered render still runs, here, and the log says so."""
+    child = _Child([sys.executable, "-c", "raise SystemExit(3)"])
+    assert child.render("{{ 1 + 1 }}", 1, {}, seconds=5) == ("ok", "2")
+    assert child.unavailable == "it exited with 3 before its first answer"
+    assert "chat templates render in this process" in caplog.text
+    assert child.render("{{ 'x' * 10000000 }}", 1, {}, seconds=5)[0] == "refused"
+    assert child.starts == 1  # not retried on every render
+
+
 def test_the_child_is_reused_across_renders():
     """One child serves every render (a start costs about a process; a render a pipe round trip)."""
     render("{{ messages[0].content }}", 1, messages=[{"role": "user", "content": "warm"}])
