@@ -8,13 +8,19 @@ which tokens are real from the attention mask (export/graph_batch.py, "padded qu
     mask[b] = 1 x (L_b + s_b), then one cell holding -(S - s_b) when the row is padded, then zeros
 
 so GroupQueryAttention reads L_b cached rows, writes s_b new ones at [L_b, L_b + s_b) and leaves the
-slot's other rows alone; an idle slot (s_b = 0) is unchanged. Without that graph edit onnxruntime
-refuses batched chunks over a cache, and the runner says so (`BatchUnsupported`).
+slot's other rows alone; an idle slot (s_b = 0) is unchanged.
+
+Without that edit (the cuda flavor, whose onnxruntime-gpu releases have no query_seqlens; a cpu graph
+loaded by an onnxruntime older than 1.32.0, models/ortcompat.py) GroupQueryAttention refuses a pass of
+several rows of several tokens over a cache (kernels.BATCH_SOURCE). Such a graph still serves several
+requests: a step where every row has one token is one pass, each row padded to that one token (an
+idle slot's padding is written at its own length and the slot is rewound to it: those positions are
+never read); a step with a longer row runs each row alone on its slot's view. The same kernels and
+shapes as a single request's: batched output equals batch-1 output.
 
 A step of one slot alone (a new request's prompt) runs on a [1, kv, MAX, hd] view of that slot's
-block of the buffers, so a prefill does not pay for the other N-1 rows. On CPU a slot's block is
-contiguous and an OrtValue made from the numpy view shares its memory; elsewhere single-slot steps
-go through the batched step with the other rows idle.
+block of the buffers, so a prefill does not pay for the other N-1 rows: the buffers are slot-major,
+so slots [lo, hi) are one contiguous block, bound by address (CPU and GPU alike).
 
 Deterministic mode (`deterministic=True`, as core/runner.py's): a row whose last real token would
 be computed alone (core/runner.py's step_rows: 1 token, or 17, 33, ...) gets a copy of it as one more
@@ -27,33 +33,32 @@ Shapes: `step(rows)` rows {slot: tokens [s_b]} -> {slot: logits [s_b, V]} (copie
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import EdgespecError
 from ..models.manifest import ModelFacts
 from .runner import CacheFull, StepTimes, contract_inputs, step_rows
 
+log = logging.getLogger("edgespec.core.batch_runner")
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 PADDED_QUERIES_KEY = "edgespec.padded_queries"  # graph metadata written by export/graph_batch.py
 
 
-class BatchUnsupported(EdgespecError):
-    """The bundle's graph cannot run batched steps over a cache (exported before batching)."""
+def _why_per_row(facts: ModelFacts, version: str) -> str:
+    """One line: why this graph verifies a batch a pass per row, and what would make it one pass."""
+    from ..models.ortcompat import BATCH_ORT, missing_inputs
 
-
-def check_batchable(facts: ModelFacts, slots: int) -> None:
-    """Raises BatchUnsupported (one line) when `slots` > 1 and the graph is the cuda flavor: batched
-    steps need GroupQueryAttention's query_seqlens, which no onnxruntime-gpu release takes, so the
-    cuda flavor is exported without it (kernels.ORT_FLOORS) and batched serving runs on the cpu flavor."""
-    if slots > 1 and facts.graph_flavor() == "cuda":
-        raise BatchUnsupported(
-            f"batched serving runs on the cpu flavor: {facts.path} is the cuda flavor, whose GroupQueryAttention "
-            f"takes no per-row query lengths (query_seqlens, in no onnxruntime-gpu release); serve it with "
-            f"--parallel 1, or serve a bundle exported with --ep cpu (or --ep cpu,cuda) with --providers cpu")
+    if facts.graph_flavor() == "cuda":
+        return ("the cuda flavor's GroupQueryAttention takes no per-row query lengths (query_seqlens is in no "
+                "onnxruntime-gpu release)")
+    if missing_inputs():
+        return (f"onnxruntime {version} has no GroupQueryAttention query_seqlens: onnxruntime {BATCH_ORT} or newer "
+                f"verifies the batch in one pass")
+    return f"{facts.path} was exported before the batching edit: re-export it with this edgespec for one pass"
 
 
 def graph_batches(session) -> bool:
@@ -63,19 +68,6 @@ def graph_batches(session) -> bool:
     except Exception:  # noqa: BLE001 - a provider without metadata: treat as old graph
         return False
     return meta.get(PADDED_QUERIES_KEY) == "1"
-
-
-def _stripped() -> bool:
-    """Whether the installed onnxruntime lacks the batching input (the loader took it out: models/ortcompat.py)."""
-    from ..models.ortcompat import missing_inputs
-
-    return bool(missing_inputs())
-
-
-def _batch_ort() -> str:
-    from ..models.ortcompat import BATCH_ORT
-
-    return BATCH_ORT
 
 
 @dataclass
@@ -107,17 +99,12 @@ class BatchRunner:
             raise ValueError(f"max_len must be at least 2, got {max_len}")
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
-        check_batchable(facts, slots)
-        if slots > 1 and not graph_batches(session) and _stripped():
-            raise BatchUnsupported(
-                f"batched serving (--parallel {slots}) needs onnxruntime {_batch_ort()} or newer (GroupQueryAttention's "
-                f"query_seqlens); this one is {ort.__version__}: serve with --parallel 1, or pip install "
-                f"'onnxruntime>={_batch_ort()}' where Python 3.11+ allows it")
-        if slots > 1 and not graph_batches(session):
-            raise BatchUnsupported(
-                "this bundle's graph cannot verify several requests in one pass (it was exported before "
-                "batching was supported): re-export it with this edgespec, or serve with --parallel 1")
+        # whether a step of several multi-token rows is one pass (the padded-queries edit), or a pass per row
+        self.one_pass = slots == 1 or graph_batches(session)
+        if not self.one_pass:
+            log.info("batched verify runs a pass per row: %s", _why_per_row(facts, ort.__version__))
         self._ort = ort
+        self.device_id = int(device_id)
         self.session = session
         self.facts = facts
         self.max_len = int(max_len)
@@ -141,7 +128,7 @@ class BatchRunner:
         # more in deterministic mode for a last token's copy
         self._rows = self.max_len + 1 + (1 if deterministic else 0)
         shape = (slots, facts.kv_heads, self._rows, facts.head_dim)
-        self._arrays: list[np.ndarray] = []  # CPU only: the numpy buffers the OrtValues share
+        self._arrays: list[np.ndarray] = []  # CPU only: the numpy buffers the OrtValues share (kept alive)
         self._kv: list = []  # in binding order: key_0, value_0, key_1, ...
         for _ in range(facts.layers * 2):
             if device == "cpu":
@@ -154,7 +141,6 @@ class BatchRunner:
         self._logits: dict[tuple[int, int], tuple[np.ndarray, object]] = {}
         self._binding = self._bind(self._kv)
         self._range_bindings: dict[tuple[int, int], object] = {}
-        self._views: dict[tuple[int, int], list] = {}  # keeps the views' OrtValues alive with their bindings
 
     def _bind(self, kv: list):
         b = self.session.io_binding()
@@ -169,10 +155,19 @@ class BatchRunner:
 
     def _view_binding(self, lo: int, hi: int):
         """A binding over slots [lo, hi) only: their block of the buffers is contiguous (C order,
-        slot first), so the views share the cache's memory and a step pays for hi - lo rows."""
-        views = [self._ort.OrtValue.ortvalue_from_numpy(a[lo:hi]) for a in self._arrays]
-        self._views[(lo, hi)] = views
-        return self._bind(views)
+        slot first), bound by its address, so a step pays for hi - lo rows and writes in place."""
+        f = self.facts
+        b = self.session.io_binding()
+        shape = [hi - lo, f.kv_heads, self._rows, f.head_dim]
+        dtype = _NP_DTYPES[f.kv_dtype]
+        per_slot = f.kv_heads * self._rows * f.head_dim * np.dtype(dtype).itemsize
+        names = [(f.past_key, f.present_key), (f.past_value, f.present_value)]
+        for i in range(f.layers):
+            for j, (past, present) in enumerate(names):
+                addr = self._kv[2 * i + j].data_ptr() + lo * per_slot
+                b.bind_input(past % i, self.device, self.device_id, dtype, shape, addr)
+                b.bind_output(present % i, self.device, self.device_id, dtype, shape, addr)
+        return b
 
     def _range_binding(self, lo: int, hi: int):
         """Binding of slots [lo, hi): a batch runs from its lowest active slot to its highest."""
@@ -184,10 +179,8 @@ class BatchRunner:
         return b
 
     def pass_range(self, slots) -> tuple[int, int]:
-        """The slots [lo, hi) a pass over these active slots runs (the idle ones between them
-        included): on the CPU the block from the lowest to the highest, elsewhere every slot."""
-        if self.device != "cpu":
-            return 0, self.slots
+        """The slots [lo, hi) a pass over these active slots runs: the block from the lowest to the
+        highest (the idle ones between them included)."""
         return min(slots), max(slots) + 1
 
     def _logits_out(self, rows: int, n: int):
@@ -238,11 +231,6 @@ class BatchRunner:
             raise ValueError(f"n_logits must be in [1, {s}], got {n_logits}")
         if self.lengths[slot] + s > self.max_len:
             raise CacheFull(f"{s} token(s) at position {self.lengths[slot]} do not fit a cache of {self.max_len}")
-        if self.device != "cpu" or self.slots == 1:
-            if self.slots == 1:
-                return self._run(self._binding, 1, [np.asarray(tokens)], [slot], n_logits)[0]
-            out = self.step({slot: tokens})[slot]
-            return out[s - n_logits :]
         return self._run(self._range_binding(slot, slot + 1), 1, [np.asarray(tokens)], [slot], n_logits)[0]
 
     def _padded(self, toks) -> np.ndarray:
@@ -293,11 +281,13 @@ class BatchRunner:
                                 f"do not fit a cache of {self.max_len}")
         padded = {slot: self._padded(toks) for slot, toks in rows.items()}
         S = max(len(t) for t in padded.values())
-        if len(rows) == 1 and (self.device == "cpu" or self.slots == 1):
+        if len(rows) == 1:
             ((slot, toks),) = rows.items()
             binding = self._range_binding(slot, slot + 1)  # the whole cache when there is one slot
             return {slot: self._run(binding, 1, [np.asarray(toks)], [slot], len(toks))[0].copy()}
-        # rows [lo, hi): slots outside the active block are left out of the pass (CPU views)
+        if not self.one_pass:
+            return self._one_token_pass(rows) if S == 1 else self._row_passes(rows)
+        # rows [lo, hi): slots outside the active block are left out of the pass (views)
         lo, hi = self.pass_range(rows)
         n = hi - lo
         ids = np.zeros((n, S), dtype=np.int64)
@@ -315,8 +305,17 @@ class BatchRunner:
             mask[b, : kept[b]] = 1
             if real[b] < S:
                 mask[b, kept[b]] = -(S - real[b])
-        t0 = time.perf_counter()
+        return self._pass(rows, lo, hi, ids, mask)
+
+    def _pass(self, rows: Mapping[int, Sequence[int]], lo: int, hi: int, ids: np.ndarray,
+              mask: np.ndarray) -> dict[int, np.ndarray]:
+        """One pass over slots [lo, hi): ids [n, S], mask [n, width]; each row of `rows` advances by
+        its own tokens, the others (idle, or padded to S) keep their lengths."""
         f = self.facts
+        n, S = ids.shape
+        width = mask.shape[1]
+        lengths = self.lengths[lo:hi]
+        t0 = time.perf_counter()
         bd = self._range_binding(lo, hi)
         bd.bind_cpu_input(f.input_ids, ids)
         bd.bind_cpu_input(f.attention_mask, mask)
@@ -334,6 +333,30 @@ class BatchRunner:
             self.lengths[b] += len(toks)  # a copy row's position is past the length: never read
         self.times.table(n).add(max(len(t) for t in rows.values()), time.perf_counter() - t0)
         return {b: arr[b - lo, : len(toks)].copy() for b, toks in rows.items()}
+
+    # -- graphs without the padded-queries edit (module docstring) -----------------------------------
+    def _one_token_pass(self, rows: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
+        """Every row one token: one pass over [lo, hi). An idle slot in the block gets a padding token
+        at its own length (mask: its cached rows + that one), written there and not counted."""
+        lo, hi = self.pass_range(rows)
+        n = hi - lo
+        ids = np.zeros((n, 1), dtype=np.int64)
+        mask = np.zeros((n, max(self.lengths[lo:hi]) + 1), dtype=np.int64)
+        for b in range(n):
+            if lo + b in rows:
+                ids[b, 0] = rows[lo + b][0]
+            mask[b, : self.lengths[lo + b] + 1] = 1
+        return self._pass(rows, lo, hi, ids, mask)
+
+    def _row_passes(self, rows: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
+        """A row of several tokens among others: each row alone on its slot's view (batch 1, the
+        serial runner's shapes); timed together as one step of the block's width."""
+        lo, hi = self.pass_range(rows)
+        t0 = time.perf_counter()
+        out = {slot: self._run(self._range_binding(slot, slot + 1), 1, [np.asarray(toks)], [slot], len(toks))[0].copy()
+               for slot, toks in rows.items()}
+        self.times.table(hi - lo).add(max(len(t) for t in rows.values()), time.perf_counter() - t0)
+        return out
 
 
 class SlotRunner:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.batch_runner import BatchRunner, check_batchable
+from ..core.batch_runner import BatchRunner
 from ..core.runner import ModelRunner
 from ..edge import devices, flavor, memcheck, memory, providers as prov
 from ..edge import governor as gov
@@ -67,8 +67,6 @@ def load_batch_runner(path: Path, facts: ModelFacts, max_len: int, slots: int, *
                       deterministic: bool = False) -> BatchRunner:
     """The target with `slots` cache slots (server --parallel): one session, no draft model; its
     graph chosen, and refused, as load_runner's (edge/flavor.py open_session)."""
-    # before the session: the graph the flavor choice will load, and a cuda graph cannot batch
-    check_batchable(flavor.planned(facts, providers), slots)
     # on the process-wide pool like load_runner's sessions: an engine opened later in this process
     # (a test, a bench) then finds the same thread setup whichever kind of engine came first
     shared = prov.use_shared_thread_pool(threads) or prov.shared_pool_active()

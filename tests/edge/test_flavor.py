@@ -277,17 +277,14 @@ def test_batch_engine_refuses_a_cpu_graph_on_cuda(tiny_bundle_nodraft, fake_cuda
 
 
 def test_batched_runner_judges_the_graph_the_flavor_choice_loads(tiny_both_flavors_bundle, fake_cuda):
-    """With both flavors, the batched runner's choice is load_runner's: on CUDA that is the cuda graph,
-    which cannot batch (refused before any session, naming --providers cpu); on the CPU, the cpu graph."""
-    from edgespec.core.batch_runner import BatchUnsupported
-
+    """With both flavors, the batched runner's choice is load_runner's: on CUDA the cuda graph (which
+    batches a pass per multi-token row, core/batch_runner.py); on the CPU, the cpu graph."""
     b = Bundle.open(tiny_both_flavors_bundle)
-    with pytest.raises(BatchUnsupported, match=r"target/model\.cuda\.onnx is the cuda flavor.*--providers cpu"):
-        runner_mod.load_batch_runner(b.model_path("target"), b.target, 32, 2, providers="cuda,cpu")
-    assert fake_cuda == []
+    runner_mod.load_batch_runner(b.model_path("target"), b.target, 32, 2, providers="cuda,cpu")
     runner_mod.load_batch_runner(b.model_path("target"), b.target, 32, 2, providers="cpu")
-    (_, f, device), = fake_cuda
-    assert device == "cpu" and f.path == "target/model.onnx" and f.kv_dtype == "float32"
+    (_, on_cuda, d1), (_, on_cpu, d2) = fake_cuda
+    assert (d1, on_cuda.path, on_cuda.kv_dtype) == ("cuda", "target/model.cuda.onnx", "float16")
+    assert (d2, on_cpu.path, on_cpu.kv_dtype) == ("cpu", "target/model.onnx", "float32")
 
 
 def test_plan_counts_the_graph_the_engine_loads(tiny_both_flavors_bundle, monkeypatch):

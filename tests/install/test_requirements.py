@@ -90,3 +90,23 @@ def test_vermin_would_say_so_for_a_3_11_module(tmp_path):
     r = subprocess.run([vermin, "-t=3.10-", "--no-tips", "--violations", str(tmp_path)], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 1 and "tomllib" in r.stdout
+
+
+def test_ci_runs_the_old_onnxruntime_quick_tests_and_each_exists():
+    """scripts/test.sh calls scripts/ci-ort.sh; every quick test file it names exists (a rename would
+    otherwise only surface in CI), and both flavors' floors are among the versions it installs."""
+    import re
+
+    from edgespec.models.kernels import ORT_FLOORS
+
+    assert '"$ROOT/scripts/ci-ort.sh"' in (ROOT / "scripts/test.sh").read_text()
+    text = (ROOT / "scripts/ci-ort.sh").read_text()
+    quick = re.search(r"^QUICK=\((.*?)\)", text, re.S | re.M).group(1).split()
+    assert quick and all((ROOT / q).is_file() for q in quick), quick
+    versions = re.search(r'^ORT_VERSIONS=\$\{ORT_VERSIONS:-"([^"]+)"\}', text, re.M).group(1).split()
+    assert ORT_FLOORS["cpu"] in versions  # 1.24.1: PyPI's build of the cuda floor's 1.24.0 sources
+    assert any(v.startswith(ORT_FLOORS["cuda"].rsplit(".", 1)[0]) for v in versions)
+    if shutil.which("shellcheck"):
+        r = subprocess.run(["shellcheck", "scripts/ci-ort.sh", "scripts/test.sh"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stdout

@@ -127,37 +127,19 @@ def test_a_graph_of_unknown_flavor_is_held_to_the_lowest_floor():
     assert f"onnxruntime 1.20.1 is older than {low}" in floor_problem("1.20.1", None)
 
 
-def test_batched_serving_with_a_cuda_graph_on_cuda_is_one_line(monkeypatch, tiny_cuda_bundle):
+def test_a_cuda_graph_batches_a_pass_per_row(tiny_cuda_bundle):
+    """No onnxruntime-gpu takes query_seqlens: the batched runner takes the cuda graph and verifies a
+    pass per multi-token row (tests/engine/test_batch_per_row.py: the outputs)."""
     import onnxruntime
 
-    from edgespec.core.batch_runner import BatchUnsupported
-    from edgespec.engine.batch import BatchEngine
-    from edgespec.edge.providers import CPU, CUDA
-
-    def no_session(*a, **kw):
-        raise AssertionError("a session was created before the refusal")
-
-    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: [CUDA, CPU])
-    monkeypatch.setattr(onnxruntime, "InferenceSession", no_session)
-    with pytest.raises(BatchUnsupported) as e:
-        BatchEngine.open(tiny_cuda_bundle, parallel=2, max_len=64, verify=False, warmup=False, providers="cuda,cpu")
-    msg = str(e.value)
-    assert "\n" not in msg and msg.startswith("batched serving runs on the cpu flavor: target/model.onnx is the cuda")
-    assert "--parallel 1" in msg and "--providers cpu" in msg
-
-
-def test_batch_runner_refuses_a_cuda_graph_given_directly(tiny_cuda_bundle):
-    import onnxruntime
-
+    from edgespec.core.batch_runner import BatchRunner
     from edgespec.edge.providers import session_options
-    from edgespec.core.batch_runner import BatchRunner, BatchUnsupported
     from edgespec.models.bundle import Bundle
 
     b = Bundle.open(tiny_cuda_bundle)
     s = onnxruntime.InferenceSession(str(b.model_path("target")), session_options(), providers=["CPUExecutionProvider"])
-    with pytest.raises(BatchUnsupported, match="batched serving runs on the cpu flavor"):
-        BatchRunner(s, b.target, 32, 2)
-    assert BatchRunner(s, b.target, 32, 1).slots == 1  # one slot needs no per-row lengths
+    assert not BatchRunner(s, b.target, 32, 2).one_pass
+    assert BatchRunner(s, b.target, 32, 1).one_pass  # one slot: every step is the serial runner's
 
 
 def test_pyproject_s_cpu_extra_requires_the_cpu_floor():
