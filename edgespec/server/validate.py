@@ -276,10 +276,7 @@ def _common(body: Any, kind: str, limits: Limits) -> GenRequest:
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise bad_request("'stream_options' must be an object", param="stream_options")
-    if so and so.get("include_usage") is not None and not isinstance(so["include_usage"], bool):
-        raise bad_request(f"'stream_options.include_usage' must be true or false, got {_show(so['include_usage'])}",
-                          param="stream_options.include_usage")
-    include_usage = bool(so and so.get("include_usage") is True)
+    include_usage = _bool({"stream_options.include_usage": (so or {}).get("include_usage")}, "stream_options.include_usage")
     draft = body.get("draft")
     if draft is not None and not (isinstance(draft, str) and draft in modes.SHOWN):
         raise bad_request(f"'draft' must be one of {', '.join(modes.SHOWN)}, got {_show(draft)}", param="draft")
