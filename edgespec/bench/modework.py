@@ -143,3 +143,17 @@ def acceptance_estimate(work: dict[str, ModeWork]) -> tuple[float, str, ModeWork
     if a is None:
         return None
     return a, "(from adaptive 'model': optimistic; run with --k 4 to measure it at fixed k)", w
+
+
+def forced_lines(run) -> list[str]:
+    """Per mode, over the prompts with a schema: forced tokens / output tokens (the same text, so the
+    same share, in every mode whose output equals the target's)."""
+    with_schema = {p.id for p in run.prompts if getattr(p, "json_schema", None) is not None}
+    out = []
+    for m in run.modes:
+        ss = [s for s in run.samples if s.mode == m.label and s.prompt_id in with_schema]
+        total = sum(s.new_tokens for s in ss)
+        if total:
+            forced = sum(getattr(s, "forced_tokens", 0) for s in ss)
+            out.append(f"  {m.label}: {forced} of {total} tokens ({100 * forced / total:.0f} %)")
+    return out

@@ -10,8 +10,8 @@ from typing import Any, Sequence
 
 from ..errors import InvalidRequest
 
-PROMPT_SETS = ("code", "chat", "multiturn", "heldout", "unseen")
-PROMPT_KEYS = {"id", "category", "prompt", "messages", "max_new_tokens", "raw", "conversation"}
+PROMPT_SETS = ("code", "chat", "multiturn", "heldout", "unseen", "structured")
+PROMPT_KEYS = {"id", "category", "prompt", "messages", "max_new_tokens", "raw", "conversation", "json_schema"}
 PROMPT_ORDERS = ("file", "reverse", "interleave")  # `bench --order`: see order_prompts
 
 
@@ -25,6 +25,7 @@ class Prompt:
     raw: bool = False
     set: str = ""  # which set or file it came from
     conversation: str | None = None  # turns of one conversation share this (run in file order)
+    json_schema: dict | None = None  # the answer follows this schema (structured output)
 
     def turn(self) -> list[dict]:
         """This prompt as chat messages."""
@@ -36,6 +37,10 @@ class Prompt:
         if self.raw and not history:
             return {"prompt": self.prompt}
         return {"messages": [*history, *self.turn()]}
+
+    def generation(self, history: Sequence[dict] = ()) -> dict[str, Any]:
+        """request() and the structured output the answer is held to (Engine.generate's keywords)."""
+        return {**self.request(history), **({} if self.json_schema is None else {"json_schema": self.json_schema})}
 
 
 def prompt_units(prompts: Sequence[Prompt]) -> list[list[Prompt]]:
@@ -81,7 +86,8 @@ def order_prompts(prompts: Sequence[Prompt], order: str) -> list[Prompt]:
 
 
 def load_prompts(spec: str) -> list[Prompt]:
-    """`spec`: "code", "chat", "multiturn", "heldout", a path to a .jsonl file, or several of these
+    """`spec`: "code", "chat", "multiturn", "heldout", "unseen", "structured" (each prompt with the JSON schema
+    its answer follows), a path to a .jsonl file, or several of these
     joined by commas.
     Every problem in a file is reported with its line number; nothing runs on a bad file."""
     out: list[Prompt] = []
@@ -154,6 +160,8 @@ def parse_prompts(text: str, source: str) -> list[Prompt]:
             problems.append(f"{where}: 'conversation' must be a non-empty string")
         elif conv is not None and d.get("raw"):
             problems.append(f"{where}: a conversation's turns are chat messages: 'raw' cannot be used")
+        if "json_schema" in d and not isinstance(d["json_schema"], dict):
+            problems.append(f"{where}: 'json_schema' must be a JSON schema object")
         pid = d.get("id", f"{Path(source).stem}-{n}")
         if not isinstance(pid, str) or not pid:
             problems.append(f"{where}: 'id' must be a non-empty string")
@@ -161,7 +169,7 @@ def parse_prompts(text: str, source: str) -> list[Prompt]:
             continue
         prompts.append(Prompt(id=pid, category=cat, prompt=d.get("prompt"), messages=d.get("messages"),
                               max_new_tokens=mnt, raw=bool(d.get("raw", False)), set=source,
-                              conversation=d.get("conversation")))
+                              conversation=d.get("conversation"), json_schema=d.get("json_schema")))
     if problems:
         raise InvalidRequest(f"{len(problems)} problem(s) in the prompts:\n  " + "\n  ".join(problems), param="prompts")
     if not prompts:

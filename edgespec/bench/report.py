@@ -15,6 +15,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from .modework import forced_lines
 from .run import PREFILL_MIN_TOKENS, BenchRun, Sample
 
 ALL = "all"
@@ -325,6 +326,10 @@ def report_text(run: BenchRun, projections: Sequence = (), hw_list: Sequence = (
     tl = tree_lines(run)
     if tl:
         parts += ["", "tree verification (tree rounds of each mode, all prompts):", *tl]
+    forced = forced_lines(run)
+    if forced:
+        parts += ["", "structured output: the share of output tokens the grammar forced (proposed free by the "
+                      "grammar drafter; prompts with a json_schema):", *forced]
     src = by_source(run)
     if src:
         parts += ["", "what each drafter contributed (all prompts):", format_by_source(src)]

@@ -191,6 +191,7 @@ class Sample:
     target_steps: dict[int, list] = field(default_factory=dict)  # tokens/step -> [count, seconds]
     draft_steps: dict[int, list] = field(default_factory=dict)
     text: str = ""
+    forced_tokens: int = 0  # output tokens the prompt's grammar forced (its json_schema; 0 without one)
 
 
 @dataclass
@@ -306,7 +307,7 @@ def _one(engine, p: Prompt, mode: Mode, rep: int, history: Sequence[dict], rss: 
     t_snap = _times_snapshot(engine.target)
     d_snap = _times_snapshot(_draft_runner(engine))
     rss.start()
-    res = engine.generate(**p.request(history), max_new_tokens=p.max_new_tokens or max_new_tokens,
+    res = engine.generate(**p.generation(history), max_new_tokens=p.max_new_tokens or max_new_tokens,
                           temperature=temperature, seed=seed, draft=mode.draft, k=mode.k, tree=mode.tree)
     peak = rss.peak_mb()
     st = res.stats
@@ -326,7 +327,7 @@ def _one(engine, p: Prompt, mode: Mode, rep: int, history: Sequence[dict], rss: 
         accepted_depth=dict(getattr(st, "accepted_depth", {}) or {}),
         target_steps=_times_delta(t_snap, _times_snapshot(engine.target)),
         draft_steps=_times_delta(d_snap, _times_snapshot(_draft_runner(engine))),
-        text=res.text,
+        text=res.text, forced_tokens=getattr(st, "forced_tokens", 0),
     )
     return s, list(res.token_ids), res.text
 
@@ -353,7 +354,7 @@ def _warm(engine, prompt: Prompt, modes: Sequence[Mode]) -> None:
         engine.warmup(k_max=max([4, *ks]))
     for m in modes:
         fresh_cache(engine)
-        engine.generate(**prompt.request(), max_new_tokens=8, draft=m.draft, k=m.k, tree=m.tree)
+        engine.generate(**prompt.generation(), max_new_tokens=8, draft=m.draft, k=m.k, tree=m.tree)
 
 
 def run_meta(engine, **settings) -> dict[str, Any]:

@@ -141,7 +141,15 @@ class GrammarConstraint:
         self.eos_ids = eos_ids
         self.param = param
         self.consumed = 0  # tokens advanced and not rolled back
+        self.forced_count = 0  # output tokens that were the grammar's forced token where they were chosen
+        self._ff_next = -1  # the forced token at the position `mask` was last called for (-1: none)
         self._bits = np.zeros((n_vocab + 31) // 32, dtype=np.int32)  # the mask, one bit per token
+
+    def __deepcopy__(self, memo) -> "GrammarConstraint":
+        """One request's live state, not a value (the matcher cannot be copied): a copy of a drafter
+        that holds it (the bench's per-mode snapshots) refers to the same state; every request
+        attaches its own anyway."""
+        return self
 
     def allowed(self) -> np.ndarray:
         """[n_vocab] bool: the tokens the grammar allows next."""
@@ -151,6 +159,8 @@ class GrammarConstraint:
     def mask(self, row: np.ndarray) -> np.ndarray:
         """row: [V] logits (V >= n_vocab) -> a copy with every forbidden token at -inf."""
         out = np.array(row, dtype=np.float32, copy=True)
+        ff = self.m.compute_ff_tokens()
+        self._ff_next = int(ff[0]) if ff else -1
         ok = self.allowed()
         out[: self.n_vocab][~ok] = -np.inf
         out[self.n_vocab:] = -np.inf
@@ -161,6 +171,9 @@ class GrammarConstraint:
 
     def advance(self, tokens: Sequence[int]) -> None:
         toks = [int(t) for t in tokens if t not in self.eos_ids]
+        if len(toks) == 1 and toks[0] == self._ff_next:  # the token chosen where `mask` looked
+            self.forced_count += 1
+        self._ff_next = -1
         if toks and not self.m.consume_tokens(toks):
             raise InvalidRequest(f"the output left the {self.param} grammar: {_first_line(self.m.get_error())}",
                                  param=self.param)

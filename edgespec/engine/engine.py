@@ -288,6 +288,7 @@ class Engine:
             try:
                 result = yield from decode(parts, req, drafter, k_cap, self._cache)
                 result.tool_calls = tool_calls(result.text, req.structured)
+                result.stats.forced_tokens = getattr(req.constraint, "forced_count", 0)
                 return result
             except GeneratorExit:
                 # the stream was closed between rounds (a client pressed Stop): every cache is

@@ -32,6 +32,7 @@ class GenerationStats:
     tree_shapes: dict[str, int] = field(default_factory=dict)  # nodes per depth, e.g. "1-2" -> rounds
     accepted_depth: dict[int, int] = field(default_factory=dict)  # tree rounds by accepted path depth
     tree_off_chain: int = 0  # tree rounds whose accepted path left the drafter's own chain
+    forced_tokens: int = 0  # output tokens the request's grammar forced (structured output; 0 without one)
     batch_size_mean: float = 1.0  # requests verified in the same pass, averaged over decode rounds (server --parallel)
 
     @property

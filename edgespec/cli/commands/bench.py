@@ -24,7 +24,8 @@ def register(sub) -> None:
     p.add_argument("bundle", help="bundle folder, or the name of one under $EDGESPEC_HOME/bundles (e.g. qwen-coder); "
                    "or a JSON file from an earlier --json: report, plot and project it again without measuring")
     p.add_argument("--prompts", default="code",
-                   help="code, chat, multiturn, heldout, unseen, a .jsonl file, or several joined by commas (default: code)")
+                   help="code, chat, multiturn, heldout, unseen, structured (answers held to JSON schemas), a .jsonl "
+                        "file, or several joined by commas (default: code)")
     p.add_argument("--modes", default=None,
                    help=f"comma-separated from {','.join(MODES)} (target: the target alone; default: all "
                         "the bundle supports but self; self and model need two runs); a speculative mode + '+tree' "
