@@ -19,6 +19,7 @@ from typing import Any, Literal
 from ..drafters import modes
 from ..limits import K_LIMIT, TREE_MODES
 from .apierror import APIError, bad_request, clip, echo
+from .structured_fields import structured_fields
 
 log = logging.getLogger("edgespec.server")
 
@@ -300,62 +301,8 @@ def _common(body: Any, kind: str, limits: Limits) -> GenRequest:
         draft=draft,
         draft_k=_int(body, "draft_k", lo=1, hi=K_LIMIT, default=None),
         tree=tree,
-        **_structured(body, kind),
+        **structured_fields(body, kind),
     )
-
-
-def _structured(body: dict, kind: str) -> dict[str, Any]:
-    """response_format, tools, tool_choice (and edgespec's `grammar`), checked for shape."""
-    out: dict[str, Any] = {}
-    rf = body.get("response_format")
-    if rf is not None:
-        if not isinstance(rf, dict):
-            raise bad_request(f"'response_format' must be an object, got {_type_name(rf)}", param="response_format")
-        t = rf.get("type")
-        if t == "json_object":
-            out["json_schema"] = {"type": "object"}
-        elif t == "json_schema":
-            js = rf.get("json_schema")
-            if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
-                raise bad_request("'response_format.json_schema' must be an object with a 'schema' object "
-                                  "({'name': ..., 'schema': {...}, 'strict': true})", param="response_format.json_schema")
-            strict = js.get("strict")
-            if strict is not None and not isinstance(strict, bool):
-                raise bad_request("'response_format.json_schema.strict' must be true or false",
-                                  param="response_format.json_schema.strict")
-            out["json_schema"] = js["schema"]
-            out["lenient"] = strict is False
-        elif t != "text":
-            raise bad_request(f"'response_format.type' must be one of text, json_object, json_schema, got {_show(t)}",
-                              param="response_format.type")
-    g = body.get("grammar")
-    if g is not None:
-        if not isinstance(g, str) or not g.strip():
-            raise bad_request("'grammar' must be a non-empty string (llguidance's Lark form)", param="grammar")
-        out["grammar"] = g
-    tools = body.get("tools")
-    if tools is not None and tools != []:
-        if kind != "chat":
-            raise bad_request("'tools' needs /v1/chat/completions", param="tools")
-        if not isinstance(tools, list):
-            raise bad_request(f"'tools' must be an array, got {_type_name(tools)}", param="tools")
-        out["tools"] = tools
-    choice = body.get("tool_choice")
-    if choice is not None:
-        if not (choice in ("auto", "required", "none") or isinstance(choice, dict)):
-            raise bad_request(f"'tool_choice' must be 'auto', 'required', 'none' or {{'type': 'function', "
-                              f"'function': {{'name': ...}}}}, got {_show(choice)}", param="tool_choice")
-        if choice != "none" and "tools" not in out:
-            raise bad_request("'tool_choice' needs 'tools'", param="tool_choice")
-        out.update({"tool_choice": choice} if "tools" in out else {})
-    _bool(body, "parallel_tool_calls")  # one call per answer either way
-    given = [n for n in ("json_schema", "grammar") if n in out] + (
-        ["tools"] if "tools" in out and out.get("tool_choice") != "none" else [])
-    if len(given) > 1:
-        names = {"json_schema": "response_format", "grammar": "grammar", "tools": "tools"}
-        raise bad_request(f"'{names[given[0]]}' and '{names[given[1]]}' cannot be combined: one constraint per "
-                          "answer", param=names[given[1]])
-    return out
 
 
 def _content(msg: dict, i: int) -> str:

@@ -66,6 +66,7 @@ def test_user_prompt_file(tmp_path):
     ('{"prompt": "a", "max_new_tokens": 0}', "'max_new_tokens' must be a positive integer"),
     ('{"prompt": "a", "raw": "yes"}', "'raw' must be true or false"),
     ('{"prompt": "a", "promt": "typo"}', "unknown key(s) ['promt']"),
+    ('{"prompt": "a", "json_schema": "object"}', "'json_schema' must be a JSON schema object"),
 ])
 def test_bad_prompt_lines_are_named(tmp_path, line, message):
     with pytest.raises(InvalidRequest) as ei:
@@ -102,6 +103,31 @@ def test_tree_variants_of_the_modes():
     assert [m.label for m in ms] == ["target", "auto", "auto+tree", "model+tree-auto", "model+tree-auto k=3"]
     assert [m.tree for m in ms] == ["off", "off", "on", "auto", "auto"]
     assert bench.split_tree("ngram+tree") == ("ngram", "on") and bench.split_tree("ngram") == ("ngram", "off")
+
+
+def test_the_structured_set_runs_every_mode_under_its_schemas_and_reports_the_forced_share(tiny_bundle):
+    """Every shipped schema compiles; the answers (modes side by side) equal the constrained target's,
+    and the report gives the share of tokens the grammar forced, the same in every mode."""
+    from edgespec.engine import Engine
+
+    ps = prompt_sets.load_prompts("structured")
+    assert len(ps) >= 12 and all(isinstance(p.json_schema, dict) for p in ps)
+    assert ps[0].generation()["json_schema"] == ps[0].json_schema and "json_schema" not in ps[0].request()
+    eng = Engine.open(tiny_bundle, draft="auto", max_len=512)
+    try:
+        for p in ps:  # a schema the library refused would raise here
+            eng.stream(**p.generation(), max_new_tokens=1).close()
+        modes = bench.parse_modes("grammar,auto", None, has_draft=True)
+        run = bench.run_bench(eng, ps[:3], modes, max_new_tokens=40, repeats=1)
+    finally:
+        eng.close()
+    assert all(s.same_as_target for s in run.samples if s.mode != "target")
+    forced = {s.mode: 0 for s in run.samples}
+    for s in run.samples:
+        forced[s.mode] += s.forced_tokens
+    assert forced["target"] > 0 and len(set(forced.values())) == 1
+    lines = bench_report.report_text(run)
+    assert "the share of output tokens the grammar forced" in lines and f"target: {forced['target']} of" in lines
 
 
 def test_a_tree_run_reports_its_trees_and_round_trips_through_json(tiny_bundle, tmp_path):

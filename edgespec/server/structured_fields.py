@@ -1,0 +1,78 @@
+"""The structured-output fields of a chat or completion body (response_format, tools, tool_choice, and
+edgespec's `grammar`), checked for shape. The schema itself is compiled when the engine parses the
+request: a schema the grammar library refuses is a 400 naming it from there (engine/structured.py)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .apierror import bad_request, clip
+
+
+def _type_name(v: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(v), "number" if isinstance(v, (int, float)) else type(v).__name__)
+
+
+def _show(v: Any) -> str:
+    try:
+        return clip(json.dumps(v), 40)
+    except (ValueError, TypeError, RecursionError):
+        return f"<{_type_name(v)}>"
+
+
+def structured_fields(body: dict, kind: str) -> dict[str, Any]:
+    """response_format, tools, tool_choice (and edgespec's `grammar`), checked for shape: GenRequest's
+    json_schema, lenient, grammar, tools and tool_choice. Each bad value is a 400 naming its field."""
+    out: dict[str, Any] = {}
+    rf = body.get("response_format")
+    if rf is not None:
+        if not isinstance(rf, dict):
+            raise bad_request(f"'response_format' must be an object, got {_type_name(rf)}", param="response_format")
+        t = rf.get("type")
+        if t == "json_object":
+            out["json_schema"] = {"type": "object"}
+        elif t == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
+                raise bad_request("'response_format.json_schema' must be an object with a 'schema' object "
+                                  "({'name': ..., 'schema': {...}, 'strict': true})", param="response_format.json_schema")
+            strict = js.get("strict")
+            if strict is not None and not isinstance(strict, bool):
+                raise bad_request("'response_format.json_schema.strict' must be true or false",
+                                  param="response_format.json_schema.strict")
+            out["json_schema"] = js["schema"]
+            out["lenient"] = strict is False
+        elif t != "text":
+            raise bad_request(f"'response_format.type' must be one of text, json_object, json_schema, got {_show(t)}",
+                              param="response_format.type")
+    g = body.get("grammar")
+    if g is not None:
+        if not isinstance(g, str) or not g.strip():
+            raise bad_request("'grammar' must be a non-empty string (llguidance's Lark form)", param="grammar")
+        out["grammar"] = g
+    tools = body.get("tools")
+    if tools is not None and tools != []:
+        if kind != "chat":
+            raise bad_request("'tools' needs /v1/chat/completions", param="tools")
+        if not isinstance(tools, list):
+            raise bad_request(f"'tools' must be an array, got {_type_name(tools)}", param="tools")
+        out["tools"] = tools
+    choice = body.get("tool_choice")
+    if choice is not None:
+        if not (choice in ("auto", "required", "none") or isinstance(choice, dict)):
+            raise bad_request(f"'tool_choice' must be 'auto', 'required', 'none' or {{'type': 'function', "
+                              f"'function': {{'name': ...}}}}, got {_show(choice)}", param="tool_choice")
+        if choice != "none" and "tools" not in out:
+            raise bad_request("'tool_choice' needs 'tools'", param="tool_choice")
+        out.update({"tool_choice": choice} if "tools" in out else {})
+    ptc = body.get("parallel_tool_calls")  # one call per answer either way
+    if ptc is not None and not isinstance(ptc, bool):
+        raise bad_request("'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
+    given = [n for n in ("json_schema", "grammar") if n in out] + (
+        ["tools"] if "tools" in out and out.get("tool_choice") != "none" else [])
+    if len(given) > 1:
+        names = {"json_schema": "response_format", "grammar": "grammar", "tools": "tools"}
+        raise bad_request(f"'{names[given[0]]}' and '{names[given[1]]}' cannot be combined: one constraint per "
+                          "answer", param=names[given[1]])
+    return out
