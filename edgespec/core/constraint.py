@@ -91,8 +91,12 @@ class Grammars:
                                  param="response_format") from None
         with self._lock:
             if self._lt is None:
-                self._lt = llguidance.LLTokenizer(self.tokenizer.to_str(), n_vocab=self.n_vocab,
-                                                  eos_token=self.eos_ids or None)
+                eos = self.eos_ids or None
+                try:
+                    self._lt = llguidance.LLTokenizer(self.tokenizer.to_str(), n_vocab=self.n_vocab, eos_token=eos)
+                except TypeError:  # older llguidance (1.6.1: the aarch64 wheel for glibc 2.28) takes one id
+                    self._lt = llguidance.LLTokenizer(self.tokenizer.to_str(), n_vocab=self.n_vocab,
+                                                      eos_token=eos[0] if eos else None)
         return llguidance, self._lt
 
     def special(self, text: str) -> int | None:
