@@ -31,7 +31,13 @@ def register(sub) -> None:
                    help="also choose the decoder layers `--draft self` skips, measured on the parity text (minutes "
                    "on a CPU for a 1.5B target); without it the bundle cannot run --draft self")
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="the bundle folder to create")
-    p.add_argument("--quant", choices=QUANTS, default="int4", help="weight precision (default int4)")
+    p.add_argument("--quant", choices=QUANTS, default=None,
+                   help="weight precision (default int4; a .gguf source keeps its own quantization where it maps "
+                   "exactly, and --quant int4/int8 then caps the bits: docs/export.md)")
+    p.add_argument("--via", choices=("auto", "native", "torch"), default="auto",
+                   help="the exporter: auto (a .gguf file natively, without torch; a Hugging Face folder or hub id "
+                   "with torch and onnxruntime-genai's builder), native, or torch (a .gguf dequantized by "
+                   "transformers, for comparison)")
     p.add_argument("--draft-quant", choices=QUANTS, help="the draft's precision (default: --quant)")
     p.add_argument("--ep", default="cpu", metavar="FLAVORS",
                    help="graph flavor(s): cpu (float32, the CPU provider; default), cuda (float16 activations, "
@@ -92,22 +98,14 @@ def run(args: argparse.Namespace) -> int:
         raise ExportError(f"two targets given ({args.source} and --target {args.target_opt}): pass one")
     if not target:
         raise ExportError("no target: pass a Hugging Face folder, a .gguf file or a hub id (--target SRC)")
-    import importlib.util
-
-    missing = [m for m in ("torch", "transformers", "onnxruntime_genai", "onnx", "onnx_ir", "gguf", "accelerate", "tqdm")
-               if importlib.util.find_spec(m) is None]
-    if missing:
-        raise ExportError(
-            f"the exporter needs the workstation extra ({', '.join(missing)} missing): "
-            "pip install torch==2.13.0 && pip install ./export  (from the edgespec source tree)"
-        )
+    _check_installed(args.via, [target, draft])
     from edgespec_export.heads import HeadsOptions
     from edgespec_export.pipeline import ExportOptions, run_export
     from edgespec_export.progress import TqdmProgress
     from pathlib import Path
 
     options = ExportOptions(
-        quant=args.quant, draft_quant=args.draft_quant, block_size=args.block_size,
+        quant=args.quant or "int4", keep_gguf_quant=args.quant is None, via=args.via, draft_quant=args.draft_quant, block_size=args.block_size,
         accuracy_level=args.accuracy_level, head_bits=args.head_bits, overwrite=args.overwrite, name=args.name, max_context=args.max_context,
         min_top1=args.min_top1, draft_min_top1=args.draft_min_top1, force=args.force,
         parity_tokens=args.parity_tokens, isolate=not args.in_process, eps=args.ep, draft_vocab=args.draft_vocab,
@@ -123,6 +121,31 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_summary(summary, sys.stdout)
     return 0
+
+
+NATIVE_MODULES = ("onnx", "gguf", "numpy", "tokenizers", "tqdm")  # the base install: a .gguf, no torch
+TORCH_MODULES = ("torch", "transformers", "onnxruntime_genai", "onnx", "onnx_ir", "gguf", "accelerate", "tqdm")
+
+
+def _check_installed(via: str, specs: list) -> None:
+    """One line naming what is missing for the exporter these sources need (before anything runs)."""
+    import importlib.util
+
+    from edgespec.errors import ExportError
+
+    gguf_only = all(s is None or str(s).lower().endswith(".gguf") for s in specs)
+    native = via == "native" or (via == "auto" and gguf_only)
+    mods = NATIVE_MODULES if native else TORCH_MODULES
+    missing = [m for m in mods if importlib.util.find_spec(m) is None]
+    if not missing:
+        return
+    if native:
+        raise ExportError(f"the exporter needs {', '.join(missing)}: pip install ./export  (from the edgespec "
+                          "source tree)")
+    raise ExportError(
+        f"a Hugging Face folder or hub id (or --via torch) needs the exporter's torch extra ({', '.join(missing)} "
+        "missing): pip install torch==2.13.0 && pip install './export[torch]'  (from the edgespec source tree); "
+        "a .gguf file exports without it")
 
 
 def summary_dict(s) -> dict:

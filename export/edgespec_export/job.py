@@ -32,10 +32,16 @@ class ModelJob:
     head_bits: int | None = None
     ep: str = "cpu"  # graph flavor (build.graph_flavor)
     primary: bool = True  # the role's first flavor (model.onnx) or another one (model.<flavor>.onnx)
+    via: str = "torch"  # "native": a GGUF read and written without torch (native/job.py)
+    keep_gguf_quant: bool = True  # native: keep the GGUF's blocks where they map (no --quant given)
 
 
 def run_model_job(job: ModelJob, progress: Progress | None = None) -> dict:
     """Returns {"facts": ModelFacts as dict, "parity": report, "argmax": [T], "timings": {...}, "config": {...}}."""
+    if job.via == "native":
+        from .native.job import run_native_job
+
+        return run_native_job(job, progress)
     from . import parity, sources
     from .build import build_graph
 

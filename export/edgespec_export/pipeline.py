@@ -24,6 +24,7 @@ from . import isolate, writer
 from .build import FLAVORS, graph_flavor
 from .heads import HEADS_DIR, HeadsJob, HeadsOptions, check_options, train_heads
 from .job import ModelJob, run_model_job
+from .native import via_for
 from .parity import DEFAULT_MIN_TOP1
 from edgespec.units import format_bytes
 
@@ -32,6 +33,7 @@ from .sources import Source, resolve
 from .tokcheck import check_tokenizers
 from .tokenizer_files import TOKENIZER_FILES, TokenizerInfo, write_tokenizers
 
+VIAS = ("auto", "native", "torch")
 WORK = ".work"  # scratch folder inside <out>.partial/, removed before the manifest is written
 BYTES_PER_PARAM = {"int4": 0.6, "int8": 1.1, "fp16": 2.0, "fp32": 4.0}  # bundle bytes per parameter, generous
 
@@ -60,6 +62,10 @@ class ExportOptions:
     self_draft: bool = False
     # draft heads trained at export (heads.py): None = none, else HeadsOptions (method "medusa", sizes)
     heads: HeadsOptions | None = None
+    # how a model is built: "auto" (a .gguf natively, anything else with the torch builder), "native"
+    # (GGUF only, no torch: native/), "torch" (transformers + onnxruntime-genai's builder)
+    via: str = "auto"
+    keep_gguf_quant: bool = True  # native: keep the GGUF's own blocks where they map (no --quant given)
 
 
 @dataclass
@@ -99,6 +105,8 @@ def validate_options(o: ExportOptions) -> None:
                 graph_flavor(q or o.quant, ep)
             except ValueError as e:
                 raise ExportError(f"{label} {q or o.quant} with --ep {ep}: {e}") from None
+    if o.via not in VIAS:
+        raise ExportError(f"--via {o.via!r}: one of {', '.join(VIAS)}")
     if isinstance(o.draft_vocab, bool) or not isinstance(o.draft_vocab, int) or o.draft_vocab < 0:
         raise ExportError(f"--draft-vocab {o.draft_vocab!r}: must be a whole number of tokens (0 = keep all)")
     if isinstance(o.heads, str):
@@ -144,6 +152,7 @@ def _run_export(target: str, out: Path, draft: str | None, o: ExportOptions, pro
                 f"({sources['target'].params / 1e9:.2f} B): drafting with it will be slower than the target alone"
             )
     _refuse_output_inside_source(out, sources)
+    vias = {role: via_for(src, o.via) for role, src in sources.items()}
     quants = {"target": o.quant, "draft": o.draft_quant or o.quant}
 
     with MemoryMonitor() as mem:
@@ -152,7 +161,7 @@ def _run_export(target: str, out: Path, draft: str | None, o: ExportOptions, pro
             _check_disk(out, sources, quants, len(o.eps))
             work = tmp / WORK
             work.mkdir()
-            manifest, results = _export_into(tmp, work, out, sources, quants, o, progress, warn)
+            manifest, results = _export_into(tmp, work, out, sources, quants, o, progress, warn, vias)
             shutil.rmtree(work)
             manifest.extra["warnings"] = list(warnings)
             manifest.extra["exporter"]["seconds"] = round(time.perf_counter() - t_start, 1)
@@ -187,7 +196,7 @@ def _run_export(target: str, out: Path, draft: str | None, o: ExportOptions, pro
 
 
 def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], quants: dict[str, str],
-                 o: ExportOptions, progress: Progress, warn) -> tuple[Manifest, dict[str, dict]]:
+                 o: ExportOptions, progress: Progress, warn, vias: dict[str, str]) -> tuple[Manifest, dict[str, dict]]:
     # tokenizers first: a mismatch is refused before minutes of loading
     dests = {role: tmp if role == "target" else work / f"{role}-tokenizer" for role in sources}
     tok_paths = {role: d / "tokenizer.json" for role, d in dests.items()}
@@ -219,7 +228,8 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
         for n, flavor in enumerate(flavors):
             job = ModelJob(role=role, source=src, out_dir=tmp / role, work_dir=work, quant=quants[role],
                            block_size=o.block_size, accuracy_level=o.accuracy_level, parity_ids=ids,
-                           usable_vocab=check.usable_vocab, head_bits=o.head_bits, ep=flavor, primary=n == 0)
+                           usable_vocab=check.usable_vocab, head_bits=o.head_bits, ep=flavor, primary=n == 0,
+                           via=vias[role], keep_gguf_quant=o.keep_gguf_quant)
             stats: dict = {}
             what = f"{role} export" + (f" ({flavor} flavor)" if len(o.eps) > 1 or flavor != "cpu" else "")
             # the child's job folder lives in <out>.partial/.work: a killed export leaves nothing in /tmp
@@ -283,9 +293,11 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
             "exporter": _versions(),
             "options": {"quant": o.quant, "draft_quant": quants.get("draft"), "block_size": o.block_size,
                         "accuracy_level": o.accuracy_level, "head_bits": o.head_bits, "force": o.force,
-                        "ep": list(o.eps)},
+                        "ep": list(o.eps), "via": o.via, "keep_gguf_quant": o.keep_gguf_quant},
             "sources": {role: {"kind": s.kind, "spec": s.spec, "params": s.params} for role, s in sources.items()},
             "timings_s": {role: r["timings"] for role, r in results.items()},
+            "exporters": dict(vias),
+            "quant_map": {role: r["quant_map"] for role, r in results.items() if r.get("quant_map")},
             "peak_rss_bytes_by_model": {role: r["peak_rss"] for role, r in results.items()},
             "peak_rss_bytes_after_step": {role: r.get("peak_rss_after", {}) for role, r in results.items()},
             "tokenizer_check": check.as_dict(),

@@ -1,0 +1,210 @@
+"""The decoder graph of the runtime's contract, written node by node from a GGUF file.
+
+The same nodes, names and inputs as onnxruntime-genai's builder writes for these architectures (so
+`graph_edit` / `graph_batch` apply unchanged, and the layer-skip edit of the self-draft finds its
+layers): a GatherBlockQuantized (or Gather) embedding, per layer a (Skip)SimplifiedLayerNormalization,
+a fused q/k/v MatMulNBits into GroupQueryAttention with the in-place cache and rotary caches, the
+output projection, a SiLU-gated MLP, the final norm and the lm_head. Two differences, both exact:
+- blocks with a minimum (Q4_K, Q4_1, ...) add an offset term: y += blocksum32(x) @ offset^T, the
+  per-32-block sums of the input (Reshape + ReduceSum) times a small float matrix (blocks.py);
+- q, k and v of different GGUF types (Q4_K_M keeps some v at Q6_K) are three MatMulNBits and a Concat.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from onnx import TensorProto
+
+from .blocks import OFFSET_BLOCK, Encoded, decode, pack, round_to_nearest
+from .gguf_model import GGUFModel, layer_names
+from .onnx_writer import OnnxWriter
+from .plan import Form, Plan
+
+CHUNK_VALUES = 1 << 24  # weights decoded at a time for the vocabulary-sized tensors (~16 M: ~100 MB of temporaries)
+
+
+@dataclass
+class Report:
+    """What happened to each tensor type: {"Q4_K -> Q4_K kept (4-bit blocks)": count}, the bits read."""
+
+    forms: dict[str, int] = field(default_factory=dict)
+    body_bits: dict[int, int] = field(default_factory=dict)  # bits -> weights (decoder MatMuls)
+    bytes_read: int = 0  # bytes of weights a one-token step reads (all MatMuls, one embedding row)
+
+    def add(self, type_name: str, form: Form, weights: int) -> None:
+        key = form.label(type_name)
+        self.forms[key] = self.forms.get(key, 0) + 1
+
+
+class GraphBuilder:
+    def __init__(self, gg: GGUFModel, writer: OnnxWriter, plan: Plan, *, fp16: bool, on_tensor=None):
+        self.gg, self.w, self.plan, self.fp16 = gg, writer, plan, fp16
+        self.c = gg.config
+        self.ftype = TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT
+        self.np_float = np.float16 if fp16 else np.float32
+        self.report = Report()
+        self.on_tensor = on_tensor or (lambda name: None)
+        self.blocksums: dict[str, str] = {}
+        self.shared_head: tuple[str, str, int, int] | None = None  # a tied lm_head's B, scales, bits, block
+
+    # --- weights --------------------------------------------------------------------------------
+    def _encoded(self, name: str, form: Form, lo: int, hi: int) -> Encoded | np.ndarray:
+        """Rows lo..hi of a GGUF tensor in `form`: an Encoded, or float32 rows [n, K]."""
+        if form.kind == "exact":
+            return decode(self.gg.raw_rows(name, lo, hi), self.gg.type_name(name))
+        w = self.gg.floats(name, lo, hi)
+        if form.kind == "float":
+            return w
+        return round_to_nearest(w, form.bits, self.plan.settings.block_size)
+
+    def _rows(self, name: str) -> list[tuple[int, int]]:
+        n, k = self.gg.shape(name)
+        step = max(1, CHUNK_VALUES // k)
+        return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+
+    def _float(self, name: str, array: np.ndarray) -> str:
+        return self.w.tensor(name, np.asarray(array, dtype=self.np_float))
+
+    def _norm(self, gguf_name: str, onnx_name: str) -> str:
+        out = self._float(onnx_name, self.gg.floats(gguf_name))
+        self.gg.done(gguf_name)
+        return out
+
+    # --- linear layers --------------------------------------------------------------------------
+    def _blocksum(self, x: str, k: int, prefix: str) -> str:
+        """Per-32-block sums of x [B, S, K] -> [B, S, K/32] (computed once per input)."""
+        if x not in self.blocksums:
+            shape = self.w.const(f"{prefix}/BlockShape", [0, 0, k // OFFSET_BLOCK, OFFSET_BLOCK])
+            r = self.w.node("Reshape", [x, shape], name=f"{prefix}/BlockReshape")[0]
+            axes = self.w.const(f"{prefix}/BlockAxis", [-1])
+            self.blocksums[x] = self.w.node("ReduceSum", [r, axes], name=f"{prefix}/BlockSum", keepdims=0)[0]
+        return self.blocksums[x]
+
+    def linear(self, x: str, parts: list[str], base: str, node: str, *, place: str = "body",
+               out: str | None = None) -> str:
+        """x [B, S, K] times the GGUF weights `parts` (their rows concatenated: q/k/v) -> [B, S, N].
+        base: initializer prefix (model.layers.0.attn.qkv_proj.MatMul), node: node prefix
+        (/model/layers.0/attn/qkv_proj/MatMul)."""
+        forms = [self.plan.form(self.gg.type_name(p), place) for p in parts]
+        if len(parts) > 1 and len({self._signature(p, f) for p, f in zip(parts, forms)}) > 1:
+            outs = [self.linear(x, [p], f"{base}.{i}", f"{node}_{i}") for i, p in enumerate(parts)]
+            return self.w.node("Concat", outs, [out] if out else 1, name=f"{node}/Concat", axis=-1)[0]
+        n_total = sum(self.gg.shape(p)[0] for p in parts)
+        k = self.gg.shape(parts[0])[1]
+        big = len(parts) == 1 and self.gg.shape(parts[0])[0] * k > CHUNK_VALUES
+        form = forms[0]
+        for p, f in zip(parts, forms):
+            self.report.add(self.gg.type_name(p), f, self.gg.shape(p)[0] * k)
+        if form.kind == "float":
+            w = np.concatenate([self.gg.floats(p) for p in parts]).T
+            name = self._float(f"{base}.weight", w)
+            self.report.bytes_read += w.size * np.dtype(self.np_float).itemsize
+            for p in parts:
+                self._done(p)
+            return self.w.node("MatMul", [x, name], [out] if out else 1, name=node)[0]
+        if big:
+            encs = None
+            first = self._encoded(parts[0], form, 0, 1)
+        else:
+            encs = [self._encoded(p, form, 0, self.gg.shape(p)[0]) for p in parts]
+            first = encs[0]
+        bits, block = first.bits, first.block
+        tag = f"Q{bits}"
+        b_name, s_name = f"{base}.weight_{tag}", f"{base}.weight_scales"
+        offsets = []
+        if encs is not None:
+            q = np.concatenate([pack(e) for e in encs])
+            scales = np.concatenate([e.scales for e in encs])
+            if first.offset is not None:
+                offsets = [np.concatenate([e.offset for e in encs])]
+            self.w.tensor(b_name, q)
+            del q, encs
+        else:
+            scale_rows = []
+
+            def chunks():
+                for lo, hi in self._rows(parts[0]):
+                    e = self._encoded(parts[0], form, lo, hi)
+                    scale_rows.append(e.scales)
+                    if e.offset is not None:
+                        offsets.append(e.offset)
+                    yield pack(e)
+
+            self.w.tensor_rows(b_name, np.uint8, (n_total, k // block, block * bits // 8), chunks())
+            scales = np.concatenate(scale_rows)
+            offsets = [np.concatenate(offsets)] if offsets else []
+        self.w.tensor(s_name, scales.astype(self.np_float))
+        self.report.bytes_read += n_total * k * bits // 8 + scales.size * np.dtype(self.np_float).itemsize
+        if place == "body":
+            self.report.body_bits[bits] = self.report.body_bits.get(bits, 0) + n_total * k
+        for p in parts:
+            self._done(p)
+        main_out = [out] if out and not offsets else 1
+        y = self.w.node("MatMulNBits", [x, b_name, s_name], main_out, name=f"{node}_{tag}", domain="com.microsoft",
+                        K=k, N=n_total, bits=bits, block_size=block,
+                        accuracy_level=self.plan.settings.accuracy_level)[0]
+        if place == "head":
+            self.shared_head = (b_name, s_name, bits, block)
+        if offsets:
+            off = self._float(f"{base}.weight_offset", offsets[0].T)  # [K/32, N]
+            self.report.bytes_read += offsets[0].size * np.dtype(self.np_float).itemsize
+            sums = self._blocksum(x, k, node.rsplit("/", 1)[0])
+            corr = self.w.node("MatMul", [sums, off], name=f"{node}/Offset")[0]
+            y = self.w.node("Add", [y, corr], [out] if out else 1, name=f"{node}/OffsetAdd")[0]
+        return y
+
+    def _signature(self, p: str, form: Form) -> tuple:
+        """Tensors with equal signatures are stored alike, so their rows can share one MatMulNBits."""
+        from .plan import DECODED_BITS, OFFSET_TYPES
+
+        if form.kind != "exact":
+            return (form.kind, form.bits)
+        t = self.gg.type_name(p)
+        return ("exact", DECODED_BITS[t], 16 if t == "Q6_K" else 32, t in OFFSET_TYPES)
+
+    def _done(self, name: str) -> None:
+        self.gg.done(name)
+        self.on_tensor(name)
+
+    # --- the embedding ----------------------------------------------------------------------------
+    def embedding(self, ids: str) -> str:
+        name, out = "token_embd.weight", "/model/embed_tokens/Gather/output_0"
+        tname = self.gg.type_name(name)
+        form = self.plan.form(tname, "embed", tied=self.c.tied)
+        v, h = self.gg.shape(name)
+        self.report.add(tname, form, v * h)
+        if form.kind == "float":
+            w = np.concatenate([self.gg.floats(name, lo, hi) for lo, hi in self._rows(name)])
+            init = self._float("model.embed_tokens.weight", w)
+            del w
+            self._done(name)
+            return self.w.node("Gather", [init, ids], [out], name="/model/embed_tokens/Gather")[0]
+        first = self._encoded(name, form, 0, 1)
+        bits, block = first.bits, first.block
+        scale_rows, offset_rows = [], []
+
+        def chunks():
+            for lo, hi in self._rows(name):
+                e = self._encoded(name, form, lo, hi)
+                scale_rows.append(e.scales)
+                if e.offset is not None:
+                    offset_rows.append(e.offset)
+                yield pack(e).reshape(hi - lo, -1)
+
+        data = self.w.tensor_rows(f"model.embed_tokens.weight_Q{bits}", np.uint8, (v, h * bits // 8), chunks())
+        scales = self.w.tensor("model.embed_tokens.weight_scales", np.concatenate(scale_rows).astype(self.np_float))
+        self._done(name)
+        gathered = out if not offset_rows else "/model/embed_tokens/Gather_Q/output_0"
+        self.w.node("GatherBlockQuantized", [data, ids, scales], [gathered], name=f"/model/embed_tokens/Gather_Q{bits}",
+                    domain="com.microsoft", bits=bits, block_size=block, gather_axis=0, quantize_axis=1)
+        if offset_rows:
+            table = self._float("model.embed_tokens.weight_offset", np.concatenate(offset_rows))  # [V, H/32]
+            p = "/model/embed_tokens"
+            rows = self.w.node("Gather", [table, ids], name=f"{p}/OffsetGather")[0]  # [B, S, H/32]
+            rows = self.w.node("Unsqueeze", [rows, self.w.const(f"{p}/OffsetAxis", [-1])], name=f"{p}/OffsetUnsqueeze")[0]
+            blocks = self.w.node("Reshape", [gathered, self.w.const(f"{p}/BlockShape", [0, 0, h // OFFSET_BLOCK, OFFSET_BLOCK])],
+                                 name=f"{p}/BlockReshape")[0]
+            summed = self.w.node("Add", [blocks, rows], name=f"{p}/OffsetAdd")[0]
+            self.w.node("Reshape", [summed, self.w.const(f"{p}/RowShape", [0, 0, h])], [out], name=f"{p}/RowReshape")
+        return out

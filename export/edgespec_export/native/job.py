@@ -1,0 +1,99 @@
+"""One model's native export: GGUF -> graph (streamed) -> contract edits -> parity against the GGUF's
+own numpy forward pass. Same inputs (job.ModelJob) and result as the builder path's run_model_job,
+so the pipeline, the manifest and `verify` do not tell the two apart except by what the manifest records.
+No torch, transformers or onnxruntime-genai: onnx, numpy, gguf and the runtime's onnxruntime.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from edgespec.units import peak_rss_bytes
+
+from ..progress import NullProgress, Progress, trim_malloc
+
+REFERENCE = "gguf dequantized, numpy float32"
+
+
+def run_native_job(job, progress: Progress | None = None) -> dict:
+    """Returns {"facts", "parity", "argmax", "timings", "peak_rss_after", "config", "quant_map"}."""
+    from .. import parity
+    from ..build import check_kernels, facts_from_config, graph_file, graph_flavor
+    from ..graph_batch import add_padded_queries
+    from ..graph_edit import add_hidden_output, add_logits_to_keep, add_tree_inputs, logits_to_float32
+    from .gguf_model import GGUFModel
+    from .model import write_graph
+    from .plan import Plan, settings_for
+
+    progress = progress or NullProgress()
+    timings: dict[str, float] = {}
+    peaks: dict[str, int] = {}
+    gg = GGUFModel(job.source.path, f"{job.role} source")
+    cfg = gg.config.hf_dict()
+    flavor = graph_flavor(job.quant, job.ep)
+    keep = getattr(job, "keep_gguf_quant", True)
+    plan = Plan(quant=None if keep and job.quant in ("int4", "int8") else job.quant,
+                settings=settings_for(job.quant, job.block_size, job.accuracy_level, job.head_bits))
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    name = graph_file(flavor, primary=job.primary)
+    onnx_path = job.out_dir / name
+
+    t = time.perf_counter()
+    n_weights = sum(1 for n in gg.tensors if n.endswith(".weight") and len(gg.tensors[n].shape) == 2)
+    with progress.stage(f"build {job.role} (native)", total=n_weights + 1, unit="tensor") as bar:
+        builder = write_graph(gg, onnx_path, plan, fp16=flavor == "cuda", on_tensor=lambda _n: bar.update(1))
+        add_logits_to_keep(onnx_path)
+        add_hidden_output(onnx_path, hidden_size=cfg["hidden_size"])
+        add_tree_inputs(onnx_path, bias=flavor != "cuda")
+        if flavor == "cuda":
+            logits_to_float32(onnx_path)
+        else:
+            add_padded_queries(onnx_path)
+        bar.update(1)
+    check_kernels(onnx_path, flavor, job.role)
+    gc.collect()
+    trim_malloc()
+    timings["build_s"] = time.perf_counter() - t
+    peaks["build"] = peak_rss_bytes()
+
+    quantized = plan.quant not in ("fp32", "fp16")
+    body = builder.report.body_bits
+    quant = job.quant if not quantized else ("int4" if body.get(4, 0) >= body.get(8, 0) else "int8")
+    facts = facts_from_config(cfg, job.out_dir, quant=quant, block_size=job.block_size,
+                              accuracy_level=job.accuracy_level, name=name, flavor=flavor)
+    if quantized:
+        facts.head_bits = plan.settings.head_bits
+    facts.params = int(job.source.params)
+    facts.source = job.source.label
+
+    report: dict = {}
+    argmax: list[int] = []
+    if job.parity_ids:
+        from .reference import reference_logprobs
+
+        t = time.perf_counter()
+        with progress.stage(f"parity {job.role} (gguf, numpy)", total=gg.config.layers + 1, unit="layer") as bar:
+            ref = reference_logprobs(gg, job.parity_ids, job.usable_vocab, bar)
+        timings["parity_reference_s"] = time.perf_counter() - t
+        peaks["parity_reference"] = peak_rss_bytes()
+        t = time.perf_counter()
+        got, device = parity.exported_logprobs(onnx_path, facts, job.parity_ids, job.usable_vocab, progress,
+                                               role=job.role)
+        report = parity.compare(ref, got)
+        report.update(text=parity.TEXT_ID, reference=REFERENCE, steps="prefill + 5/1/1/3-token steps",
+                      flavor=facts.flavor, provider=device)
+        argmax = got.argmax(axis=1).tolist()
+        timings["parity_s"] = time.perf_counter() - t
+        peaks["parity"] = peak_rss_bytes()
+    return {
+        "facts": asdict(facts),
+        "parity": report,
+        "argmax": argmax,
+        "timings": {k: round(v, 2) for k, v in timings.items()},
+        "peak_rss_after": peaks,
+        "config": cfg,
+        "quant_map": {"tensors": builder.report.forms, "bits_per_step": builder.report.bytes_read * 8,
+                      "exporter": "native"},
+    }

@@ -1,0 +1,73 @@
+"""Which form each GGUF tensor takes in the bundle: its own blocks (exact), rounded to nearest at the
+export's bits, or float. One function decides, per tensor, from the GGUF type, the tensor's place
+(body, embedding, lm_head) and what the user asked (`--quant`: none = keep the GGUF's blocks).
+
+The block size, accuracy level and lm_head bits of the re-quantized tensors are the builder path's
+own (quantize.QuantSettings, build.DEFAULT_HEAD_BITS), so a change to them applies to both exporters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..quantize import QuantSettings
+from .blocks import DECODERS
+
+OFFSET_TYPES = ("Q4_1", "Q5_1", "Q4_K", "Q5_K")  # blocks with a minimum: an offset term in the graph
+FLOAT_TYPES = ("F32", "F16", "BF16")
+DECODED_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 8, "Q5_1": 8, "Q5_K": 8, "Q6_K": 8, "Q8_0": 8}
+QUANT_BITS = {"int4": 4, "int8": 8}
+
+
+@dataclass(frozen=True)
+class Form:
+    kind: str  # "exact" (the GGUF's blocks), "round" (dequantized, rounded to nearest), "float"
+    bits: int = 0  # "round": 4 or 8
+
+    def label(self, type_name: str) -> str:
+        if self.kind == "exact":
+            return f"{type_name} kept ({DECODED_BITS[type_name]}-bit blocks)"
+        if self.kind == "round":
+            return f"{type_name} re-quantized to {self.bits}-bit"
+        return f"{type_name} as float"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """quant: None keeps the GGUF's blocks wherever they map; "int4"/"int8" sets the bits (a GGUF block
+    type that maps exactly at no more bits is still kept); "fp32"/"fp16" stores floats."""
+
+    quant: str | None
+    settings: QuantSettings
+
+    def form(self, type_name: str, place: str, tied: bool = False) -> Form:
+        """place: "body" (a decoder MatMul), "embed" (token embedding), "head" (lm_head)."""
+        if self.quant in ("fp32", "fp16"):
+            return Form("float")
+        s = self.settings
+        head_bits = s.head_bits or s.bits
+        if place == "head":
+            # the lm_head's node must be a plain MatMulNBits (the logits_to_keep edit slices its input):
+            # a type with a minimum is rounded at the head's bits instead
+            if type_name in DECODERS and type_name not in OFFSET_TYPES and self._keeps(type_name, head_bits):
+                return Form("exact")
+            return Form("round", head_bits)
+        bits = s.bits if place == "body" else (head_bits if tied else (s.embed_bits or s.bits))
+        if type_name in DECODERS and self._keeps(type_name, bits):
+            return Form("exact")
+        if type_name in FLOAT_TYPES or self.quant is not None:
+            return Form("round", bits)
+        return Form("round", bits)  # Q2_K, Q3_K, IQ*: no exact map
+
+    def _keeps(self, type_name: str, bits: int) -> bool:
+        if self.quant is None:
+            return True
+        return DECODED_BITS[type_name] <= QUANT_BITS.get(self.quant, 8)
+
+
+def settings_for(quant: str | None, block_size: int, accuracy_level: int, head_bits: int | None) -> QuantSettings:
+    """The builder path's parameters (pipeline options, build.DEFAULT_HEAD_BITS) for the rounded tensors."""
+    from ..build import DEFAULT_HEAD_BITS
+
+    q = quant if quant in QUANT_BITS else "int4"
+    return QuantSettings(bits=QUANT_BITS[q], block_size=block_size, accuracy_level=accuracy_level,
+                         head_bits=head_bits or DEFAULT_HEAD_BITS[q])
