@@ -190,35 +190,7 @@ def make_tiny_gguf(hf_dir: str | Path, out_path: str | Path, *, qtype: str = "Q8
         w.add_key_length(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
         w.add_value_length(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if qtype == "Q8_0" else gguf.LlamaFileType.ALL_F32)
-    # tokenizer
-    tj = json.loads((hf_dir / "tokenizer.json").read_text())
-    tcfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
-    vocab = {**tj["model"]["vocab"], **{a["content"]: a["id"] for a in tj["added_tokens"]}}
-    n_tok = max(vocab.values()) + 1
-    rows = cfg["vocab_size"]
-    tokens = [None] * rows
-    for t, i in vocab.items():
-        tokens[i] = t
-    specials = {a["id"] for a in tj["added_tokens"] if a.get("special")}
-    types = []
-    for i in range(rows):
-        if i >= n_tok:
-            tokens[i] = f"[PAD{i}]"
-            types.append(gguf.TokenType.UNUSED)
-        else:
-            types.append(gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL)
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_eos_token_id(vocab[tcfg["eos_token"]])
-    w.add_pad_token_id(vocab[tcfg["pad_token"]])
-    w.add_bos_token_id(vocab["<|endoftext|>"])
-    w.add_add_bos_token(add_bos)
-    if tcfg.get("chat_template"):
-        w.add_chat_template(tcfg["chat_template"])
+    add_gguf_tokenizer(w, hf_dir, cfg["vocab_size"], pre=pre, add_bos=add_bos)
     # tensors
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     for hf_name, arr in weights.items():
@@ -244,6 +216,40 @@ def make_tiny_gguf(hf_dir: str | Path, out_path: str | Path, *, qtype: str = "Q8
     w.write_tensors_to_file()
     w.close()
     return out_path
+
+
+def add_gguf_tokenizer(w, tok_dir: Path, rows: int, *, pre: str = "qwen2", add_bos: bool = False) -> None:
+    """The tokenizer of `tok_dir` (make_tokenizer's) as llama.cpp writes one into a GGUF: a "gpt2" BPE
+    whose vocabulary is padded to the logits rows with UNUSED "[PADn]" tokens."""
+    import gguf
+
+    tj = json.loads((tok_dir / "tokenizer.json").read_text())
+    tcfg = json.loads((tok_dir / "tokenizer_config.json").read_text())
+    vocab = {**tj["model"]["vocab"], **{a["content"]: a["id"] for a in tj["added_tokens"]}}
+    n_tok = max(vocab.values()) + 1
+    tokens = [None] * rows
+    for t, i in vocab.items():
+        tokens[i] = t
+    specials = {a["id"] for a in tj["added_tokens"] if a.get("special")}
+    types = []
+    for i in range(rows):
+        if i >= n_tok:
+            tokens[i] = f"[PAD{i}]"
+            types.append(gguf.TokenType.UNUSED)
+        else:
+            types.append(gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(vocab[tcfg["eos_token"]])
+    w.add_pad_token_id(vocab[tcfg["pad_token"]])
+    w.add_bos_token_id(vocab["<|endoftext|>"])
+    w.add_add_bos_token(add_bos)
+    if tcfg.get("chat_template"):
+        w.add_chat_template(tcfg["chat_template"])
 
 
 def make_bad_gguf(out_path: str | Path, *, arch: str = "llama", tensor_type: str = "F32") -> Path:

@@ -78,16 +78,36 @@ def test_user_errors_are_one_line_and_exit_1(tmp_path, pair):
 
 
 def test_missing_workstation_extra_is_one_clear_line(tmp_path, monkeypatch, capsys):
-    """On a device install (no torch), `edgespec export` says what to install instead of a traceback."""
+    """Without torch a Hugging Face folder (or --via torch) says what to install instead of a
+    traceback; a .gguf file needs no torch and goes on (here: to its own "does not exist")."""
     import importlib.util
 
     from edgespec.cli.main import main
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    (tmp_path / "hf").mkdir()
+    assert main(["export", str(tmp_path / "hf"), "-o", str(tmp_path / "b")]) == 1
+    err = capsys.readouterr().err
+    assert "needs the exporter's torch extra (torch missing)" in err and "pip install './export[torch]'" in err
+    assert main(["export", str(tmp_path / "m.gguf"), "-o", str(tmp_path / "b"), "--via", "torch"]) == 1
+    assert "torch extra (torch missing)" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "m.gguf"), "-o", str(tmp_path / "b")]) == 1
     err = capsys.readouterr().err
-    assert "the exporter needs the workstation extra (torch missing)" in err and "pip install ./export" in err
+    assert "m.gguf does not exist" in err and "torch" not in err
+
+
+def test_native_export_without_gguf_names_the_package(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    from edgespec.cli.main import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    assert main(["export", str(tmp_path / "m.gguf"), "-o", str(tmp_path / "b")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["edgespec export: error: the exporter needs gguf: pip install ./export  (from the edgespec "
+                   "source tree)"]
 
 
 @pytest.mark.slow

@@ -11,8 +11,16 @@ from edgespec.errors import ExportError
 def via_for(src, via: str) -> str:
     """The exporter a source goes through: "native" (GGUF, no torch) or "torch" (the builder)."""
     if via == "auto":
-        return "native" if src.kind == "gguf" else "torch"
-    if via == "native" and src.kind != "gguf":
+        via = "native" if src.kind == "gguf" else "torch"
+    elif via == "native" and src.kind != "gguf":
         raise ExportError(f"{src.role} source {src.spec}: --via native reads .gguf files only; a Hugging Face "
                           "folder or hub id goes through the torch builder (--via torch, the default for them)")
+    if via == "native":
+        from .gguf_model import ARCHS, UnsupportedGGUF
+
+        arch = src.gguf.get("general.architecture")
+        if arch not in ARCHS:
+            raise UnsupportedGGUF(f"{src.role} source {src.spec}: GGUF architecture {arch!r} is not supported by "
+                                  f"the native exporter, which builds {', '.join(ARCHS)} (Qwen2.5, SmolLM2, Llama "
+                                  "3.x); --via torch exports it with the builder (needs the torch extra)")
     return via

@@ -59,9 +59,7 @@ class Plan:
         return Form("round", bits)  # Q2_K, Q3_K, IQ*: no exact map
 
     def _keeps(self, type_name: str, bits: int) -> bool:
-        if self.quant is None:
-            return True
-        return DECODED_BITS[type_name] <= QUANT_BITS.get(self.quant, 8)
+        return self.quant is None or DECODED_BITS[type_name] <= bits
 
 
 def settings_for(quant: str | None, block_size: int, accuracy_level: int, head_bits: int | None) -> QuantSettings:

@@ -1,0 +1,164 @@
+"""The native GGUF exporter (export/edgespec_export/native/): no torch on its path.
+
+Block types decode to exactly the GGUF's own dequantization; tiny GGUFs written with numpy and the
+gguf writer export to bundles `verify` accepts, whose greedy output equals the GGUF's numpy forward pass."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf", reason="the native exporter reads GGUF files with the gguf package")
+
+from edgespec.errors import ExportError  # noqa: E402
+from edgespec.models.bundlecheck import verify_bundle  # noqa: E402
+from edgespec_export.native.blocks import decode, pack, round_to_nearest  # noqa: E402
+from edgespec_export.native.gguf_model import GGUFModel, UnsupportedGGUF  # noqa: E402
+from edgespec_export.native.tiny_gguf import Q4_K_M, make_gguf, quantize_q4_k, quantize_q6_k  # noqa: E402
+from edgespec_export.pipeline import ExportOptions, run_export  # noqa: E402
+
+# GGUF type -> (bits, block) it maps to, and the byte offsets of its fp16 scale fields
+MAPS = {"Q4_0": (4, 32, (0,)), "Q4_1": (4, 32, (0, 2)), "Q5_0": (8, 32, (0,)), "Q5_1": (8, 32, (0, 2)),
+        "Q8_0": (8, 32, (0,)), "Q4_K": (4, 32, (0, 2)), "Q5_K": (8, 32, (0, 2)), "Q6_K": (8, 16, (208,))}
+
+
+@pytest.mark.parametrize("type_name", sorted(MAPS))
+def test_block_types_decode_to_exactly_the_gguf_values(type_name):
+    """Random blocks (every integer and 6-bit scale pattern; sane fp16 scales): the integers, scales and
+    offsets the graph gets give back gguf's own dequantization bit for bit."""
+    qt = gguf.GGMLQuantizationType[type_name]
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    rng = np.random.default_rng(1)
+    n, k = 8, 512
+    raw = rng.integers(0, 256, size=(n, k // block * size), dtype=np.uint8)
+    blocks = raw.reshape(n, -1, size)
+    for off in MAPS[type_name][2]:
+        d = rng.uniform(-0.2, 0.2, size=blocks.shape[:2]).astype(np.float16)
+        blocks[..., off:off + 2] = d.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    ref = gguf.dequantize(raw, qt).reshape(n, k)
+    e = decode(raw, type_name)
+    assert (e.bits, e.block) == MAPS[type_name][:2] and e.exact
+    assert e.q.max() < (1 << e.bits)
+    np.testing.assert_array_equal(e.dequantize(), ref)
+
+
+def test_an_unmapped_type_has_no_decoder_and_rounding_is_bounded():
+    assert decode(np.zeros((1, 84), np.uint8), "Q2_K") is None
+    w = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
+    for bits in (4, 8):
+        e = round_to_nearest(w, bits, 32)
+        assert not e.exact and e.offset is None
+        half_step = np.repeat(e.scales, 32, axis=1) / 2
+        assert (np.abs(e.dequantize() - w) <= half_step + 1e-6).all()
+
+
+def test_pack_is_matmulnbits_layout():
+    """4-bit pairs: element 2i in the low nibble, 2i+1 in the high one; [N, K/block, block*bits/8]."""
+    e = round_to_nearest(np.zeros((1, 32), np.float32), 4, 32)
+    e.q[0] = np.arange(32) % 16
+    b = pack(e)
+    assert b.shape == (1, 1, 16) and b[0, 0, 0] == 0x10 and b[0, 0, 1] == 0x32
+
+
+def test_k_quant_writers_make_valid_blocks():
+    """The test GGUFs' Q4_K/Q6_K encoders: gguf's dequantizer reads back what they meant."""
+    x = np.random.default_rng(3).standard_normal((4, 512)).astype(np.float32)
+    for fn, t, tol in ((quantize_q4_k, "Q4_K", 0.25), (quantize_q6_k, "Q6_K", 0.07)):
+        back = gguf.dequantize(fn(x), gguf.GGMLQuantizationType[t]).reshape(x.shape)
+        assert np.abs(back - x).max() < tol
+
+
+def _greedy(bundle, role: str, prompt: list[int], n: int) -> list[int]:
+    from edgespec.engine.build import load_runner
+    from edgespec.models.bundle import Bundle
+
+    b = Bundle.open(bundle)
+    facts = b.manifest.models[role]
+    runner = load_runner(bundle / facts.path, facts, max_len=len(prompt) + n + 1)
+    usable = b.manifest.tokenizer.usable_vocab  # rows past it are the GGUF's padding tokens
+    out = list(prompt)
+    logits = runner.step(prompt, n_logits=1)
+    for _ in range(n):
+        out.append(int(np.argmax(logits[-1][:usable])))
+        logits = runner.step([out[-1]], n_logits=1)
+    return out[len(prompt):]
+
+
+def _reference_greedy(path, prompt: list[int], n: int, usable: int) -> list[int]:
+    """The GGUF's numpy forward pass, greedy (a full pass per token: tiny models only)."""
+    from edgespec_export.native.reference import reference_logprobs
+
+    gg = GGUFModel(path)
+    out = list(prompt)
+    for _ in range(n):
+        out.append(int(reference_logprobs(gg, out, usable)[-1].argmax()))
+    return out[len(prompt):]
+
+
+@pytest.mark.parametrize("arch, types, tied", [
+    ("qwen2", Q4_K_M, False),  # Q4_K (offsets) and Q6_K (8-bit blocks of 16), q/k/v split by type
+    ("llama", Q4_K_M, True),  # llama's interleaved q/k rows put back; a tied Q4_K head re-quantized
+    ("qwen2", "Q4_1", False),
+    ("llama", "Q5_0", False),
+    ("qwen2", "Q8_0", True),
+    ("llama", "F16", False),
+])
+def test_native_export_verifies_and_greedy_equals_the_gguf(tmp_path, arch, types, tied):
+    path = make_gguf(tmp_path / "m.gguf", arch=arch, types=types, tied=tied, seed=4)
+    s = run_export(str(path), tmp_path / "b", options=ExportOptions(
+        accuracy_level=1, isolate=False, parity_tokens=96, force=True))  # random tiny weights: int4 rounding moves them far
+    m, problems = verify_bundle(s.path)
+    assert problems == [] and m.extra["exporters"] == {"target": "native"}
+    facts = m.models["target"]
+    assert facts.parity["reference"] == "gguf dequantized, numpy float32"
+    head = types["head"] if isinstance(types, dict) and not tied else types if isinstance(types, str) else "Q4_K"
+    exact = head not in ("Q4_K", "Q4_1")  # a head with block minimums is rounded to 8 bits (plan.py)
+    if exact and types != "F16":
+        assert facts.parity["top1"] == 1.0 and facts.parity["max_kl"] < 1e-3, facts.parity
+    prompt = [5, 17, 33, 2, 90, 41]
+    got = _greedy(s.path, "target", prompt, 8)
+    if exact and types != "F16":
+        assert got == _reference_greedy(path, prompt, 8, m.tokenizer.usable_vocab)
+    forms = m.extra["quant_map"]["target"]["tensors"]
+    if types == Q4_K_M:
+        assert forms.get("Q4_K kept (4-bit blocks)", 0) >= 10 and forms.get("Q6_K kept (8-bit blocks)", 0) >= 3
+    if types == "F16":  # a float GGUF is quantized at the builder path's bits: int4 body, 8-bit lm_head
+        assert facts.quant == "int4" and forms == {"F16 re-quantized to 4-bit": 15, "F16 re-quantized to 8-bit": 1}
+
+
+def test_quant_caps_the_bits_and_default_keeps_the_blocks(tmp_path):
+    path = make_gguf(tmp_path / "m.gguf", types="Q8_0")
+    kept = run_export(str(path), tmp_path / "a", options=ExportOptions(isolate=False, parity_tokens=0))
+    assert kept.manifest.models["target"].quant == "int8"
+    assert kept.manifest.extra["quant_map"]["target"]["tensors"] == {"Q8_0 kept (8-bit blocks)": 16}
+    small = run_export(str(path), tmp_path / "b", options=ExportOptions(
+        quant="int4", keep_gguf_quant=False, isolate=False, parity_tokens=0))
+    assert small.manifest.models["target"].quant == "int4"
+    assert small.manifest.extra["quant_map"]["target"]["tensors"] == {
+        "Q8_0 re-quantized to 4-bit": 15, "Q8_0 kept (8-bit blocks)": 1}  # the lm_head stays 8-bit (head bits)
+    assert small.total_bytes < kept.total_bytes
+
+
+def test_unknown_architecture_is_one_line_naming_the_supported_ones(tmp_path):
+    from edgespec_export.tiny import make_bad_gguf
+
+    path = make_bad_gguf(tmp_path / "m.gguf", arch="qwen3")
+    with pytest.raises(UnsupportedGGUF) as e:
+        GGUFModel(path)
+    assert "'qwen3' is not supported by the native exporter" in str(e.value) and "llama, qwen2" in str(e.value)
+    with pytest.raises(ExportError) as e:
+        run_export(str(path), tmp_path / "b", options=ExportOptions(isolate=False))
+    msg = str(e.value)
+    assert "\n" not in msg and "llama, qwen2" in msg and "--via torch" in msg
+    assert not (tmp_path / "b").exists()
+
+
+def test_via_native_refuses_a_hugging_face_folder(tmp_path):
+    import json
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (folder / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    (folder / "tokenizer.json").write_text("{}")
+    with pytest.raises(ExportError, match="--via native reads .gguf files only"):
+        run_export(str(folder), tmp_path / "b", options=ExportOptions(via="native", isolate=False))
