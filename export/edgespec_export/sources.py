@@ -204,13 +204,13 @@ def _gguf_file(path: Path, spec: str, role: str) -> Source:
     import numpy as np
 
     try:
-        from gguf import GGUFReader
-    except ImportError as e:  # pragma: no cover - part of the export extra
+        from .gguf_file import GGUFFile
+    except ImportError as e:  # pragma: no cover - part of the export's base install
         raise ExportError("reading .gguf files needs the `gguf` package: pip install ./export") from e
     if not _has_gguf_magic(path):
         raise ExportError(f"{role} source {spec}: not a GGUF file (it does not start with 'GGUF')")
     try:
-        reader = GGUFReader(path)
+        reader = GGUFFile(path)
     except Exception as e:  # a truncated or damaged file fails in many ways inside the reader
         raise ExportError(f"{role} source {spec}: cannot read the GGUF file ({type(e).__name__}: {e})") from e
     meta = gguf_metadata(reader)
@@ -230,19 +230,13 @@ def _gguf_file(path: Path, spec: str, role: str) -> Source:
 
 
 def gguf_metadata(reader) -> dict[str, Any]:
-    """Scalar and short-list metadata as Python values (the token, merge and score arrays are left out)."""
-    out: dict[str, Any] = {}
+    """Scalar and short-list metadata as Python values (the token, merge and score arrays are left out).
+    `reader`: a gguf_file.GGUFFile."""
     skip = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
-    for key, f in reader.fields.items():
-        if key in skip:
-            continue
-        try:
-            out[key] = f.contents()
-        except Exception:  # a field type we do not need; keep going
-            continue
+    out = {k: v for k, v in reader.fields.items() if k not in skip}
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     if tokens is not None:
-        out["tokenizer.ggml.tokens.count"] = len(tokens.data)
+        out["tokenizer.ggml.tokens.count"] = len(tokens)
     return out
 
 

@@ -192,9 +192,9 @@ def _add_turn_enders(tok, eos: list[str]) -> None:
 
 # --- GGUF ----------------------------------------------------------------------------------------
 def _from_gguf(src: Source, dst: Path, notes: list[str]) -> dict:
-    from gguf import GGUFReader
+    from .gguf_file import GGUFFile
 
-    reader = GGUFReader(src.path)
+    reader = GGUFFile(src.path)
     tokens = _field_strings(reader, "tokenizer.ggml.tokens")
     types = _field_ints(reader, "tokenizer.ggml.token_type")
     if not tokens:
@@ -203,7 +203,7 @@ def _from_gguf(src: Source, dst: Path, notes: list[str]) -> dict:
     if key in _CONVERTED:  # a draft from the same family: the conversion takes ~50 s for 150k tokens
         tj = json.loads(_CONVERTED[key])
     else:
-        tj = _convert_gguf_tokenizer(src)
+        tj = _convert_gguf_tokenizer(src, reader, tokens, types)
         _CONVERTED[key] = json.dumps(tj)
     meta = src.gguf
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
@@ -242,8 +242,14 @@ def _tokenizer_key(reader, tokens: list[str], types: list[int], meta: dict) -> s
     return h.hexdigest()
 
 
-def _convert_gguf_tokenizer(src: Source) -> dict:
-    """transformers' GGUF tokenizer converter, as a parsed tokenizer.json."""
+def _convert_gguf_tokenizer(src: Source, reader=None, tokens=None, types=None) -> dict:
+    """transformers' GGUF tokenizer converter, as a parsed tokenizer.json: for a byte-level BPE of the
+    architectures gguf_tokenizer.py knows, its equal built without transformers."""
+    from . import gguf_tokenizer
+
+    arch, model = src.gguf.get("general.architecture"), src.gguf.get("tokenizer.ggml.model")
+    if reader is not None and gguf_tokenizer.supported(arch, model):
+        return gguf_tokenizer.convert(arch, tokens, _field_strings(reader, "tokenizer.ggml.merges"), types, src.gguf)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             from transformers import AutoTokenizer
@@ -262,17 +268,12 @@ def _convert_gguf_tokenizer(src: Source) -> dict:
 
 
 def _field_strings(reader, key: str) -> list[str]:
-    f = reader.fields.get(key)
-    if f is None:
-        return []
-    return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
+    """A string-array field of a gguf_file.GGUFFile ([] when absent)."""
+    return [str(v) for v in reader.fields.get(key) or []]
 
 
 def _field_ints(reader, key: str) -> list[int]:
-    f = reader.fields.get(key)
-    if f is None:
-        return []
-    return [int(f.parts[i][0]) for i in f.data]
+    return [int(v) for v in reader.fields.get(key) or []]
 
 
 def repair_gguf_tokenizer_json(

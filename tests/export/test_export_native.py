@@ -162,3 +162,33 @@ def test_via_native_refuses_a_hugging_face_folder(tmp_path):
     (folder / "tokenizer.json").write_text("{}")
     with pytest.raises(ExportError, match="--via native reads .gguf files only"):
         run_export(str(folder), tmp_path / "b", options=ExportOptions(via="native", isolate=False))
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_gguf_tokenizer_built_without_transformers_equals_its_converter(tmp_path, arch):
+    """gguf_tokenizer.py writes the tokenizer.json transformers' GGUF converter writes, key for key."""
+    pytest.importorskip("transformers", reason="the comparison needs transformers' converter")
+    from edgespec_export import gguf_tokenizer
+    from edgespec_export.gguf_file import GGUFFile
+    from edgespec_export.sources import resolve
+    from edgespec_export.tokenizer_files import _convert_gguf_tokenizer, _field_ints, _field_strings
+
+    src = resolve(str(make_gguf(tmp_path / "m.gguf", arch=arch, types="Q8_0", hidden=64, ffn=128)))
+    r = GGUFFile(src.path)
+    native = gguf_tokenizer.convert(arch, _field_strings(r, "tokenizer.ggml.tokens"),
+                                    _field_strings(r, "tokenizer.ggml.merges"), _field_ints(r, "tokenizer.ggml.token_type"),
+                                    src.gguf)
+    assert native == _convert_gguf_tokenizer(src)  # without a reader: transformers' converter
+
+
+def test_fast_reader_reads_what_gguf_reads(tmp_path):
+    from edgespec_export.gguf_file import GGUFFile
+
+    path = make_gguf(tmp_path / "m.gguf", types=Q4_K_M)
+    fast, ref = GGUFFile(path), gguf.GGUFReader(path)
+    for key, f in ref.fields.items():
+        assert fast.fields[key] == pytest.approx(f.contents()), key
+    assert [t.name for t in fast.tensors] == [t.name for t in ref.tensors]
+    for a, b in zip(fast.tensors, ref.tensors):
+        assert a.tensor_type == b.tensor_type and a.data.shape == b.data.shape
+        np.testing.assert_array_equal(a.data, b.data)

@@ -51,11 +51,11 @@ class GGUFModel:
     """Opens `path` (memory-mapped by the gguf reader) and checks what the export needs, cheaply."""
 
     def __init__(self, path: Path, where: str = "source"):
-        from gguf import GGUFReader
+        from ..gguf_file import GGUFFile
 
         self.path = Path(path)
         try:
-            self.reader = GGUFReader(self.path)
+            self.reader = GGUFFile(self.path)
         except Exception as e:  # a truncated or damaged file fails in many ways inside the reader
             raise ExportError(f"{where} {path}: cannot read the GGUF file ({type(e).__name__}: {e})") from e
         self.tensors = {t.name: t for t in self.reader.tensors}
@@ -64,18 +64,11 @@ class GGUFModel:
             raise UnsupportedGGUF(f"{where} {path}: GGUF architecture {arch!r} is not supported by the native "
                                   f"exporter; it builds {', '.join(ARCHS)} (Qwen2.5, SmolLM2, Llama 3.x)")
         self.config = self._config(arch, where)
-        from ..sources import _page_dropper
-
-        self.release = _page_dropper(self.reader)
+        self.release = self.reader.release
 
     def _field(self, key: str, default=None):
-        f = self.reader.fields.get(key)
-        if f is None:
-            return default
-        try:
-            return f.contents()
-        except Exception:
-            return default
+        v = self.reader.fields.get(key)
+        return default if v is None else v
 
     def _config(self, arch: str, where: str) -> Config:
         def need(key: str):
