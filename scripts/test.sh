@@ -8,7 +8,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 "$ROOT/scripts/system-deps.sh"
-source "$ROOT/scripts/setup-env.sh"
+EXPORT=${EXPORT:-torch} source "$ROOT/scripts/setup-env.sh"  # the tiny test bundles are built with torch
 CI_ORT=${EDGESPEC_CI_ORT:-$([ $# -eq 0 ] && echo 1 || echo 0)}
 python -m pytest "$@"
 if [ "$CI_ORT" = 1 ]; then

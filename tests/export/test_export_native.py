@@ -192,3 +192,27 @@ def test_fast_reader_reads_what_gguf_reads(tmp_path):
     for a, b in zip(fast.tensors, ref.tensors):
         assert a.tensor_type == b.tensor_type and a.data.shape == b.data.shape
         np.testing.assert_array_equal(a.data, b.data)
+
+
+def test_pull_export_makes_the_bundle_right_after_fetching(tmp_path, monkeypatch, capsys):
+    from edgespec.cli.main import main
+    from edgespec.models import store
+
+    path = make_gguf(tmp_path / "m.gguf", arch="llama", types="Q8_0", tied=True)
+    fetched = []
+    monkeypatch.setattr(store, "ensure_model", lambda name, **k: fetched.append(name) or path)
+    out = tmp_path / "bundle"
+    assert main(["pull", "smollm2-135m-instruct", "--export", str(out), "--quiet"]) == 0
+    assert fetched == ["smollm2-135m-instruct"]
+    m, problems = verify_bundle(out)
+    assert problems == [] and m.extra["exporters"] == {"target": "native"} and "draft" not in m.models
+    assert f"bundle {out}: exported in" in capsys.readouterr().out
+
+
+def test_pull_export_of_two_targets_is_refused_before_fetching(monkeypatch, capsys):
+    from edgespec.cli.main import main
+    from edgespec.models import store
+
+    monkeypatch.setattr(store, "ensure_model", lambda name, **k: pytest.fail("fetched before refusing"))
+    assert main(["pull", "qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct", "--export", "--quiet"]) == 1
+    assert "--export makes one bundle" in capsys.readouterr().err

