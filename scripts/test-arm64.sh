@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The device runtime's tests on aarch64: an arm64 Debian rootfs run under qemu user-mode emulation
-# (scripts/arm64-env.sh, vendored from shared/tools), with tiny bundles prebuilt here on x86_64 (the export path needs torch,
-# which the arm64 environment does not have; tests that need it skip there).
+# (scripts/arm64-env.sh, vendored from shared/tools), with tiny bundles prebuilt here on x86_64 (the torch export path
+# needs torch, which the arm64 environment does not have; tests that need it skip there). The native GGUF exporter
+# needs no torch: its tests (tiny GGUFs exported, verified and decoded) run in the guest, and with ARM64_SMOLLM2=1
+# the guest also exports the real SmolLM2-135M GGUF from the host's model cache natively and verifies it.
 #
 #   scripts/test-arm64.sh                   the runtime tests (not slow), on an emulated Cortex-A72 (Pi 4)
 #   scripts/test-arm64.sh tests/core/test_runner.py -k step     any pytest arguments instead
@@ -28,7 +30,7 @@ done
 CACHE=${ARM64_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgespec-arm64}
 mkdir -p "$CACHE"  # mmdebstrap wants the rootfs' parent folder to exist
 # what the guest needs: the runtime (onnxruntime numpy tokenizers jinja2), the server extra, the test tools
-export ARM64_PIP_PACKAGES=${ARM64_PIP_PACKAGES:-"onnxruntime numpy tokenizers onnx onnx-ir jinja2 pytest pytest-timeout starlette uvicorn httpx openai psutil scipy"}
+export ARM64_PIP_PACKAGES=${ARM64_PIP_PACKAGES:-"onnxruntime numpy tokenizers onnx onnx-ir gguf==0.19.0 tqdm jinja2 pytest pytest-timeout starlette uvicorn httpx openai psutil scipy"}
 
 # 1. tiny bundles, built here (x86_64, torch) and keyed by the code that writes them
 PY=${PYTHON:-$ROOT/.venv/bin/python}
@@ -56,12 +58,20 @@ if [ $# -eq 0 ]; then
   set -- tests -m "not slow and not realmodel"
 fi
 log "running pytest $* on emulated aarch64 (QEMU_CPU=${QEMU_CPU:-cortex-a72})"
+GUEST_ENV=(-e EDGESPEC_TEST_BUNDLES=/bundles -e PYTHONPATH=/src:/src/export -e EDGESPEC_HOME=/tmp/edgespec-home
+           -e "PATH=/src/.arm64-bin:/opt/venv/bin:/usr/local/bin:/usr/bin:/bin" -e EDGESPEC_ARM64=1)
 set +e
-"$ENV_SH" run -b "$STAGE:/src" -b "$BUNDLES:/bundles" -w /src \
-  -e EDGESPEC_TEST_BUNDLES=/bundles -e PYTHONPATH=/src -e EDGESPEC_HOME=/tmp/edgespec-home \
-  -e "PATH=/src/.arm64-bin:/opt/venv/bin:/usr/local/bin:/usr/bin:/bin" -e EDGESPEC_ARM64=1 \
+"$ENV_SH" run -b "$STAGE:/src" -b "$BUNDLES:/bundles" -w /src "${GUEST_ENV[@]}" \
   -- python -m pytest -p no:cacheprovider -q -rs "$@"
 rc=$?
+SMOL=${EDGESPEC_HOME:-$HOME/.cache/edgespec}/models/smollm2-135m-instruct.gguf
+if [ "$rc" = 0 ] && [ "${ARM64_SMOLLM2:-0}" = 1 ] && [ -f "$SMOL" ]; then
+  log "native export of $(basename "$SMOL") on emulated aarch64 (no torch), then verify"
+  "$ENV_SH" run -b "$STAGE:/src" -b "$(dirname "$SMOL"):/models" -w /src "${GUEST_ENV[@]}" \
+    -- sh -c 'python -m edgespec export /models/smollm2-135m-instruct.gguf -o /tmp/smollm2 --overwrite -q --parity-tokens 128 &&
+              python -m edgespec verify /tmp/smollm2 --load'
+  rc=$?
+fi
 set -e
 log "done in $((SECONDS - t_start)) s (exit $rc)"
 exit $rc
