@@ -99,15 +99,15 @@ def test_export_needs_the_export_extra(monkeypatch, tmp_path):
 
     def no_export(name, *a, **k):
         if name.startswith("edgespec_export"):
-            err = ImportError("No module named 'torch'")
-            err.name = "torch"
+            err = ImportError("No module named 'gguf'")
+            err.name = "gguf"
             raise err
         return real_import(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", no_export)
     from edgespec.errors import ExportError
 
-    with pytest.raises(ExportError, match=r"export extra \(torch is missing\)"):
+    with pytest.raises(ExportError, match=r"export half \(gguf is missing\): pip install \./export \(no torch"):
         qs.export(tmp_path / "t.gguf", None, tmp_path / "b", "int4", {})
 
 
