@@ -31,5 +31,8 @@ def suffix_memory_text() -> str:
     return (f"default {SUFFIX_CAPACITY}; counted at {SUFFIX_BYTES_PER_TOKEN} bytes a token held: 4 for the token, ~120 "
             f"for its suffix automaton, as much again while the automaton is rebuilt after an eviction; "
             f"{mib:.0f} MiB at the default")
-QUANTS = ("int4", "int8", "fp16", "fp32")  # weight precisions a bundle's model may have
+QUANTS = ("int4", "int8", "fp16", "fp32")  # weight precisions an export may be asked for (--quant)
+# ... and a bundle's model may have: "mixed" is a GGUF's own blocks carried over (export/edgespec_export/native),
+# MatMulNBits of 4 and 8 bits side by side (Q4_K_M: 4-bit Q4_K, 8-bit Q6_K)
+MODEL_QUANTS = QUANTS + ("mixed",)
 STOP_LIMIT = 16  # stop strings per request

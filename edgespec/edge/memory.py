@@ -38,7 +38,7 @@ RUNTIME_BASE = 90 << 20  # python + numpy + edgespec + onnxruntime and its first
 TOKENIZER_FACTOR = 9  # a loaded `tokenizers.Tokenizer` holds ~9x its tokenizer.json (Qwen 8.2x, SmolLM2 9.8x)
 # resident bytes per byte of model files: onnxruntime repacks quantized MatMulNBits weights (plus block
 # sums) and the embedding table is served from the memory-mapped file, resident once tokens touch it
-WEIGHT_FACTOR = {"int4": 1.32, "int8": 1.32, "fp16": 1.05, "fp32": 1.05}
+WEIGHT_FACTOR = {"int4": 1.32, "int8": 1.32, "mixed": 1.32, "fp16": 1.05, "fp32": 1.05}
 SESSION_OVERHEAD = 2 << 20  # per onnxruntime session: graph, kernels, arena bookkeeping
 # Measured peak RSS minus the terms above, on the four real plans of docs/edge.md before this term
 # existed: 46 MiB (SmolLM2 int4), 30 MiB (SmolLM2 int8), 41 MiB (Qwen 1.5B alone), 3 MiB (Qwen pair),

@@ -7,9 +7,10 @@ vocabulary maps' headers, and refuses a manifest that disagrees, naming both val
 - activation_dtype: the element type of the rotary table (`cos_cache`), which the builder writes in
   the graph's activation type (float32 for the cpu flavor, float16 for cuda);
 - max_context: at most the rotary table's rows (positions past them have no rotation to apply);
-- quant, block_size, accuracy_level, head_bits: the MatMulNBits nodes' attributes (`bits`,
-  `block_size`, `accuracy_level`; the lm_head is the one whose N is the logits rows); an fp32 or fp16
-  model has no MatMulNBits and its MatMul weights are of that type;
+- quant, block_size, accuracy_level, head_bits: the MatMulNBits nodes' attributes (`bits`: one value
+  for int4/int8, 4 and 8 side by side for "mixed"; `block_size`, `accuracy_level`; the lm_head is the
+  one whose N is the logits rows); an fp32 or fp16 model has no MatMulNBits and its MatMul weights are
+  of that type;
 - a vocabulary map (models.draft.vocab_map, heads.vocab_map): a numpy array of one distinct integer id
   per logits row, each inside the usable vocabulary;
 - usable_vocab: the tokenizer's size, capped by every model's logits rows (what export records).
@@ -60,6 +61,10 @@ def _quant_problems(io: GraphIO, where: str, facts: Any) -> list[str]:
         if bits != [QUANT_BITS[facts.quant]]:
             found = "no quantized MatMul (MatMulNBits)" if not bits else f"MatMulNBits of {'/'.join(map(str, bits))} bits"
             out.append(f"{where}.quant is {facts.quant}, the graph has {found}")
+    elif facts.quant == "mixed":  # a GGUF's blocks carried over: 4- and 8-bit MatMulNBits side by side
+        if not bits or not set(bits) <= set(QUANT_BITS.values()):
+            found = "no quantized MatMul (MatMulNBits)" if not bits else f"MatMulNBits of {'/'.join(map(str, bits))} bits"
+            out.append(f"{where}.quant is mixed (4- and 8-bit blocks), the graph has {found}")
     elif facts.quant in FLOAT_QUANTS:
         if bits:
             out.append(f"{where}.quant is {facts.quant}, the graph's MatMulNBits are {'/'.join(map(str, bits))}-bit")

@@ -21,7 +21,7 @@ from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..limits import QUANTS
+from ..limits import MODEL_QUANTS
 from . import fieldrules
 from .fieldrules import MAX_EOS_IDS, MAX_SPECIAL_TOKENS, MAX_TOKENIZER_FILES, at_most
 from .schema import (all_of, between, check_object, ids_below, int_of, io_name, is_int, layer_pattern, listed_in,
@@ -61,7 +61,7 @@ class ModelFacts:
     head_dim: int
     hidden_size: int
     vocab_size: int  # rows of the logits (may include padding rows past the tokenizer's vocabulary)
-    quant: str  # one of QUANTS
+    quant: str  # one of MODEL_QUANTS
     max_context: int  # the model's own context limit; the runtime picks its cache length below this
     params: int = 0  # parameter count of the source model
     block_size: int | None = None  # int4/int8 block size
@@ -231,7 +231,7 @@ _listed = listed_in("files")
 MODEL_RULES = {
     "path": _listed, "arch": text(), "layers": between(1, 4096), "kv_heads": between(1, 4096),
     "head_dim": between(1, 65536), "hidden_size": _positive, "vocab_size": between(1, 1 << 24),
-    "quant": one_of(QUANTS), "max_context": between(MIN_CONTEXT, MAX_CONTEXT), "params": between(0, 1 << 50),
+    "quant": one_of(MODEL_QUANTS), "max_context": between(MIN_CONTEXT, MAX_CONTEXT), "params": between(0, 1 << 50),
     "block_size": between(1, 1 << 20), "accuracy_level": between(0, 4), "head_bits": between(1, 32),
     "kv_dtype": one_of(DTYPES), "logits_dtype": one_of(DTYPES), "activation_dtype": one_of(DTYPES),
     "flavor": one_of(FLAVORS),

@@ -119,7 +119,8 @@ def test_native_export_verifies_and_greedy_equals_the_gguf(tmp_path, arch, types
     if exact and types != "F16":
         assert got == _reference_greedy(path, prompt, 8, m.tokenizer.usable_vocab)
     forms = m.extra["quant_map"]["target"]["tensors"]
-    if types == Q4_K_M:
+    if types == Q4_K_M:  # 4-bit Q4_K next to 8-bit Q6_K: the manifest says "mixed" (models/derived.py checks it)
+        assert facts.quant == "mixed" and facts.block_size == 32 and facts.head_bits == 8
         assert forms.get("Q4_K kept (4-bit blocks)", 0) >= 10 and forms.get("Q6_K kept (8-bit blocks)", 0) >= 3
     if types == "F16":  # a float GGUF is quantized at the builder path's bits: int4 body, 8-bit lm_head
         assert facts.quant == "int4" and forms == {"F16 re-quantized to 4-bit": 15, "F16 re-quantized to 8-bit": 1}

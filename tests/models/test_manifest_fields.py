@@ -80,6 +80,9 @@ LIES = [
      "target/model.onnx: manifest models.target.quant is int4, the graph has MatMulNBits of 8 bits"),
     ("quant_int8_on_fp32", "tiny_bundle", _target("quant", "int8"),
      "target/model.onnx: manifest models.target.quant is int8, the graph has no quantized MatMul (MatMulNBits)"),
+    ("quant_mixed_on_fp32", "tiny_bundle", _target("quant", "mixed"),
+     "target/model.onnx: manifest models.target.quant is mixed (4- and 8-bit blocks), the graph has no quantized "
+     "MatMul (MatMulNBits)"),
     ("quant_fp16_on_fp32", "tiny_bundle", _target("quant", "fp16"),
      "target/model.onnx: manifest models.target.quant is fp16, the graph's MatMul weights are float32"),
     ("head_bits", "tiny_int4_bundle", _target("head_bits", 4),

@@ -30,6 +30,8 @@ class Report:
 
     forms: dict[str, int] = field(default_factory=dict)
     body_bits: dict[int, int] = field(default_factory=dict)  # bits -> weights (decoder MatMuls)
+    body_blocks: dict[int, int] = field(default_factory=dict)  # block size -> weights (decoder MatMuls)
+    head_bits: int | None = None  # the lm_head's MatMulNBits bits (None: a float lm_head)
     bytes_read: int = 0  # bytes of weights a one-token step reads (all MatMuls, one embedding row)
 
     def add(self, type_name: str, form: Form, weights: int) -> None:
@@ -138,6 +140,9 @@ class GraphBuilder:
         self.report.bytes_read += n_total * k * bits // 8 + scales.size * np.dtype(self.np_float).itemsize
         if place == "body":
             self.report.body_bits[bits] = self.report.body_bits.get(bits, 0) + n_total * k
+            self.report.body_blocks[block] = self.report.body_blocks.get(block, 0) + n_total * k
+        else:
+            self.report.head_bits = bits
         for p in parts:
             self._done(p)
         main_out = [out] if out and not offsets else 1

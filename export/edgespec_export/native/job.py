@@ -58,13 +58,12 @@ def run_native_job(job, progress: Progress | None = None) -> dict:
     timings["build_s"] = time.perf_counter() - t
     peaks["build"] = peak_rss_bytes()
 
-    quantized = plan.quant not in ("fp32", "fp16")
-    body = builder.report.body_bits
-    quant = job.quant if not quantized else ("int4" if body.get(4, 0) >= body.get(8, 0) else "int8")
-    facts = facts_from_config(cfg, job.out_dir, quant=quant, block_size=job.block_size,
+    quant, block_size = model_quant(builder.report, job.quant, job.block_size)
+    facts = facts_from_config(cfg, job.out_dir, quant=quant, block_size=block_size,
                               accuracy_level=job.accuracy_level, name=name, flavor=flavor)
-    if quantized:
-        facts.head_bits = plan.settings.head_bits
+    facts.head_bits = builder.report.head_bits
+    if quant == "mixed":  # facts_from_config knows int4/int8 only
+        facts.block_size, facts.accuracy_level = block_size, job.accuracy_level
     facts.params = int(job.source.params)
     facts.source = job.source.label
 
@@ -94,6 +93,17 @@ def run_native_job(job, progress: Progress | None = None) -> dict:
         "timings": {k: round(v, 2) for k, v in timings.items()},
         "peak_rss_after": peaks,
         "config": cfg,
-        "quant_map": {"tensors": builder.report.forms, "bits_per_step": builder.report.bytes_read * 8,
+        "quant_map": {"tensors": builder.report.forms, "weight_bytes_per_token": builder.report.bytes_read,
                       "exporter": "native"},
     }
+
+
+def model_quant(report, asked: str, block_size: int) -> tuple[str, int]:
+    """The manifest's quant and block_size, as the graph has them (models/derived.py checks both):
+    int4 or int8 when every decoder MatMulNBits has those bits, "mixed" when a GGUF's 4- and 8-bit
+    blocks sit side by side; the block size most weights use."""
+    if not report.body_bits:  # float weights
+        return asked, block_size
+    bits = set(report.body_bits)
+    quant = "int4" if bits == {4} else "int8" if bits == {8} else "mixed"
+    return quant, max(report.body_blocks, key=report.body_blocks.get)

@@ -72,11 +72,12 @@ def encode(x: np.ndarray, qtype: str) -> tuple[np.ndarray, object]:
 
 
 def make_gguf(out_path: str | Path, *, arch: str = "qwen2", types: dict[str, str] | str = "Q8_0", hidden: int = 256,
-              heads: int = 4, kv_heads: int = 2, ffn: int = 512, layers: int = 2, vocab: int = 512,
+              heads: int = 4, kv_heads: int = 2, ffn: int = 768, layers: int = 2, vocab: int = 576,
               tied: bool = False, seed: int = 0, context: int = 512) -> Path:
     """A random `arch` model as llama.cpp lays one out (llama q/k rows interleaved, norms F32), its
     matrices in `types` (one type, or one per kind: embed q k v o gate up down head), with the tiny
-    byte-level tokenizer. hidden and ffn multiples of 256 allow the k-quants."""
+    byte-level tokenizer. hidden and ffn multiples of 256 allow the k-quants (no MatMul but the lm_head has as many
+    rows as the vocabulary: the bundle check tells the lm_head by its rows)."""
     import gguf
 
     from ..tiny import add_gguf_tokenizer, make_tokenizer
