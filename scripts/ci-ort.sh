@@ -37,9 +37,9 @@ resolve() {  # python version, requirement -> the names pip would install, one a
     "$DIR/report.json"
 }
 for pyv in 3.10 3.11; do
-  names=$(resolve "$pyv" "$WHEEL[server]") || die "edgespec[server] does not resolve for cp${pyv/./} aarch64"
+  names=$(resolve "$pyv" "${WHEEL}[server]") || die "edgespec[server] does not resolve for cp${pyv/./} aarch64"
   if grep -qx 'onnxruntime' <<<"$names"; then die "edgespec[server] pulls the CPU onnxruntime for cp${pyv/./}"; fi
-  names=$(resolve "$pyv" "$WHEEL[server,cpu]") || die "edgespec[server,cpu] does not resolve for cp${pyv/./} aarch64"
+  names=$(resolve "$pyv" "${WHEEL}[server,cpu]") || die "edgespec[server,cpu] does not resolve for cp${pyv/./} aarch64"
   grep -qx 'onnxruntime' <<<"$names" || die "edgespec[cpu] resolved without onnxruntime for cp${pyv/./}"
   say "cp${pyv/./} aarch64: edgespec[server] resolves without onnxruntime; [server,cpu] with it"
 done

@@ -5,7 +5,7 @@
 #   scripts/gpu-check.sh [--plan] [--full] [-o REPORT_DIR] [--ort-wheel FILE] [--no-install]
 #                        [--smollm2 BUNDLE] [--qwen BUNDLE] [--root DIR]
 #
-# --plan       print every command it would run, run nothing, write nothing
+# --plan       print every command it would run, run nothing, write nothing (any machine: no GPU needed)
 # --full       also the Qwen2.5-Coder pair (exported here unless --qwen) and the chat prompts;
 #              the default (quick) is SmolLM2 only, 3 code prompts: sized for a few minutes of GPU
 # --ort-wheel  install this onnxruntime-gpu wheel (a JetPack wheel from NVIDIA) instead of one from an index
@@ -17,11 +17,12 @@
 #    at or above the cuda flavor's onnxruntime floor, kernels.ORT_FLOORS)
 #    with its [cuda,cudnn] extras (CUDA and cuDNN from pip, loaded by onnxruntime.preload_dlls() at every
 #    start of that venv); on a Jetson it is NVIDIA's JetPack wheel (JetPack 6: their index; else
-#    --ort-wheel) with JetPack's own CUDA. If the install fails the check stops, naming what to do.
+#    --ort-wheel) with JetPack's own CUDA; JetPack 5 (Python 3.8) is not supported. If the install fails the
+#    check stops, naming what to do.
 # 2. versions, doctor, tests/bench/test_gpu.py (a run where every test skipped is a failure), the SmolLM2
 #    export (int8, --ep cuda; needs the export extra), verify, node placement, bench, plan --measure.
 # 3. Writes REPORT_DIR (default gpu-check-<date>/): summary.md with each step's exit status and log.
-#    A failing step does not stop the others. Without an NVIDIA GPU it stops at once (exit 2).
+#    A failing step does not stop the others. Without an NVIDIA GPU it stops at once (exit 2), unless --plan.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,9 +30,8 @@ REPORT="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)"
 SMOL="" QWEN="" WHEEL="" FALLBACK="" HWROOT=/ PLAN=0 FULL=0 INSTALL=1
 PY=${PYTHON:-python}
 JETPACK6_INDEX=https://pypi.jetson-ai-lab.io/jp6/cu126
-JETSON_ZOO=https://elinux.org/Jetson_Zoo#ONNX_Runtime
 
-usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     -o) REPORT=$2; shift 2 ;;
@@ -61,21 +61,29 @@ if [ -n "$L4T" ] || [[ "$MODEL" == *Jetson* ]]; then
   GPUS="$MODEL (integrated GPU, memory shared with the CPU; L4T ${L4T:-unknown})"
 elif command -v nvidia-smi >/dev/null 2>&1; then
   GPUS=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true)
-  [ -n "$GPUS" ] || die "no NVIDIA GPU here: nvidia-smi lists none"
+  [ -n "$GPUS" ] || [ "$PLAN" -eq 1 ] || die "no NVIDIA GPU here: nvidia-smi lists none"
+  [ -n "$GPUS" ] || GPUS="none: nvidia-smi lists none (--plan: what an x86_64 GPU host would run)"
+elif [ "$PLAN" -eq 1 ]; then
+  GPUS="none found (--plan: what an x86_64 GPU host would run)"
 else
   die "no NVIDIA GPU here: nvidia-smi is not installed, and $HWROOT is no Jetson (no /proc/device-tree/model naming one, no /etc/nv_tegra_release)"
 fi
 [ -z "$WHEEL" ] || [ -f "$WHEEL" ] || die "--ort-wheel $WHEEL: no such file"
-"$PY" -c 'import edgespec' 2>/dev/null || die "edgespec is not importable with $PY: activate the project's venv first (source scripts/setup-env.sh)"
+# the steps import this checkout's edgespec: on the path before anything asks for it
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# edgespec and its requirements, without importing it: importing needs an onnxruntime, which step 1 may install
+"$PY" -c 'import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in ("edgespec", "numpy", "tokenizers")) else 1)' \
+  2>/dev/null || die "edgespec or its requirements (numpy, tokenizers) are not importable with $PY: activate the project's venv first (source scripts/setup-env.sh)"
 
 # --- which onnxruntime-gpu, from where
 ORT_VERSION=$("$PY" -c 'import onnxruntime; print(onnxruntime.__version__)' 2>/dev/null || true)
-FLOOR=$("$PY" -c 'from edgespec.models.kernels import ORT_FLOORS; print(ORT_FLOORS["cuda"])')  # the oldest that takes the cuda flavor
+# the oldest that takes the cuda flavor, read from the file (no onnxruntime needed to read it)
+FLOOR=$("$PY" -c 'import runpy, sys; print(runpy.run_path(sys.argv[1])["ORT_FLOORS"]["cuda"])' "$ROOT/edgespec/models/kernels.py")
 if [ -n "$WHEEL" ]; then
   SPEC=("$WHEEL")
 elif [ "$JETSON" -eq 1 ]; then
   [ "${L4T%%.*}" = 36 ] || [ "$INSTALL" -eq 0 ] || \
-    die "a Jetson with L4T ${L4T:-unknown} (not JetPack 6): PyPI has no CUDA build of onnxruntime for it; download NVIDIA's JetPack wheel (onnxruntime-gpu >= $FLOOR, see $JETSON_ZOO) and pass it with --ort-wheel FILE"
+    die "a Jetson with L4T ${L4T:-unknown} (not JetPack 6): edgespec runs on JetPack 6 (Python 3.10, NVIDIA's onnxruntime-gpu >= $FLOOR from $JETPACK6_INDEX); JetPack 5 (Python 3.8) is not supported (docs/jetson.md). An onnxruntime-gpu >= $FLOOR you built for this board: pass it with --ort-wheel FILE"
   SPEC=("onnxruntime-gpu>=$FLOOR" --index-url "$JETPACK6_INDEX")  # NVIDIA's JetPack 6 index; CUDA comes with JetPack
 else
   # the CUDA/cuDNN runtime from pip; the same version as onnxruntime, else (not published) the newest >= the floor
@@ -85,7 +93,7 @@ else
 fi
 HINT=""
 if [ "$JETSON" -eq 1 ] || [ "$(uname -m)" = aarch64 ]; then
-  HINT=" On aarch64 PyPI has no CUDA build: take NVIDIA's JetPack wheel (onnxruntime-gpu >= $FLOOR; JetPack 6: $JETPACK6_INDEX; older: $JETSON_ZOO) and pass it with --ort-wheel FILE."
+  HINT=" On aarch64 PyPI has no CUDA build: take NVIDIA's JetPack 6 wheel (onnxruntime-gpu >= $FLOOR from $JETPACK6_INDEX; docs/jetson.md) and pass it with --ort-wheel FILE."
 fi
 
 [ "$PLAN" -eq 1 ] || mkdir -p "$REPORT/logs" "$REPORT/bundles"
@@ -147,7 +155,6 @@ if [ "$INSTALL" -eq 1 ]; then
   fi
   PY="$VENV/bin/python"
 fi
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ "$PLAN" -eq 1 ]; then
   echo "# gpu-check plan: GPU: $GPUS; report: $REPORT; python for the steps: $PY"

@@ -86,7 +86,7 @@ extras_for() {
 if [ "$PRINT_PIP" = 1 ]; then
   py=$VENV/bin/python3
   [ -x "$py" ] || py=$PYTHON
-  echo "$py -m pip install '$SRC[$(extras_for "$py")]'"
+  echo "$py -m pip install '${SRC}[$(extras_for "$py")]'"
   exit 0
 fi
 
@@ -133,12 +133,12 @@ if [ "$PIP" = 1 ]; then
   tar -C "$SRC" --exclude=./.venv --exclude=./.git --exclude=./build --exclude=./dist --exclude=./bundles \
     --exclude='*.egg-info' --exclude=__pycache__ --exclude=.pytest_cache -cf - . | tar -C "$BUILD" -xf -
   "$VENV/bin/python3" -m pip install -q --upgrade pip
-  "$VENV/bin/python3" -m pip install -q "$BUILD[$EXTRAS]"
+  "$VENV/bin/python3" -m pip install -q "${BUILD}[$EXTRAS]"
 fi
 if [ -z "$ROOT" ]; then
   [ -x "$VENV/bin/python3" ] || die "$VENV/bin/python3 does not exist (drop --no-pip/--venv to create it)"
   "$VENV/bin/python3" -c 'import edgespec.server.service, uvicorn, starlette' 2>/dev/null \
-    || die "edgespec[server] is not importable from $VENV (pip install '$SRC[server]' into it, plus [cpu] where it has no onnxruntime)"
+    || die "edgespec[server] is not importable from $VENV (pip install '${SRC}[server]' into it, plus [cpu] where it has no onnxruntime)"
   # --- 2. the bundle, verified once here (every file's sha256) ------------------------------------
   say "verifying $BUNDLE"
   "$VENV/bin/python3" - "$BUNDLE" <<'EOF' || die "bundle $BUNDLE failed verification (see above); not installed"

@@ -1,6 +1,6 @@
 """scripts/gpu-check.sh: without an NVIDIA GPU it stops at once with one clear line (exit 2); `--plan`
-on a faked Jetson (a device tree, no nvidia-smi) and on a faked x86_64 GPU host (a fake nvidia-smi)
-prints what it would run; a GPU wheel that cannot be installed leaves onnxruntime importable; it is
+on a faked Jetson (a device tree, no nvidia-smi), on a faked x86_64 GPU host (a fake nvidia-smi) and on
+a machine with no GPU at all prints what it would run; a GPU wheel that cannot be installed leaves onnxruntime importable; it is
 shellcheck-clean. (What it does on a GPU is tests/bench/test_gpu.py plus the report it writes.)"""
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def test_plan_on_a_jetpack5_jetson_asks_for_the_wheel_and_takes_it(tmp_path):
     r = plan(tmp_path, "--root", root, path=no_nvidia_smi_path(tmp_path))
     assert r.returncode == 2
     assert "L4T 35.4.1 (not JetPack 6)" in r.stderr and "--ort-wheel FILE" in r.stderr
-    assert "https://elinux.org/Jetson_Zoo#ONNX_Runtime" in r.stderr
+    assert "JetPack 5 (Python 3.8) is not supported" in r.stderr and f"onnxruntime-gpu >= {FLOOR}" in r.stderr
     wheel = tmp_path / "onnxruntime_gpu-1.23.0-cp311-cp311-linux_aarch64.whl"
     wheel.write_bytes(b"")
     r = plan(tmp_path, "--root", root, "--ort-wheel", str(wheel), path=no_nvidia_smi_path(tmp_path))
@@ -195,3 +195,50 @@ def test_relative_paths_are_taken_from_the_callers_folder(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"verify --load {tmp_path}/bundles/smol" in r.stdout and f" {tmp_path}/rel/report/venv\n" in r.stdout
     assert not (tmp_path / "rel").exists()
+
+
+def test_plan_on_a_machine_without_any_gpu_prints_the_plan(tmp_path):
+    """No nvidia-smi, no Jetson tree: --plan still says what an x86_64 GPU host would run, exit 0."""
+    empty_root = tmp_path / "root"
+    empty_root.mkdir()
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    keep = [d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "nvidia-smi").exists()]
+    r = plan(tmp_path, "--root", str(empty_root), path=os.pathsep.join([str(bins), *keep]))
+    assert r.returncode == 0, r.stderr
+    assert "GPU: none found (--plan: what an x86_64 GPU host would run)" in r.stdout
+    assert f"'onnxruntime-gpu[cuda,cudnn]>={FLOOR}'" in r.stdout and "[versions, 60s]" in r.stdout
+    assert r.stdout.rstrip().endswith("# nothing was run (--plan)") and not (tmp_path / "report").exists()
+
+
+def test_the_import_check_sees_the_checkout_and_needs_no_onnxruntime(tmp_path):
+    """A python that finds numpy and tokenizers but neither edgespec nor onnxruntime on its own (no
+    site hooks: the editable install's finder is not run): the check reads this checkout through
+    PYTHONPATH, set before it, and the floor from kernels.py without importing edgespec."""
+    import sysconfig
+
+    import numpy
+
+    site = tmp_path / "site"
+    site.mkdir()
+    for mod in ("numpy", "tokenizers"):
+        src = Path(__import__(mod).__file__).parent
+        (site / mod).symlink_to(src)
+    for libs in Path(numpy.__file__).parents[1].glob("numpy.libs"):
+        (site / libs.name).symlink_to(libs)
+    wrapper = tmp_path / "bare-python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site}" exec {sys.executable} -S "$@"\n')
+    wrapper.chmod(0o755)
+    probe = subprocess.run([str(wrapper), "-c", "import numpy, tokenizers; import importlib.util as u; "
+                            "print(u.find_spec('edgespec'), u.find_spec('onnxruntime'))"], capture_output=True,
+                           text=True, timeout=60, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+                           cwd=tmp_path)
+    assert probe.returncode == 0 and probe.stdout.strip() == "None None", (probe.stdout, probe.stderr, sysconfig)
+    root = tmp_path / "root"
+    root.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([shutil.which("bash") or "/bin/bash", str(SCRIPT), "--plan", "-o", str(tmp_path / "report"),
+                        "--root", str(root)], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**env, "PYTHON": str(wrapper), "PATH": fake_nvidia_smi(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert f"'onnxruntime-gpu[cuda,cudnn]>={FLOOR}'" in r.stdout  # no onnxruntime here: the floor is the spec
