@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The runtime on the oldest onnxruntime each flavor claims, and its wheel on the boards' Pythons (scripts/test.sh
 # runs this after the suite; about three minutes).
-#   1. the runtime's wheel resolves for Python 3.10 and 3.11 on manylinux aarch64 (JetPack 6 is Ubuntu 22.04 with
+#   1. the runtime's wheel resolves for Python 3.10 to 3.13 on manylinux aarch64 (JetPack 6 is Ubuntu 22.04 with
 #      3.10, Raspberry Pi OS Bookworm has 3.11) from binary wheels only, pulling no onnxruntime of its own; with
 #      [cpu] it resolves too, onnxruntime included (pip install --dry-run: nothing is installed)
 #   2. the quick loader / runner / lossless tests on onnxruntime 1.23.2 (the last cp310 release: the cpu flavor's
@@ -36,7 +36,7 @@ resolve() {  # python version, requirement -> the names pip would install, one a
   "$PY" -c 'import json, sys; [print(i["metadata"]["name"].lower()) for i in json.load(open(sys.argv[1]))["install"]]' \
     "$DIR/report.json"
 }
-for pyv in 3.10 3.11; do
+for pyv in 3.10 3.11 3.12 3.13; do
   names=$(resolve "$pyv" "${WHEEL}[server]") || die "edgespec[server] does not resolve for cp${pyv/./} aarch64"
   if grep -qx 'onnxruntime' <<<"$names"; then die "edgespec[server] pulls the CPU onnxruntime for cp${pyv/./}"; fi
   names=$(resolve "$pyv" "${WHEEL}[server,cpu]") || die "edgespec[server,cpu] does not resolve for cp${pyv/./} aarch64"
