@@ -8,7 +8,9 @@ differently from a 1-token step, turning a near-tie of the top two logits; the t
 are peaked (export/tiny.py), and 0 of 384 speculative runs (8 prompts x 3 drafters x k 1..8 x 2
 drafts) differed from target-alone when this was measured, so the test asserts token identity; a
 failure here on a new onnxruntime is a near-tie first, a bug second (docs/export.md, "Flavors"). Sampling: the distribution of sampled tokens on the real tiny ONNX models matches
-the target's exact distribution (the many-draw version is in test_sampling.py).
+the target's exact distribution (the many-draw version is in test_sampling.py). Batch arrangements
+(engine/round.py): every drafter a batched engine runs, several requests sharing each round, gives
+what the serial engine (the batch of one) gives, which is the target alone's.
 """
 from __future__ import annotations
 
@@ -17,12 +19,14 @@ import itertools
 import numpy as np
 import pytest
 
+from edgespec.drafters import modes
 from edgespec.edge.flavor import cpu_runs_float16
 from edgespec.engine import Engine
+from edgespec.engine.batch import BatchEngine
 from edgespec.core.sampling import SamplingParams
 
 from helpers.costs import freeze
-from helpers.lossless import MODES, check_greedy_lossless, exact_target_distribution
+from helpers.lossless import MODES, check_greedy_lossless, exact_target_distribution, random_prompt
 from helpers.stats import chi2_gof
 
 @pytest.fixture(scope="module")
@@ -187,3 +191,92 @@ def test_sampling_on_tiny_onnx_matches_exact_target_distribution(request, bundle
     assert drafted > n // 4  # the drafter really proposed
     assert chi2_gof(counts, exact, n) > 1e-3
     assert (trees > n // 2) if tree == "on" else trees == 0
+
+
+# --- batch arrangements: batched == the batch of one == target alone ---------------------------------
+BATCH_MODES = [m for m in modes.BATCHED if m != "none"]  # every drafter a batched engine runs (the table's)
+BATCH_BUNDLES = {"agree": "tiny_bundle", "disagree": "tiny_bundle_disagree", "llama": "tiny_llama_bundle"}
+
+
+@pytest.fixture(scope="module")
+def batch_engines(request):
+    """A batched engine per fp32 bundle, 3 slots, the draft model loaded (its `auto` loads it). The
+    cuda-flavored bundles cannot batch (core/batch_runner.check_batchable)."""
+    out = {name: BatchEngine.open(request.getfixturevalue(fx), parallel=3, draft="auto", max_len=256)
+           for name, fx in BATCH_BUNDLES.items()}
+    yield out
+    for be in out.values():
+        be.close()
+
+
+def check_batched_lossless(be, eng, seed: int, n_prompts: int, ks, modes_=BATCH_MODES) -> None:
+    """Every batched mode, adaptive and with each k: n_prompts requests at once on 3 slots (so some
+    join as others leave) give the tokens and finish the serial engine (the batch of one) gives
+    with that mode, and those are the target alone's; every mode really drafted in the batch."""
+    rng = np.random.default_rng(seed)
+    prompts = [random_prompt(eng, rng, int(rng.integers(2, 40))) for _ in range(n_prompts)]
+    refs = [eng.generate(p, max_new_tokens=40, draft="none") for p in prompts]
+    drafted = dict.fromkeys(modes_, 0)
+    for mode, k in itertools.chain(((m, None) for m in modes_), itertools.product(modes_, ks)):
+        got = be.generate_many([dict(prompt=p, max_new_tokens=40, draft=mode, k=k) for p in prompts])
+        for p, ref, g in zip(prompts, refs, got):
+            one = eng.generate(p, max_new_tokens=40, draft=mode, k=k)
+            assert g.token_ids == one.token_ids == ref.token_ids, (mode, k, p)
+            assert g.finish_reason == one.finish_reason == ref.finish_reason
+            drafted[mode] += g.stats.drafted
+        assert max(g.stats.batch_size_mean for g in got) > 1.0  # the requests did share rounds
+    assert all(drafted.values()), drafted  # speculation really ran in every mode
+
+
+@pytest.mark.parametrize("name", list(BATCH_BUNDLES))
+def test_greedy_batched_equals_batch_of_one_equals_target_alone_quick(engines, batch_engines, name):
+    check_batched_lossless(batch_engines[name], engines[name], 30 + SEEDS[name], 4, (1, 3))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(BATCH_BUNDLES))
+def test_greedy_batched_every_drafter_every_k_equals_target_alone(engines, batch_engines, name):
+    check_batched_lossless(batch_engines[name], engines[name], 40 + SEEDS[name], 6, range(1, 9))
+
+
+def test_deterministic_sampling_batched_equals_batch_of_one(tiny_bundle):
+    """Deterministic mode's promise, batched: a seeded sampled request replays (it runs without
+    drafts, requests.pin_for_determinism) and gets the same tokens in a batch as alone, whatever
+    mode it names; greedy requests keep their drafters and equal the target alone."""
+    be = BatchEngine.open(tiny_bundle, parallel=3, draft="auto", max_len=256, deterministic=True)
+    eng = Engine.open(tiny_bundle, draft="auto", max_len=256, deterministic=True)
+    rng = np.random.default_rng(5)
+    prompts = [random_prompt(eng, rng, int(rng.integers(2, 30))) for _ in range(4)]
+    for mode in modes.BATCHED:
+        reqs = [dict(prompt=p, max_new_tokens=24, temperature=0.9, top_p=0.95, seed=100 + i, draft=mode)
+                for i, p in enumerate(prompts)]
+        for r, g in zip(reqs, be.generate_many(reqs)):
+            assert g.token_ids == eng.generate(**r).token_ids, (mode, r)
+        greedy = [dict(prompt=p, max_new_tokens=24, draft=mode) for p in prompts]
+        for r, g in zip(greedy, be.generate_many(greedy)):
+            assert g.token_ids == eng.generate(r["prompt"], max_new_tokens=24, draft="none").token_ids, (mode, r)
+    be.close()
+    eng.close()
+
+
+@pytest.mark.slow
+def test_batched_sampling_with_the_draft_model_matches_exact_target_distribution(tiny_bundle_disagree):
+    """Rejection sampling in batched rounds: three requests at a time, each drafting with the draft
+    model (its steps batched across them), sampled with its own seed: the tokens are distributed as
+    the target's exact distribution (the draft disagrees often, so rejections and residuals run)."""
+    be = BatchEngine.open(tiny_bundle_disagree, parallel=3, draft="model", max_len=64)
+    eng = Engine.open(tiny_bundle_disagree, draft="none", max_len=64)
+    params = SamplingParams(temperature=1.5, top_k=3)
+    prompt = "def add(a, b):"
+    exact = exact_target_distribution(eng, prompt, params)
+    n = 1200
+    reqs = [dict(prompt=prompt, max_new_tokens=3, temperature=1.5, top_k=3, seed=s, draft="model", k=2)
+            for s in range(n)]
+    counts: dict = {}
+    drafted = 0
+    for r in be.generate_many(reqs):
+        drafted += r.stats.drafted
+        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
+    assert drafted > n // 4
+    assert chi2_gof(counts, exact, n) > 1e-3
+    be.close()

@@ -41,6 +41,8 @@ class DraftMode:
     # self-draft, "heads": the heads' session); without it loaded the mode is unavailable. None: free
     loads: tuple[str, ...] = ()  # runners an engine opened with this default mode loads (when it can)
     batched: bool = False  # runs in a batched engine (`serve --parallel N`), each request its own drafter
+    # (engine/batch_drafters.py); else why not, for the one refusal (check_batched)
+    unbatched: str = ""
     fixed_k: bool = True  # the bench adds "mode k=N" columns for it (auto picks its k every round)
     auto_rank: int | None = None  # a source `auto` chooses between, by this order of preference
     build: Callable[[Kit], Any] | None = None  # the engine's drafter (None: nothing to build)
@@ -125,18 +127,23 @@ def _none(kit: Kit):
 # draft="self" has it as one more source of its `auto`.
 MODES: tuple[DraftMode, ...] = (
     DraftMode("auto", "per round, whichever source (suffix index, recycled candidates, draft model, heads) pays "
-              "most by measured cost, or none", loads=("draft", "heads"), batched=True, fixed_k=False, build=_auto, chooses=True),
+              "most by measured cost, or none", loads=("draft", "heads"), batched=True, fixed_k=False, build=_auto,
+              chooses=True),
     DraftMode("auto-old", "the replaced `auto`, for the bench's comparison only", loads=("draft", "heads"),
-              fixed_k=False, build=_auto_old, chooses=True, hidden=True),
-    DraftMode("model", "the bundle's draft model", runner="draft", loads=("draft",), auto_rank=2, build=_model),
+              fixed_k=False, build=_auto_old, chooses=True, hidden=True, unbatched="a bench-only comparison"),
+    DraftMode("model", "the bundle's draft model", runner="draft", loads=("draft",), batched=True, auto_rank=2,
+              build=_model),
     DraftMode("suffix", "the suffix index over this and earlier requests", batched=True, auto_rank=0,
               build=_suffix, fallback=True),
-    DraftMode("recycle", "the target's own top candidates per token, recycled", auto_rank=1, build=_recycle),
+    DraftMode("recycle", "the target's own top candidates per token, recycled", batched=True, auto_rank=1,
+              build=_recycle),
     DraftMode("ngram", "prompt lookup (n-gram)", batched=True, build=_ngram),
     DraftMode("self", "the target with some layers skipped drafts for itself (a bundle exported with "
-              "--self-draft)", runner="self", loads=("self",), auto_rank=3, build=_self),
+              "--self-draft)", runner="self", loads=("self",), auto_rank=3, build=_self,
+              unbatched="it drafts on the target's own cache, which a batched engine splits into slots"),
     DraftMode("heads", "draft heads over the target's hidden state (a bundle exported with --heads)",
-              runner="heads", loads=("heads",), auto_rank=4, build=_heads),
+              runner="heads", loads=("heads",), auto_rank=4, build=_heads,
+              unbatched="they read the target's hidden state, which a batched pass does not return"),
     DraftMode("grammar", "the tokens a request's JSON schema or grammar forces (free; proposes nothing "
               "without one)", batched=True, auto_rank=5, build=_grammar),
     DraftMode("none", "the target alone", batched=True, fixed_k=False, build=_none),
@@ -173,11 +180,13 @@ def get(name) -> DraftMode:
 
 
 def check_batched(name: str | None) -> None:
-    """Modes a batched request may ask for (None: the server's default)."""
-    if name is not None and not get(name).batched:
-        raise DraftUnavailable(f"draft={name!r} is not batched: with several slots (--parallel > 1) use "
-                               f"{', '.join(BATCHED)}, or serve one client at a time (--parallel 1)",
-                               param="draft")
+    """Modes a batched request may ask for (None: the server's default): the one place a drafting
+    mode is refused in a batched engine."""
+    row = get(name) if name is not None else None
+    if row is not None and not row.batched:
+        raise DraftUnavailable(f"draft={name!r} is not batched ({row.unbatched}): with several slots "
+                               f"(--parallel > 1) use {', '.join(BATCHED)}, or serve one client at a time "
+                               "(--parallel 1)", param="draft")
 
 
 def help_text(default: str = "auto") -> str:

@@ -37,7 +37,9 @@ class RecycleDrafter(FreeLookupDrafter):
     name = "recycle"
 
     def __init__(self, vocab: int, costs: CostModel | None = None, *, width: int = RECYCLE_WIDTH,
-                 adaptive: bool = True):
+                 adaptive: bool = True, table: np.ndarray | None = None):
+        """table: a [vocab, width] table shared with other drafters (a batched engine's requests),
+        else its own."""
         if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
             raise InvalidRequest(f"recycle table: vocab must be a positive integer, got {vocab!r}", param="vocab")
         if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= 64:
@@ -45,7 +47,10 @@ class RecycleDrafter(FreeLookupDrafter):
                                  param="width")
         self.vocab = vocab
         self.width = width
-        self.table = np.full((vocab, width), -1, dtype=np.int32)  # [vocab, width]: next-token candidates
+        # [vocab, width]: next-token candidates
+        self.table = np.full((vocab, width), -1, dtype=np.int32) if table is None else table
+        if self.table.shape != (vocab, width):
+            raise InvalidRequest(f"recycle table: shape {self.table.shape} is not ({vocab}, {width})", param="table")
         self.costs = costs
         self.adaptive = adaptive and costs is not None
         self.min_gain = NGRAM_MIN_GAIN

@@ -23,11 +23,12 @@ alone: greedy rows are the target's argmax whatever their neighbours, and a samp
 from its own seeded RNG in the same order as it would alone (with a fixed k or no drafting);
 bitwise with `deterministic=True` (without, a padded 1-token row may flip a near-tie).
 
-Drafting in a batch (batch_drafters.py): the modes drafters/modes.py marks batched ("none", "ngram",
-"suffix": a shared history of finished requests plus the request's own text, and "auto" choosing
-between the suffix index and nothing), each request with its own drafters. The draft model has one
-cache and is not batched: with several slots it is not loaded, and `draft="model"` (like "self" and
-"recycle") is refused (serve one client at a time for it).
+Drafting in a batch (batch_drafters.py): the modes drafters/modes.py marks batched, each request
+with its own drafters: "ngram", "suffix" (a shared history of finished requests plus the request's
+own text), "recycle" (one table of the target's candidates, every request's verify rows fill it),
+"model" (the draft model with a cache slot per request slot: the requests' draft steps run batched,
+engine/draft_batch.py) and "auto" choosing between them. The self-draft and the draft heads need the
+target's own cache or hidden state: refused (drafters/modes.py check_batched), as tree="on" is.
 
 Requests are parsed by the same RequestParser as the serial engine's, and each round's tokens pass
 through the same stop/emit step (loop.Emitter).
@@ -43,7 +44,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.batch_runner import BatchRunner, SlotRunner
+from ..core.batch_runner import BatchRunner
 from ..core.costmodel import CostModel
 from ..core.proposal import common_prefix
 from ..core.sampling import make_rng
@@ -57,7 +58,8 @@ from .build import Plan
 from .loop import Emitter, finish_stats
 from .requests import Request, RequestParser, Vocabulary
 from .results import GenerationResult, GenerationStats
-from .batch_drafters import BatchDrafters
+from .batch_drafters import BatchDrafters, DraftModel
+from .draft_batch import DraftBatch
 from .round import Conditions, Seq, run_round
 from .settings import Settings
 from .structured import tool_calls
@@ -101,8 +103,10 @@ class _Active:
 
 
 class BatchEngine:
-    def __init__(self, plan: Plan, runner: BatchRunner, *, governor=None, prefill_chunk: int = BATCH_PREFILL_CHUNK):
-        """The batched engine over a BatchRunner already loaded for `plan` (BatchEngine.open loads it)."""
+    def __init__(self, plan: Plan, runner: BatchRunner, *, governor=None, draft: BatchRunner | None = None,
+                 prefill_chunk: int = BATCH_PREFILL_CHUNK):
+        """The batched engine over BatchRunners already loaded for `plan` (BatchEngine.open loads
+        them): the target's, and the draft model's (as many slots) when the plan loads it."""
         self.settings = plan.settings
         self.bundle = plan.bundle
         self.runner = runner
@@ -112,7 +116,7 @@ class BatchEngine:
         self.model_name = plan.bundle.name
         self.prefill_chunk = max(1, min(prefill_chunk, plan.memory.prefill_chunk or PREFILL_CHUNK))
         self.vocab = Vocabulary.of(plan.bundle, plan.bundle.load_tokenizer(), runner.vocab_size)
-        self._parse = RequestParser(self.vocab, runner.max_len, plan.settings, unavailable=lambda mode: None)
+        self._parse = RequestParser(self.vocab, runner.max_len, plan.settings, unavailable=self._unavailable)
         self._cached: list[list[int]] = [[] for _ in range(self.slots)]  # what each slot's cache holds
         self._waiting: deque[_Active] = deque()
         self._active: dict[int, _Active] = {}  # slot -> request
@@ -121,13 +125,20 @@ class BatchEngine:
         self._stopping = False
         self.rounds = 0
         self.last_batch = 0  # rows in the last decode round (for /metrics)
-        # each request's drafters, and what they share
-        self._drafters = BatchDrafters(plan.settings.suffix_capacity, runner.max_len)
+        # each request's drafters, and what they share; the draft model's steps batched across requests
+        self._draft_batch = DraftBatch(draft) if draft is not None else None
+        dm = None
+        if draft is not None:
+            dm = DraftModel([self._draft_batch.slot(i) for i in range(self.slots)], draft.times.table(1),
+                            build.draft_vocab_map(plan.bundle), plan.bundle.manifest.draft_agreement)
+        self._drafters = BatchDrafters(plan.settings.suffix_capacity, runner.max_len, usable=self.vocab.usable,
+                                       draft=dm)
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
     def open(cls, bundle, settings: Settings | None = None, **options) -> "BatchEngine":
-        """Loads the target with `parallel` cache slots (no draft model: see the module docstring).
+        """Loads the target with `parallel` cache slots (and the draft model, as many, when the mode
+        wants it: see the module docstring).
         `settings`, or its fields as keywords (engine/settings.py; `parallel` is required);
         suffix_capacity: tokens of finished requests the shared suffix history keeps (batch_drafters.py)."""
         if settings is None:
@@ -144,9 +155,17 @@ class BatchEngine:
         runner = build.load_batch_runner(b.model_path("target"), b.target, p.max_len, s.parallel,
                                          providers=p.providers, threads=p.threads, profile=p.profile,
                                          deterministic=s.deterministic)
+        draft = None
+        if "draft" in p.runners:  # a cache slot per request slot; proposals only: the target decides
+            draft = build.load_batch_runner(b.model_path("draft"), b.draft, p.max_len, s.parallel,
+                                            providers=p.draft_providers if p.draft_providers is not None
+                                            else p.providers, threads=p.threads, profile=p.profile,
+                                            deterministic=s.deterministic)
         if s.warmup:
             runner.warmup()
-        return cls(p, runner, governor=build.governor(p, spinning=True))
+            if draft is not None:
+                draft.warmup(max_s=2)  # a draft step is 1 token, 2 with a catch-up
+        return cls(p, runner, governor=build.governor(p, spinning=True), draft=draft)
 
     @property
     def max_len(self) -> int:
@@ -195,8 +214,18 @@ class BatchEngine:
 
     def close(self) -> None:
         self.stop()
+        if self._draft_batch is not None:
+            self._draft_batch.close()
         if self.governor is not None:
             self.governor.close()
+
+    def _unavailable(self, mode: str) -> str | None:
+        """Why `mode` cannot run here (None: it can): the draft model was not loaded."""
+        if self._drafters.available(mode):
+            return None
+        return ("the bundle has no draft model" if self.bundle.draft is None else
+                f"the draft model was not loaded (engine opened with draft={self.settings.draft!r}, or the "
+                "memory plan left it out)")
 
     def generate_many(self, requests: list[dict]) -> list[GenerationResult]:
         """Submits every request (dicts of submit's keyword arguments) and runs rounds until all end."""
@@ -294,8 +323,8 @@ class BatchEngine:
         a.ctx = list(req.ids)
         self._cached[a.slot] = a.ctx  # the slot holds ctx[:length] from here on
         a.filled = reuse
-        a.costs = CostModel(self.runner.times.table(1))
-        d, fallback, a.k_cap = self._drafters.for_request(req.draft, req.k, a.costs)
+        a.costs = self._drafters.costs(a.slot, self.runner.times.table(1))
+        d, fallback, a.k_cap = self._drafters.for_request(req.draft, req.k, a.costs, a.slot)
         a.drafter = with_grammar(d, req.constraint)  # under a grammar: its forced tokens first
         fallback = a.drafter if fallback is d else fallback
         a.seq = Seq(a.slot, a.ctx, a.drafter, fallback, 0, req.params, a.rng, a.stats, fixed_k=req.k is not None,
@@ -344,7 +373,8 @@ class BatchEngine:
             a.costs.target = table  # drafters size proposals at this batch's verify cost
             a.seq.k = min(a.k_cap, self.runner.free(a.slot) - 1, a.req.max_new_tokens - len(a.emit.out) - 1)
             seqs.append(a.seq)
-        cond = Conditions(self.vocab.usable, self.governor, pass_seconds=CostModel(table).verify)
+        cond = Conditions(self.vocab.usable, self.governor, pass_seconds=CostModel(table).verify,
+                          drafts=self._draft_batch)
         rounds = run_round(self.runner, seqs, cond)
         self.rounds += 1
         self.last_batch = len(decoding)
@@ -379,6 +409,7 @@ class BatchEngine:
             del self._active[a.slot]
         if a.slot >= 0:  # the slot's cache may be half-written: forget it
             self.runner.reset(a.slot)
+            self._drafters.failed(a.slot)
             self._cached[a.slot] = []
         a.ticket.error = e
         a.ticket.done.set()

@@ -65,8 +65,9 @@ def load_heads_session(path: Path):
 def load_batch_runner(path: Path, facts: ModelFacts, max_len: int, slots: int, *, providers=None,
                       threads: int | None = None, profile=None, force_flavor: bool | None = None,
                       deterministic: bool = False) -> BatchRunner:
-    """The target with `slots` cache slots (server --parallel): one session, no draft model; its
-    graph chosen, and refused, as load_runner's (edge/flavor.py open_session)."""
+    """A model with `slots` cache slots (server --parallel: the target, and the draft model when
+    loaded): one session each; its graph chosen, and refused, as load_runner's (edge/flavor.py
+    open_session)."""
     # on the process-wide pool like load_runner's sessions: an engine opened later in this process
     # (a test, a bench) then finds the same thread setup whichever kind of engine came first
     shared = prov.use_shared_thread_pool(threads) or prov.shared_pool_active()
@@ -77,6 +78,16 @@ def load_batch_runner(path: Path, facts: ModelFacts, max_len: int, slots: int, *
 
     chosen, session, device = flavor.open_session(facts, Path(path), providers, create, force=force_flavor)
     return BatchRunner(session, chosen, max_len, slots, device=device, deterministic=deterministic)
+
+
+def draft_vocab_map(bundle: Bundle):
+    """The pruned draft's logits row -> token id map (`export --draft-vocab`), or None."""
+    facts = bundle.manifest.models.get("draft")
+    if facts is None or not facts.vocab_map:
+        return None
+    import numpy as np
+
+    return np.load(bundle.root / facts.vocab_map, allow_pickle=False)
 
 
 def parallel_slots(b: Bundle, plan: memory.MemoryPlan) -> int:
@@ -135,7 +146,7 @@ def plan(settings: Settings, bundle) -> Plan:
         from ..drafters.heads import NO_HEADS
 
         raise DraftUnavailable(NO_HEADS.format(name=b.name), param="draft")
-    want_draft = "draft" in row.loads and b.draft is not None and not settings.batched
+    want_draft = "draft" in row.loads and b.draft is not None  # batched: a slot per request (engine/draft_batch.py)
     mem = memory_plan(b, max_len=settings.max_len, want_draft=want_draft, profile=profile,
                       budget=settings.memory_budget, providers=d["providers"])
     for note in mem.notes:  # what a budget changed matters; the rest is detail

@@ -70,7 +70,7 @@ class Engine:
         # every mode the table can build with what is loaded (drafters/modes.py); the free drafters
         # learn across requests: the suffix index (bounded; reset_cache() clears it), the recycle table
         kit = modes.Kit(self.costs, self.usable, target, target.times, runners, s.suffix_capacity,
-                        _draft_vocab_map(bundle) if draft is not None else None, bundle)
+                        build.draft_vocab_map(bundle) if draft is not None else None, bundle)
         self._drafters: dict[str, Drafter] = modes.build_all(kit)
         self._fallback = self._drafters[modes.FALLBACK]  # a power limit's free drafter (engine/round.py)
         self._tree = TreeVerifier(self.costs, target)
@@ -297,13 +297,3 @@ class Engine:
             except BaseException:
                 self._invalidate()
                 raise
-
-
-def _draft_vocab_map(bundle: Bundle):
-    """The pruned draft's logits row -> token id map (`export --draft-vocab`), or None."""
-    facts = bundle.manifest.models.get("draft")
-    if facts is None or not facts.vocab_map:
-        return None
-    import numpy as np
-
-    return np.load(bundle.root / facts.vocab_map, allow_pickle=False)

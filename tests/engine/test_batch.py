@@ -38,7 +38,7 @@ def batch(tiny_bundle):
 
 
 @pytest.mark.parametrize("draft,k", [("none", None), ("ngram", None), ("ngram", 3), ("suffix", None), ("suffix", 5),
-                                     ("auto", None)])
+                                     ("auto", None), ("model", None), ("model", 3), ("recycle", None), ("recycle", 2)])
 def test_greedy_batch_equals_alone(batch, alone, draft, k):
     reqs = [dict(prompt=p, max_new_tokens=24 + 7 * i, draft=draft, k=k) for i, p in enumerate(PROMPTS)]
     got = batch.generate_many(reqs)  # 5 requests, 3 slots: two join as the first ones leave
@@ -182,12 +182,63 @@ def test_worker_thread_and_streamed_deltas(batch, alone):
     assert not th.is_alive()
 
 
-@pytest.mark.parametrize("mode", ["model", "self", "recycle"])
+@pytest.mark.parametrize("mode", ["self", "heads"])
 def test_drafters_of_one_request_at_a_time_are_refused_in_a_batch(batch, mode):
     with pytest.raises(DraftUnavailable, match=f"draft='{mode}' is not batched"):
         batch.submit("x", draft=mode)
     with pytest.raises(DraftUnavailable):
         BatchEngine.open("unused", parallel=2, draft=mode)
+
+
+def test_the_draft_model_drafts_for_every_request_in_one_batched_step(batch, alone, monkeypatch):
+    """Three requests drafting with the draft model share its steps (engine/draft_batch.py): a
+    draft step of the round runs every request's row, each request's proposals are accepted, and
+    the outputs are what each gets alone."""
+    steps: list[int] = []
+    draft = batch._draft_batch.runner
+    orig = draft.step
+    monkeypatch.setattr(draft, "step", lambda rows: steps.append(len(rows)) or orig(rows))
+    reqs = [dict(prompt=p, max_new_tokens=30, draft="model", k=3) for p in PROMPTS[:3]]
+    got = batch.generate_many(reqs)
+    for r, g in zip(reqs, got):
+        assert g.token_ids == _alone(alone, prompt=r["prompt"], max_new_tokens=30).token_ids, r
+        assert g.stats.accepted_by_source.get("model", 0) > 0 and g.stats.rounds_by_source.get("model", 0) > 0
+    assert max(steps) == 3  # one draft step carried all three requests' rows
+
+
+def test_a_limit_to_free_drafts_swaps_in_each_requests_fallback(tiny_bundle, alone):
+    """The governor's "free drafts only" (a power limit) reaches batched rounds: a request drafting
+    with the draft model drafts from its suffix index instead, and its output is unchanged."""
+    from types import SimpleNamespace
+
+    class Free:
+        def limits(self):
+            return SimpleNamespace(max_k=None, drafting="ngram", pace_s=0.0)
+
+        def on_tokens(self, n):
+            self.tokens = getattr(self, "tokens", 0) + n
+
+        def mark(self):
+            return None
+
+        def j_per_token_since(self, mark):
+            return None
+
+        def close(self):
+            pass
+
+    be = BatchEngine.open(tiny_bundle, parallel=2, draft="model", max_len=160, verify=False, warmup=False)
+    be.governor = gov = Free()
+    got = be.generate_many([dict(prompt=PROMPTS[0], max_new_tokens=30, draft="model", k=3),
+                            dict(prompt=PROMPTS[1], max_new_tokens=30, draft="auto")])
+    for p, g in zip(PROMPTS[:2], got):
+        assert g.token_ids == _alone(alone, prompt=p, max_new_tokens=30).token_ids
+        assert "model" not in g.stats.rounds_by_source
+    assert got[0].stats.rounds_by_source.get("suffix", 0) > 0 and got[0].stats.drafted > 0  # its fallback drafted
+    # it heard of every round's tokens (the first of each request comes from its prefill; a round may
+    # write past a stop)
+    assert gov.tokens >= sum(len(g.token_ids) for g in got) - 2
+    be.close()
 
 
 def test_tree_on_is_refused_in_a_batch_and_chains_run(batch, alone):

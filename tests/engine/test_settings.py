@@ -25,7 +25,7 @@ from edgespec.server import validate
     ({"max_len": 1}, "max_len", "max_len must be an integer >= 2"),
     ({"suffix_capacity": 8}, "suffix_capacity", "suffix index capacity must be an integer >= 16"),
     ({"parallel": 0}, "parallel", "parallel must be an integer >= 1"),
-    ({"parallel": 2, "draft": "model"}, "draft", "draft='model' is not batched"),
+    ({"parallel": 2, "draft": "heads"}, "draft", "draft='heads' is not batched"),
     ({"parallel": 2, "tree": "on"}, "tree", "tree='on' is not batched"),
     ({"deterministic": True, "tree": "on"}, "tree", "tree='on' is not possible in deterministic mode"),
 ])
@@ -79,9 +79,10 @@ def test_the_server_the_bench_and_the_batch_read_the_table():
     assert e.value.param == "tree" and f"must be one of {', '.join(TREE_MODES)}, got" in e.value.message
     assert set(bench.MODES) == {"target", *modes.NAMES} - {"none"}
     assert set(bench.FIXED_K_MODES) == {m.name for m in modes.MODES if m.fixed_k}
-    assert modes.BATCHED == ("auto", "suffix", "ngram", "grammar", "none")
-    with pytest.raises(DraftUnavailable, match="draft='recycle' is not batched: .* use auto, suffix, ngram, grammar, none"):
-        modes.check_batched("recycle")
+    assert modes.BATCHED == ("auto", "model", "suffix", "recycle", "ngram", "grammar", "none")
+    with pytest.raises(DraftUnavailable, match=r"draft='self' is not batched \(it drafts on the target's own cache.*\): "
+                                               r".* use auto, model, suffix, recycle, ngram, grammar, none"):
+        modes.check_batched("self")
 
 
 def test_bench_opens_its_engine_with_the_mode_that_loads_what_its_columns_need():

@@ -16,7 +16,9 @@ DEADLINE = 60.0  # seconds: a hang guard for start, requests and stop, never a m
 
 
 class RunningServer:
-    def __init__(self, bundle: Path, *, parallel: int = 1, token_delay: float = 0.0, max_len: int = 256, **cfg):
+    def __init__(self, bundle: Path, *, parallel: int = 1, token_delay: float = 0.0, max_len: int = 256,
+                 engine: dict | None = None, **cfg):
+        """engine: more engine options (Settings fields), as `serve`'s flags give them."""
         import openai
 
         from edgespec.engine import Engine
@@ -26,9 +28,10 @@ class RunningServer:
         self.bundle = bundle
 
         def open_engine():
+            opts = {"max_len": max_len, "verify": False, **(engine or {})}
             if parallel > 1:
-                return BatchEngine.open(bundle, parallel=parallel, max_len=max_len, verify=False)
-            return Engine.open(bundle, max_len=max_len, verify=False)
+                return BatchEngine.open(bundle, parallel=parallel, **opts)
+            return Engine.open(bundle, **opts)
 
         self.service = Service(ServerConfig(parallel=parallel, **cfg), open_engine, default_name=bundle.name,
                                notifier=Notifier(environ={}), hooks=Hooks(token_delay=token_delay))

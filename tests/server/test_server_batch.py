@@ -61,11 +61,48 @@ def test_concurrent_openai_streams_equal_target_alone(tiny_bundle, alone):
         resp = r.client.chat.completions.create(model=r.bundle.name, messages=_msgs(ASKS[0]), max_tokens=5)
         assert resp.model_extra["edgespec"]["batch_size_mean"] >= 1.0
         # what a batch cannot run is the client's 400 naming the field, never a 500
-        for extra, param in (({"tree": "on"}, "tree"), ({"draft": "recycle"}, "draft"), ({"draft": "self"}, "draft")):
+        for extra, param in (({"tree": "on"}, "tree"), ({"draft": "heads"}, "draft"), ({"draft": "self"}, "draft")):
             with pytest.raises(openai.BadRequestError) as e:
                 r.client.chat.completions.create(model=r.bundle.name, messages=_msgs("x"), max_tokens=3,
                                                  extra_body=extra)
             assert e.value.body["param"] == param and "not batched" in e.value.body["message"]
+    finally:
+        r.stop()
+
+
+def test_serve_parallel_2_draft_model_drafts_for_both_clients(tiny_bundle, alone):
+    """`serve --parallel 2 --draft model --deterministic`: two clients at once, each drafted for by
+    the draft model (its steps batched across them, engine/draft_batch.py), each getting exactly
+    what the target alone writes (greedy)."""
+    from edgespec.cli.commands.serve import engine_options
+    from edgespec.cli.main import build_parser
+
+    args = build_parser().parse_args(["serve", str(tiny_bundle), "--parallel", "2", "--draft", "model",
+                                      "--deterministic"])
+    opts = engine_options(args)
+    assert opts == {"draft": "model", "deterministic": True}
+    r = RunningServer(tiny_bundle, parallel=2, engine=opts)
+    try:
+        assert r.service.state.engine._draft_batch is not None  # the draft model is loaded, a slot per client
+        results: dict[int, object] = {}
+        barrier = threading.Barrier(2)
+
+        def client(i):
+            barrier.wait(DEADLINE)
+            results[i] = r.client.chat.completions.create(model=r.bundle.name, messages=_msgs(ASKS[i]),
+                                                          max_tokens=40)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(DEADLINE)
+        for i in range(2):
+            got = results[i]
+            assert got.choices[0].message.content == _ref(alone, ASKS[i], 40).text, i
+            st = got.model_extra["edgespec"]
+            assert st["drafter"] == "model" and st["rounds_by_source"].get("model", 0) > 0, st
+            assert st["accepted_by_source"].get("model", 0) > 0, st
     finally:
         r.stop()
 
