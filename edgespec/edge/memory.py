@@ -386,10 +386,14 @@ def suffix_index_bytes(tokens: int = SUFFIX_CAPACITY) -> int:
 
 def slots_that_fit(bundle, plan_: "MemoryPlan", budget_bytes: int, *, cap: int = MAX_AUTO_SLOTS) -> int:
     """How many cache slots fit `budget_bytes` next to the weights: the plan (weights, one slot,
-    working memory) plus `slot_bytes` per extra slot; at least 1 (the plan itself was checked)."""
+    working memory) plus `slot_bytes` per extra slot, and the draft model's cache slot per extra slot
+    when the plan loads it (a batched engine gives the draft a slot per request, engine/draft_batch.py);
+    at least 1 (the plan itself was checked)."""
     b = _open(bundle)
     extra = budget_bytes - plan_.predicted_bytes
     per = slot_bytes(b.target, plan_.max_len)
+    if plan_.load_draft and b.draft is not None:
+        per += b.draft.kv_bytes_per_token() * (plan_.max_len + 1)
     return max(1, min(cap, 1 + max(0, extra) // per))
 
 

@@ -72,12 +72,13 @@ BATCH_PREFILL_CHUNK = 128  # prompt tokens per round while other requests are ge
 
 def auto_slots(bundle, settings: Settings | None = None, **options) -> int:
     """`--parallel auto`: as many slots as the memory plan fits after the weights (memory.py's
-    slots_that_fit), at most memory.MAX_AUTO_SLOTS. The budget is the given one, else the device
-    profile's, else 80 % of what the kernel reports available now."""
+    slots_that_fit: the draft model's slots too where the mode loads it), at most
+    memory.MAX_AUTO_SLOTS. The budget is the given one, else the device profile's, else 80 % of what
+    the kernel reports available now."""
     import dataclasses
 
     s = settings if settings is not None else Settings.of(**options)
-    p = build.plan(dataclasses.replace(s, draft="none", parallel=1, verify=False), bundle)
+    p = build.plan(dataclasses.replace(s, parallel=1, verify=False), bundle)
     return build.parallel_slots(p.bundle, p.memory)
 
 

@@ -58,7 +58,12 @@ def test_auto_parallel_counts_slots_in_the_budget(tiny_bundle):
     assert memory.slots_that_fit(b, plan, plan.predicted_bytes + 2 * per) == 3
     assert memory.slots_that_fit(b, plan, plan.predicted_bytes + 100 * per) == memory.MAX_AUTO_SLOTS
     budget = plan.predicted_bytes + per + per // 2
-    assert _parallel("auto", tiny_bundle, Settings.of(max_len=256, memory_budget=budget)) == 2
+    assert _parallel("auto", tiny_bundle, Settings.of(max_len=256, memory_budget=budget, draft="none")) == 2
+    # a mode that loads the draft model gives it a cache slot per request slot: counted per slot too
+    with_draft = memory.plan(b, max_len=256, want_draft=True, budget_bytes=None)
+    per_draft = per + b.draft.kv_bytes_per_token() * 257
+    assert memory.slots_that_fit(b, with_draft, with_draft.predicted_bytes + 2 * per_draft) == 3
+    assert memory.slots_that_fit(b, with_draft, with_draft.predicted_bytes + 2 * per_draft - 1) == 2
 
 
 def test_tiny_loadtest_reports_both_servers(tiny_bundle):
