@@ -13,7 +13,7 @@ from ..drafters import modes
 from ..errors import DraftUnavailable, InvalidRequest, PromptTooLong
 from ..limits import STOP_LIMIT
 from .settings import Settings, check_batched_tree, check_k, check_tree
-from .structured import Structured, check_structured, tools_prompt
+from .structured import Structured, check_structured, plain_tool_turns, tools_prompt
 
 
 @dataclass
@@ -52,6 +52,8 @@ class Encoder:
                 extra["tools"] = list(tools)
             elif tools:
                 messages = [{"role": "system", "content": tools_prompt(tools)}, *messages]
+            if not (template and "tool_calls" in template):  # earlier calls and results as plain turns
+                messages = plain_tool_turns(messages)
             ids = encode_chat(self.tokenizer, template, messages,
                               bos_token=self.bos_text, eos_token=self.eos_text, **extra)
         elif prompt is None:

@@ -155,3 +155,22 @@ def tools_prompt(tools: tuple[dict, ...]) -> str:
     lines = [json.dumps(t["function"], ensure_ascii=False, separators=(",", ":")) for t in tools]
     return ("You can call these functions:\n" + "\n".join(lines) + "\nTo call one, answer with only a JSON "
             'object {"name": <function name>, "arguments": <its arguments>}.')
+
+
+def plain_tool_turns(messages):
+    """Earlier tool calls and their results for a chat template that knows neither: a call becomes the
+    assistant's JSON, a result a user turn that says it is one. Messages without them pass unchanged."""
+    if not isinstance(messages, (list, tuple)):
+        return messages
+    out = []
+    for m in messages:
+        if isinstance(m, dict) and m.get("role") == "tool":
+            out.append({"role": "user", "content": f"Tool result: {m.get('content', '')}"})
+        elif isinstance(m, dict) and m.get("tool_calls"):
+            calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in m["tool_calls"]
+                     if isinstance(c, dict) and isinstance(c.get("function"), dict)]
+            text = "\n".join(json.dumps(c, ensure_ascii=False) for c in calls)
+            out.append({"role": "assistant", "content": ((m.get("content") or "") + "\n" + text).strip()})
+        else:
+            out.append(m)
+    return out

@@ -76,3 +76,32 @@ def structured_fields(body: dict, kind: str) -> dict[str, Any]:
         raise bad_request(f"'{names[given[0]]}' and '{names[given[1]]}' cannot be combined: one constraint per "
                           "answer", param=names[given[1]])
     return out
+
+
+def tool_message(m: dict, i: int, content: str) -> dict[str, Any]:
+    """An assistant message carrying tool_calls, or a tool message with a call's result, as the chat
+    template gets them: the calls' arguments parsed back into objects (templates write them with
+    tojson), a tool message's name looked up by the engine from its tool_call_id."""
+    where = f"messages[{i}]"
+    if m.get("role") == "tool":
+        tid = m.get("tool_call_id")
+        if tid is not None and not isinstance(tid, str):
+            raise bad_request(f"{where}.tool_call_id must be a string", param=f"{where}.tool_call_id")
+        return {"role": "tool", "content": content, **({"tool_call_id": tid} if tid else {})}
+    calls = m.get("tool_calls")
+    if not isinstance(calls, list):
+        raise bad_request(f"{where}.tool_calls must be an array", param=f"{where}.tool_calls")
+    out = []
+    for j, c in enumerate(calls):
+        f = c.get("function") if isinstance(c, dict) else None
+        name, args = (f.get("name"), f.get("arguments")) if isinstance(f, dict) else (None, None)
+        try:
+            parsed = json.loads(args) if isinstance(args, str) else None
+        except ValueError:
+            parsed = None
+        if not isinstance(name, str) or not isinstance(parsed, dict):
+            raise bad_request(f"{where}.tool_calls[{j}] must be {{'type': 'function', 'function': {{'name': ..., "
+                              "'arguments': <a JSON object as text>}}", param=f"{where}.tool_calls[{j}]")
+        out.append({"id": c.get("id") if isinstance(c.get("id"), str) else f"call_{i}_{j}", "type": "function",
+                    "function": {"name": name, "arguments": parsed}})
+    return {"role": "assistant", "content": content, "tool_calls": out}

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from ..drafters import modes
 from ..limits import K_LIMIT, TREE_MODES
 from .apierror import APIError, bad_request, clip, echo
-from .structured_fields import structured_fields
+from .structured_fields import structured_fields, tool_message
 
 log = logging.getLogger("edgespec.server")
 
@@ -337,9 +337,13 @@ def parse_chat(body: Any, limits: Limits) -> GenRequest:
         if not isinstance(m, dict):
             raise bad_request(f"messages[{i}] must be an object, got {_type_name(m)}", param=f"messages[{i}]")
         role = m.get("role")
+        if role == "tool" or (role == "assistant" and m.get("tool_calls")):  # a tool call and its result
+            out.append(tool_message(m, i, _content(m, i) if m.get("content") is not None else ""))
+            continue
         if not isinstance(role, str) or role not in ROLES:
-            if role in ("tool", "function"):
-                raise bad_request(f"messages[{i}]: {role} messages are not supported (no tool calling)", param=f"messages[{i}].role")
+            if role == "function":
+                raise bad_request(f"messages[{i}]: function messages are the older function calling: send tool "
+                                  "messages", param=f"messages[{i}].role")
             raise bad_request(
                 f"messages[{i}].role must be one of {', '.join(ROLES)}, got {_show(role)}",
                 param=f"messages[{i}].role",

@@ -115,6 +115,23 @@ def test_streamed_tool_call_deltas_assemble_to_the_call(server):
     assert (name, json.loads(args)) == (want.name, json.loads(want.arguments))
 
 
+def test_a_tool_result_sent_back_continues_the_conversation(server):
+    """The agent loop: the call comes back as the assistant's message, its result as a tool message."""
+    first = server.client.chat.completions.create(model=server.bundle.name, messages=MESSAGES, max_tokens=90,
+                                                  tools=TOOLS, tool_choice="required")
+    call = first.choices[0].message.tool_calls[0]
+    follow = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "42"}]
+    resp = server.client.chat.completions.create(model=server.bundle.name, messages=follow, max_tokens=20)
+    assert isinstance(resp.choices[0].message.content, str) and resp.choices[0].finish_reason in ("stop", "length")
+    bad = [*MESSAGES, {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "valve",
+                                                                                           "arguments": "{oops"}}]}]
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client.chat.completions.create(model=server.bundle.name, messages=bad, max_tokens=5)
+    assert e.value.body["param"] == "messages[1].tool_calls[0]"
+
+
 def test_tool_choice_none_answers_in_text(server):
     resp = server.client.chat.completions.create(model=server.bundle.name, messages=MESSAGES, max_tokens=20,
                                                  tools=TOOLS, tool_choice="none")
