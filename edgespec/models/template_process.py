@@ -32,7 +32,7 @@ from typing import Any
 from .template import SECONDS, TemplateRefused, compiled, render_budgeted
 
 log = logging.getLogger("edgespec")
-MEMORY_BYTES = 1 << 30  # the child's address space: a 2 Mi-character value and its copies, with room to spare
+MEMORY_BYTES = 1 << 30  # the child's address space beyond what it maps at start: a 2 Mi-character value and its copies, with room to spare
 KILL_MARGIN_S = 0.5  # past the deadline the child's own flag check gets to say which budget ran out first
 _HEADER = struct.Struct(">I")  # each message: its length, then JSON
 
@@ -82,7 +82,11 @@ def main() -> None:
     import resource
 
     try:
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+        # the budget on top of what this process already maps: a site hook that loaded CUDA's libraries
+        # (gpu-check's venv preloads them in every python it starts) maps gigabytes of address space before
+        # main() runs, and an absolute limit then refused every template (seen on an H200 run)
+        limit = _address_space_bytes() + MEMORY_BYTES
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     except (OSError, ValueError):  # a sandbox that forbids it (or a lower hard limit): the budgets still hold
         pass
     rfd, wfd = sys.stdin.fileno(), sys.stdout.fileno()
@@ -92,6 +96,18 @@ def main() -> None:
             return
         reply = _render_here(*req)
         _write(wfd, reply)
+
+
+def _address_space_bytes() -> int:
+    """This process's mapped address space (VmSize), 0 where /proc cannot tell."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 # --- the parent --------------------------------------------------------------------------------------
@@ -143,7 +159,8 @@ class _Child:
         if self.unavailable:
             return None
         root = str(Path(__file__).resolve().parents[2])  # the folder holding the edgespec package
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+               "EDGESPEC_NO_PRELOAD": "1"}  # the child renders text: no CUDA libraries loaded by a site hook
         try:
             self.proc = subprocess.Popen(
                 self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,

@@ -109,3 +109,22 @@ def test_a_real_template_still_renders_and_the_probe_passes(tiny_bundle):
     text = render(template, 2, messages=[{"role": "user", "content": "x" * 100_000},
                                          {"role": "assistant", "content": "ok"}], add_generation_prompt=True)
     assert text.count("x") >= 100_000
+
+
+def test_a_child_that_maps_much_at_start_still_renders(tmp_path, monkeypatch):
+    """A site hook that maps gigabytes before main() (gpu-check's venv preloads CUDA's libraries in every
+    python it starts) must not leave the child without room: its limit is on top of what it maps at start.
+    Here a sitecustomize maps 2 GiB (reserved, never touched), more than the whole budget."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import mmap\n_held = mmap.mmap(-1, 2 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)\n")
+    import os
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    child = _Child()
+    try:
+        big = "x" * 1_000_000  # fresh memory in the child (a long turn and its copies)
+        status, text = child.render("{% for m in messages %}{{ m.content }}|{% endfor %}", 2,
+                                    {"messages": [{"role": "user", "content": big}, {"role": "user", "content": "yo"}]}, 5.0)
+        assert (status, text) == ("ok", big + "|yo|"), (status, text[:80])
+        assert child.unavailable is None
+    finally:
+        child.kill()
