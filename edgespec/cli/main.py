@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Commands another distribution provides, and how to install it when it is absent.
-PLUGGED = {"export": "pip install torch==2.13.0 && pip install ./export   (in the edgespec source tree; "
-                     "./scripts/quickstart.sh does both)"}
+PLUGGED = {"export": "pip install ./export   (in the edgespec source tree; .gguf sources need no torch; for "
+                     "Hugging Face folders and hub ids: pip install torch==2.13.0 && pip install './export[torch]')"}
 
 
 def _missing(sub, name: str, install: str) -> None:
