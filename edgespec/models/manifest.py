@@ -374,19 +374,19 @@ def _flavor_problems(role: str, facts: dict, files: dict) -> list[str]:
     where = f"manifest.json: models.{role}"
     fl = facts.get("flavor")
     if fl is not None and fl not in FLAVORS:
-        out.append(f"{where}.flavor {fl!r} is not one of {', '.join(FLAVORS)}")
+        out.append(f"{where}.flavor {show(fl)} is not one of {', '.join(FLAVORS)}")
     for f in ("kv_dtype", "logits_dtype", "activation_dtype"):
         v = facts.get(f)
         if v is not None and v not in DTYPES:
-            out.append(f"{where}.{f} {v!r} is not one of {', '.join(DTYPES)}")
+            out.append(f"{where}.{f} {show(v)} is not one of {', '.join(DTYPES)}")
     others = facts.get("flavors", {})
     if not isinstance(others, dict):
         return out + [f"{where}.flavors must be an object (flavor -> graph fields)"]
     primary = fl or ("cuda" if facts.get("kv_dtype") == "float16" else "cpu")
     for name, diff in others.items():
-        w = f"{where}.flavors.{name}"
+        w = f"{where}.flavors.{_key(name)}"
         if name not in FLAVORS:
-            out.append(f"{w}: {name!r} is not one of {', '.join(FLAVORS)}")
+            out.append(f"{w}: {show(name)} is not one of {', '.join(FLAVORS)}")
             continue
         if name == primary:
             out.append(f"{w}: the model's own graph is already the {name} flavor")
@@ -394,12 +394,12 @@ def _flavor_problems(role: str, facts: dict, files: dict) -> list[str]:
             out.append(f"{w} needs at least a 'path'")
             continue
         for k in sorted(diff.keys() - set(FLAVOR_FIELDS)):
-            out.append(f"{w}.{k} is not a field a flavor may set ({', '.join(FLAVOR_FIELDS)})")
+            out.append(f"{w}.{_key(k)} is not a field a flavor may set ({', '.join(FLAVOR_FIELDS)})")
         if diff["path"] not in files:
-            out.append(f"{w}.path {diff['path']!r} is not listed in 'files'")
+            out.append(f"{w}.path {show(diff['path'])} is not listed in 'files'")
         for f in ("kv_dtype", "logits_dtype", "activation_dtype"):
             if diff.get(f) is not None and diff[f] not in DTYPES:
-                out.append(f"{w}.{f} {diff[f]!r} is not one of {', '.join(DTYPES)}")
+                out.append(f"{w}.{f} {show(diff[f])} is not one of {', '.join(DTYPES)}")
         said = fieldrules.parity(diff["parity"], diff, {}) if isinstance(diff.get("parity"), dict) else None
         if "parity" in diff and not isinstance(diff["parity"], dict):
             said = f" must be an object, got {show(diff['parity'])}"

@@ -170,3 +170,48 @@ def _run_what_loads(b: Path, loaded: list, original: dict) -> None:
         finally:
             eng.close()
     mpath.write_text(json.dumps(original, indent=2))
+
+
+# the records only some bundles have: a pruned draft's map and drafting.draft_vocab, the draft heads'
+# record, a second flavor's fields; each fuzzed on a bundle that has it
+RECORD_BUNDLES = {
+    "tiny_pruned_bundle": lambda d: [("models", "draft", "vocab_map"), *[("drafting", "draft_vocab", k)
+                                                                         for k in d["drafting"]["draft_vocab"]]],
+    "tiny_heads_bundle": lambda d: [("heads", k) for k in d["heads"] if k != "training"] + [("heads", "training")],
+    "tiny_both_flavors_bundle": lambda d: [("models", r, "flavors", "cuda", k) for r in d["models"]
+                                           for k in d["models"][r]["flavors"]["cuda"]]
+                                          + [("models", r, "flavors", "cuda", "parity", "top1") for r in d["models"]]
+                                          + [("models", "target", "flavors", "f" * 500),  # keys as long as values
+                                             ("models", "target", "flavors", "cuda", "f" * 500)],
+}
+
+
+@pytest.mark.parametrize("fixture", list(RECORD_BUNDLES))
+def test_fuzzed_records_load_or_are_one_line_each(request, fixture, tmp_path):
+    b = tmp_path / "b"
+    shutil.copytree(request.getfixturevalue(fixture), b)
+    mpath = b / "manifest.json"
+    original = json.loads(mpath.read_text())
+    files, base = set(original["files"]), json.dumps(original)
+    rng = random.Random(SEED)
+    refused = 0
+    for path in RECORD_BUNDLES[fixture](original):
+        try:
+            current = _get(original, path) if path[-1] != "training" else None
+        except KeyError:  # a key the bundle does not have
+            current = None
+        for value in [*VALUES, *_near(current, rng), _DELETE]:
+            d = json.loads(base)
+            _set(d, path, value)
+            d["digest"] = content_digest(d)
+            case = f"{'.'.join(path)} = {value!r}"[:200]
+            problems = check_schema(json.loads(json.dumps(d)))
+            if not problems:
+                mpath.write_text(json.dumps(d))
+                reading = read_bundle(b, checksums=False)  # any exception fails the test
+                problems = reading.problems + reading.mismatches
+            for line in problems:
+                assert "\n" not in line and len(line) < 400, (case, line)
+                assert _named(line, files), (case, line)
+            refused += bool(problems)
+    assert refused > 100  # the cases really ran (and most of them are lies)
