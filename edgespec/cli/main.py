@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from importlib.metadata import entry_points
 
@@ -77,10 +78,25 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`edgespec plan X | head`): no traceback for that
+        _stdout_to_devnull()
+        return 141  # 128 + SIGPIPE, what a shell reports for a command whose reader left
     except EdgespecError as e:
         print(f"edgespec {args.command}: error: {e}", file=sys.stderr)
         return 1
     return int(rc or 0)
+
+
+def _stdout_to_devnull() -> None:
+    """Python flushes stdout again at exit, into the same closed pipe: point it at /dev/null first."""
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor: replace the object
+        sys.stdout = open(os.devnull, "w")
 
 
 if __name__ == "__main__":

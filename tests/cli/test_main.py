@@ -25,3 +25,19 @@ def test_other_commands_still_refuse_unknown_options(capsys):
         cli.main(["verify", "some-bundle", "--no-such-flag"])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == "edgespec: error: unrecognized arguments: --no-such-flag"
+
+
+def test_a_reader_that_goes_away_is_not_a_traceback(tiny_bundle):
+    """`edgespec plan B | head -1`: the pipe closes under the command's next write."""
+    import subprocess
+    import sys
+
+    script = ("import sys\n"
+              "class Gone:\n"
+              "    def write(self, s): raise BrokenPipeError(32, 'Broken pipe')\n"
+              "    def flush(self): raise BrokenPipeError(32, 'Broken pipe')\n"
+              "sys.stdout = Gone()\n"
+              "from edgespec.cli.main import main\n"
+              f"sys.exit(main(['plan', {str(tiny_bundle)!r}]))\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 141 and r.stderr == ""
