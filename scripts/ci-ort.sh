@@ -5,7 +5,8 @@
 #      3.10, Raspberry Pi OS Bookworm has 3.11) from binary wheels only, pulling no onnxruntime of its own; with
 #      [cpu] it resolves too, onnxruntime included (pip install --dry-run: nothing is installed)
 #   2. the quick loader / runner / lossless tests on onnxruntime 1.23.2 (the last cp310 release: the cpu flavor's
-#      floor) and 1.24.1 (PyPI's build of the 1.24.0 sources: the cuda flavor's, NVIDIA's JetPack 6 wheel), CPU
+#      floor; a 1.23 like NVIDIA's JetPack 6 wheel 1.23.0, the cuda flavor's floor, so cuda graphs load without
+#      position_ids) and 1.24.1 (PyPI's build of the 1.24.0 sources, NVIDIA's other JetPack 6 wheel), CPU
 #      provider: each is pip-installed (--target) beside the test venv and put first on PYTHONPATH, so the same
 #      venv runs the tests with that onnxruntime and nothing else changed
 # Needs the test venv (scripts/setup-env.sh) and the network to the package registry.

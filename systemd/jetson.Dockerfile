@@ -31,7 +31,7 @@ ENV LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH}
 # requirements come from PyPI), then edgespec, whose requirements pull no onnxruntime
 RUN python3 -m venv /opt/edgespec/venv \
     && /opt/edgespec/venv/bin/pip install --upgrade pip \
-    && /opt/edgespec/venv/bin/pip install 'onnxruntime-gpu>=1.24.0' --extra-index-url "${ORT_INDEX}"
+    && /opt/edgespec/venv/bin/pip install 'onnxruntime-gpu>=1.23.0' --extra-index-url "${ORT_INDEX}"
 # the runtime's sources only (edgespec/devices is a link to the top-level devices/)
 COPY pyproject.toml README.md /opt/edgespec/src/
 COPY devices /opt/edgespec/src/devices

@@ -55,7 +55,7 @@ def _why_per_row(facts: ModelFacts, version: str) -> str:
     if facts.graph_flavor() == "cuda":
         return ("the cuda flavor's GroupQueryAttention takes no per-row query lengths (query_seqlens is in no "
                 "onnxruntime-gpu release)")
-    if missing_inputs():
+    if "query_seqlens" in missing_inputs().values():
         return (f"onnxruntime {version} has no GroupQueryAttention query_seqlens: onnxruntime {BATCH_ORT} or newer "
                 f"verifies the batch in one pass")
     return f"{facts.path} was exported before the batching edit: re-export it with this edgespec for one pass"

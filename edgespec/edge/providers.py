@@ -211,7 +211,7 @@ def create_session(path: str | os.PathLike, *, providers=None, threads: int | No
     from ..models.kernels import require_floor
 
     require_floor(ort.__version__, flavor)  # one line naming the release needed, not onnxruntime's "invalid model"
-    path, external_dir = loadable(path)
+    path, external_dir = loadable(path, flavor)
     explicit = providers is not None and not isinstance(providers, ProfileOrder)
     order = normalize(providers)
     available = set(ort.get_available_providers())
@@ -261,13 +261,14 @@ def create_session(path: str | os.PathLike, *, providers=None, threads: int | No
 EXTERNAL_DIR_KEY = "session.model_external_initializers_file_folder_path"  # onnxruntime's session config key
 
 
-def loadable(path):
+def loadable(path, flavor: str | None = None):
     """(what to give InferenceSession, the folder of its external weights or None): the graph as is, or,
-    where this onnxruntime's GroupQueryAttention lacks an input the graph wires (models/ortcompat.py,
-    query_seqlens below 1.32.0), its bytes with that input taken out."""
+    where this onnxruntime's GroupQueryAttention cannot take an input a `flavor` graph wires
+    (models/ortcompat.py: query_seqlens below 1.32.0, a cuda graph's position_ids below 1.24.0), its
+    bytes with that input taken out."""
     from ..models.ortcompat import STRIPPABLE, missing_inputs, strip_inputs
 
-    drop = missing_inputs()
+    drop = missing_inputs(flavor=flavor)
     if not drop:
         return path, None
     model = path if isinstance(path, bytes) else Path(path).read_bytes()
@@ -277,7 +278,7 @@ def loadable(path):
     import onnxruntime as ort
 
     lost = "; ".join(f"{STRIPPABLE[i][0]}: {STRIPPABLE[i][1]}" for i in sorted(drop))
-    log.info("onnxruntime %s has no GroupQueryAttention %s: loaded without it (%d node(s); lost: %s)",
+    log.info("onnxruntime %s cannot take GroupQueryAttention's %s: loaded without it (%d node(s); lost: %s)",
              ort.__version__, ", ".join(drop.values()), changed, lost)
     return stripped, None if isinstance(path, bytes) else str(Path(path).resolve().parent)
 

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 
 # The onnxruntime floor, per graph flavor: the oldest release that loads and runs that flavor's graphs
 # (export/edgespec_export/build.py), set by what the boards have. The cpu flavor: 1.23.2, the last release with
-# Python 3.10 wheels (JetPack 6 and Ubuntu 22.04 ship 3.10); its batching input query_seqlens exists only from
-# 1.32.0, so an older onnxruntime loads the graph without it (models/ortcompat.py) and serves one pass per
-# multi-token row. The cuda flavor: 1.24.0, NVIDIA's JetPack 6 onnxruntime-gpu (the first CUDA
-# GroupQueryAttention that reads position_ids, input 9).
-ORT_FLOORS = {"cpu": "1.23.2", "cuda": "1.24.0"}
+# Python 3.10 wheels (JetPack 6 and Ubuntu 22.04 ship 3.10). The cuda flavor: 1.23.0, the older of NVIDIA's two
+# JetPack 6 onnxruntime-gpu wheels (1.23.0, 1.24.0). Below 1.32.0 the loader takes out the cpu flavor's batching
+# input, and below 1.24.0 a cuda graph's position_ids (models/ortcompat.py).
+ORT_FLOORS = {"cpu": "1.23.2", "cuda": "1.23.0"}
 ORT_FLOOR = ORT_FLOORS["cpu"]  # pyproject.toml's `cpu` extra: the `onnxruntime` wheel is the CPU build
 FLOOR_SOURCES = {  # the evidence for each floor (docs/graph-contract.md, "The onnxruntime floor, per flavor")
     "cpu": "1.23.2 is the last onnxruntime with cp310 wheels. Its GroupQueryAttention schema has inputs 0-11 "
@@ -32,17 +31,21 @@ FLOOR_SOURCES = {  # the evidence for each floor (docs/graph-contract.md, "The o
            "that the loader drops it (models/ortcompat.py) and the graph loads. Tested on the CPU provider: the "
            "tiny cpu-flavored graphs, so loaded, generate on 1.23.2 and 1.24.1 (scripts/ci-ort.sh); 1.22.1 has "
            "no float16 GatherBlockQuantized.",
-    "cuda": "1.24.0 is NVIDIA's JetPack 6 onnxruntime-gpu (Jetson AI Lab index jp6/cu126: 1.23.0 and 1.24.0, "
-            "cp310); PyPI's onnxruntime-gpu 1.24.1 was built from the 1.24.0 release candidate (onnxruntime "
-            "issue 27130). Its CUDA provider library refuses only attention_bias in GroupQueryAttention "
-            "(group_query_attention.cc ComputeInternal: 'attention_bias is not supported in GroupQueryAttention "
-            "cuda kernel.') and has the 8-bit MatMulNBits (quantization/matmul_8bits.cu) and uint8 data / float16 "
-            "scales GatherBlockQuantized kernels (REGISTER_GATHERBLOCKQUANTIZED(uint8_t, MLFloat16, ...)). "
-            "1.23.x is below: its ComputeInternal returns 'position_ids and attention_bias are not supported in "
-            "GroupQueryAttention cuda kernel.' when input 9 is wired, and a chain without position_ids would "
-            "still need int4 lm_head/embedding tensors (no 8-bit CUDA MatMulNBits in 1.23.2's library) and "
-            "would lose tree verification. Tested on the CPU provider: the tiny cuda-flavored graphs load and "
-            "step on 1.23.2, 1.24.1 and 1.32.0. Not run on a GPU.",
+    "cuda": "1.23.0 and 1.24.0 are NVIDIA's JetPack 6 onnxruntime-gpu wheels (Jetson AI Lab index jp6/cu126, "
+            "cp310); PyPI's onnxruntime-gpu 1.24.1 was built from the 1.24.0 release candidate (onnxruntime issue "
+            "27130). From 1.24 the CUDA GroupQueryAttention refuses only attention_bias (group_query_attention.cc "
+            "ComputeInternal: 'attention_bias is not supported in GroupQueryAttention cuda kernel.'). 1.23's "
+            "ComputeInternal returns 'position_ids and attention_bias are not supported in GroupQueryAttention "
+            "cuda kernel.' when input 9 is wired, so below 1.24.0 the loader takes a cuda graph's position_ids "
+            "out (models/ortcompat.py) and the kernel derives each token's position from seqlens_k "
+            "(group_query_attention_impl.cu SeqlensToPosIdsPrompt / Token / Interactive: s, seqlens_k, past + s), "
+            "the chain positions the runtime feeds; the cuda flavor verifies chains only. The strings of "
+            "onnxruntime-gpu 1.23.2's CUDA provider library (PyPI, x86_64) hold that refusal, the three "
+            "SeqlensToPosIds kernels, the 8-bit MatMulNBits (matmul_8bits.cu, Dequantize8Bits) and the uint8 "
+            "data / float16 scales GatherBlockQuantized (GatherBlockQuantized<uint8_t, MLFloat16, ...>) the cuda "
+            "flavor uses. Tested on the CPU provider: the tiny cuda-flavored graphs, so loaded, generate on "
+            "1.23.2 and 1.24.1 (scripts/ci-ort.sh), and equal the graphs with position_ids on 1.32.0 "
+            "(tests/models/test_ortcompat.py). Not run on a GPU.",
 }
 BATCH_SOURCE = ("contrib_ops/cpu/bert/group_query_attention_helper.h CheckInputs, which the CUDA kernel calls too: "
                 "'batch_size must be 1 when sequence_length > 1 and past context is given.' unless query_seqlens "
@@ -151,7 +154,7 @@ CUDA: tuple[Kernel, ...] = (
                     'GroupQueryAttention cuda kernel." on every run'),
                    (16, "query_seqlens",
                     "no onnxruntime-gpu release up to 1.31.1 has it (no input 16 in its schema, no query_seqlens "
-                    "in its CUDA provider library), and NVIDIA's JetPack 6 wheel is 1.24.0: batched serving of "
+                    "in its CUDA provider library), and NVIDIA's JetPack 6 wheels are 1.23.0 and 1.24.0: batched serving of "
                     "the cuda flavor runs a pass per multi-token row (core/batch_runner.py); a cuda graph "
                     "exported with it: re-export the bundle with this edgespec")),
            checks=("gqa_heads", "gqa_rotary", "gqa_rotary_head", "gqa_head_size", "gqa_shared_cache"),
@@ -229,9 +232,8 @@ def floor_problem(version: str, flavor: str | None = "cpu") -> str | None:
     if version_tuple(version) >= version_tuple(floor):
         return None
     if flavor == "cuda":
-        return (f"onnxruntime {version} is older than {floor}, the first release whose CUDA GroupQueryAttention "
-                f"takes every input edgespec's cuda-flavored graphs wire (position_ids) and that has their 8-bit "
-                f"MatMulNBits: pip install "
+        return (f"onnxruntime {version} is older than {floor}, the oldest release edgespec's cuda-flavored graphs "
+                f"run on (its CUDA kernels have their 8-bit MatMulNBits and float16 GatherBlockQuantized): pip install "
                 f"'onnxruntime-gpu>={floor}' (or 'onnxruntime>={floor}' for the CPU); "
                 + JETSON_WHEELS.format(floor=floor))
     return (f"onnxruntime {version} is older than {floor}, the oldest release edgespec's {flavor}-flavored graphs "

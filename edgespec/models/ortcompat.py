@@ -1,15 +1,22 @@
-"""What an older onnxruntime lacks, taken out of a graph as it is loaded: the batching input.
+"""What an older onnxruntime lacks, taken out of a graph as it is loaded: GroupQueryAttention inputs.
 
-Why: the cpu flavor wires GroupQueryAttention's `query_seqlens` (input 16, export/graph_batch.py) so
-that several requests verify in one pass, but only onnxruntime 1.32.0 and later know that input;
-1.23.2, the last release with Python 3.10 wheels (a JetPack 6 board, any Ubuntu 22.04), refuses the
-whole graph ("has input size 17 not in range [min=7, max=12]"). One bundle serves both: when the
-installed onnxruntime's GroupQueryAttention schema has no `query_seqlens`, the loader drops that
-input from every GroupQueryAttention node (an absent query_seqlens is the operator's "every query
-token is real", what an unbatched runtime feeds anyway: graph_batch.py) and the
-`edgespec.padded_queries` metadata with it, so the batched runner takes its other path (a pass per
-multi-token row, core/batch_runner.py). Nothing else in the graph changes; the weights stay in
-their external data file.
+One bundle serves every onnxruntime from the floors (kernels.ORT_FLOORS); the loader takes out of the
+graph it hands onnxruntime the inputs the installed one cannot take, each where dropping it changes
+nothing the runtime relies on (STRIPS):
+
+- `query_seqlens` (input 16, the cpu flavor's batching edit, export/graph_batch.py) exists from
+  onnxruntime 1.32.0; 1.23.2, the last release with Python 3.10 wheels (JetPack 6, Ubuntu 22.04),
+  refuses the whole graph ("has input size 17 not in range [min=7, max=12]"). Absent, the operator
+  takes every query token as real, what an unbatched step feeds anyway; the `edgespec.padded_queries`
+  metadata goes with it, so the batched runner verifies a pass per row (core/batch_runner.py).
+- `position_ids` (input 9) of a cuda-flavored graph: the CUDA kernel of onnxruntime 1.23 refuses it
+  ("position_ids and attention_bias are not supported in GroupQueryAttention cuda kernel.", NVIDIA's
+  JetPack 6 wheel 1.23.0). Absent, the kernel derives each token's position from seqlens_k
+  (SeqlensToPosIdsPrompt / Token / Interactive in its CUDA library: s, seqlens_k, past + s), which is
+  the position the runtime feeds a chain (its length + j). The cuda flavor verifies chains only
+  (trees stay on the cpu flavor), so nothing is lost.
+
+Nothing else in the graph changes; the weights stay in their external data file.
 
 Works on the serialized ModelProto with a small protobuf writer (no onnx package on a board).
 Field numbers: ModelProto graph 7, metadata_props 14 (StringStringEntryProto key 1); GraphProto
@@ -17,15 +24,35 @@ node 1; NodeProto input 1, op_type 4.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from .graphfacts import GraphFormatError, _varint
 
 GQA = "GroupQueryAttention"
-# inputs the loader may drop where the installed onnxruntime lacks them: {index: (name, what is lost)}
-STRIPPABLE = {16: ("query_seqlens", "batched verify in one pass (needs onnxruntime 1.32.0 or newer)")}
 BATCH_ORT = "1.32.0"  # the first release whose GroupQueryAttention schema has query_seqlens (kernels.FLOOR_SOURCES)
+CUDA_POSITIONS_ORT = "1.24.0"  # the first whose CUDA GroupQueryAttention reads position_ids (kernels.FLOOR_SOURCES)
 PADDED_QUERIES_KEY = b"edgespec.padded_queries"  # export/graph_batch.py's metadata key
+
+
+@dataclass(frozen=True)
+class Strip:
+    """One GroupQueryAttention input the loader may take out: for graphs of `flavors`, where the installed
+    schema lacks `name` (below=None), or where onnxruntime is older than `below`."""
+
+    index: int
+    name: str
+    lost: str
+    flavors: tuple[str, ...]
+    below: str | None = None
+
+
+STRIPS = (
+    Strip(16, "query_seqlens", f"batched verify in one pass (onnxruntime {BATCH_ORT} or newer)", ("cpu", "cuda")),
+    Strip(9, "position_ids", "nothing: the kernel derives chain positions from seqlens_k", ("cuda",),
+          below=CUDA_POSITIONS_ORT),
+)
+STRIPPABLE = {s.index: (s.name, s.lost) for s in STRIPS}
 
 
 def gqa_schema_inputs() -> tuple[str, ...] | None:
@@ -41,20 +68,32 @@ def gqa_schema_inputs() -> tuple[str, ...] | None:
     return None
 
 
-def missing_inputs(known: Sequence[str] | None = None, version: str | None = None) -> dict[int, str]:
-    """{index: name} of the strippable inputs the installed onnxruntime lacks (from its schema, else
-    its version against BATCH_ORT)."""
-    if known is None:
-        known = gqa_schema_inputs()
-    if known is not None:
-        return {i: name for i, (name, _) in STRIPPABLE.items() if name not in known}
+def missing_inputs(known: Sequence[str] | None = None, version: str | None = None,
+                   flavor: str | None = "cpu") -> dict[int, str]:
+    """{index: name} of the inputs of a `flavor` graph (None: any) that the installed onnxruntime cannot
+    take: from its schema (query_seqlens; its version against BATCH_ORT where it lists no schemas) or
+    its version (position_ids of a cuda graph)."""
     from .kernels import version_tuple
 
     if version is None:
         import onnxruntime
 
         version = onnxruntime.__version__
-    return {} if version_tuple(version) >= version_tuple(BATCH_ORT) else {i: n for i, (n, _) in STRIPPABLE.items()}
+    if known is None:
+        known = gqa_schema_inputs()
+    out = {}
+    for s in STRIPS:
+        if flavor not in s.flavors and not (flavor is None and set(s.flavors) == {"cpu", "cuda"}):
+            continue  # a graph of unknown flavor: only what every flavor may lose
+        if s.below is not None:
+            lacks = version_tuple(version) < version_tuple(s.below)
+        elif known is not None:
+            lacks = s.name not in known
+        else:
+            lacks = version_tuple(version) < version_tuple(BATCH_ORT)
+        if lacks:
+            out[s.index] = s.name
+    return out
 
 
 # --- protobuf wire format: spans and re-encoding -----------------------------------------------------

@@ -70,7 +70,8 @@ def test_onnxruntime_gpu_comes_from_nvidias_jetpack6_index_at_the_cuda_floor():
     (ort,) = [w for w in _pip_installs() if any(x.startswith("onnxruntime-gpu") for x in w)]
     req = Requirement(next(x for x in ort if x.startswith("onnxruntime-gpu")))
     floor = ORT_FLOORS["cuda"]
-    assert req.specifier.contains(floor) and not req.specifier.contains("1.23.0")  # NVIDIA's 1.24.0 in, 1.23.0 out
+    assert req.specifier.contains(floor) and req.specifier.contains("1.24.0")  # NVIDIA's two JetPack 6 wheels
+    assert not req.specifier.contains("1.22.1")
     assert ort[ort.index("--extra-index-url") + 1] == index
 
 

@@ -104,7 +104,7 @@ def test_ci_runs_the_old_onnxruntime_quick_tests_and_each_exists():
     quick = re.search(r"^QUICK=\((.*?)\)", text, re.S | re.M).group(1).split()
     assert quick and all((ROOT / q).is_file() for q in quick), quick
     versions = re.search(r'^ORT_VERSIONS=\$\{ORT_VERSIONS:-"([^"]+)"\}', text, re.M).group(1).split()
-    assert ORT_FLOORS["cpu"] in versions  # 1.24.1: PyPI's build of the cuda floor's 1.24.0 sources
+    assert ORT_FLOORS["cpu"] in versions and "1.24.1" in versions  # 1.24.1: PyPI's build of the 1.24.0 sources
     assert any(v.startswith(ORT_FLOORS["cuda"].rsplit(".", 1)[0]) for v in versions)
     if shutil.which("shellcheck"):
         r = subprocess.run(["shellcheck", "-S", "warning", "scripts/ci-ort.sh", "scripts/test.sh"], cwd=ROOT, capture_output=True,

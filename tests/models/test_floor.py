@@ -1,7 +1,8 @@
 """The onnxruntime floor, per graph flavor (kernels.ORT_FLOORS), set by what the boards have.
 
 The cpu flavor: 1.23.2 (the last cp310 release), its batching input dropped at load where the installed
-onnxruntime lacks it (models/ortcompat.py); the cuda flavor: 1.24.0, NVIDIA's JetPack 6 wheel. Versions
+onnxruntime lacks it (models/ortcompat.py); the cuda flavor: 1.23.0, the older of NVIDIA's JetPack 6 wheels
+(its position_ids taken out below 1.24.0). Versions
 are faked (onnxruntime.__version__ monkeypatched); the graphs are the tiny test bundles. The real old
 releases run in scripts/ci-ort.sh.
 """
@@ -36,10 +37,11 @@ def test_each_floor_cites_its_evidence():
 
 def test_the_floors_are_what_the_boards_have():
     assert ORT_FLOOR == CPU_FLOOR == "1.23.2"  # the last onnxruntime with Python 3.10 wheels
-    assert CUDA_FLOOR == "1.24.0" and floor_problem(GPU_WHEEL, "cuda") is None  # NVIDIA's JetPack 6 wheel
+    assert CUDA_FLOOR == "1.23.0"  # NVIDIA's JetPack 6 wheels are 1.23.0 and 1.24.0: both run the cuda flavor
+    assert floor_problem("1.23.0", "cuda") is None and floor_problem(GPU_WHEEL, "cuda") is None
     assert floor_problem(GPU_WHEEL, "cpu") is None
-    assert f"onnxruntime 1.23.0 is older than {CUDA_FLOOR}" in floor_problem("1.23.0", "cuda")
-    assert "JetPack 5 (Python 3.8) is not supported" in floor_problem("1.23.0", "cuda")
+    assert f"onnxruntime 1.22.1 is older than {CUDA_FLOOR}" in floor_problem("1.22.1", "cuda")
+    assert "JetPack 5 (Python 3.8) is not supported" in floor_problem("1.22.1", "cuda")
     assert f"onnxruntime 1.22.1 is older than {CPU_FLOOR}" in floor_problem("1.22.1", "cpu")
     assert "edgespec[cpu]" in floor_problem("1.22.1", "cpu")
 
@@ -112,12 +114,12 @@ def test_below_the_cuda_floor_is_one_line_naming_the_gpu_wheel(monkeypatch, tiny
     from edgespec.errors import OnnxruntimeTooOld
     from edgespec.models.bundle import Bundle
 
-    monkeypatch.setattr(onnxruntime, "__version__", "1.23.0")  # the other JetPack 6 wheel: no CUDA position_ids
+    monkeypatch.setattr(onnxruntime, "__version__", "1.22.1")  # no float16 GatherBlockQuantized
     b = Bundle.open(tiny_cuda_bundle)
     with pytest.raises(OnnxruntimeTooOld) as e:
         load_runner(b.model_path("target"), b.target, max_len=16, providers="cpu")
     msg = str(e.value)
-    assert "\n" not in msg and f"onnxruntime 1.23.0 is older than {CUDA_FLOOR}" in msg
+    assert "\n" not in msg and f"onnxruntime 1.22.1 is older than {CUDA_FLOOR}" in msg
     assert f"'onnxruntime-gpu>={CUDA_FLOOR}'" in msg and "JetPack" in msg
 
 
@@ -152,13 +154,13 @@ def test_doctor_names_each_flavor_s_floor(monkeypatch):
 
     from edgespec.edge.doctor import collect, render
 
-    monkeypatch.setattr(onnxruntime, "__version__", "1.23.2")  # the last cp310 CPU wheel
+    monkeypatch.setattr(onnxruntime, "__version__", "1.23.1")  # NVIDIA's floor line, before PyPI's last cp310
     report = collect(probe=False)
     assert report["onnxruntime"]["floors"] == ORT_FLOORS
-    assert set(report["onnxruntime"]["below_floor"]) == {"cuda"}
+    assert set(report["onnxruntime"]["below_floor"]) == {"cpu"}
     text = render(report)
-    assert f"TOO OLD for the cuda flavor: onnxruntime 1.23.2 is older than {CUDA_FLOOR}" in text
-    assert "TOO OLD for the cpu flavor" not in text and f">= {CPU_FLOOR} for the cpu flavor" in text
+    assert f"TOO OLD for the cpu flavor: onnxruntime 1.23.1 is older than {CPU_FLOOR}" in text
+    assert "TOO OLD for the cuda flavor" not in text and f">= {CUDA_FLOOR} for the cuda flavor" in text
 
 
 def test_board_profiles_name_the_cuda_floor():

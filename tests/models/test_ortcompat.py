@@ -73,14 +73,16 @@ def test_the_loader_hands_an_old_onnxruntime_the_stripped_graph(tiny_bundle, mon
     monkeypatch.setattr(ortcompat, "gqa_schema_inputs", lambda: OLD_SCHEMA)
     with caplog.at_level("INFO", logger="edgespec.edge.providers"):
         r = load_runner(b.model_path("target"), b.target, max_len=32, providers="cpu")
-    assert any("has no GroupQueryAttention query_seqlens: loaded without it (2 node(s)" in m for m in caplog.messages)
+    assert any("cannot take GroupQueryAttention's query_seqlens: loaded without it (2 node(s)" in m
+               for m in caplog.messages)
     meta = r.session.get_modelmeta().custom_metadata_map
     assert "edgespec.padded_queries" not in meta
     np.testing.assert_allclose(r.step([1, 2, 3, 4], 4), want, rtol=1e-5, atol=1e-5)
 
 
 def test_strippable_inputs_say_what_is_lost():
-    assert all(name and "onnxruntime" in lost for name, lost in STRIPPABLE.values())
+    assert STRIPPABLE == {16: ("query_seqlens", STRIPPABLE[16][1]), 9: ("position_ids", STRIPPABLE[9][1])}
+    assert "1.32.0" in STRIPPABLE[16][1] and "seqlens_k" in STRIPPABLE[9][1]
 
 
 def test_a_truncated_graph_is_a_format_error():
@@ -88,3 +90,33 @@ def test_a_truncated_graph_is_a_format_error():
 
     with pytest.raises(GraphFormatError):
         strip_inputs(b"\x3a\x10abc", {16: "query_seqlens"})  # field 7 claims 16 bytes, has 3
+
+
+def test_a_cuda_graph_below_1_24_loads_without_position_ids_and_gives_the_same_logits(tiny_cuda_bundle, monkeypatch,
+                                                                                       caplog):
+    """NVIDIA's onnxruntime-gpu 1.23.0 refuses GroupQueryAttention's position_ids on CUDA: below 1.24.0 the
+    loader takes them out of a cuda graph, and the kernel's own positions (from seqlens_k) are the chain's:
+    prefill, one token, several tokens over a cache, bit for bit (CPU provider)."""
+    import onnxruntime
+
+    from edgespec.engine.build import load_runner
+    from edgespec.models.bundle import Bundle
+
+    assert missing_inputs(version="1.23.0", flavor="cuda").get(9) == "position_ids"
+    assert 9 not in missing_inputs(version="1.23.0", flavor="cpu")  # the cpu flavor's trees need them
+    assert 9 not in missing_inputs(version="1.23.0", flavor=None)
+    assert 9 not in missing_inputs(version="1.24.0", flavor="cuda")
+
+    b = Bundle.open(tiny_cuda_bundle)
+
+    def steps():
+        r = load_runner(b.model_path("target"), b.target, max_len=32, providers="cpu")
+        return [r.step([1, 2, 3, 4, 5], 5).copy(), r.step([6], 1).copy(), r.step([7, 8, 9], 3).copy()]
+
+    want = steps()  # with position_ids from 1.24.0 on (below, scripts/ci-ort.sh, this is the stripped graph too)
+    monkeypatch.setattr(onnxruntime, "__version__", "1.23.0")
+    with caplog.at_level("INFO", logger="edgespec.edge.providers"):
+        got = steps()
+    assert any("position_ids" in m and "loaded without it (2 node(s)" in m for m in caplog.messages)
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_array_equal(g, w)
