@@ -93,6 +93,7 @@ class _Active:
     stats: GenerationStats = field(default_factory=GenerationStats)
     rng: np.random.Generator | None = None
     drafter: Drafter = field(default_factory=NoDrafter)
+    built: Drafter | None = None  # the drafter batch_drafters built for it (before a grammar wraps it)
     seq: Seq | None = None  # its part in every round (engine/round.py)
     costs: CostModel | None = None
     k_cap: int = 0
@@ -326,6 +327,7 @@ class BatchEngine:
         a.filled = reuse
         a.costs = self._drafters.costs(a.slot, self.runner.times.table(1))
         d, fallback, a.k_cap = self._drafters.for_request(req.draft, req.k, a.costs, a.slot)
+        a.built = d
         a.drafter = with_grammar(d, req.constraint)  # under a grammar: its forced tokens first
         fallback = a.drafter if fallback is d else fallback
         a.seq = Seq(a.slot, a.ctx, a.drafter, fallback, 0, req.params, a.rng, a.stats, fixed_k=req.k is not None,
@@ -392,7 +394,7 @@ class BatchEngine:
             tail = a.emit.tail()
             if tail and a.ticket.on_delta is not None:
                 a.ticket.on_delta(tail)
-        self._drafters.finished(a.drafter, a.ctx)  # later requests draft from its text and estimates
+        self._drafters.finished(a.built, a.ctx)  # later requests draft from its text and estimates
         self._finish(a, finish)
 
     def _finish(self, a: _Active, finish: str) -> None:
@@ -410,7 +412,7 @@ class BatchEngine:
             del self._active[a.slot]
         if a.slot >= 0:  # the slot's cache may be half-written: forget it
             self.runner.reset(a.slot)
-            self._drafters.failed(a.slot)
+            self._drafters.failed(a.slot, a.built)
             self._cached[a.slot] = []
         a.ticket.error = e
         a.ticket.done.set()

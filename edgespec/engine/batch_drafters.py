@@ -154,8 +154,10 @@ class BatchDrafters:
         if "suffix" in parts:
             self._suffix_acc = parts["suffix"].acc
 
-    def failed(self, slot: int) -> None:
-        """The slot's caches were reset (a failed pass): its draft model forgets what it held."""
+    def failed(self, slot: int, drafter: Drafter | None = None) -> None:
+        """The slot's caches were reset (a failed pass): its draft model forgets what it held, and
+        the failed request's drafter is dropped (its text does not join the history)."""
+        self._parts.pop(drafter, None)
         m = self.draft.drafters.get(slot) if self.draft is not None else None
         if m is not None:
             m.reset()

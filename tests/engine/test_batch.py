@@ -204,6 +204,27 @@ def test_the_draft_model_drafts_for_every_request_in_one_batched_step(batch, alo
         assert g.token_ids == _alone(alone, prompt=r["prompt"], max_new_tokens=30).token_ids, r
         assert g.stats.accepted_by_source.get("model", 0) > 0 and g.stats.rounds_by_source.get("model", 0) > 0
     assert max(steps) == 3  # one draft step carried all three requests' rows
+    assert not batch._drafters._parts  # nothing kept of the requests once they ended
+
+
+def test_the_draft_model_batches_on_a_graph_without_per_row_lengths(tiny_cuda_bundle, alone):
+    """The cuda-flavored draft (no query_seqlens: its batched steps run per row, core/batch_runner.py)
+    drafts for several requests too, and each gets what it gets alone (on the CPU provider)."""
+    import onnxruntime
+
+    from edgespec.edge.flavor import cpu_runs_float16
+    from edgespec.models.kernels import floor_problem
+
+    if not cpu_runs_float16() or floor_problem(onnxruntime.__version__, "cuda") is not None:
+        pytest.skip("the cuda flavor does not run on this CPU / onnxruntime")
+    be = BatchEngine.open(tiny_cuda_bundle, parallel=3, draft="model", max_len=160, verify=False, providers="cpu")
+    ref = Engine.open(tiny_cuda_bundle, draft="none", max_len=160, verify=False, warmup=False, providers="cpu")
+    reqs = [dict(prompt=p, max_new_tokens=24, draft="model", k=3) for p in PROMPTS[:3]]
+    for r, g in zip(reqs, be.generate_many(reqs)):
+        assert g.token_ids == _alone(ref, prompt=r["prompt"], max_new_tokens=24).token_ids, r
+        assert g.stats.rounds_by_source.get("model", 0) > 0
+    be.close()
+    ref.close()
 
 
 def test_a_limit_to_free_drafts_swaps_in_each_requests_fallback(tiny_bundle, alone):
