@@ -12,7 +12,7 @@ from ..core.sampling import SamplingParams
 from ..drafters import modes
 from ..errors import DraftUnavailable, InvalidRequest, PromptTooLong
 from ..limits import STOP_LIMIT
-from .settings import Settings, check_batched_tree, check_k, check_tree
+from .settings import Settings, check_batched, check_k, check_tree
 from .structured import Structured, check_structured, plain_tool_turns, tools_prompt
 
 
@@ -157,17 +157,14 @@ class RequestParser:
         s = self.settings
         mode = s.draft if draft is None else draft
         modes.get(mode)
+        tree = s.tree if tree is None else tree
         if s.batched:
-            modes.check_batched(mode)
+            check_batched(mode, tree)
         why = self.unavailable(mode)
         if why:
             raise DraftUnavailable(f"draft={mode!r} is not possible: {why}", param="draft")
         check_k(k)
-        tree = s.tree if tree is None else tree
-        if s.batched:
-            check_batched_tree(tree)
-        else:
-            check_tree(tree)
+        check_tree(tree)
         if self.tree_check is not None:
             self.tree_check(tree)
         stops = check_stop(stop)

@@ -96,8 +96,7 @@ class Settings:
         if isinstance(p, bool) or not isinstance(p, int) or p < 1:
             raise InvalidRequest(f"parallel must be an integer >= 1, got {p!r}", param="parallel")
         if p > 1:
-            modes.check_batched(self.draft)
-            check_batched_tree(self.tree)
+            check_batched(self.draft, self.tree)
 
     @property
     def batched(self) -> bool:
@@ -115,6 +114,14 @@ def check_k(k) -> None:
 def check_tree(mode) -> None:
     if mode not in TREE_MODES:
         raise InvalidRequest(f"unknown tree mode {mode!r}: choose one of {', '.join(TREE_MODES)}", param="tree")
+
+
+def check_batched(draft: str | None, tree: str | None) -> None:
+    """What a batched engine (parallel > 1) cannot run, refused in this one place before anything
+    loads or runs (the engine's settings, then each request): a drafting mode the table marks not
+    batched (drafters/modes.py check_batched, each row with its reason), and tree='on'."""
+    modes.check_batched(draft)
+    check_batched_tree(tree)
 
 
 def check_batched_tree(tree: str | None) -> None:
