@@ -371,9 +371,16 @@ class BatchEngine:
         stop/emit step."""
         lo, hi = self.runner.pass_range([a.slot for a in decoding])
         table = self.runner.times.pricing(hi - lo)
+        draft = None
+        if self._draft_batch is not None:  # a draft step carries every request drafting with the model
+            drafting = [a.slot for a in decoding if a.drafter.uses_model]
+            rows = self._draft_batch.runner.pass_range(drafting) if drafting else (0, 1)
+            draft = self._draft_batch.runner.times.pricing(rows[1] - rows[0])
         seqs = []
         for a in decoding:
-            a.costs.target = table  # drafters size proposals at this batch's verify cost
+            a.costs.target = table  # drafters size proposals at this batch's verify cost ...
+            if draft is not None:
+                a.costs.draft = draft  # ... and at its draft step's
             a.seq.k = min(a.k_cap, self.runner.free(a.slot) - 1, a.req.max_new_tokens - len(a.emit.out) - 1)
             seqs.append(a.seq)
         cond = Conditions(self.vocab.usable, self.governor, pass_seconds=CostModel(table).verify,
