@@ -93,9 +93,10 @@ class Grammars:
             if self._lt is None:
                 eos = self.eos_ids or None
                 try:
-                    self._lt = llguidance.LLTokenizer(self.tokenizer.to_str(), n_vocab=self.n_vocab, eos_token=eos)
+                    self._lt = llguidance.LLTokenizer(library_view(self.tokenizer.to_str()), n_vocab=self.n_vocab,
+                                                      eos_token=eos)
                 except TypeError:  # older llguidance (1.6.1: the aarch64 wheel for glibc 2.28) takes one id
-                    self._lt = llguidance.LLTokenizer(self.tokenizer.to_str(), n_vocab=self.n_vocab,
+                    self._lt = llguidance.LLTokenizer(library_view(self.tokenizer.to_str()), n_vocab=self.n_vocab,
                                                       eos_token=eos[0] if eos else None)
         return llguidance, self._lt
 
@@ -128,6 +129,22 @@ class Grammars:
             raise InvalidRequest(f"{g.param} was refused by the grammar compiler: {_first_line(m.get_error())}",
                                  param=g.param)
         return GrammarConstraint(m, self.n_vocab, frozenset(self.eos_ids), g.param)
+
+
+def library_view(tokenizer_json: str) -> str:
+    """The tokenizer as the grammar library should read it: a byte-level vocabulary (a ByteLevel
+    pre-tokenizer) gets a plain ByteLevel decoder. The GGUF converter writes some byte-level
+    tokenizers (SmolLM2's) with a sentencepiece-style decoder sequence (ByteFallback, Fuse, Replace,
+    ByteLevel), which llguidance then reads as sentencepiece: every 'Ġ' a literal, no token a space,
+    and JSON's forced ': ' unreachable. The vocabulary itself (token -> id) is not changed."""
+    d = json.loads(tokenizer_json)
+    pre = d.get("pre_tokenizer") or {}
+    parts = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    dec = d.get("decoder") or {}
+    if any(p.get("type") == "ByteLevel" for p in parts if isinstance(p, dict)) and dec.get("type") != "ByteLevel":
+        d["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True}
+        return json.dumps(d)
+    return tokenizer_json
 
 
 def _first_line(msg: str) -> str:

@@ -253,3 +253,26 @@ def test_a_refused_grammar_is_one_invalid_request_naming_it(grammars, kind, text
     with pytest.raises(InvalidRequest) as e:
         gs.compile(Grammar(kind, text, "the_field"))
     assert e.value.param == "the_field" and words in str(e.value)
+
+
+def test_a_byte_level_vocabulary_with_a_sentencepiece_style_decoder_still_reaches_a_space(grammars):
+    """The GGUF converter writes SmolLM2's byte-level tokenizer with a decoder sequence (ByteFallback,
+    Fuse, Replace, ByteLevel); read as it is, llguidance saw every 'Ġ' as a literal and the ': ' JSON
+    forces after a key could not be produced (a real SmolLM2 bundle failed every json_schema request)."""
+    import json as _json
+
+    from tokenizers import Tokenizer
+
+    from edgespec.core.constraint import Grammar, Grammars, library_view
+
+    gs, tok = grammars
+    d = _json.loads(tok.to_str())
+    assert d["pre_tokenizer"] is not None
+    d["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]}
+    odd = Tokenizer.from_str(_json.dumps(d))
+    c = Grammars(odd, gs.n_vocab, gs.eos_ids).compile(Grammar("lark", 'start: "a b"', "grammar"))
+    space_and_b = tok.encode("a b", add_special_tokens=False).ids
+    assert c.check(space_and_b) == len(space_and_b)  # "a b" as the tokenizer writes it is allowed
+    assert _json.loads(library_view(odd.to_str()))["decoder"]["type"] == "ByteLevel"
