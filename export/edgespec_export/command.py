@@ -38,6 +38,10 @@ def register(sub) -> None:
                    help="the exporter: auto (a .gguf file natively, without torch; a Hugging Face folder or hub id "
                    "with torch and onnxruntime-genai's builder), native, or torch (a .gguf dequantized by "
                    "transformers, for comparison)")
+    p.add_argument("--gguf-minimum", choices=("offset", "zero-point"), default="offset",
+                   help="a .gguf's blocks with a minimum (Q4_K, Q4_1, Q5_K, Q5_1): offset keeps them exact (a small "
+                   "float term: 1 bit a weight more), zero-point rounds the minimum to MatMulNBits' integer zero "
+                   "points (fewer bytes a step, one more rounding; docs/export.md)")
     p.add_argument("--draft-quant", choices=QUANTS, help="the draft's precision (default: --quant)")
     p.add_argument("--ep", default="cpu", metavar="FLAVORS",
                    help="graph flavor(s): cpu (float32, the CPU provider; default), cuda (float16 activations, "
@@ -105,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     options = ExportOptions(
-        quant=args.quant or "int4", keep_gguf_quant=args.quant is None, via=args.via, draft_quant=args.draft_quant, block_size=args.block_size,
+        quant=args.quant or "int4", keep_gguf_quant=args.quant is None, via=args.via,
+        gguf_minimum=args.gguf_minimum, draft_quant=args.draft_quant, block_size=args.block_size,
         accuracy_level=args.accuracy_level, head_bits=args.head_bits, overwrite=args.overwrite, name=args.name, max_context=args.max_context,
         min_top1=args.min_top1, draft_min_top1=args.draft_min_top1, force=args.force,
         parity_tokens=args.parity_tokens, isolate=not args.in_process, eps=args.ep, draft_vocab=args.draft_vocab,

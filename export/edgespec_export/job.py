@@ -34,6 +34,7 @@ class ModelJob:
     primary: bool = True  # the role's first flavor (model.onnx) or another one (model.<flavor>.onnx)
     via: str = "torch"  # "native": a GGUF read and written without torch (native/job.py)
     keep_gguf_quant: bool = True  # native: keep the GGUF's blocks where they map (no --quant given)
+    gguf_minimum: str = "offset"  # native: a block minimum exact ("offset") or as integer zero points
 
 
 def run_model_job(job: ModelJob, progress: Progress | None = None) -> dict:

@@ -66,6 +66,7 @@ class ExportOptions:
     # (GGUF only, no torch: native/), "torch" (transformers + onnxruntime-genai's builder)
     via: str = "auto"
     keep_gguf_quant: bool = True  # native: keep the GGUF's own blocks where they map (no --quant given)
+    gguf_minimum: str = "offset"  # native: Q4_K/Q4_1 minimums exact ("offset") or rounded ("zero-point")
 
 
 @dataclass
@@ -107,6 +108,8 @@ def validate_options(o: ExportOptions) -> None:
                 raise ExportError(f"{label} {q or o.quant} with --ep {ep}: {e}") from None
     if o.via not in VIAS:
         raise ExportError(f"--via {o.via!r}: one of {', '.join(VIAS)}")
+    if o.gguf_minimum not in ("offset", "zero-point"):
+        raise ExportError(f"--gguf-minimum {o.gguf_minimum!r}: offset (exact) or zero-point")
     if isinstance(o.draft_vocab, bool) or not isinstance(o.draft_vocab, int) or o.draft_vocab < 0:
         raise ExportError(f"--draft-vocab {o.draft_vocab!r}: must be a whole number of tokens (0 = keep all)")
     if isinstance(o.heads, str):
@@ -229,7 +232,7 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
             job = ModelJob(role=role, source=src, out_dir=tmp / role, work_dir=work, quant=quants[role],
                            block_size=o.block_size, accuracy_level=o.accuracy_level, parity_ids=ids,
                            usable_vocab=check.usable_vocab, head_bits=o.head_bits, ep=flavor, primary=n == 0,
-                           via=vias[role], keep_gguf_quant=o.keep_gguf_quant)
+                           via=vias[role], keep_gguf_quant=o.keep_gguf_quant, gguf_minimum=o.gguf_minimum)
             stats: dict = {}
             what = f"{role} export" + (f" ({flavor} flavor)" if len(o.eps) > 1 or flavor != "cpu" else "")
             # the child's job folder lives in <out>.partial/.work: a killed export leaves nothing in /tmp

@@ -217,3 +217,37 @@ def test_pull_export_of_two_targets_is_refused_before_fetching(monkeypatch, caps
     monkeypatch.setattr(store, "ensure_model", lambda name, **k: pytest.fail("fetched before refusing"))
     assert main(["pull", "qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct", "--export", "--quiet"]) == 1
     assert "--export makes one bundle" in capsys.readouterr().err
+
+
+def test_zero_point_minimum_is_what_matmulnbits_computes(tmp_path):
+    """--gguf-minimum zero-point: the minimum rounded to uint8 zero points (at most half a step off),
+    and onnxruntime's MatMulNBits with our packing computes exactly x @ that weight; the export verifies."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgespec_export.native.blocks import offset_to_zero_points, pack_zero_points
+
+    rng = np.random.default_rng(5)
+    n, k = 48, 512
+    e = decode(quantize_q4_k(rng.standard_normal((n, k)).astype(np.float32)), "Q4_K")
+    z = offset_to_zero_points(e)
+    assert not z.exact and z.offset is None and z.zero_points.shape == (n, k // 32)
+    step = np.repeat(e.scales, 32, axis=1)
+    assert (np.abs(z.dequantize() - e.dequantize()) <= step / 2 + 1e-6).all()
+    inits = [numpy_helper.from_array(pack(z), "B"), numpy_helper.from_array(z.scales, "S"),
+             numpy_helper.from_array(pack_zero_points(z), "Z")]
+    node = helper.make_node("MatMulNBits", ["x", "B", "S", "Z"], ["y"], domain="com.microsoft", K=k, N=n, bits=4,
+                            block_size=32, accuracy_level=1)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 10
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, x @ z.dequantize().T, rtol=1e-5, atol=1e-4)
+
+    path = make_gguf(tmp_path / "m.gguf", types=Q4_K_M)
+    s = run_export(str(path), tmp_path / "b", options=ExportOptions(isolate=False, parity_tokens=0,
+                                                                    gguf_minimum="zero-point"))
+    forms = s.manifest.extra["quant_map"]["target"]["tensors"]
+    assert forms.get("Q4_K kept, minimum rounded to a zero point (4-bit blocks)", 0) >= 10

@@ -48,6 +48,7 @@ class Encoded:
     scales: np.ndarray  # float32 [N, K // block]
     offset: np.ndarray | None  # float32 [N, K // 32], added to every weight of its 32-block
     exact: bool  # the GGUF's own integers and scales (offset: one float32 rounding)
+    zero_points: np.ndarray | None = None  # uint8 [N, K // block]: per-block zero points instead of the default
 
     @property
     def zero_point(self) -> int:
@@ -56,7 +57,8 @@ class Encoded:
     def dequantize(self) -> np.ndarray:
         """W [N, K] float32, as the kernels compute it (for tests and the reference)."""
         n, k = self.q.shape
-        w = (self.q.astype(np.float32) - self.zero_point).reshape(n, k // self.block, self.block)
+        zp = self.zero_point if self.zero_points is None else self.zero_points.astype(np.float32)[:, :, None]
+        w = (self.q.astype(np.float32).reshape(n, k // self.block, self.block) - zp)
         w = (w * self.scales[:, :, None]).reshape(n, k)
         if self.offset is not None:
             w = (w.reshape(n, k // OFFSET_BLOCK, OFFSET_BLOCK) + self.offset[:, :, None]).reshape(n, k)
@@ -65,7 +67,8 @@ class Encoded:
     @property
     def bits_per_weight(self) -> float:
         """Bytes the kernels read per weight, in bits (float32 scales and offsets)."""
-        return self.bits + 32 / self.block + (32 / OFFSET_BLOCK if self.offset is not None else 0)
+        return (self.bits + 32 / self.block + (32 / OFFSET_BLOCK if self.offset is not None else 0)
+                + (self.bits / self.block if self.zero_points is not None else 0))
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
@@ -195,6 +198,30 @@ def round_to_nearest(w: np.ndarray, bits: int, block: int) -> Encoded:
     zp = 1 << (bits - 1)
     q = (np.clip(np.rint(blocks / safe[..., None]), -zp, levels) + zp).astype(np.uint8).reshape(n, k)
     return Encoded(bits, block, q, scale.astype(np.float32), None, False)
+
+
+def offset_to_zero_points(e: Encoded) -> Encoded:
+    """The block minimum as an integer zero point (MatMulNBits' uint8 zero points, prepacked by the CPU
+    kernel) instead of the float offset term: z = round(zp - offset / scale), one rounding of the
+    minimum (at most half a step of the block's scale), 4 bits per block instead of 32 per 32 weights."""
+    if e.offset is None:
+        return e
+    if e.block != OFFSET_BLOCK:
+        raise ValueError(f"a minimum per {OFFSET_BLOCK} weights needs blocks of {OFFSET_BLOCK}, not {e.block}")
+    safe = np.where(e.scales == 0, 1.0, e.scales)
+    z = np.clip(np.rint(e.zero_point - e.offset / safe), 0, (1 << e.bits) - 1).astype(np.uint8)
+    return Encoded(e.bits, e.block, e.q, e.scales, None, False, z)
+
+
+def pack_zero_points(e: Encoded) -> np.ndarray:
+    """MatMulNBits' / GatherBlockQuantized's zero points: uint8 [N, ceil(blocks * bits / 8)], 4-bit pairs
+    low nibble first (the last byte's high nibble padding when the block count is odd)."""
+    z = e.zero_points
+    if e.bits == 8:
+        return np.ascontiguousarray(z)
+    if z.shape[1] % 2:
+        z = np.concatenate([z, np.zeros((z.shape[0], 1), np.uint8)], axis=1)
+    return np.ascontiguousarray(z[:, 0::2] | (z[:, 1::2] << 4))
 
 
 def pack(e: Encoded) -> np.ndarray:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import TensorProto
 
-from .blocks import OFFSET_BLOCK, Encoded, decode, pack, round_to_nearest
+from .blocks import OFFSET_BLOCK, Encoded, decode, offset_to_zero_points, pack, pack_zero_points, round_to_nearest
 from .gguf_model import GGUFModel, layer_names
 from .onnx_writer import OnnxWriter
 from .plan import Form, Plan
@@ -34,8 +34,10 @@ class Report:
     head_bits: int | None = None  # the lm_head's MatMulNBits bits (None: a float lm_head)
     bytes_read: int = 0  # bytes of weights a one-token step reads (all MatMuls, one embedding row)
 
+    minimum: str = "offset"
+
     def add(self, type_name: str, form: Form, weights: int) -> None:
-        key = form.label(type_name)
+        key = form.label(type_name, self.minimum)
         self.forms[key] = self.forms.get(key, 0) + 1
 
 
@@ -45,16 +47,16 @@ class GraphBuilder:
         self.c = gg.config
         self.ftype = TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT
         self.np_float = np.float16 if fp16 else np.float32
-        self.report = Report()
+        self.report = Report(minimum=plan.minimum)
         self.on_tensor = on_tensor or (lambda name: None)
         self.blocksums: dict[str, str] = {}
-        self.shared_head: tuple[str, str, int, int] | None = None  # a tied lm_head's B, scales, bits, block
 
     # --- weights --------------------------------------------------------------------------------
     def _encoded(self, name: str, form: Form, lo: int, hi: int) -> Encoded | np.ndarray:
         """Rows lo..hi of a GGUF tensor in `form`: an Encoded, or float32 rows [n, K]."""
         if form.kind == "exact":
-            return decode(self.gg.raw_rows(name, lo, hi), self.gg.type_name(name))
+            e = decode(self.gg.raw_rows(name, lo, hi), self.gg.type_name(name))
+            return offset_to_zero_points(e) if self.plan.minimum == "zero-point" else e
         w = self.gg.floats(name, lo, hi)
         if form.kind == "float":
             return w
@@ -114,12 +116,14 @@ class GraphBuilder:
         bits, block = first.bits, first.block
         tag = f"Q{bits}"
         b_name, s_name = f"{base}.weight_{tag}", f"{base}.weight_scales"
-        offsets = []
+        offsets, zps = [], []
         if encs is not None:
             q = np.concatenate([pack(e) for e in encs])
             scales = np.concatenate([e.scales for e in encs])
             if first.offset is not None:
                 offsets = [np.concatenate([e.offset for e in encs])]
+            if first.zero_points is not None:
+                zps = [np.concatenate([pack_zero_points(e) for e in encs])]
             self.w.tensor(b_name, q)
             del q, encs
         else:
@@ -131,11 +135,14 @@ class GraphBuilder:
                     scale_rows.append(e.scales)
                     if e.offset is not None:
                         offsets.append(e.offset)
+                    if e.zero_points is not None:
+                        zps.append(pack_zero_points(e))
                     yield pack(e)
 
             self.w.tensor_rows(b_name, np.uint8, (n_total, k // block, block * bits // 8), chunks())
             scales = np.concatenate(scale_rows)
             offsets = [np.concatenate(offsets)] if offsets else []
+            zps = [np.concatenate(zps)] if zps else []
         self.w.tensor(s_name, scales.astype(self.np_float))
         self.report.bytes_read += n_total * k * bits // 8 + scales.size * np.dtype(self.np_float).itemsize
         if place == "body":
@@ -145,12 +152,14 @@ class GraphBuilder:
             self.report.head_bits = bits
         for p in parts:
             self._done(p)
+        inputs = [x, b_name, s_name]
+        if zps:
+            inputs.append(self.w.tensor(f"{base}.weight_zero_points", zps[0]))
+            self.report.bytes_read += zps[0].size
         main_out = [out] if out and not offsets else 1
-        y = self.w.node("MatMulNBits", [x, b_name, s_name], main_out, name=f"{node}_{tag}", domain="com.microsoft",
+        y = self.w.node("MatMulNBits", inputs, main_out, name=f"{node}_{tag}", domain="com.microsoft",
                         K=k, N=n_total, bits=bits, block_size=block,
                         accuracy_level=self.plan.settings.accuracy_level)[0]
-        if place == "head":
-            self.shared_head = (b_name, s_name, bits, block)
         if offsets:
             off = self._float(f"{base}.weight_offset", offsets[0].T)  # [K/32, N]
             self.report.bytes_read += offsets[0].size * np.dtype(self.np_float).itemsize
@@ -187,7 +196,7 @@ class GraphBuilder:
             return self.w.node("Gather", [init, ids], [out], name="/model/embed_tokens/Gather")[0]
         first = self._encoded(name, form, 0, 1)
         bits, block = first.bits, first.block
-        scale_rows, offset_rows = [], []
+        scale_rows, offset_rows, zp_rows = [], [], []
 
         def chunks():
             for lo, hi in self._rows(name):
@@ -195,13 +204,18 @@ class GraphBuilder:
                 scale_rows.append(e.scales)
                 if e.offset is not None:
                     offset_rows.append(e.offset)
+                if e.zero_points is not None:
+                    zp_rows.append(pack_zero_points(e))
                 yield pack(e).reshape(hi - lo, -1)
 
         data = self.w.tensor_rows(f"model.embed_tokens.weight_Q{bits}", np.uint8, (v, h * bits // 8), chunks())
         scales = self.w.tensor("model.embed_tokens.weight_scales", np.concatenate(scale_rows).astype(self.np_float))
         self._done(name)
         gathered = out if not offset_rows else "/model/embed_tokens/Gather_Q/output_0"
-        self.w.node("GatherBlockQuantized", [data, ids, scales], [gathered], name=f"/model/embed_tokens/Gather_Q{bits}",
+        inputs = [data, ids, scales]
+        if zp_rows:
+            inputs.append(self.w.tensor("model.embed_tokens.weight_zero_points", np.concatenate(zp_rows)))
+        self.w.node("GatherBlockQuantized", inputs, [gathered], name=f"/model/embed_tokens/Gather_Q{bits}",
                     domain="com.microsoft", bits=bits, block_size=block, gather_axis=0, quantize_axis=1)
         if offset_rows:
             table = self._float("model.embed_tokens.weight_offset", np.concatenate(offset_rows))  # [V, H/32]

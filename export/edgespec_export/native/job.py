@@ -35,7 +35,8 @@ def run_native_job(job, progress: Progress | None = None) -> dict:
     flavor = graph_flavor(job.quant, job.ep)
     keep = getattr(job, "keep_gguf_quant", True)
     plan = Plan(quant=None if keep and job.quant in ("int4", "int8") else job.quant,
-                settings=settings_for(job.quant, job.block_size, job.accuracy_level, job.head_bits))
+                settings=settings_for(job.quant, job.block_size, job.accuracy_level, job.head_bits),
+                minimum=getattr(job, "gguf_minimum", "offset"))
     job.out_dir.mkdir(parents=True, exist_ok=True)
     name = graph_file(flavor, primary=job.primary)
     onnx_path = job.out_dir / name

@@ -16,6 +16,7 @@ OFFSET_TYPES = ("Q4_1", "Q5_1", "Q4_K", "Q5_K")  # blocks with a minimum: an off
 FLOAT_TYPES = ("F32", "F16", "BF16")
 DECODED_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 8, "Q5_1": 8, "Q5_K": 8, "Q6_K": 8, "Q8_0": 8}
 QUANT_BITS = {"int4": 4, "int8": 8}
+MINIMUMS = ("offset", "zero-point")  # --gguf-minimum
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,9 @@ class Form:
     kind: str  # "exact" (the GGUF's blocks), "round" (dequantized, rounded to nearest), "float"
     bits: int = 0  # "round": 4 or 8
 
-    def label(self, type_name: str) -> str:
+    def label(self, type_name: str, minimum: str = "offset") -> str:
+        if self.kind == "exact" and minimum == "zero-point" and type_name in OFFSET_TYPES:
+            return f"{type_name} kept, minimum rounded to a zero point ({DECODED_BITS[type_name]}-bit blocks)"
         if self.kind == "exact":
             return f"{type_name} kept ({DECODED_BITS[type_name]}-bit blocks)"
         if self.kind == "round":
@@ -38,6 +41,9 @@ class Plan:
 
     quant: str | None
     settings: QuantSettings
+    # a block minimum (Q4_K, Q4_1, Q5_K, Q5_1): "offset" keeps it exact (a float term), "zero-point"
+    # rounds it to MatMulNBits' integer zero points (fewer bytes a step, one more rounding)
+    minimum: str = "offset"
 
     def form(self, type_name: str, place: str, tied: bool = False) -> Form:
         """place: "body" (a decoder MatMul), "embed" (token embedding), "head" (lm_head)."""
