@@ -59,3 +59,16 @@ def test_f16_gguf_and_smollm_tokenizer(tmp_path):
     notes = s.manifest.extra["tokenizer_notes"]["target"]
     assert any("digits" in n for n in notes)
     np.testing.assert_array_equal(tok.encode("hello").ids, tok.encode("hello").ids)
+
+
+def test_via_torch_still_exports_a_gguf_and_agrees_with_native(tmp_path):
+    """`--via torch` dequantizes the GGUF into transformers for the builder (the path before the native
+    exporter); on an F32 GGUF both exporters give graphs that predict the same tokens."""
+    hf = make_tiny_model(tmp_path / "hf", arch="llama")
+    gguf = make_tiny_gguf(hf, tmp_path / "m.gguf", qtype="F32")
+    torch_b = run_export(str(gguf), tmp_path / "t", options=ExportOptions(quant="fp32", isolate=False, via="torch"))
+    native_b = run_export(str(gguf), tmp_path / "n", options=ExportOptions(quant="fp32", isolate=False))
+    assert torch_b.manifest.extra["exporters"] == {"target": "torch"}
+    assert native_b.manifest.extra["exporters"] == {"target": "native"}
+    assert torch_b.manifest.models["target"].parity["top1"] >= 0.99
+    assert native_b.manifest.models["target"].parity["top1"] >= 0.99
