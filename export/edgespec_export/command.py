@@ -62,7 +62,8 @@ def register(sub) -> None:
                    "fp16 0.97, fp32 0.99)")
     p.add_argument("--draft-min-top1", type=float, metavar="F", help="the same for the draft (default: --min-top1)")
     p.add_argument("--force", action="store_true", help="write the bundle even when parity is below the threshold")
-    p.add_argument("--parity-tokens", type=int, default=512, help="tokens of the parity text (default 512)")
+    p.add_argument("--parity-tokens", type=int, default=None,
+                   help="tokens of the parity text (default 512; 256 when every model is a .gguf exported natively)")
     p.add_argument("--draft-vocab", type=int, default=0, metavar="N",
                    help="keep the draft lm_head's rows for the N most frequent tokens only: a cheaper draft step, "
                    "the output unchanged (the target verifies); 0 = keep all (default). See docs/speed.md")

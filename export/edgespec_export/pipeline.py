@@ -24,7 +24,7 @@ from . import isolate, writer
 from .build import FLAVORS, graph_flavor
 from .heads import HEADS_DIR, HeadsJob, HeadsOptions, check_options, train_heads
 from .job import ModelJob, run_model_job
-from .native import via_for
+from .native import parity_length, via_for
 from .parity import DEFAULT_MIN_TOP1
 from edgespec.units import format_bytes
 
@@ -51,7 +51,7 @@ class ExportOptions:
     min_top1: float | None = None  # default: DEFAULT_MIN_TOP1[quant]
     draft_min_top1: float | None = None  # default: min_top1, else DEFAULT_MIN_TOP1[draft quant]
     force: bool = False  # write the bundle even if parity is below the threshold
-    parity_tokens: int = 512  # 0 skips the parity check (tests of the writer only)
+    parity_tokens: int | None = None  # 0 skips parity (writer tests); None: native.parity_length's default
     isolate: bool = True  # each model in its own child process (frees memory between models)
     # graph flavors to write, first one = each role's model.onnx (docs/export.md, "Flavors"):
     # ("cpu",) float32; ("cuda",) float16 for the CUDA provider; ("cpu", "cuda") both in one bundle
@@ -218,10 +218,11 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
 
     max_ctx = min(src.max_context for src in sources.values())
     ids: list[int] = []
-    if o.parity_tokens:
+    n_parity = parity_length(o.parity_tokens, vias)
+    if n_parity:
         from .parity import parity_ids
 
-        ids = parity_ids(tok_paths["target"], min(o.parity_tokens, max_ctx - 1))
+        ids = parity_ids(tok_paths["target"], min(n_parity, max_ctx - 1))
         ids = [i for i in ids if i < check.usable_vocab]
 
     models: dict[str, ModelFacts] = {}

@@ -24,3 +24,17 @@ def via_for(src, via: str) -> str:
                                   f"the native exporter, which builds {', '.join(ARCHS)} (Qwen2.5, SmolLM2, Llama "
                                   "3.x); --via torch exports it with the builder (needs the torch extra)")
     return via
+
+
+# The parity text's default length when every model is exported natively: the reference is a numpy forward
+# pass (about a minute and a half for the 1.5B at 512 tokens on a loaded 2-core CPU) and the [tokens, vocabulary]
+# log-probabilities are held twice; 256 tokens halve both, and a few hundred tokens tell a carried-over GGUF
+# (top-1 ~0.99) from a re-rounded one (~0.94). The builder path keeps 512.
+NATIVE_PARITY_TOKENS = 256
+PARITY_TOKENS = 512
+
+
+def parity_length(asked: int | None, vias: dict[str, str]) -> int:
+    if asked is not None:
+        return asked
+    return NATIVE_PARITY_TOKENS if all(v == "native" for v in vias.values()) else PARITY_TOKENS
