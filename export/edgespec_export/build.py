@@ -28,14 +28,10 @@ from .graph_batch import add_padded_queries
 from .graph_edit import (ATTENTION_BIAS, HIDDEN_STATES, LOGITS_TO_KEEP, POSITION_IDS, add_hidden_output, add_logits_to_keep,
                          add_tree_inputs, logits_to_float32)
 from .progress import NullProgress, Progress, trim_malloc
-from .quantize import QuantSettings, quantizable_nodes, quantize_graph
+from .quantize import (DEFAULT_ACCURACY_LEVEL, DEFAULT_HEAD_BITS, QuantSettings, default_block_size,
+                       quantizable_nodes, quantize_graph)
 
 QUANT_BITS = {"int4": 4, "int8": 8}
-# The lm_head is the most sensitive weight (llama.cpp keeps it at 6-8 bits in its 4-bit files): at 8 bits
-# the 1.5B's top-1 agreement goes from 91.9 % to 94.3 % for +0.12 GB, and its decode step measured no
-# slower (63-71 ms vs 67 ms, within noise). An untied embedding stays at the body's bits: one row
-# is read per token, so its size costs memory but no time. `--head-bits 4` gives the smallest bundle.
-DEFAULT_HEAD_BITS = {"int4": 8, "int8": 8}
 
 
 FLAVORS = ("cpu", "cuda")
@@ -130,8 +126,8 @@ def build_graph(
     out_dir: Path,
     *,
     quant: str = "int4",
-    block_size: int = 32,
-    accuracy_level: int = 4,
+    block_size: int | None = None,
+    accuracy_level: int = DEFAULT_ACCURACY_LEVEL,
     head_bits: int | None = None,
     embed_bits: int | None = None,
     role: str = "model",
@@ -142,6 +138,7 @@ def build_graph(
     """Writes out_dir/model.onnx (+ model.onnx.data) from the torch model in `model_holder` (a
     one-element list, emptied here so the float weights can be freed as they are quantized) and the
     config.json in `config_dir`. Returns the facts for the manifest (path relative to the bundle).
+    `block_size`: None is quantize.default_block_size for this model's widths.
     `head_bits`: the lm_head's (and a tied embedding's) bits, default DEFAULT_HEAD_BITS; `embed_bits`:
     an untied embedding's, default the body's. `ep`: the flavor to build (graph_flavor); the cuda
     flavor gets its logits cast to float32 (graph_edit). `primary=False`: written as
@@ -154,6 +151,10 @@ def build_graph(
     cfg = json.loads((config_dir / "config.json").read_text())
     text_cfg = cfg.get("text_config", cfg)
     tied = bool(cfg.get("tie_word_embeddings", False))
+    if block_size is None:
+        hidden, heads = text_cfg["hidden_size"], text_cfg["num_attention_heads"]
+        attn = heads * (text_cfg.get("head_dim") or hidden // heads)
+        block_size = default_block_size(hidden, text_cfg["intermediate_size"], attn)
     precision = quant
     flavor = graph_flavor(quant, ep)
     ep = flavor  # the builder's execution provider names are our flavor names

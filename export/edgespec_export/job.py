@@ -25,7 +25,7 @@ class ModelJob:
     out_dir: Path  # <bundle>.partial/<role>
     work_dir: Path  # scratch (config for the builder)
     quant: str
-    block_size: int
+    block_size: int | None  # None: quantize.default_block_size for the model's widths
     accuracy_level: int
     parity_ids: list[int]
     usable_vocab: int

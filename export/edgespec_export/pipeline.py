@@ -26,6 +26,7 @@ from .heads import HEADS_DIR, HeadsJob, HeadsOptions, check_options, train_heads
 from .job import ModelJob, run_model_job
 from .native import parity_length, via_for
 from .parity import DEFAULT_MIN_TOP1
+from .quantize import DEFAULT_ACCURACY_LEVEL
 from edgespec.units import format_bytes
 
 from .progress import MemoryMonitor, NullProgress, Progress
@@ -42,9 +43,9 @@ BYTES_PER_PARAM = {"int4": 0.6, "int8": 1.1, "fp16": 2.0, "fp32": 4.0}  # bundle
 class ExportOptions:
     quant: str = "int4"
     draft_quant: str | None = None  # default: same as quant
-    block_size: int = 32
-    accuracy_level: int = 4
-    head_bits: int | None = None  # lm_head (+ tied embedding) bits; default 8 (build.DEFAULT_HEAD_BITS)
+    block_size: int | None = None  # None: per model, quantize.default_block_size
+    accuracy_level: int = DEFAULT_ACCURACY_LEVEL
+    head_bits: int | None = None  # lm_head (+ tied embedding) bits; default 8 (quantize.DEFAULT_HEAD_BITS)
     overwrite: bool = False
     name: str | None = None
     max_context: int = 4096  # the runtime's default cache length (capped by the models' own limit)
@@ -85,8 +86,9 @@ def validate_options(o: ExportOptions) -> None:
     for label, q in (("--quant", o.quant), ("--draft-quant", o.draft_quant)):
         if q is not None and q not in QUANTS:
             raise ExportError(f"{label} {q!r} is not one of {', '.join(QUANTS)}")
-    if o.block_size < 16 or o.block_size & (o.block_size - 1):
-        raise ExportError(f"--block-size {o.block_size}: must be a power of two, 16 or more (32 is the default)")
+    if o.block_size is not None and (o.block_size < 16 or o.block_size & (o.block_size - 1)):
+        raise ExportError(f"--block-size {o.block_size}: must be a power of two, 16 or more (e.g. 32, the "
+                          "default, or 128)")
     if o.accuracy_level not in (0, 1, 2, 3, 4):
         raise ExportError(f"--accuracy-level {o.accuracy_level}: must be 0-4 (1 fp32, 2 fp16, 3 bf16, 4 int8)")
     if o.head_bits not in (None, 4, 8):

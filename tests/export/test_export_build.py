@@ -85,6 +85,26 @@ def test_int4_quantizes_matmuls_embedding_and_lm_head(tmp_path, tied):
         assert facts.parity["top1"] < 1.0 and facts.parity["mean_kl"] > 0  # lossy, and the report says so
 
 
+@pytest.mark.parametrize("widths, fits", [((1536, 8960, 1536), True), ((896, 4864, 896), True),
+                                          ((576, 1536, 576), False), ((64, 128, 64), False)])
+def test_the_default_block_needs_every_width_a_multiple_of_it(widths, fits, monkeypatch):
+    from edgespec_export import quantize
+
+    monkeypatch.setattr(quantize, "DEFAULT_BLOCK_SIZE", 128)  # the 1.5B and 0.5B Qwens; SmolLM2-135M; tiny
+    assert quantize.default_block_size(*widths) == (128 if fits else quantize.FALLBACK_BLOCK_SIZE)
+
+
+def test_an_export_without_block_size_takes_the_default_for_its_widths(tmp_path):
+    from edgespec_export.quantize import default_block_size
+
+    src = make_tiny_model(tmp_path / "src", hidden=128, heads=4, kv_heads=2)
+    s = export(src, tmp_path / "b", quant="int4", min_top1=0.3)
+    want = default_block_size(128, 256, 128)
+    mm = [n for n in ops(s.path) if n.op_type in ("MatMulNBits", "GatherBlockQuantized")]
+    assert {onnx.helper.get_attribute_value(a) for n in mm for a in n.attribute if a.name == "block_size"} == {want}
+    assert s.manifest.models["target"].block_size == want
+
+
 def test_int8_and_block_size_and_accuracy_level_reach_the_graph(tmp_path):
     src = make_tiny_model(tmp_path / "src", tied=True)
     s = export(src, tmp_path / "b", quant="int8", block_size=64, accuracy_level=1)
