@@ -292,7 +292,7 @@ def run_bench(
     meta["rss_per_generation"] = rss.resettable
     meta["loadavg_start"] = load_start
     meta["loadavg_end"] = _loadavg()
-    peer=None,  # a bench/peer.py PeerRun: each prompt outside a conversation runs through it too
+    meta["peer"] = None if peer is None else peer.meta()
     return BenchRun(meta=meta, modes=modes, prompts=list(prompts), samples=samples)
 
 
