@@ -235,7 +235,8 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
             job = ModelJob(role=role, source=src, out_dir=tmp / role, work_dir=work, quant=quants[role],
                            block_size=o.block_size, accuracy_level=o.accuracy_level, parity_ids=ids,
                            usable_vocab=check.usable_vocab, head_bits=o.head_bits, ep=flavor, primary=n == 0,
-                           via=vias[role], keep_gguf_quant=o.keep_gguf_quant, gguf_minimum=o.gguf_minimum)
+                           via=vias[role], gguf_minimum=o.gguf_minimum,
+                           keep_gguf_quant=o.keep_gguf_quant and not (role == "draft" and o.draft_quant))
             stats: dict = {}
             what = f"{role} export" + (f" ({flavor} flavor)" if len(o.eps) > 1 or flavor != "cpu" else "")
             # the child's job folder lives in <out>.partial/.work: a killed export leaves nothing in /tmp

@@ -137,6 +137,10 @@ def test_quant_caps_the_bits_and_default_keeps_the_blocks(tmp_path):
     assert small.manifest.extra["quant_map"]["target"]["tensors"] == {
         "Q8_0 re-quantized to 4-bit": 15, "Q8_0 kept (8-bit blocks)": 1}  # the lm_head stays 8-bit (head bits)
     assert small.total_bytes < kept.total_bytes
+    # --draft-quant alone: the target keeps its blocks, the draft is rounded
+    pair = run_export(str(path), tmp_path / "c", draft=str(path), options=ExportOptions(
+        draft_quant="int4", isolate=False, parity_tokens=0))
+    assert {r: f.quant for r, f in pair.manifest.models.items()} == {"target": "int8", "draft": "int4"}
 
 
 def test_unknown_architecture_is_one_line_naming_the_supported_ones(tmp_path):
