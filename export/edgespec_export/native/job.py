@@ -25,6 +25,7 @@ def run_native_job(job, progress: Progress | None = None) -> dict:
     from ..graph_edit import add_hidden_output, add_logits_to_keep, add_tree_inputs, logits_to_float32
     from .gguf_model import GGUFModel
     from .model import write_graph
+    from ..quantize import default_block_size
     from .plan import Plan, settings_for
 
     progress = progress or NullProgress()
@@ -34,8 +35,11 @@ def run_native_job(job, progress: Progress | None = None) -> dict:
     cfg = gg.config.hf_dict()
     flavor = graph_flavor(job.quant, job.ep)
     keep = getattr(job, "keep_gguf_quant", True)
+    c = gg.config
+    # the rounded tensors' block size: as asked, else quantize.py's default for this model (the builder's)
+    block_size = job.block_size or default_block_size(c.hidden, c.ffn, c.heads * c.head_dim)
     plan = Plan(quant=None if keep and job.quant in ("int4", "int8") else job.quant,
-                settings=settings_for(job.quant, job.block_size, job.accuracy_level, job.head_bits),
+                settings=settings_for(job.quant, block_size, job.accuracy_level, job.head_bits),
                 minimum=getattr(job, "gguf_minimum", "offset"))
     job.out_dir.mkdir(parents=True, exist_ok=True)
     name = graph_file(flavor, primary=job.primary)
@@ -59,7 +63,7 @@ def run_native_job(job, progress: Progress | None = None) -> dict:
     timings["build_s"] = time.perf_counter() - t
     peaks["build"] = peak_rss_bytes()
 
-    quant, block_size = model_quant(builder.report, job.quant, job.block_size)
+    quant, block_size = model_quant(builder.report, job.quant, block_size)
     facts = facts_from_config(cfg, job.out_dir, quant=quant, block_size=block_size,
                               accuracy_level=job.accuracy_level, name=name, flavor=flavor)
     facts.head_bits = builder.report.head_bits

@@ -69,8 +69,8 @@ class Plan:
 
 
 def settings_for(quant: str | None, block_size: int, accuracy_level: int, head_bits: int | None) -> QuantSettings:
-    """The builder path's parameters (pipeline options, build.DEFAULT_HEAD_BITS) for the rounded tensors."""
-    from ..build import DEFAULT_HEAD_BITS
+    """The builder path's parameters (pipeline options, quantize.py's defaults) for the rounded tensors."""
+    from ..quantize import DEFAULT_HEAD_BITS
 
     q = quant if quant in QUANT_BITS else "int4"
     return QuantSettings(bits=QUANT_BITS[q], block_size=block_size, accuracy_level=accuracy_level,
