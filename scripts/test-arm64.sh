@@ -30,7 +30,7 @@ done
 CACHE=${ARM64_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgespec-arm64}
 mkdir -p "$CACHE"  # mmdebstrap wants the rootfs' parent folder to exist
 # what the guest needs: the runtime (onnxruntime numpy tokenizers jinja2), the server extra, the test tools
-export ARM64_PIP_PACKAGES=${ARM64_PIP_PACKAGES:-"onnxruntime numpy tokenizers onnx onnx-ir gguf==0.19.0 tqdm jinja2 pytest pytest-timeout starlette uvicorn httpx openai psutil scipy"}
+export ARM64_PIP_PACKAGES=${ARM64_PIP_PACKAGES:-"onnxruntime numpy tokenizers onnx onnx-ir gguf==0.19.0 tqdm jinja2 llguidance pytest pytest-timeout starlette uvicorn httpx openai psutil scipy"}
 
 # 1. tiny bundles, built here (x86_64, torch) and keyed by the code that writes them
 PY=${PYTHON:-$ROOT/.venv/bin/python}
