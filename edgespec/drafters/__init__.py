@@ -21,7 +21,7 @@ import importlib
 _WHERE = {
     "EMPTY": "..core.proposal", "Proposal": "..core.proposal", "common_prefix": "..core.proposal",
     "AutoDrafter": ".auto", "Beta": ".base", "Drafter": ".base", "DrafterBase": ".base", "NoDrafter": ".base",
-    "Quote": ".base", "DraftCost": ".base", "OldAutoDrafter": ".auto_old", "CostedDrafter": ".costed", "ModelDrafter": ".model", "NgramDrafter": ".ngram",
+    "Quote": ".base", "DraftCost": ".base", "ModelDrafter": ".model", "NgramDrafter": ".ngram",
     "ngram_lookup": ".ngram", "ngram_match": ".ngram", "RecycleDrafter": ".recycle", "SuffixDrafter": ".suffix",
     "SuffixIndex": ".suffix_index",
 }

@@ -38,20 +38,14 @@ MIN_EVIDENCE = 1.0  # fading stops at one observation's worth of evidence
 
 @dataclass
 class Quote:
-    """What one round of a drafter is expected to buy, so `auto` can compare drafters per round.
+    """What one round of a free drafter would buy, so `auto` can compare it with the others.
 
-    rate: expected tokens per second if this drafter drafts this round.
-    min_gain: how much more than a plain target step it must promise before it is used (its
-      estimates are noisy; a wrong "yes" costs a longer verify, a wrong "no" costs nothing).
-    proposal: ready-made when looking it up was free (n-gram); None when proposing costs model
-      steps, which `auto` pays only if it chooses this drafter.
-    probe: the rate is known only from rounds that used the drafter, so `auto` must sometimes use
-      it to keep the estimate current (AutoDrafter's probes)."""
+    rate: expected tokens per second if this proposal is verified this round (from the drafter's
+      own acceptance estimates and the measured verify cost).
+    proposal: the lookup's proposal, ready-made: looking it up cost no model step."""
 
     rate: float
-    min_gain: float
-    proposal: Proposal | None = None
-    probe: bool = False
+    proposal: Proposal
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,8 @@ class GrammarDrafter(DrafterBase):
             return None
         a = self.acc.mean
         expected = 1.0 + sum(a ** (j + 1) for j in range(len(prop.tokens)))
-        return Quote(expected / self.costs.verify(len(prop.tokens) + 1), MIN_GAIN, prop)
+        rate = expected / self.costs.verify(len(prop.tokens) + 1)
+        return Quote(rate, prop) if rate >= self.costs.target_alone_rate() * (1.0 + MIN_GAIN) else None
 
     def feedback(self, proposal: Proposal, accepted: int, valid_len: int) -> None:
         if self._mine is not None and proposal is self._mine:

@@ -10,8 +10,8 @@ One heads run proposes a chain of up to n tokens and costs a few percent of a ta
 
 Sizing: as the draft model does, acceptance is learned per (head, confidence bin), starting from the
 held-out top-1 the export measured, and the chain length maximises expected tokens per second
-(measured heads time + measured verify time). `auto` reads it through CostedDrafter.quote like the
-draft model: the rate its recent rounds delivered.
+(measured heads time + measured verify time). `auto` prices it like the draft model (Drafter.cost):
+its measured run time, at the acceptance `auto` has seen from it.
 """
 from __future__ import annotations
 
@@ -20,12 +20,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..core.costmodel import CostModel, chain_tokens
+from ..core.costmodel import CostModel
 from ..core.proposal import EMPTY, Proposal
 from ..core.runner import ModelRunner, StepTimes
 from ..core.sampling import SamplingParams
-from .base import Beta, DraftCost
-from .costed import CostedDrafter
+from .base import Beta, DraftCost, DrafterBase
 from .model import _CONF_EDGES, check_vocab_map, conf_bin, pick
 
 HEADS_INPUT = "hidden"  # the heads graph's input [rows, hidden] and output [rows, n_heads, kept]
@@ -33,18 +32,20 @@ NO_HEADS = ("bundle {name} has no draft heads: export it with `edgespec export .
             "(docs/export.md, \"Draft heads\")")
 
 
-class ChainHeads(CostedDrafter):
+class ChainHeads(DrafterBase):
     """What the Medusa heads and the feature drafter (feature.py) share: a graph over the target
     runner's last hidden row proposing a chain, acceptance per (chain position, confidence bin)
     from the export's held-out top-1, the chain sized by measured cost. A subclass gives draft()
     (setting last_sizes), warmup() and draft_cost(n): seconds to draft n tokens."""
 
     name = "heads"
+    uses_model = True
 
     def __init__(self, target: ModelRunner, session, vocab_map, usable: int, n_heads: int, *,
                  priors: Sequence[float] = (), adaptive: bool = True):
         self.times = StepTimes()  # the heads graph's run times (the cost model's "draft step")
-        super().__init__(CostModel(target.times, self.times))
+        self.costs = CostModel(target.times, self.times)
+        self.last_sizes: list[int] = []  # the graph runs the last proposal made (one entry a run)
         self.target = target
         self.session = session
         self.n_heads = n_heads
@@ -64,27 +65,20 @@ class ChainHeads(CostedDrafter):
     def set_adaptive(self, on: bool) -> None:
         self.adaptive = on
 
-    def catch_up(self, ctx: Sequence[int]) -> int:
-        return 0  # no cache of its own: nothing to feed before a round
-
-    def acceptance(self, conf: float) -> float:
-        return self.by_conf[0][conf_bin(conf)].mean
-
-    def prior_acceptance(self) -> float:
-        return self.mean[0].mean
-
-    def expected_yield(self, proposal: Proposal) -> float:
-        if proposal.source != self.name:
-            return 1.0
-        return chain_tokens(self.by_conf[i][conf_bin(c)].mean for i, c in enumerate(proposal.conf))
-
     def draft_cost(self, n: int) -> float:
         raise NotImplementedError
 
     def cost(self, ctx: Sequence[int]) -> DraftCost | None:
         """No cache to catch up: the first token costs one run, each further one what a longer chain adds."""
         one = self.draft_cost(1)
-        return DraftCost(one, self.draft_cost(2) - one, self.prior_acceptance())
+        return DraftCost(one, self.draft_cost(2) - one, self.mean[0].mean)
+
+    def propose(self, ctx, k, params, rng) -> Proposal:
+        self.last_sizes = []
+        return self.draft(ctx, k, params, rng)
+
+    def draft(self, ctx, k, params: SamplingParams, rng) -> Proposal:
+        raise NotImplementedError
 
     def _proposal(self, tokens: list[int], confs: list[float], qs: list) -> Proposal:
         if not tokens:
@@ -112,7 +106,7 @@ class ChainHeads(CostedDrafter):
     def _best_length(self, confs: list[float]) -> int:
         return self._best_rate(confs)[0]
 
-    def learn(self, proposal, accepted, valid_len) -> None:
+    def feedback(self, proposal, accepted, valid_len) -> None:
         if proposal.source != self.name or not proposal.tokens:
             return
         for i, c in enumerate(proposal.conf[: accepted + 1]):  # tokens after the first rejection were never judged

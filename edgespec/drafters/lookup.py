@@ -81,4 +81,4 @@ class FreeLookupDrafter(DrafterBase):
         """The lookup is free, so the quote carries the proposal itself (None when nothing pays)."""
         found = self.lookup(ctx, k)
         use, rate = self.plan(found)
-        return Quote(rate, self.min_gain, self.proposal(found, use)) if use else None
+        return Quote(rate, self.proposal(found, use)) if use else None

@@ -12,8 +12,7 @@ from ..core.runner import ModelRunner
 from ..core.sampling import SamplingParams, probs, sample
 from ..errors import InvalidRequest
 from ..limits import PREFILL_CHUNK
-from .base import Beta
-from .costed import CostedDrafter
+from .base import Beta, DraftCost, DrafterBase
 
 # Acceptance is learned per bin of the draft's own probability for the token it proposed: a
 # confident draft is usually right, an unsure one usually wrong, and that is known *before* paying
@@ -27,7 +26,7 @@ def conf_bin(c: float) -> int:
     return int(np.searchsorted(_CONF_EDGES, c, side="right"))
 
 
-class ModelDrafter(CostedDrafter):
+class ModelDrafter(DrafterBase):
     """The small draft model on its own in-place KV cache (a ModelRunner).
 
     Its cache holds a prefix of the context; `_sync` feeds whatever is missing in one step (the
@@ -36,11 +35,13 @@ class ModelDrafter(CostedDrafter):
     its cost."""
 
     name = "model"
+    uses_model = True
 
     def __init__(self, runner: ModelRunner, usable: int, costs: CostModel | None = None, *, adaptive: bool = True,
                  vocab_map: Sequence[int] | np.ndarray | None = None, eager_prefill: bool = False,
                  prior: float | None = None):
-        super().__init__(costs)
+        self.costs = costs
+        self.last_sizes: list[int] = []  # tokens per draft step the last proposal ran (catch-up first)
         self.runner = runner
         self.usable = usable  # the target's vocabulary: q rows are this long
         # A draft may score only a prefix of the vocabulary (a pruned lm_head, see docs/speed.md):
@@ -75,7 +76,6 @@ class ModelDrafter(CostedDrafter):
         n = common_prefix(self.tokens, ctx)
         self.runner.rewind(n)
         del self.tokens[n:]
-        super().begin(ctx)
 
     def prefill(self, ctx: Sequence[int]) -> None:
         """With eager_prefill, feeds the prompt now (with the target's prefill: in the time to first
@@ -107,11 +107,17 @@ class ModelDrafter(CostedDrafter):
     def acceptance(self, conf: float) -> float:
         return self.by_conf[conf_bin(conf)].mean
 
-    def prior_acceptance(self) -> float:
-        return self.mean.mean
-
     def catch_up(self, ctx: Sequence[int]) -> int:
+        """Tokens of ctx its cache lacks: what its first draft step of a round must feed."""
         return len(ctx) - common_prefix(self.tokens, ctx)
+
+    def cost(self, ctx: Sequence[int]) -> DraftCost | None:
+        """Its measured draft steps: the first one feeds whatever of ctx its cache lacks."""
+        if self.costs is None:
+            return None
+        one = self.costs.draft_step()
+        pending = self.catch_up(ctx)
+        return DraftCost(self.costs.draft_step(pending) if pending > 1 else one, one, self.mean.mean)
 
     # -- drafting ---------------------------------------------------------------------------------
     def _sync(self, ctx: Sequence[int]) -> np.ndarray:
@@ -128,7 +134,8 @@ class ModelDrafter(CostedDrafter):
             n += len(chunk)
         return row
 
-    def draft(self, ctx, k, params, rng) -> Proposal:
+    def propose(self, ctx, k, params, rng) -> Proposal:
+        self.last_sizes = []
         alts: list[list[tuple[int, float]]] = []
         if k <= 0 or len(ctx) + k - 1 > self.runner.max_len:
             return EMPTY
@@ -188,7 +195,7 @@ class ModelDrafter(CostedDrafter):
         self.last_sizes.append(1)
         return row
 
-    def learn(self, proposal, accepted, valid_len) -> None:
+    def feedback(self, proposal, accepted, valid_len) -> None:
         if valid_len < len(self.tokens):
             self.runner.rewind(valid_len)
             del self.tokens[valid_len:]

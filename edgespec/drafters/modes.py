@@ -48,7 +48,6 @@ class DraftMode:
     build: Callable[[Kit], Any] | None = None  # the engine's drafter (None: nothing to build)
     chooses: bool = False  # its build chooses between the other rows' drafters (Kit.sources): built last
     fallback: bool = False  # the free drafter a limit that forbids model steps drafts with instead
-    hidden: bool = False  # left out of --draft's help and the bench's default columns (bench-only)
 
 
 def _ngram(kit: Kit):
@@ -109,12 +108,6 @@ def _grammar(kit: Kit):
     return GrammarDrafter(kit.costs)
 
 
-def _auto_old(kit: Kit):
-    from .auto_old import OldAutoDrafter
-
-    return OldAutoDrafter(kit.costs, list(kit.sources or ()))
-
-
 def _none(kit: Kit):
     from .base import NoDrafter
 
@@ -129,8 +122,6 @@ MODES: tuple[DraftMode, ...] = (
     DraftMode("auto", "per round, whichever source (suffix index, recycled candidates, draft model, heads) pays "
               "most by measured cost, or none", loads=("draft", "heads"), batched=True, fixed_k=False, build=_auto,
               chooses=True),
-    DraftMode("auto-old", "the replaced `auto`, for the bench's comparison only", loads=("draft", "heads"),
-              fixed_k=False, build=_auto_old, chooses=True, hidden=True, unbatched="a bench-only comparison"),
     DraftMode("model", "the bundle's draft model", runner="draft", loads=("draft",), batched=True, auto_rank=2,
               build=_model),
     DraftMode("suffix", "the suffix index over this and earlier requests", batched=True, auto_rank=0,
@@ -152,7 +143,6 @@ BY_NAME = {m.name: m for m in MODES}
 NAMES = tuple(m.name for m in MODES)  # what a `draft` setting or request may name
 if NAMES != DRAFT_MODES:  # the manifest reader checks `drafting.mode` against limits.DRAFT_MODES
     raise ImportError(f"drafters/modes.py rows {NAMES} differ from limits.DRAFT_MODES {DRAFT_MODES}: add the name there")
-SHOWN = tuple(m.name for m in MODES if not m.hidden)  # what the CLI's --draft offers
 BATCHED = tuple(m.name for m in MODES if m.batched)
 FALLBACK = next(m.name for m in MODES if m.fallback)
 
@@ -175,7 +165,7 @@ def get(name) -> DraftMode:
     """The row for a mode name; anything else is an InvalidRequest listing the names."""
     row = BY_NAME.get(name) if isinstance(name, str) else None
     if row is None:
-        raise InvalidRequest(f"unknown drafter {name!r}: choose one of {', '.join(SHOWN)}", param="draft")
+        raise InvalidRequest(f"unknown drafter {name!r}: choose one of {', '.join(NAMES)}", param="draft")
     return row
 
 
@@ -191,4 +181,4 @@ def check_batched(name: str | None) -> None:
 
 def help_text(default: str = "auto") -> str:
     """`--draft`'s help: every mode in one line."""
-    return "; ".join(f"{m.name}{' (default)' if m.name == default else ''}: {m.help}" for m in MODES if not m.hidden)
+    return "; ".join(f"{m.name}{' (default)' if m.name == default else ''}: {m.help}" for m in MODES)

@@ -191,6 +191,6 @@ class NgramDrafter(DrafterBase):
         use, rate = self.plan(tokens, n) if tokens else (0, 0.0)
         if not use:
             return None
-        return Quote(rate, self.min_gain, self._proposal(tokens[:use], n))
+        return Quote(rate, self._proposal(tokens[:use], n))
 
 

@@ -17,7 +17,6 @@ from ..core.costmodel import CostModel
 from ..core.self_runner import SelfRunner
 from ..errors import DraftUnavailable
 from ..models.manifest import ModelFacts
-from .costed import CostedDrafter
 from .model import ModelDrafter
 
 log = logging.getLogger("edgespec.drafters.self")
@@ -73,8 +72,7 @@ class SelfDrafter(ModelDrafter):
         return 0  # it drafts on the target's own cache: nothing to feed first
 
     def begin(self, ctx) -> None:
-        self.tokens = []
-        CostedDrafter.begin(self, ctx)  # the rate bookkeeping; there is no cache of its own to rewind
+        self.tokens = []  # no cache of its own to rewind
 
     def prefill(self, ctx) -> None:  # the target's prefill is the draft's
         return None
@@ -101,6 +99,6 @@ class SelfDrafter(ModelDrafter):
             self.runner.step([0], 1)
         self.reset()
 
-    def learn(self, proposal, accepted, valid_len) -> None:
+    def feedback(self, proposal, accepted, valid_len) -> None:
         self.tokens = []  # the rows it wrote are the verify's now
         self._judge(proposal, accepted)

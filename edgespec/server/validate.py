@@ -279,8 +279,8 @@ def _common(body: Any, kind: str, limits: Limits) -> GenRequest:
         raise bad_request("'stream_options' must be an object", param="stream_options")
     include_usage = _bool({"stream_options.include_usage": (so or {}).get("include_usage")}, "stream_options.include_usage")
     draft = body.get("draft")
-    if draft is not None and not (isinstance(draft, str) and draft in modes.SHOWN):
-        raise bad_request(f"'draft' must be one of {', '.join(modes.SHOWN)}, got {_show(draft)}", param="draft")
+    if draft is not None and not (isinstance(draft, str) and draft in modes.NAMES):
+        raise bad_request(f"'draft' must be one of {', '.join(modes.NAMES)}, got {_show(draft)}", param="draft")
     tree = body.get("tree")
     if tree is not None and not (isinstance(tree, str) and tree in TREE_MODES):
         raise bad_request(f"'tree' must be one of {', '.join(TREE_MODES)}, got {_show(tree)}", param="tree")

@@ -508,19 +508,23 @@ def test_conversation_turns_run_in_order_from_one_reset(tiny_bundle):
 def test_the_warmup_teaches_no_mode(tiny_bundle, monkeypatch):
     """The warmup runs every mode for 8 tokens on the first prompt to pay one-off costs; what the
     drafters learn there must not reach the measured runs. It did: the warmup's `model` run took the
-    draft past its first looks in an engine, so `auto` in the bench never tried it where a server's
-    `auto` would (round six, docs/speed.md)."""
+    draft's estimates in an engine, so `auto` in the bench did not start where a server's `auto` would."""
     from edgespec.engine import Engine
 
     eng = Engine.open(tiny_bundle, draft="auto", max_len=512)
     model = eng._drafters["model"]
-    assert model.rounds_seen == 0
+    prior = model.mean.a + model.mean.b
+
+    def verdicts() -> float:  # tokens of evidence the draft's acceptance has seen beyond its prior
+        return round(model.mean.a + model.mean.b - prior, 6)
+
+    assert verdicts() == 0
     warmed, seen = [], []
     warm, one = bench._warm, bench._one
-    monkeypatch.setattr(bench, "_warm", lambda *a: (warm(*a), warmed.append(model.rounds_seen)))
+    monkeypatch.setattr(bench, "_warm", lambda *a: (warm(*a), warmed.append(verdicts())))
 
     def first_round_state(engine, p, mode, *a, **kw):
-        seen.append((mode.label, model.rounds_seen))
+        seen.append((mode.label, verdicts()))
         return one(engine, p, mode, *a, **kw)
 
     monkeypatch.setattr(bench, "_one", first_round_state)

@@ -33,7 +33,7 @@ class Free(DrafterBase):
     def quote(self, ctx, k):
         if self.rate is None:
             return None
-        return Quote(self.rate, 0.0, Proposal(self.tokens[:k], None, self.name))
+        return Quote(self.rate, Proposal(self.tokens[:k], None, self.name))
 
     def propose(self, ctx, k, params, rng):
         raise AssertionError("a free source's quoted proposal is used as it is")

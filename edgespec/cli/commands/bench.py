@@ -95,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
     b = Bundle.open(resolve_bundle(args.bundle), verify=not args.no_verify)
     if args.modes is None:
         # every mode the bundle runs in one engine: the self-draft needs a bench of its own
-        names = ",".join(n for n in MODES if n != "self" and (n == "target" or not drafting.get(n).hidden)
-                         and (n != "model" or b.draft is not None)
+        names = ",".join(n for n in MODES if n != "self" and (n != "model" or b.draft is not None)
                          and (n != "heads" or b.manifest.heads is not None))
     else:
         names = args.modes

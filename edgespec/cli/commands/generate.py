@@ -19,7 +19,7 @@ TREE_HELP = ("tree verification: auto (a tree only when measured costs say it pa
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Options that decide how the engine is opened (shared by generate and chat)."""
     p.add_argument("bundle", help="bundle folder (or the name of one under $EDGESPEC_HOME/bundles)")
-    p.add_argument("--draft", choices=modes.SHOWN, default="auto", help=f"drafting: {modes.help_text()}")
+    p.add_argument("--draft", choices=modes.NAMES, default="auto", help=f"drafting: {modes.help_text()}")
     p.add_argument("--k", type=int, default=None, metavar="N",
                    help=f"proposals per round (1-{K_LIMIT}); default: chosen every round from measured costs")
     p.add_argument("--tree", choices=TREE_MODES, default="auto", help=TREE_HELP)

@@ -18,7 +18,7 @@ def register(sub) -> None:
                    help="e.g. 5GiB, 512M, 1.5G (default: the device's default budget, if it has one)")
     p.add_argument("--max-len", type=int, default=None, metavar="N",
                    help="wanted cache length (default: the bundle's, from export --max-context, capped by the device's)")
-    p.add_argument("--draft", choices=modes.SHOWN, default="auto",
+    p.add_argument("--draft", choices=modes.NAMES, default="auto",
                    help=f"the engine's drafting mode: {', '.join(m.name for m in modes.MODES if 'draft' in m.loads)} "
                         "plan with the draft model, the others without it")
     p.add_argument("--measure", action="store_true",

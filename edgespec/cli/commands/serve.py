@@ -118,7 +118,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "[EDGESPEC_PARALLEL]")
 
     eng = p.add_argument_group("engine (one Settings, checked before the bundle loads)")
-    eng.add_argument("--draft", choices=modes.SHOWN,
+    eng.add_argument("--draft", choices=modes.NAMES,
                      help=f"default drafting of requests (a request may pass its own 'draft'): {modes.help_text()}; "
                      f"with --parallel > 1: {', '.join(modes.BATCHED)} [EDGESPEC_DRAFT]")
     eng.add_argument("--k", type=int, help="tokens drafted per round (default: chosen by measured cost) [EDGESPEC_K]")
