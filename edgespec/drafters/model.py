@@ -2,6 +2,7 @@
 token is not worth its cost."""
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Sequence
 
 import numpy as np
@@ -18,12 +19,13 @@ from .base import Beta, DraftCost, DrafterBase
 # confident draft is usually right, an unsure one usually wrong, and that is known *before* paying
 # for the next draft step and the longer verify.
 _CONF_EDGES = np.array([0.2, 0.4, 0.6, 0.75, 0.85, 0.92, 0.97, 0.99])
+_CONF_BOUNDS = tuple(float(x) for x in _CONF_EDGES)  # the same, for bisect on one scalar
 PRIOR_ACCEPTANCE = 0.6  # a draft's long-run acceptance before anything is known of the pair
 CONF_PRIOR_SCALE = 1.0  # a confidence bin's acceptance before evidence: this times the bin's middle
 
 
 def conf_bin(c: float) -> int:
-    return int(np.searchsorted(_CONF_EDGES, c, side="right"))
+    return bisect_right(_CONF_BOUNDS, c)
 
 
 class ModelDrafter(DrafterBase):

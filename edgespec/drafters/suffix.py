@@ -20,9 +20,9 @@ copies the history to start.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Sequence
 
-import numpy as np
 
 from ..core.costmodel import CostModel
 from ..core.proposal import EMPTY, Proposal
@@ -39,7 +39,7 @@ _FREQ_PRIOR = (1.0, 0.6, 0.85, 1.05)
 
 
 def _len_bin(n: int) -> int:
-    return int(np.searchsorted(_LEN_EDGES, n, side="right"))
+    return bisect_right(_LEN_EDGES, n)  # a scalar: bisect, not a numpy call (read every lookup token)
 
 
 def _freq_bin(freq: float, support: int) -> int:
