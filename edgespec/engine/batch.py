@@ -411,7 +411,7 @@ class BatchEngine:
             st.batch_size_mean = sum(a.ticket.batch_sizes) / len(a.ticket.batch_sizes)
         text = a.emit.text.text if a.emit is not None else ""
         st.forced_tokens = getattr(a.req.constraint, "forced_count", 0)
-        a.ticket.result = GenerationResult(text, list(out), finish, st, tool_calls(text, a.req.structured))
+        a.ticket.result = GenerationResult(text, list(out), finish, st, tool_calls(text, a.req.structured, self.vocab.grammars))
         a.ticket.done.set()
 
     def _fail(self, a: _Active, e: BaseException) -> None:

@@ -287,7 +287,7 @@ class Engine:
             drafter = with_grammar(drafter, req.constraint, self._drafters.get("grammar"))
             try:
                 result = yield from decode(parts, req, drafter, k_cap, self._cache)
-                result.tool_calls = tool_calls(result.text, req.structured)
+                result.tool_calls = tool_calls(result.text, req.structured, self.vocab.grammars)
                 result.stats.forced_tokens = getattr(req.constraint, "forced_count", 0)
                 return result
             except GeneratorExit:

@@ -131,8 +131,11 @@ def tool_grammar(tools: tuple[dict, ...], choice: str, grammars: Grammars | None
     return f"start: {call}\n"
 
 
-def tool_calls(text: str, s: Structured | None) -> list[dict[str, Any]] | None:
-    """The answer's tool call in OpenAI's shape, or None (a text answer, or one cut short)."""
+def tool_calls(text: str, s: Structured | None, grammars: Grammars | None = None) -> list[dict[str, Any]] | None:
+    """The answer's tool call in OpenAI's shape, or None (a text answer, or one cut short). Under
+    tool_choice "auto" a model may answer with the call as JSON text (bare or in a ``` fence) instead
+    of the call form its grammar offers: that text is a call too when it names a listed tool and its
+    arguments pass the tool's schema (checked by the grammar library, given `grammars`)."""
     if s is None or not s.tools or s.tool_choice == "none":
         return None
     body = text.strip()
@@ -140,14 +143,41 @@ def tool_calls(text: str, s: Structured | None) -> list[dict[str, Any]] | None:
         body = body[len(TOOL_OPEN):]
     if body.endswith(TOOL_CLOSE):
         body = body[: -len(TOOL_CLOSE)]
-    try:
-        call = json.loads(body)
-    except ValueError:
-        return None
+    call = _json(body)
+    if call is None and s.tool_choice == "auto" and grammars is not None and body.startswith("```"):
+        call = _json(body.strip("`").removeprefix("json"))
+        if call is not None and not _valid_call(call, s, grammars):
+            call = None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str) or "arguments" not in call:
         return None
     return [{"id": "call_" + secrets.token_hex(12), "type": "function",
              "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}]
+
+
+def _json(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _valid_call(call, s: Structured, grammars: Grammars) -> bool:
+    """A call written as text: a listed tool, and arguments its parameters schema accepts (their JSON,
+    as the grammar writes it, runs through that schema's grammar to the end of text)."""
+    if not isinstance(call, dict) or set(call) != {"name", "arguments"}:
+        return False
+    params = next((t["function"]["parameters"] for t in s.tools if t["function"]["name"] == call["name"]), None)
+    if params is None or not isinstance(call["arguments"], dict):
+        return False
+    try:
+        c = grammars.compile(Grammar("json_schema", json.dumps(params), "tools"))
+    except InvalidRequest:
+        return False
+    args = json.dumps(call["arguments"], ensure_ascii=False, separators=(JSON_OPTIONS["item_separator"],
+                                                                         JSON_OPTIONS["key_separator"]))
+    ids = grammars.tokenizer.encode(args, add_special_tokens=False).ids
+    end = grammars.eos_ids[:1]
+    return c.check(ids + end) == len(ids) + len(end)
 
 
 def tools_prompt(tools: tuple[dict, ...]) -> str:

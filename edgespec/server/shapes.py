@@ -87,7 +87,7 @@ class ToolHold:
     starts like a call), and sent as it comes once it cannot; the call itself goes out at the end
     as tool-call deltas (ChunkWriter.tool_calls)."""
 
-    STARTS = ("<tool_call>", "{")  # what a call's text starts with (engine/structured.py)
+    STARTS = ("<tool_call>", "{", "```")  # what a call's text starts with (engine/structured.py)
 
     def __init__(self, active: bool):
         self.holding = active

@@ -132,6 +132,23 @@ def test_a_tool_result_sent_back_continues_the_conversation(server):
     assert e.value.body["param"] == "messages[1].tool_calls[0]"
 
 
+def test_auto_reads_a_call_written_as_fenced_json_only_when_it_passes_the_tools_schema(alone):
+    """A model may answer tool_choice auto with the call as ```json text: a listed tool with valid
+    arguments is a call; an unknown tool, bad arguments or plain text stay text."""
+    from edgespec.engine.structured import check_structured, tool_calls
+
+    gs = alone.vocab.grammars
+    st = check_structured(tools=TOOLS, tool_choice="auto", grammars=gs)
+    fenced = '```json\n{\n  "name": "valve",\n  "arguments": {"v": 3, "on": true}\n}\n```'
+    (call,) = tool_calls(fenced, st, gs)
+    assert call["function"] == {"name": "valve", "arguments": '{"v": 3, "on": true}'}
+    assert tool_calls(fenced.replace('"valve"', '"pump"'), st, gs) is None
+    assert tool_calls(fenced.replace("3", "30"), st, gs) is None  # v is at most 9
+    assert tool_calls("```python\nprint(1)\n```", st, gs) is None
+    required = check_structured(tools=TOOLS, tool_choice="required", grammars=gs)
+    assert tool_calls(fenced, required, gs) is None  # the grammar wrote required calls; no text is read as one
+
+
 def test_tool_choice_none_answers_in_text(server):
     resp = server.client.chat.completions.create(model=server.bundle.name, messages=MESSAGES, max_tokens=20,
                                                  tools=TOOLS, tool_choice="none")
