@@ -88,9 +88,11 @@ def ensure_rootfs(log=print) -> Path:
 
 
 def runtime_requirements() -> list[str]:
-    """edgespec's own dependencies and its `server` extra, as declared in pyproject.toml."""
+    """edgespec's own dependencies and its `server` and `cpu` extras, as declared in pyproject.toml (the
+    runtime itself pulls no onnxruntime: a Pi's install adds the CPU one with [cpu])."""
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return list(meta["dependencies"]) + list(meta["optional-dependencies"]["server"])
+    extras = meta["optional-dependencies"]
+    return list(meta["dependencies"]) + list(extras["server"]) + list(extras["cpu"])
 
 
 def ensure_deps(log=print) -> Path:
