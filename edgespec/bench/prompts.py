@@ -66,10 +66,8 @@ def order_prompts(prompts: Sequence[Prompt], order: str) -> list[Prompt]:
 
     Why: `auto` carries what it learned from one request into the next (the draft's rate, the share of a
     reply its rounds write, reply lengths), so with the shipped sets in file order a category's requests
-    follow each other and inherit the state of their own kind. Replayed at pinned costs (docs/speed.md,
-    round nineteen), the same code ran explaining at 1.112x the target alone in file order and 1.010x
-    reversed, while the draft alone, its best source there, ran 1.137x and 1.142x: a category's
-    auto / best verdict is partly the order's, and a rule is judged over more than one."""
+    follow each other and inherit the state of their own kind: a category's figure is partly the order's,
+    so a comparison is judged over more than one order."""
     if order not in PROMPT_ORDERS:
         raise InvalidRequest(f"--order {order!r}: must be one of {', '.join(PROMPT_ORDERS)}", param="order")
     units = prompt_units(prompts)
