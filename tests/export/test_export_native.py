@@ -247,7 +247,9 @@ def test_zero_point_minimum_is_what_matmulnbits_computes(tmp_path):
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
     m.ir_version = 10
     x = rng.standard_normal((1, k)).astype(np.float32)
-    y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    from edgespec.edge.providers import session_options  # the process-wide pool, once an engine made it
+    sess = ort.InferenceSession(m.SerializeToString(), session_options(1), providers=["CPUExecutionProvider"])
+    y = sess.run(None, {"x": x})[0]
     np.testing.assert_allclose(y, x @ z.dequantize().T, rtol=1e-5, atol=1e-4)
 
     path = make_gguf(tmp_path / "m.gguf", types=Q4_K_M)
