@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InvalidRequest, ProviderError
+from ..models.graphfacts import encode_varint
 
 log = logging.getLogger("edgespec.edge.providers")
 
@@ -319,24 +320,12 @@ def missing_hint(name: str) -> str:
 
 
 # --- probing (doctor) ----------------------------------------------------------------------------
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
 def _field(num: int, value) -> bytes:
     """One protobuf field: ints as varints, bytes/str as length-delimited."""
     if isinstance(value, int):
-        return _varint(num << 3) + _varint(value)
+        return encode_varint(num << 3) + encode_varint(value)
     data = value.encode() if isinstance(value, str) else value
-    return _varint((num << 3) | 2) + _varint(len(data)) + data
+    return encode_varint((num << 3) | 2) + encode_varint(len(data)) + data
 
 
 def _tensor_value_info(name: str, dims: list[int]) -> bytes:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from .graphfacts import GraphFormatError, _varint
+from .graphfacts import GraphFormatError, _varint, encode_varint
 
 GQA = "GroupQueryAttention"
 BATCH_ORT = "1.32.0"  # the first release whose GroupQueryAttention schema has query_seqlens (kernels.FLOOR_SOURCES)
@@ -121,20 +121,8 @@ def _spans(buf: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
         pos = after
 
 
-def _enc_varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
 def _field(num: int, payload: bytes) -> bytes:
-    return _enc_varint(num << 3 | 2) + _enc_varint(len(payload)) + payload
+    return encode_varint(num << 3 | 2) + encode_varint(len(payload)) + payload
 
 
 def _node(buf: memoryview, drop: dict[int, str]) -> bytes | None:
