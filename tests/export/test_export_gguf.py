@@ -72,3 +72,10 @@ def test_via_torch_still_exports_a_gguf_and_agrees_with_native(tmp_path):
     assert native_b.manifest.extra["exporters"] == {"target": "native"}
     assert torch_b.manifest.models["target"].parity["top1"] >= 0.99
     assert native_b.manifest.models["target"].parity["top1"] >= 0.99
+    from edgespec.engine.engine import Engine  # the same tokens from both graphs, greedy
+    said = []
+    for b in (torch_b.path, native_b.path):
+        e = Engine.open(b, draft="none", max_len=64, warmup=False, verify=False)
+        said.append(e.generate("hello world", max_new_tokens=12).token_ids)
+        e.close()
+    assert said[0] == said[1] and len(said[0]) == 12, said
