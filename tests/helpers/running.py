@@ -50,3 +50,22 @@ class RunningServer:
         self.service._on_signal(signal.SIGTERM)
         self.thread.join(DEADLINE)
         assert not self.thread.is_alive()
+
+
+def together(calls):
+    """Runs each call in its own thread, all released at once by a barrier (several clients at the same
+    moment); returns their results in order. A call still running at DEADLINE fails the test."""
+    results: dict[int, object] = {}
+    barrier = threading.Barrier(len(calls))
+
+    def run(i):
+        barrier.wait(DEADLINE)
+        results[i] = calls[i]()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE)
+    assert len(results) == len(calls), f"{len(calls) - len(results)} of {len(calls)} calls did not finish"
+    return [results[i] for i in range(len(calls))]

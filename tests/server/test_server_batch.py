@@ -13,7 +13,7 @@ openai = pytest.importorskip("openai", reason="the test extra is not installed (
 pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
 
 from edgespec.engine import Engine  # noqa: E402
-from helpers.running import DEADLINE, RunningServer  # noqa: E402
+from helpers.running import DEADLINE, RunningServer, together  # noqa: E402
 from helpers.wait import wait_for  # noqa: E402
 
 ASKS = ["Sort a list of pairs by the second item.", "hello hello hello", "Write fizzbuzz.", "1 2 3 1 2 3 1 2"]
@@ -38,21 +38,14 @@ def _ref(eng, text, n):
 def test_concurrent_openai_streams_equal_target_alone(tiny_bundle, alone):
     r = RunningServer(tiny_bundle, parallel=3)
     try:
-        results: dict[int, str] = {}
-        barrier = threading.Barrier(len(ASKS))
         drafts = ["none", "ngram", "auto", "suffix"]
 
         def client(i):
-            barrier.wait(DEADLINE)
             stream = r.client.chat.completions.create(model=r.bundle.name, messages=_msgs(ASKS[i]), max_tokens=30 + i,
                                                       stream=True, extra_body={"draft": drafts[i]})
-            results[i] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(ASKS))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(DEADLINE)
+        results = together([lambda i=i: client(i) for i in range(len(ASKS))])
         for i, text in enumerate(ASKS):
             assert results[i] == _ref(alone, text, 30 + i).text, i
         body = urllib_get(r.service.port, "/metrics")
@@ -84,19 +77,8 @@ def test_serve_parallel_2_draft_model_drafts_for_both_clients(tiny_bundle, alone
     r = RunningServer(tiny_bundle, parallel=2, engine=opts)
     try:
         assert r.service.state.engine._draft_batch is not None  # the draft model is loaded, a slot per client
-        results: dict[int, object] = {}
-        barrier = threading.Barrier(2)
-
-        def client(i):
-            barrier.wait(DEADLINE)
-            results[i] = r.client.chat.completions.create(model=r.bundle.name, messages=_msgs(ASKS[i]),
-                                                          max_tokens=40)
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(DEADLINE)
+        results = together([lambda i=i: r.client.chat.completions.create(model=r.bundle.name, messages=_msgs(ASKS[i]),
+                                                                         max_tokens=40) for i in range(2)])
         for i in range(2):
             got = results[i]
             assert got.choices[0].message.content == _ref(alone, ASKS[i], 40).text, i
