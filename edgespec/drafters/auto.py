@@ -3,13 +3,14 @@
 The whole policy, in the words of docs/drafting.md: the target alone makes one token per measured
 one-token step. A source whose k proposed tokens are each accepted with probability a (given the
 ones before were) yields 1 + a + ... + a^k tokens for its drafting seconds plus the measured verify
-of k + 1 tokens. The free sources (suffix index, recycled candidates) look up every round at no
+of k + 1 tokens. The free sources (the suffix index, a grammar's forced text) look up every round at no
 model cost and score every lookup against what the target then wrote, so they quote their own
 rate for this round's lookup (Drafter.quote). A source that costs model steps (draft model, heads)
 is priced before it drafts (Drafter.cost): its measured step seconds, a one-off catch-up (feeding
 the draft text it has not seen, e.g. the prompt) spread over the next HORIZON tokens, and `a` from
 a Beta posterior per source: its prior plus every verdict on its proposals in this request, with
-earlier requests' evidence kept at REQUEST_KEEP. `a` is read optimistically, the posterior mean plus
+earlier requests' evidence kept at REQUEST_KEEP; a round where it drafted and then proposed nothing
+counts as a miss (the step was paid for no token). `a` is read optimistically, the posterior mean plus
 EXPLORE_SD standard deviations, so a source with little evidence gets tried and one that has shown
 itself is judged by what it showed.
 
@@ -43,10 +44,12 @@ class AutoDrafter(DrafterBase):
 
     name = "auto"
 
-    def __init__(self, costs: CostModel, sources: Sequence[Drafter]):
+    def __init__(self, costs: CostModel, sources: Sequence[Drafter], evidence: dict[str, Beta] | None = None):
+        """evidence: what earlier requests showed (a batched engine builds an auto per request and
+        hands it the last finished one's); faded at begin like the serial engine's own."""
         self.costs = costs
         self.sources = list(sources)
-        self._acc: dict[str, Beta] = {}  # source that costs model steps -> its acceptance posterior
+        self.evidence: dict[str, Beta] = evidence or {}  # model-step source -> its acceptance posterior
         self._used: Drafter | None = None  # the source whose proposal this round verifies
 
     @property
@@ -56,7 +59,7 @@ class AutoDrafter(DrafterBase):
     # -- the interface: passed on to every source -------------------------------------------------------
     def begin(self, ctx) -> None:
         self._used = None
-        for b in self._acc.values():
+        for b in self.evidence.values():
             b.fade(REQUEST_KEEP)
         for s in self.sources:
             s.begin(ctx)
@@ -83,7 +86,7 @@ class AutoDrafter(DrafterBase):
         return out + [(c, "ngram") for c in ngram_alternatives(ctx, k, width)]
 
     def forget(self) -> None:
-        self._acc.clear()
+        self.evidence.clear()
         for s in self.sources:
             s.forget()
 
@@ -93,18 +96,21 @@ class AutoDrafter(DrafterBase):
 
     def feedback(self, proposal: Proposal, accepted: int, valid_len: int) -> None:
         used, self._used = self._used, None
-        if used is not None and proposal.tokens and used.name in self._acc:
-            # accepted tokens are hits, the first rejected one a miss; tokens after it were never judged
-            self._acc[used.name].add(accepted, 1 if accepted < len(proposal.tokens) else 0)
+        if used is not None and used.name in self.evidence:
+            # accepted tokens are hits, the first rejected one a miss; tokens after it were never judged.
+            # A source that drafted and then withdrew (its own confidence said no token pays) proposes
+            # nothing: its draft step was paid for no token, the loss of a first token rejected, so it
+            # is a miss too. Counting only the proposals it kept would price it by its best rounds
+            self.evidence[used.name].add(accepted, 1 if accepted < len(proposal.tokens) or not proposal.tokens else 0)
         for s in self.sources:  # every source, used or not, must forget cache rows past valid_len
             s.feedback(proposal, accepted, valid_len)
 
     # -- the decision ---------------------------------------------------------------------------------
     def acceptance(self, name: str, prior: float) -> float:
         """A model-step source's acceptance as `auto` reads it: posterior mean + EXPLORE_SD sd, at most 1."""
-        b = self._acc.get(name)
+        b = self.evidence.get(name)
         if b is None:
-            b = self._acc[name] = Beta(min(max(prior, 0.01), 0.99), weight=PRIOR_WEIGHT, keep=1.0)
+            b = self.evidence[name] = Beta(min(max(prior, 0.01), 0.99), weight=PRIOR_WEIGHT, keep=1.0)
         n = b.a + b.b
         m = b.a / n
         return min(1.0, m + EXPLORE_SD * math.sqrt(m * (1.0 - m) / (n + 1.0)))

@@ -15,10 +15,12 @@ fresh drafters, seeded from what finished requests left:
 - acceptance estimates (n-gram per matched length, suffix per length and frequency bin): a new
   request starts from the last finished request's, faded as the serial drafters fade them.
 
-Modes (the rows drafters/modes.py marks batched): `none`, `ngram` (this request's text only), `suffix`
-(the history and this request), and `auto` choosing per round between the suffix index and nothing.
-The draft model, the self-draft and recycled candidates need one model cache or the verify rows of
-one request at a time: refused when the request is parsed.
+- the draft model: one ModelDrafter per slot, kept across the slot's requests (its cache, its
+  calibration), drafting through the batched draft step (engine/draft_batch.py);
+- `auto`'s acceptance evidence: a new request's auto starts from the last finished request's.
+
+Modes: the rows drafters/modes.py marks batched, `auto` choosing among the batched sources it ranks.
+The self-draft and the draft heads are refused before a request is admitted (modes.check_batched).
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ class BatchDrafters:
         self.draft = draft
         self._ngram = NgramDrafter(None)  # the last finished request's n-gram estimates
         self._suffix_acc = None  # ... and its suffix acceptance table
+        self._auto_evidence: dict = {}  # ... and its auto's acceptance evidence (AutoDrafter.evidence)
         # the recycle table is shared by every request (as the serial engine's learns across requests);
         # each slot keeps its own drafter over it (its estimates, its last lookup)
         self._table = RecycleDrafter(usable).table if usable is not None else None
@@ -97,7 +100,7 @@ class BatchDrafters:
                 d = self._build(row.name, True, costs, slot)
                 if d is not None:
                     parts[row.name] = d
-            d = AutoDrafter(costs, list(parts.values()))
+            d = AutoDrafter(costs, list(parts.values()), evidence=copy.deepcopy(self._auto_evidence))
         else:
             d = parts[mode] = self._build(mode, adaptive, costs, slot)
         d.set_adaptive(adaptive)
@@ -153,6 +156,8 @@ class BatchDrafters:
             self._ngram = parts["ngram"]
         if "suffix" in parts:
             self._suffix_acc = parts["suffix"].acc
+        if isinstance(drafter, AutoDrafter):
+            self._auto_evidence = drafter.evidence
 
     def failed(self, slot: int, drafter: Drafter | None = None) -> None:
         """The slot's caches were reset (a failed pass): its draft model forgets what it held, and
@@ -167,6 +172,7 @@ class BatchDrafters:
         self.history.clear()
         self._ngram = NgramDrafter(None)
         self._suffix_acc = None
+        self._auto_evidence = {}
         if self._table is not None:
             self._table.fill(-1)
         for d in [*self._recycle.values(), *(self.draft.drafters.values() if self.draft is not None else ())]:

@@ -173,10 +173,10 @@ class TreeVerifier:
         chain + spine + w per other node stays under the best rate the spine's own prefixes reached
         (or under the chain's times 1 + TREE_MIN_GAIN), no branching subtree can be `_prune`'s pick.
 
-        Why: measured in round eleven's pinned replay, no `auto` round of 3,217 was verified as a tree
-        on the dev CPU (a verify of 2 rows costs 1.17x one of 1), yet every round built and pruned the
-        alternatives; in round twelve's profile 212 of 258 rounds that still widened were plain ones,
-        where a path under the root prices as paying (q = 0.75) and is dropped unverified."""
+        Why: on the 2-core dev CPU a verify of 2 rows costs 1.17x one of 1, so trees almost never
+        pay there (no `auto` round of 3,217 in one measured run was verified as a tree), yet building
+        and pruning the alternatives every round cost time; most rounds that still widened were plain
+        ones, where a path under the root prices as paying (q = 0.75) and is dropped unverified."""
         c = min(len(draft), max_nodes - 1) + 1  # chain nodes the tree would hold, root included
         if c >= max_nodes:
             return True

@@ -83,3 +83,25 @@ def test_forget_clears_the_shared_history_for_new_requests():
     assert _suffix(bd, []).lookup([9, 2, 3], 1).tokens == [4]
     bd.forget()
     assert len(bd.history) == 0 and _suffix(bd, []).lookup([9, 2, 3], 1).tokens == []
+
+
+def test_auto_starts_from_the_last_finished_requests_evidence_and_forget_drops_it():
+    """A batched engine builds an auto per request: what the draft model showed on the last finished
+    request carries over (faded at begin, as in the serial engine), so a draft that kept losing is
+    not explored afresh on every request; forget() drops it."""
+    bd = BatchDrafters(suffix_capacity=256, max_len=64)
+    costs = CostModel(times(s1=0.1))
+    first, _, _ = bd.for_request("auto", None, costs)
+    first.acceptance("model", 0.8)  # the posterior is made from the prior on first use ...
+    first.evidence["model"].add(2, 30)  # ... then the request shows the draft mostly rejected
+    shown = first.evidence["model"].mean
+    assert shown < 0.2
+    bd.finished(first, [1, 2, 3])
+    second, _, _ = bd.for_request("auto", None, costs)
+    assert second.evidence["model"] is not first.evidence["model"]  # a copy: the two never share
+    second.begin([4, 5])
+    b = second.evidence["model"]
+    assert abs(b.mean - shown) < 1e-12 and b.a + b.b < 34 * 0.3  # the same mean, its weight faded
+    bd.forget()
+    third, _, _ = bd.for_request("auto", None, costs)
+    assert third.evidence == {}

@@ -102,7 +102,7 @@ def test_the_engine_builds_every_row_it_has_a_runner_for(tiny_bundle):
         assert set(eng._drafters) == {m.name for m in modes.MODES if m.runner not in ("self", "heads")}
         ranked = [m.name for m in sorted((m for m in modes.MODES if m.auto_rank is not None
                                           and m.runner not in ("self", "heads")), key=lambda m: m.auto_rank)]
-        assert [s.name for s in eng._drafters["auto"].sources] == ranked == ["suffix", "recycle", "model", "grammar"]
+        assert [s.name for s in eng._drafters["auto"].sources] == ranked == ["suffix", "model", "grammar"]
     finally:
         eng.close()
 
