@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from edgespec.core.costmodel import CostModel
+from edgespec.core.runner import StepTimes
 from helpers.costs import times
 
 
@@ -44,10 +45,33 @@ def test_costs_are_memoised_until_a_median_changes():
     assert t.version == v
     t._recent[1].extend([0.5] * 8)  # behind its back: the memo answers (it is one)
     assert cm.verify(1) == 0.1 and cm.measured() == {1: 0.1, 2: 0.12}
-    t.add(1, 0.5)  # a median moves: recomputed
-    assert t.version == v + 1 and cm.verify(1) == 0.5 and cm.measured() == {1: 0.5, 2: 0.12}
-    assert cm.verify(3) == pytest.approx(0.12)  # the slope past size 2 is now negative: clamped flat
+    t.add(1, 0.5)  # a median moves: recomputed, and the 2-token step with it (kept as 1.2x the 1-token)
+    assert t.version == v + 1 and cm.verify(1) == 0.5 and cm.measured() == pytest.approx({1: 0.5, 2: 0.6})
+    assert cm.verify(3) == pytest.approx(0.7)  # the slope past size 2
     d.add(1, 0.09), d.add(1, 0.09), d.add(1, 0.09)  # the draft's table is watched too
     assert cm.draft_step(1) == 0.09
     cm.target = times(s1=0.2, s2=0.25)  # another table (batch.py: one per pass size)
     assert cm.verify(1) == 0.2 and cm.verify(2) == 0.25 and cm.measured() == {1: 0.2, 2: 0.25}
+
+
+def test_a_burst_of_load_does_not_leave_longer_steps_priced_high_after_it_passes():
+    """Steps of 2-5 tokens timed during a burst of load (everything 3x slower) must come back down
+    when the burst ends, though only 1-token steps run after it: a chain priced out by a stale cost
+    never runs again to correct it (StepTimes' docstring). Negative control: the seconds themselves
+    stay at the burst's."""
+    t = StepTimes()
+    for _ in range(9):  # quiet: 1-token 40 ms, n tokens 40 ms x (1 + 0.15 (n - 1))
+        for n in range(1, 6):
+            t.add(n, 0.040 * (1 + 0.15 * (n - 1)))
+    for _ in range(20):  # a burst: 1-token steps run most, and every size runs a few times
+        for _ in range(3):
+            t.add(1, 0.120)
+        for n in range(2, 6):
+            t.add(n, 0.120 * (1 + 0.15 * (n - 1)))
+    assert t.recent(1) == pytest.approx(0.120) and t.recent(3) == pytest.approx(0.120 * 1.3)
+    for _ in range(9):  # the burst is over; only 1-token steps run (nothing longer is proposed)
+        t.add(1, 0.040)
+    cm = CostModel(t)
+    for n in range(1, 6):
+        assert cm.verify(n) == pytest.approx(0.040 * (1 + 0.15 * (n - 1)))
+    assert sorted(t._recent[3])[4] == pytest.approx(0.120 * 1.3)  # what the seconds alone would say

@@ -19,6 +19,7 @@ def freeze(t: StepTimes, **by_size) -> None:
     t.total_s.clear()
     t.count.clear()
     t._recent.clear()
+    t._ratio.clear()
     t._medians = None
     t.version += 1
     for s, sec in by_size.items():
