@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..units import format_size, measure_rss
+from .memory import LAZY_PARTS
 
 if TYPE_CHECKING:
     from .memory import MemoryPlan
@@ -36,12 +37,14 @@ class MemoryCheck:
 
 def compare(plan_: MemoryPlan, measured_bytes: int | None = None) -> MemoryCheck:
     """Predicted vs measured resident memory of this process (peak RSS unless given). The measurement
-    is of an engine that has just opened, whose suffix index holds nothing yet: the plan's full index
-    (what a long-running server grows to) is left out of the comparison."""
+    is of an engine that has just opened, whose suffix index holds nothing yet and whose grammar view
+    is not built: those parts (memory.LAZY_PARTS, what a long-running server grows to) are left out of
+    the comparison."""
     if measured_bytes is None:
         m = measure_rss()
         measured_bytes = m.get("peak") or m.get("rss") or 0
-    return MemoryCheck(plan_.predicted_bytes - plan_.breakdown.get("suffix_index", 0), int(measured_bytes))
+    lazy = sum(plan_.breakdown.get(k, 0) for k in LAZY_PARTS)
+    return MemoryCheck(plan_.predicted_bytes - lazy, int(measured_bytes))
 
 
 def available_bytes(root: str | os.PathLike = "/") -> int | None:

@@ -8,6 +8,8 @@ The prediction is the resident memory of the whole process once a request has fi
     <role>_weights   the model's files x WEIGHT_FACTOR (repacked int4 weights + the mmapped embedding)
     <role>_kv        2 x layers x kv_heads x head_dim x max_len x dtype bytes (past and present share it)
     working          activations of the largest step (a prefill chunk) and the logits rows kept
+    suffix_index     the suffix index full (it fills as requests accumulate)
+    grammar          the grammar library's view of the vocabulary (the first structured request builds it)
     margin           UNACCOUNTED: what the measured runs held beyond the terms above (allocator
                      arenas, onnxruntime's per-run buffers), so the plan is never under measured RSS
 
@@ -56,6 +58,12 @@ CUDA_ARENA_SLACK = 0.10  # the arena (kSameAsRequested) holds ~10 % more than th
 # int8 cuda flavor, peak RSS at max_len 512/2048/4096: 0.047-0.049 MiB per token against 0.022 of
 # float16 KV; without this the plan was up to 15-19 % under at 4096). 2.5 keeps the plan over.
 CPU_FP16_KV_FACTOR = 2.5
+# llguidance's view of the vocabulary (core/constraint.py: a trie of every token), built on the first
+# request with a schema, grammar or tools and kept while the engine runs, plus the library's code
+# loaded then. Measured (RSS before and after, llguidance 1.x, 4 Dec): 88.9 MiB for Qwen2.5's 151,936
+# rows, 41.6 MiB for SmolLM2's 49,152, i.e. ~19 MiB + ~460 bytes a row; rounded up below
+GRAMMAR_BASE = 20 << 20
+GRAMMAR_BYTES_PER_TOKEN = 480
 MIN_MAX_LEN = 256  # below this a chat turn does not fit; the plan refuses instead of shrinking further
 LEN_ALIGN = 64  # shrunk lengths are multiples of this (the floor itself is kept as given)
 
@@ -217,6 +225,7 @@ def predict(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int = PREF
         "draft_weights": 0,
         "draft_kv": 0,
         "suffix_index": suffix_index_bytes(suffix_tokens),
+        "grammar": grammar_bytes(t),
         "margin": UNACCOUNTED,
     }
     if load_draft and b.draft is not None:
@@ -377,6 +386,14 @@ def slot_bytes(facts, max_len: int, *, verify_rows: int = 9) -> int:
     from the shared history of finished requests without a copy, engine/batch_drafters.py)."""
     return (facts.kv_bytes_per_token() * (max_len + 1) + verify_rows * facts.vocab_size * 4
             + suffix_index_bytes(max_len + 1))
+
+
+def grammar_bytes(facts) -> int:
+    """Host bytes of the grammar library's view of the vocabulary (structured output), once built."""
+    return GRAMMAR_BASE + GRAMMAR_BYTES_PER_TOKEN * facts.vocab_size
+
+
+LAZY_PARTS = ("suffix_index", "grammar")  # empty in an engine that has just opened: they grow with requests
 
 
 def suffix_index_bytes(tokens: int = SUFFIX_CAPACITY) -> int:

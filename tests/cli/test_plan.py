@@ -11,6 +11,7 @@ from edgespec.cli import main as cli
 from edgespec import units
 from edgespec import limits
 from edgespec.edge import memcheck, memory
+from edgespec.models.bundle import Bundle
 
 
 def test_plan_prints_the_numbers(tiny_bundle, capsys):
@@ -70,9 +71,12 @@ def test_plan_measure_compares_with_a_fresh_process(tiny_bundle, capsys, monkeyp
                 "device_note": "no CUDA runtime (libcudart) on this machine: device memory cannot be measured here"}
 
     p = memory.plan(tiny_bundle, max_len=256, want_draft=True, budget_bytes=None)
-    # a fresh engine's suffix index holds nothing: the comparison leaves the plan's full index out
+    # a fresh engine's suffix index holds nothing and its grammar view is not built: the comparison
+    # leaves the plan's full index and the view out
     assert p.breakdown["suffix_index"] == (limits.SUFFIX_CAPACITY + 1) * limits.SUFFIX_BYTES_PER_TOKEN
-    predicted = [p.predicted_bytes - p.breakdown["suffix_index"]]
+    vocab = Bundle.open(tiny_bundle).target.vocab_size
+    assert p.breakdown["grammar"] == memory.GRAMMAR_BASE + memory.GRAMMAR_BYTES_PER_TOKEN * vocab
+    predicted = [p.predicted_bytes - p.breakdown["suffix_index"] - p.breakdown["grammar"]]
     from edgespec.engine import measure
 
     monkeypatch.setattr(measure, "measure_fresh", fake_fresh)
