@@ -101,7 +101,8 @@ class AutoDrafter(DrafterBase):
             # A source that drafted and then withdrew (its own confidence said no token pays) proposes
             # nothing: its draft step was paid for no token, the loss of a first token rejected, so it
             # is a miss too. Counting only the proposals it kept would price it by its best rounds
-            self.evidence[used.name].add(accepted, 1 if accepted < len(proposal.tokens) or not proposal.tokens else 0)
+            all_taken = bool(proposal.tokens) and accepted == len(proposal.tokens)
+            self.evidence[used.name].add(accepted, 0 if all_taken else 1)
         for s in self.sources:  # every source, used or not, must forget cache rows past valid_len
             s.feedback(proposal, accepted, valid_len)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InvalidRequest, ProviderError
-from ..models.graphfacts import encode_varint
+from ..models.ortcompat import encode_field
 
 log = logging.getLogger("edgespec.edge.providers")
 
@@ -320,28 +320,23 @@ def missing_hint(name: str) -> str:
 
 
 # --- probing (doctor) ----------------------------------------------------------------------------
-def _field(num: int, value) -> bytes:
-    """One protobuf field: ints as varints, bytes/str as length-delimited."""
-    if isinstance(value, int):
-        return encode_varint(num << 3) + encode_varint(value)
-    data = value.encode() if isinstance(value, str) else value
-    return encode_varint((num << 3) | 2) + encode_varint(len(data)) + data
-
-
 def _tensor_value_info(name: str, dims: list[int]) -> bytes:
-    shape = b"".join(_field(1, _field(1, d)) for d in dims)  # TensorShapeProto.dim{dim_value}
-    tensor_type = _field(1, 1) + _field(2, shape)  # elem_type FLOAT, shape
-    return _field(1, name) + _field(2, _field(1, tensor_type))  # ValueInfoProto{name, TypeProto{tensor_type}}
+    shape = b"".join(encode_field(1, encode_field(1, d)) for d in dims)  # TensorShapeProto.dim{dim_value}
+    tensor_type = encode_field(1, 1) + encode_field(2, shape)  # elem_type FLOAT, shape
+    # ValueInfoProto{name, TypeProto{tensor_type}}
+    return encode_field(1, name) + encode_field(2, encode_field(1, tensor_type))
 
 
 def probe_model_bytes(n: int = 8) -> bytes:
     """A serialized ONNX model, Y = MatMul(X [1,n], W [n,n]), written by hand so that probing a
     provider needs neither the `onnx` package nor a file shipped with edgespec."""
-    node = _field(1, "X") + _field(1, "W") + _field(2, "Y") + _field(3, "probe") + _field(4, "MatMul")
-    graph = (_field(1, node) + _field(2, "edgespec-probe") + _field(11, _tensor_value_info("X", [1, n]))
-             + _field(11, _tensor_value_info("W", [n, n])) + _field(12, _tensor_value_info("Y", [1, n])))
-    opset = _field(1, "") + _field(2, 17)
-    return _field(1, 8) + _field(2, "edgespec") + _field(7, graph) + _field(8, opset)
+    node = (encode_field(1, "X") + encode_field(1, "W") + encode_field(2, "Y") + encode_field(3, "probe")
+            + encode_field(4, "MatMul"))
+    graph = (encode_field(1, node) + encode_field(2, "edgespec-probe")
+             + encode_field(11, _tensor_value_info("X", [1, n])) + encode_field(11, _tensor_value_info("W", [n, n]))
+             + encode_field(12, _tensor_value_info("Y", [1, n])))
+    opset = encode_field(1, "") + encode_field(2, 17)
+    return encode_field(1, 8) + encode_field(2, "edgespec") + encode_field(7, graph) + encode_field(8, opset)
 
 
 @dataclass

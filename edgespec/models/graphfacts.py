@@ -95,20 +95,7 @@ class GraphIO:
         return None
 
 
-# --- protobuf wire format ------------------------------------------------------------------------
-def encode_varint(n: int) -> bytes:
-    """n as a protobuf varint (the writers: ortcompat's graph edit, the providers' probe model)."""
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
+# --- protobuf wire format, read-only ---------------------------------------------------------------
 def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:

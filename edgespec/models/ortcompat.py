@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from .graphfacts import GraphFormatError, _varint, encode_varint
+from .graphfacts import GraphFormatError, _varint
 
 GQA = "GroupQueryAttention"
 BATCH_ORT = "1.32.0"  # the first release whose GroupQueryAttention schema has query_seqlens (kernels.FLOOR_SOURCES)
@@ -81,10 +81,12 @@ def missing_inputs(known: Sequence[str] | None = None, version: str | None = Non
         version = onnxruntime.__version__
     if known is None:
         known = gqa_schema_inputs()
+    # a graph of unknown flavor loses only what a graph of every flavor may lose
+    flavors = {"cpu", "cuda"} if flavor is None else {flavor}
     out = {}
     for s in STRIPS:
-        if flavor not in s.flavors and not (flavor is None and set(s.flavors) == {"cpu", "cuda"}):
-            continue  # a graph of unknown flavor: only what every flavor may lose
+        if not flavors <= set(s.flavors):
+            continue
         if s.below is not None:
             lacks = version_tuple(version) < version_tuple(s.below)
         elif known is not None:
@@ -97,6 +99,27 @@ def missing_inputs(known: Sequence[str] | None = None, version: str | None = Non
 
 
 # --- protobuf wire format: spans and re-encoding -----------------------------------------------------
+def encode_varint(n: int) -> bytes:
+    """n as a protobuf varint."""
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def encode_field(num: int, value) -> bytes:
+    """One protobuf field: an int as a varint, bytes or str length-delimited."""
+    if isinstance(value, int):
+        return encode_varint(num << 3) + encode_varint(value)
+    data = value.encode() if isinstance(value, str) else value
+    return encode_varint(num << 3 | 2) + encode_varint(len(data)) + data
+
+
 def _spans(buf: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
     """(field, wire type, start of the key, start of the payload, end) for each field of a message."""
     pos, end = 0, len(buf)
@@ -121,10 +144,6 @@ def _spans(buf: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
         pos = after
 
 
-def _field(num: int, payload: bytes) -> bytes:
-    return encode_varint(num << 3 | 2) + encode_varint(len(payload)) + payload
-
-
 def _node(buf: memoryview, drop: dict[int, str]) -> bytes | None:
     """The node re-encoded without the inputs in `drop` (and the empty ones trailing after them),
     or None when it is not a GroupQueryAttention wiring any of them."""
@@ -141,7 +160,7 @@ def _node(buf: memoryview, drop: dict[int, str]) -> bytes | None:
     for n, wt, s, p, e in fields:
         if n == 1 and wt == 2:
             if not done:  # inputs are written where the first one was, in order
-                out += b"".join(_field(1, name) for name in kept)
+                out += b"".join(encode_field(1, name) for name in kept)
                 done = True
             continue
         out += buf[s:e]
@@ -155,7 +174,7 @@ def _graph(buf: memoryview, drop: dict[int, str]) -> tuple[bytes, int]:
         if new is None:
             out += buf[s:e]
         else:
-            out += _field(1, new)
+            out += encode_field(1, new)
             changed += 1
     return bytes(out), changed
 
@@ -170,7 +189,7 @@ def strip_inputs(model: bytes, drop: dict[int, str]) -> tuple[bytes, int]:
     for n, wt, s, p, e in _spans(buf):
         if n == 7 and wt == 2:
             g, changed = _graph(buf[p:e], drop)
-            out += _field(7, g)
+            out += encode_field(7, g)
         elif n == 14 and wt == 2 and any(k == 1 and bytes(buf[p:e][kp:ke]) == PADDED_QUERIES_KEY
                                          for k, _, _, kp, ke in _spans(buf[p:e])):
             continue  # the graph no longer batches through its mask
