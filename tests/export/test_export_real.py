@@ -41,7 +41,10 @@ def chat_ids(bundle: Bundle, text: str) -> list[int]:
 def test_smollm2_gguf_exports_and_answers(smollm2_export):
     out, d = smollm2_export  # `edgespec export GGUF --quant int8 --min-top1 0.9` (tests/conftest.py)
     p = d["models"]["target"]["parity"]
-    assert p["passed"] and p["top1"] >= 0.9 and p["mean_kl"] < 0.05 and p["tokens"] == 256  # native default
+    # the threshold asked for, 256 tokens (the native default), and the GGUF's blocks re-rounded to int8
+    # close to the GGUF (measured 2026-12-04: top-1 0.969, top-5 1.0, mean KL 0.0033)
+    assert p["min_top1"] == 0.9 and p["passed"] and p["tokens"] == 256, p
+    assert p["top1"] >= 0.95 and p["top1_in_top5"] >= 0.99 and p["mean_kl"] < 0.01, p
     b = Bundle.open(out)
     t = b.manifest.tokenizer
     assert t.usable_vocab == 49152 and t.add_bos is False
@@ -76,7 +79,10 @@ def test_smollm2_native_export_is_the_gguf(tmp_path, real_gguf):
     out = tmp_path / "smollm2-native"
     d = export_cli(str(gguf), "-o", str(out), "--accuracy-level", "1")
     p = d["models"]["target"]["parity"]
-    assert p["reference"] == "gguf dequantized, numpy float32" and p["top1"] >= 0.99, p
+    # float activations over the GGUF's own blocks: the numpy forward itself (measured: top-1 1.0, KL 0.0);
+    # at most one of 256 tokens may flip at a float32 near-tie on another CPU
+    assert p["reference"] == "gguf dequantized, numpy float32" and p["top1"] >= 255 / 256, p
+    assert p["mean_kl"] < 1e-4 and p["max_kl"] < 0.01, p
     manifest, problems = verify_cmd.check(out, load=True)
     assert problems == [] and manifest.extra["exporters"] == {"target": "native"}
     b = Bundle.open(out)
