@@ -34,13 +34,13 @@ def run_native_job(job, progress: Progress | None = None) -> dict:
     gg = GGUFModel(job.source.path, f"{job.role} source")
     cfg = gg.config.hf_dict()
     flavor = graph_flavor(job.quant, job.ep)
-    keep = getattr(job, "keep_gguf_quant", True)
+    keep = job.keep_gguf_quant
     c = gg.config
     # the rounded tensors' block size: as asked, else quantize.py's default for this model (the builder's)
     block_size = job.block_size or default_block_size(c.hidden, c.ffn, c.heads * c.head_dim)
     plan = Plan(quant=None if keep and job.quant in ("int4", "int8") else job.quant,
                 settings=settings_for(job.quant, block_size, job.accuracy_level, job.head_bits),
-                minimum=getattr(job, "gguf_minimum", "offset"))
+                minimum=job.gguf_minimum)
     job.out_dir.mkdir(parents=True, exist_ok=True)
     name = graph_file(flavor, primary=job.primary)
     onnx_path = job.out_dir / name
