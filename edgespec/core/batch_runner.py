@@ -41,11 +41,11 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..models.manifest import ModelFacts
+from ..models.ortcompat import PADDED_QUERIES_KEY
 from .runner import CacheFull, StepTimes, contract_inputs, step_rows
 
 log = logging.getLogger("edgespec.core.batch_runner")
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
-PADDED_QUERIES_KEY = "edgespec.padded_queries"  # graph metadata written by export/graph_batch.py
 
 
 def _why_per_row(facts: ModelFacts, version: str) -> str:

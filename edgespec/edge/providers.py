@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InvalidRequest, ProviderError
-from ..models.ortcompat import encode_field
+from ..models.protowire import encode_field
 
 log = logging.getLogger("edgespec.edge.providers")
 

@@ -7,8 +7,8 @@ a KeyError) with a traceback. So `verify` and Bundle.open read each graph's inpu
 compare: names, layer count, kv heads, head dim, cache and logits dtypes, logits width, and that the
 external weight files the graph points at are bundle files.
 
-The graph is read with a small protobuf reader here (ModelProto -> GraphProto -> ValueInfoProto /
-TensorProto's external_data), not the `onnx` package: the device runtime does not depend on onnx,
+The graph is read with the small protobuf reader of protowire.py (ModelProto -> GraphProto ->
+ValueInfoProto / TensorProto's external_data), not the `onnx` package: the device runtime does not depend on onnx,
 and this reads only the few fields it needs, skipping weights without copying them (mmap).
 """
 from __future__ import annotations
@@ -18,7 +18,9 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+from .protowire import GraphFormatError, fields, packed_varints, text
 
 # TensorProto.DataType numbers -> the names the manifest uses
 ELEM_TYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
@@ -27,10 +29,6 @@ ELEM_TYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "
 KV_DTYPES = ("float32", "float16", "bfloat16")
 # the ModelFacts fields that name one graph input each (None: the graph has no such input)
 GRAPH_INPUT_FIELDS = ("input_ids", "attention_mask", "logits_to_keep", "position_ids", "attention_bias")
-
-
-class GraphFormatError(ValueError):
-    """The file is not a readable ONNX model."""
 
 
 @dataclass
@@ -95,60 +93,13 @@ class GraphIO:
         return None
 
 
-# --- protobuf wire format, read-only ---------------------------------------------------------------
-def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise GraphFormatError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 70:
-            raise GraphFormatError("varint too long")
-
-
-def _fields(buf: memoryview) -> Iterator[tuple[int, int, Any]]:
-    """(field number, wire type, value): an int for varints, a memoryview for length-delimited
-    fields (not copied), None for fixed-width ones."""
-    pos = 0
-    end = len(buf)
-    while pos < end:
-        key, pos = _varint(buf, pos)
-        num, wt = key >> 3, key & 7
-        if wt == 0:
-            v, pos = _varint(buf, pos)
-            yield num, wt, v
-        elif wt == 2:
-            n, pos = _varint(buf, pos)
-            if pos + n > end:
-                raise GraphFormatError("truncated field")
-            yield num, wt, buf[pos:pos + n]
-            pos += n
-        elif wt == 1:
-            pos += 8
-            yield num, wt, None
-        elif wt == 5:
-            pos += 4
-            yield num, wt, None
-        else:
-            raise GraphFormatError(f"unsupported wire type {wt}")
-
-
-def _text(v: memoryview) -> str:
-    return bytes(v).decode("utf-8", "replace")
-
-
 def _value_info(buf: memoryview) -> tuple[str, Tensor]:
     name, tensor = "", Tensor("unknown", [])
-    for num, wt, v in _fields(buf):
+    for num, wt, v in fields(buf):
         if num == 1 and wt == 2:
-            name = _text(v)
+            name = text(v)
         elif num == 2 and wt == 2:  # TypeProto
-            for tnum, twt, tv in _fields(v):
+            for tnum, twt, tv in fields(v):
                 if tnum == 1 and twt == 2:  # TypeProto.Tensor
                     tensor = _tensor_type(tv)
     return name, tensor
@@ -156,40 +107,40 @@ def _value_info(buf: memoryview) -> tuple[str, Tensor]:
 
 def _tensor_type(buf: memoryview) -> Tensor:
     elem, dims = 0, []
-    for num, wt, v in _fields(buf):
+    for num, wt, v in fields(buf):
         if num == 1 and wt == 0:
             elem = v
         elif num == 2 and wt == 2:  # TensorShapeProto
-            for snum, swt, sv in _fields(v):
+            for snum, swt, sv in fields(v):
                 if snum == 1 and swt == 2:  # Dimension
                     d: int | str | None = None
-                    for dnum, dwt, dv in _fields(sv):
+                    for dnum, dwt, dv in fields(sv):
                         if dnum == 1 and dwt == 0:
                             d = dv
                         elif dnum == 2 and dwt == 2:
-                            d = _text(dv)
+                            d = text(dv)
                     dims.append(d)
     return Tensor(ELEM_TYPES.get(elem, f"type{elem}"), dims)
 
 
 def _node(buf: memoryview) -> Node:
     node = Node("", [], [], {})
-    for num, wt, v in _fields(buf):
+    for num, wt, v in fields(buf):
         if num == 1 and wt == 2:
-            node.inputs.append(_text(v))
+            node.inputs.append(text(v))
         elif num == 2 and wt == 2:
-            node.outputs.append(_text(v))
+            node.outputs.append(text(v))
         elif num == 3 and wt == 2:
-            node.name = _text(v)
+            node.name = text(v)
         elif num == 4 and wt == 2:
-            node.op_type = _text(v)
+            node.op_type = text(v)
         elif num == 7 and wt == 2:
-            node.domain = _text(v)
+            node.domain = text(v)
         elif num == 5 and wt == 2:  # AttributeProto: name 1, i 3, t 5 (a TensorProto: data_type 2)
             name, value = None, None
-            for anum, awt, av in _fields(v):
+            for anum, awt, av in fields(v):
                 if anum == 1 and awt == 2:
-                    name = _text(av)
+                    name = text(av)
                 elif anum == 3 and awt == 0:
                     value = av - (1 << 64) if av >= 1 << 63 else av
                 elif anum == 5 and awt == 2:
@@ -202,7 +153,7 @@ def _node(buf: memoryview) -> Node:
 
 def _data_type(buf: memoryview) -> str:
     """A TensorProto's element type (field 2), without reading its data."""
-    elem = next((v for num, wt, v in _fields(buf) if num == 2 and wt == 0), 0)
+    elem = next((v for num, wt, v in fields(buf) if num == 2 and wt == 0), 0)
     return ELEM_TYPES.get(elem, f"type{elem}")
 
 
@@ -210,25 +161,22 @@ def _tensor(buf: memoryview) -> tuple[str, list[int], str | None, str]:
     """TensorProto: name (8), dims (1, packed or not), external_data (13) {key: 'location', value: file},
     data_type (2)."""
     name, dims, location, elem = "", [], None, 0
-    for num, wt, v in _fields(buf):
+    for num, wt, v in fields(buf):
         if num == 8 and wt == 2:
-            name = _text(v)
+            name = text(v)
         elif num == 2 and wt == 0:
             elem = v
         elif num == 1 and wt == 0:
             dims.append(v)
         elif num == 1 and wt == 2:
-            pos = 0
-            while pos < len(v):
-                d, pos = _varint(v, pos)
-                dims.append(d)
+            dims.extend(packed_varints(v))
         elif num == 13 and wt == 2:
             key = value = None
-            for enum, ewt, ev in _fields(v):
+            for enum, ewt, ev in fields(v):
                 if enum == 1 and ewt == 2:
-                    key = _text(ev)
+                    key = text(ev)
                 elif enum == 2 and ewt == 2:
-                    value = _text(ev)
+                    value = text(ev)
             if key == "location":
                 location = value
     return name, dims, location, ELEM_TYPES.get(elem, f"type{elem}")
@@ -252,10 +200,10 @@ def _read_graph_io(path: str, ino: int, size: int, mtime_ns: int) -> GraphIO:
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             buf = memoryview(mm)
             try:
-                graphs = [v for num, wt, v in _fields(buf) if num == 7 and wt == 2]  # ModelProto.graph
+                graphs = [v for num, wt, v in fields(buf) if num == 7 and wt == 2]  # ModelProto.graph
                 if not graphs:
                     raise GraphFormatError("no graph in the file")
-                for num, wt, v in _fields(graphs[-1]):
+                for num, wt, v in fields(graphs[-1]):
                     if num == 11 and wt == 2:
                         name, t = _value_info(v)
                         io.inputs[name] = t

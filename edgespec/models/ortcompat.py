@@ -18,21 +18,24 @@ nothing the runtime relies on (STRIPS):
 
 Nothing else in the graph changes; the weights stay in their external data file.
 
-Works on the serialized ModelProto with a small protobuf writer (no onnx package on a board).
+Works on the serialized ModelProto with protowire.py (no onnx package on a board).
 Field numbers: ModelProto graph 7, metadata_props 14 (StringStringEntryProto key 1); GraphProto
 node 1; NodeProto input 1, op_type 4.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
-from .graphfacts import GraphFormatError, _varint
+from .protowire import encode_field, spans
 
 GQA = "GroupQueryAttention"
 BATCH_ORT = "1.32.0"  # the first release whose GroupQueryAttention schema has query_seqlens (kernels.FLOOR_SOURCES)
 CUDA_POSITIONS_ORT = "1.24.0"  # the first whose CUDA GroupQueryAttention reads position_ids (kernels.FLOOR_SOURCES)
-PADDED_QUERIES_KEY = b"edgespec.padded_queries"  # export/graph_batch.py's metadata key
+# the graph metadata key (value "1") export/graph_batch.py writes beside its batching edit, which the batched
+# runner reads (core/batch_runner.py) and the strip takes out with query_seqlens
+PADDED_QUERIES_KEY = "edgespec.padded_queries"
+QUERY_SEQLENS_INPUT = 16  # GroupQueryAttention's optional input index of query_seqlens
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,8 @@ class Strip:
 
 
 STRIPS = (
-    Strip(16, "query_seqlens", f"batched verify in one pass (onnxruntime {BATCH_ORT} or newer)", ("cpu", "cuda")),
+    Strip(QUERY_SEQLENS_INPUT, "query_seqlens", f"batched verify in one pass (onnxruntime {BATCH_ORT} or newer)",
+          ("cpu", "cuda")),
     Strip(9, "position_ids", "nothing: the kernel derives chain positions from seqlens_k", ("cuda",),
           below=CUDA_POSITIONS_ORT),
 )
@@ -98,56 +102,11 @@ def missing_inputs(known: Sequence[str] | None = None, version: str | None = Non
     return out
 
 
-# --- protobuf wire format: spans and re-encoding -----------------------------------------------------
-def encode_varint(n: int) -> bytes:
-    """n as a protobuf varint."""
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def encode_field(num: int, value) -> bytes:
-    """One protobuf field: an int as a varint, bytes or str length-delimited."""
-    if isinstance(value, int):
-        return encode_varint(num << 3) + encode_varint(value)
-    data = value.encode() if isinstance(value, str) else value
-    return encode_varint(num << 3 | 2) + encode_varint(len(data)) + data
-
-
-def _spans(buf: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
-    """(field, wire type, start of the key, start of the payload, end) for each field of a message."""
-    pos, end = 0, len(buf)
-    while pos < end:
-        start = pos
-        key, pos = _varint(buf, pos)
-        num, wt = key >> 3, key & 7
-        if wt == 0:
-            _, after = _varint(buf, pos)
-        elif wt == 2:
-            n, pos = _varint(buf, pos)
-            after = pos + n
-        elif wt == 1:
-            after = pos + 8
-        elif wt == 5:
-            after = pos + 4
-        else:
-            raise GraphFormatError(f"unsupported wire type {wt}")
-        if after > end:
-            raise GraphFormatError("truncated field")
-        yield num, wt, start, pos, after
-        pos = after
-
-
+# --- the edit, on the serialized model ------------------------------------------------------------
 def _node(buf: memoryview, drop: dict[int, str]) -> bytes | None:
     """The node re-encoded without the inputs in `drop` (and the empty ones trailing after them),
     or None when it is not a GroupQueryAttention wiring any of them."""
-    fields = list(_spans(buf))
+    fields = list(spans(buf))
     if not any(n == 4 and bytes(buf[p:e]) == GQA.encode() for n, _, _, p, e in fields):
         return None
     inputs = [bytes(buf[p:e]) for n, wt, _, p, e in fields if n == 1 and wt == 2]
@@ -169,7 +128,7 @@ def _node(buf: memoryview, drop: dict[int, str]) -> bytes | None:
 
 def _graph(buf: memoryview, drop: dict[int, str]) -> tuple[bytes, int]:
     out, changed = bytearray(), 0
-    for n, wt, s, p, e in _spans(buf):
+    for n, wt, s, p, e in spans(buf):
         new = _node(buf[p:e], drop) if n == 1 and wt == 2 else None
         if new is None:
             out += buf[s:e]
@@ -186,12 +145,12 @@ def strip_inputs(model: bytes, drop: dict[int, str]) -> tuple[bytes, int]:
         return model, 0
     buf = memoryview(model)
     out, changed = bytearray(), 0
-    for n, wt, s, p, e in _spans(buf):
+    for n, wt, s, p, e in spans(buf):
         if n == 7 and wt == 2:
             g, changed = _graph(buf[p:e], drop)
             out += encode_field(7, g)
-        elif n == 14 and wt == 2 and any(k == 1 and bytes(buf[p:e][kp:ke]) == PADDED_QUERIES_KEY
-                                         for k, _, _, kp, ke in _spans(buf[p:e])):
+        elif n == 14 and wt == 2 and any(k == 1 and bytes(buf[p:e][kp:ke]) == PADDED_QUERIES_KEY.encode()
+                                         for k, _, _, kp, ke in spans(buf[p:e])):
             continue  # the graph no longer batches through its mask
         else:
             out += buf[s:e]

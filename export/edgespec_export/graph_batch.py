@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PADDED_QUERIES_KEY = "edgespec.padded_queries"  # model metadata: "1" when this edit is in the graph
-QUERY_SEQLENS_INPUT = 16  # GroupQueryAttention's optional input index of query_seqlens
+# the model metadata key ("1" when this edit is in the graph) and query_seqlens' input index, as the runtime reads them
+from edgespec.models.ortcompat import PADDED_QUERIES_KEY, QUERY_SEQLENS_INPUT
 
 
 def add_padded_queries(model_path: Path, input_ids: str = "input_ids", attention_mask: str = "attention_mask") -> bool:
