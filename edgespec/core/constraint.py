@@ -41,6 +41,7 @@ class Constraint(Protocol):
     """The grammar state of one request, as the round and the drafters use it."""
 
     consumed: int  # tokens advanced (and not rolled back) since the request's first generated token
+    forced_count: int  # output tokens that were the grammar's only choice where they were chosen (stats)
 
     def mask(self, row: np.ndarray) -> np.ndarray: ...
 

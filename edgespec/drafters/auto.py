@@ -18,6 +18,7 @@ The decision is O(number of sources) per round: no arrays, no history beyond two
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import Sequence
 
@@ -44,12 +45,10 @@ class AutoDrafter(DrafterBase):
 
     name = "auto"
 
-    def __init__(self, costs: CostModel, sources: Sequence[Drafter], evidence: dict[str, Beta] | None = None):
-        """evidence: what earlier requests showed (a batched engine builds an auto per request and
-        hands it the last finished one's); faded at begin like the serial engine's own."""
+    def __init__(self, costs: CostModel, sources: Sequence[Drafter]):
         self.costs = costs
         self.sources = list(sources)
-        self.evidence: dict[str, Beta] = evidence or {}  # model-step source -> its acceptance posterior
+        self.posteriors: dict[str, Beta] = {}  # model-step source -> its acceptance posterior
         self._used: Drafter | None = None  # the source whose proposal this round verifies
 
     @property
@@ -57,9 +56,25 @@ class AutoDrafter(DrafterBase):
         return any(s.uses_model for s in self.sources)
 
     # -- the interface: passed on to every source -------------------------------------------------------
+    def evidence(self) -> dict[str, Beta]:
+        """Its posteriors, for the next request's auto (a batched engine builds one per request)."""
+        return self.posteriors
+
+    def seed(self, evidence) -> None:
+        """Starts from a finished request's posteriors (a copy: requests never share them); faded
+        at begin like the serial engine's own."""
+        self.posteriors = copy.deepcopy(evidence) if evidence is not None else {}
+
+    def attach(self, constraint) -> bool:
+        """Its grammar source quotes the forced tokens after another source's; its proposals still
+        need them in front (False)."""
+        for s in self.sources:
+            s.attach(constraint)
+        return False
+
     def begin(self, ctx) -> None:
         self._used = None
-        for b in self.evidence.values():
+        for b in self.posteriors.values():
             b.fade(REQUEST_KEEP)
         for s in self.sources:
             s.begin(ctx)
@@ -86,7 +101,7 @@ class AutoDrafter(DrafterBase):
         return out + [(c, "ngram") for c in ngram_alternatives(ctx, k, width)]
 
     def forget(self) -> None:
-        self.evidence.clear()
+        self.posteriors.clear()
         for s in self.sources:
             s.forget()
 
@@ -96,22 +111,22 @@ class AutoDrafter(DrafterBase):
 
     def feedback(self, proposal: Proposal, accepted: int, valid_len: int) -> None:
         used, self._used = self._used, None
-        if used is not None and used.name in self.evidence:
+        if used is not None and used.name in self.posteriors:
             # accepted tokens are hits, the first rejected one a miss; tokens after it were never judged.
             # A source that drafted and then withdrew (its own confidence said no token pays) proposes
             # nothing: its draft step was paid for no token, the loss of a first token rejected, so it
             # is a miss too. Counting only the proposals it kept would price it by its best rounds
             all_taken = bool(proposal.tokens) and accepted == len(proposal.tokens)
-            self.evidence[used.name].add(accepted, 0 if all_taken else 1)
+            self.posteriors[used.name].add(accepted, 0 if all_taken else 1)
         for s in self.sources:  # every source, used or not, must forget cache rows past valid_len
             s.feedback(proposal, accepted, valid_len)
 
     # -- the decision ---------------------------------------------------------------------------------
     def acceptance(self, name: str, prior: float) -> float:
         """A model-step source's acceptance as `auto` reads it: posterior mean + EXPLORE_SD sd, at most 1."""
-        b = self.evidence.get(name)
+        b = self.posteriors.get(name)
         if b is None:
-            b = self.evidence[name] = Beta(min(max(prior, 0.01), 0.99), weight=PRIOR_WEIGHT, keep=1.0)
+            b = self.posteriors[name] = Beta(min(max(prior, 0.01), 0.99), weight=PRIOR_WEIGHT, keep=1.0)
         n = b.a + b.b
         m = b.a / n
         return min(1.0, m + EXPLORE_SD * math.sqrt(m * (1.0 - m) / (n + 1.0)))

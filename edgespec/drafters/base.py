@@ -17,6 +17,11 @@
                                                proposal's chain: [(tokens, source label)]
     end(ctx)                                   a request ended (whatever mode ran it): its final text
     warmup()                                   time the steps its proposals run (at engine open)
+    evidence() -> object | None                what this request learned that the next may start from
+    seed(evidence)                             start from a finished request's evidence (a batched
+                                               engine builds drafters per request: drafters/modes.py)
+    attach(constraint) -> bool                 the request's grammar; True: it drafts under it itself,
+                                               False: its proposals get the forced tokens in front
 
 Proposals are lossless whatever they contain: the target accepts only what it would have produced
 (greedy) or corrects the distribution (rejection sampling, core/speculative.py). Drafters only
@@ -100,6 +105,12 @@ class Drafter(Protocol):
 
     def cost(self, ctx: Sequence[int]) -> DraftCost | None: ...
 
+    def evidence(self) -> object | None: ...
+
+    def seed(self, evidence: object | None) -> None: ...
+
+    def attach(self, constraint) -> bool: ...
+
 
 class DrafterBase:
     """No-op defaults for every method of the interface: proposes nothing, learns nothing."""
@@ -159,11 +170,31 @@ class DrafterBase:
         """None: drafting costs no model step (or it cannot draft at all)."""
         return None
 
+    def evidence(self) -> object | None:
+        """What this request's verdicts taught (acceptance estimates), for the next request's drafter
+        of the same mode to start from (`seed`); None: nothing to hand on. Handed on as is: the
+        drafter that returned it is not used again, and `seed` copies it."""
+        return None
+
+    def seed(self, evidence: object | None) -> None:
+        """Start from what `evidence()` of a finished request's drafter returned (None: from the
+        priors). A batched engine builds fresh drafters per request and seeds them so; the serial
+        engine's drafters live across requests and need none."""
+
+    def attach(self, constraint) -> bool:
+        """The request's grammar (core/constraint.Constraint; None: unconstrained). True: this
+        drafter drafts under it by itself (or drafts nothing); False: its proposals need the
+        grammar's forced tokens in front (drafters/grammar.with_grammar wraps it)."""
+        return False
+
 
 class NoDrafter(DrafterBase):
     """Proposes nothing: plain target decoding through the same loop (k = 0 is the baseline)."""
 
     name = "none"
+
+    def attach(self, constraint) -> bool:
+        return True  # no drafts to put forced tokens in front of
 
 
 class Beta:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core.constraint import Constraint
 from ..core.proposal import EMPTY, Proposal
-from .base import Beta, DrafterBase, Drafter, NoDrafter, Quote
+from .base import Beta, DrafterBase, Drafter, Quote
 
 FORCED_PRIOR = 0.95  # a forced token is accepted unless the target picks another tokenization of its text
 MIN_GAIN = 0.02  # free and nearly certain: a small margin over a plain step is enough
@@ -36,9 +36,11 @@ class GrammarDrafter(DrafterBase):
         self._start = 0  # len(ctx) when the request began: the constraint has consumed ctx[start:start+consumed]
         self._mine: Proposal | None = None
 
-    def attach(self, constraint: Constraint | None) -> None:
-        """The request's constraint (None: an unconstrained request, nothing to propose)."""
+    def attach(self, constraint: Constraint | None) -> bool:
+        """The request's constraint (None: an unconstrained request, nothing to propose); it is
+        what this drafter drafts from, so no wrapper is needed."""
         self.constraint = constraint
+        return True
 
     def begin(self, ctx: Sequence[int]) -> None:
         self._start = len(ctx)
@@ -141,13 +143,7 @@ def with_grammar(drafter: Drafter, constraint: Constraint | None, shared: Gramma
     constraint; any other mode wrapped so its proposals start with the forced tokens. A grammar
     source of `auto` is attached too, so it can quote the forced tokens after another source's.
     `shared`: the engine's grammar drafter, whose acceptance estimate the wrapper's shares."""
-    if isinstance(drafter, GrammarDrafter):
-        drafter.attach(constraint)
-        return drafter
-    for s in getattr(drafter, "sources", ()):
-        if isinstance(s, GrammarDrafter):
-            s.attach(constraint)
-    if constraint is None or isinstance(drafter, NoDrafter):
+    if drafter.attach(constraint) or constraint is None:  # (Drafter.attach)
         return drafter
     acc = shared.acc if shared is not None else None
     return WithGrammar(drafter, GrammarDrafter(shared.costs if shared is not None else None, constraint, acc))

@@ -1,7 +1,9 @@
 """The drafting modes, one row each: what a `draft` setting may name, and everything the layers above
 need to know about it. Validation (engine settings, requests, the server), the CLI's help texts, the
 batched engine's refusals and the bench's columns all read this table; the engine builds its drafters
-through each row's `build`. A new drafter is its module plus one row here.
+through each row's `build`: the serial engine all of them once (`build_all`), a batched engine the rows
+of each request's mode per request (`build_all` over `request_rows`, engine/batch_drafters.py). A new
+drafter is its module plus one row here.
 
 This module imports nothing heavy at import time (the CLI reads it to write `--help`): each `build`
 imports its drafter when an engine is opened.
@@ -17,7 +19,8 @@ from ..limits import DRAFT_MODES
 
 @dataclass
 class Kit:
-    """What an engine lends the drafters it builds (engine/engine.py)."""
+    """What an engine lends the drafters it builds (engine/engine.py; a batched request's:
+    engine/batch_drafters.py)."""
 
     costs: Any  # core.costmodel.CostModel over the target's (and draft's) measured step times
     usable: int  # ids >= usable are never proposed
@@ -28,6 +31,8 @@ class Kit:
     vocab_map: Any = None  # the pruned draft's logits row -> token id map (`export --draft-vocab`)
     bundle: Any = None  # models.bundle.Bundle (its manifest's records: the draft heads')
     sources: list | None = None  # the built drafters `auto` chooses between (by auto_rank), for its row's build
+    shared: Any = None  # a batched request's: the finished requests' SuffixIndex, read and never written
+    recycle_table: Any = None  # a batched engine's recycle table, one for every request
 
     def runner(self, name: str):
         return (self.runners or {}).get(name)
@@ -48,6 +53,8 @@ class DraftMode:
     build: Callable[[Kit], Any] | None = None  # the engine's drafter (None: nothing to build)
     chooses: bool = False  # its build chooses between the other rows' drafters (Kit.sources): built last
     fallback: bool = False  # the free drafter a limit that forbids model steps drafts with instead
+    per_slot: bool = False  # a batched engine keeps its drafter with the slot across requests (its
+    # cache, its calibration) instead of building one per request
 
 
 def _ngram(kit: Kit):
@@ -60,13 +67,15 @@ def _suffix(kit: Kit):
     from .suffix import SuffixDrafter
     from .suffix_index import SuffixIndex
 
-    return SuffixDrafter(SuffixIndex(kit.suffix_capacity), kit.costs)
+    return SuffixDrafter(SuffixIndex(kit.suffix_capacity), kit.costs, shared=kit.shared)
 
 
 def _recycle(kit: Kit):
     from .recycle import RecycleDrafter
 
-    return RecycleDrafter(kit.usable, kit.costs)
+    if kit.usable is None:
+        return None
+    return RecycleDrafter(kit.usable, kit.costs, table=kit.recycle_table)
 
 
 def _model(kit: Kit):
@@ -123,14 +132,15 @@ MODES: tuple[DraftMode, ...] = (
               "most by measured cost, or none", loads=("draft", "heads"), batched=True, fixed_k=False, build=_auto,
               chooses=True),
     DraftMode("model", "the bundle's draft model", runner="draft", loads=("draft",), batched=True, auto_rank=2,
-              build=_model),
+              build=_model, per_slot=True),
     DraftMode("suffix", "the suffix index over this and earlier requests", batched=True, auto_rank=0,
               build=_suffix, fallback=True),
     # not one of auto's sources: greedy, its first candidate is the token that followed the same token
     # last time, which the suffix index's lookups already hold. As a source of auto on the dev pair it
     # drafted 1, 5 and 7 rounds in three bench runs (at most 3 of 870 accepted tokens), while watching
     # every verified row costs ~0.2 ms per token (the bench's loop column: recycle 0.46 ms, target 0.27)
-    DraftMode("recycle", "the target's own top candidates per token, recycled", batched=True, build=_recycle),
+    DraftMode("recycle", "the target's own top candidates per token, recycled", batched=True, build=_recycle,
+              per_slot=True),
     DraftMode("ngram", "prompt lookup (n-gram)", batched=True, build=_ngram),
     DraftMode("self", "the target with some layers skipped drafts for itself (a bundle exported with "
               "--self-draft)", runner="self", loads=("self",), auto_rank=3, build=_self,
@@ -150,18 +160,35 @@ BATCHED = tuple(m.name for m in MODES if m.batched)
 FALLBACK = next(m.name for m in MODES if m.fallback)
 
 
-def build_all(kit: Kit) -> dict[str, Any]:
-    """Every drafter the table can build with what `kit` holds, by mode name: the rows that choose
-    between others last, over the built drafters they rank (auto_rank)."""
+def _made(row: DraftMode, kit: Kit):
+    return row.build(kit) if row.build is not None else None
+
+
+def _ranked(rows) -> list[DraftMode]:
+    return sorted((r for r in rows if r.auto_rank is not None), key=lambda r: r.auto_rank)
+
+
+def build_all(kit: Kit, rows: tuple[DraftMode, ...] = MODES,
+              make: Callable[[DraftMode, Kit], Any] | None = None) -> dict[str, Any]:
+    """Every drafter of `rows` the table can build with what `kit` holds, by mode name: the rows
+    that choose between others last, over the built drafters they rank (auto_rank). `make(row,
+    kit)`: how a row's drafter is made (default: its build; a batched engine reuses what it keeps
+    with a slot)."""
     built: dict[str, Any] = {}
-    for row in sorted(MODES, key=lambda r: r.chooses):
+    for row in sorted(rows, key=lambda r: r.chooses):
         if row.chooses:
-            kit.sources = [built[r.name] for r in sorted(MODES, key=lambda r: (r.auto_rank is None, r.auto_rank or 0))
-                           if r.auto_rank is not None and r.name in built]
-        d = row.build(kit) if row.build is not None else None
+            kit.sources = [built[r.name] for r in _ranked(rows) if r.name in built]
+        d = (make or _made)(row, kit)
         if d is not None:
             built[row.name] = d
     return built
+
+
+def request_rows(name: str) -> tuple[DraftMode, ...]:
+    """The rows a batched request in mode `name` builds: its own and, for a row that chooses, the
+    batched rows it ranks."""
+    row = get(name)
+    return (row, *(r for r in _ranked(MODES) if r.batched and r is not row)) if row.chooses else (row,)
 
 
 def get(name) -> DraftMode:

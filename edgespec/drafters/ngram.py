@@ -114,6 +114,20 @@ class NgramDrafter(DrafterBase):
         # (position, lookup, first-token estimate) of the last lookup, to score next round
         self._pending: tuple[int, list[int], Beta] | None = None
 
+    def evidence(self) -> tuple[dict[int, Beta], Beta, Beta]:
+        """Its estimates (first token by matched length, the span's next, a continued span's first)."""
+        return self.first, self.next, self.cont
+
+    def seed(self, evidence) -> None:
+        """Starts from a finished request's estimates (their values: requests never share them)."""
+        if evidence is None:
+            return
+        first, nxt, cont = evidence
+        for n, beta in first.items():
+            self.first[n].a, self.first[n].b = beta.a, beta.b
+        self.next.a, self.next.b = nxt.a, nxt.b
+        self.cont.a, self.cont.b = cont.a, cont.b
+
     def first_beta(self, n: int) -> Beta:
         return self.first[min(n, max(self.first))]
 

@@ -20,6 +20,7 @@ copies the history to start.
 """
 from __future__ import annotations
 
+import copy
 from bisect import bisect_right
 from typing import Sequence
 
@@ -114,6 +115,15 @@ class SuffixDrafter(FreeLookupDrafter):
 
     def set_adaptive(self, on: bool) -> None:
         self.adaptive = on and self.costs is not None
+
+    def evidence(self) -> list[list[Beta]]:
+        """Its acceptance table (per matched length and frequency bin)."""
+        return self.acc
+
+    def seed(self, evidence) -> None:
+        """Starts from a finished request's table (a copy: requests never share it)."""
+        if evidence is not None:
+            self.acc = copy.deepcopy(evidence)
 
     # -- drafting ---------------------------------------------------------------------------------
     def betas(self, chain: Chain) -> list[Beta]:

@@ -132,7 +132,7 @@ class BatchEngine:
         dm = None
         if draft is not None:
             dm = DraftModel([self._draft_batch.slot(i) for i in range(self.slots)], draft.times.table(1),
-                            build.draft_vocab_map(plan.bundle), plan.bundle.manifest.draft_agreement)
+                            build.draft_vocab_map(plan.bundle), plan.bundle)
         self._drafters = BatchDrafters(plan.settings.suffix_capacity, runner.max_len, usable=self.vocab.usable,
                                        draft=dm)
 
@@ -410,7 +410,7 @@ class BatchEngine:
         if a.ticket.batch_sizes:
             st.batch_size_mean = sum(a.ticket.batch_sizes) / len(a.ticket.batch_sizes)
         text = a.emit.text.text if a.emit is not None else ""
-        st.forced_tokens = getattr(a.req.constraint, "forced_count", 0)
+        st.forced_tokens = a.req.constraint.forced_count if a.req.constraint is not None else 0
         a.ticket.result = GenerationResult(text, list(out), finish, st, tool_calls(text, a.req.structured, self.vocab.grammars))
         a.ticket.done.set()
 

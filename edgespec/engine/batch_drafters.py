@@ -19,22 +19,24 @@ fresh drafters, seeded from what finished requests left:
   calibration), drafting through the batched draft step (engine/draft_batch.py);
 - `auto`'s acceptance evidence: a new request's auto starts from the last finished request's.
 
+Every request's drafters are built by the mode table (drafters/modes.py `build_all` over the rows of
+its mode): the same builds as the serial engine's, lent a Kit with the request's index size, the shared
+history and the recycle table. What a request inherits from the last finished one goes through the
+drafter interface (`evidence()` of the finished one's drafters, `seed` of the new one's, by mode name);
+the rows marked `per_slot` (the draft model, recycle) are built once per slot and kept.
+
 Modes: the rows drafters/modes.py marks batched, `auto` choosing among the batched sources it ranks.
 The self-draft and the draft heads are refused before a request is admitted (modes.check_batched).
 """
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 from ..core.costmodel import CostModel
 from ..core.runner import StepTimes
-from ..drafters import AutoDrafter, Drafter, NgramDrafter, NoDrafter, modes
-from ..drafters.grammar import GrammarDrafter
-from ..drafters.model import ModelDrafter
+from ..drafters import Drafter, modes
 from ..drafters.recycle import RecycleDrafter
-from ..drafters.suffix import SuffixDrafter
 from ..drafters.suffix_index import SuffixIndex
 from ..limits import DEFAULT_K_CAP, DEFAULT_MAX_LEN, SUFFIX_CAPACITY
 
@@ -53,8 +55,7 @@ class DraftModel:
     slots: list  # slot -> DraftSlot (ModelRunner's interface over one slot of the draft BatchRunner)
     times: StepTimes  # its one-row step times (the cost model's draft steps)
     vocab_map: object = None  # a pruned draft's logits row -> token id map
-    prior: float | None = None  # the bundle's measured draft agreement
-    drafters: dict = field(default_factory=dict)  # slot -> its ModelDrafter (kept across the slot's requests)
+    bundle: object = None  # models.bundle.Bundle (its manifest's measured draft agreement)
 
 
 class BatchDrafters:
@@ -64,13 +65,11 @@ class BatchDrafters:
         self.request_capacity = request_index_capacity(max_len)
         self.usable = usable
         self.draft = draft
-        self._ngram = NgramDrafter(None)  # the last finished request's n-gram estimates
-        self._suffix_acc = None  # ... and its suffix acceptance table
-        self._auto_evidence: dict = {}  # ... and its auto's acceptance evidence (AutoDrafter.evidence)
+        self._learned: dict[str, object] = {}  # mode -> evidence() of the last finished request's drafter
         # the recycle table is shared by every request (as the serial engine's learns across requests);
         # each slot keeps its own drafter over it (its estimates, its last lookup)
         self._table = RecycleDrafter(usable).table if usable is not None else None
-        self._recycle: dict[int, RecycleDrafter] = {}
+        self._kept: dict[int, dict[str, Drafter]] = {}  # slot -> its per_slot rows' drafters
         self._costs: dict[int, CostModel] = {}
         self._parts: dict[Drafter, dict[str, Drafter]] = {}  # a request's drafter -> what it was built of
 
@@ -90,91 +89,76 @@ class BatchDrafters:
         """The request's drafter, its free fallback (what a limit forbidding model steps drafts with)
         and per-round proposal cap (k=None: sized from measured costs). `mode` is one the table marks
         batched (drafters/modes.py; the request parser refused the others)."""
-        if mode == "none":
-            return NoDrafter(), NoDrafter(), 0
         adaptive = k is None
-        parts: dict[str, Drafter] = {}
-        if mode == "auto":  # its sources: the batched rows it ranks, as the serial engine's auto
-            for row in sorted((r for r in modes.MODES if r.batched and r.auto_rank is not None),
-                              key=lambda r: r.auto_rank):
-                d = self._build(row.name, True, costs, slot)
-                if d is not None:
-                    parts[row.name] = d
-            d = AutoDrafter(costs, list(parts.values()), evidence=copy.deepcopy(self._auto_evidence))
-        else:
-            d = parts[mode] = self._build(mode, adaptive, costs, slot)
+        kit = self._kit(costs, slot)
+        parts = modes.build_all(kit, modes.request_rows(mode), self._make(slot))
+        d = parts.get(mode)
+        if d is None:
+            raise ValueError(f"draft={mode!r} has no batched drafter here")
         d.set_adaptive(adaptive)
-        fallback = parts.get(modes.FALLBACK) or self._build(modes.FALLBACK, adaptive, costs, slot)
-        if not d.uses_model:
-            fallback = d
+        fallback = d
+        if d.uses_model:
+            fallback = parts.get(modes.FALLBACK)
+            if fallback is None:
+                fallback = modes.BY_NAME[modes.FALLBACK].build(kit)
+                fallback.seed(self._learned.get(modes.FALLBACK))
+                fallback.set_adaptive(adaptive)
         self._parts[d] = parts
-        return d, fallback, DEFAULT_K_CAP if k is None else k
+        return d, fallback, 0 if mode == "none" else DEFAULT_K_CAP if k is None else k
 
-    def _build(self, name: str, adaptive: bool, costs: CostModel, slot: int) -> Drafter | None:
-        """One mode's drafter for a request in `slot` (None: not loaded here)."""
-        if name == "grammar":
-            return GrammarDrafter(costs)
-        if name == "ngram":
-            ng = NgramDrafter(costs, adaptive=adaptive)
-            ev = self._ngram
-            for n, beta in ev.first.items():
-                ng.first[n].a, ng.first[n].b = beta.a, beta.b
-            ng.next.a, ng.next.b = ev.next.a, ev.next.b
-            ng.cont.a, ng.cont.b = ev.cont.a, ev.cont.b
-            return ng
-        if name == "suffix":
-            own = SuffixIndex(self.request_capacity, self.history.max_match, self.history.max_chain)
-            sx = SuffixDrafter(own, costs, adaptive=adaptive, shared=self.history)
-            if self._suffix_acc is not None:
-                sx.acc = copy.deepcopy(self._suffix_acc)
-            return sx
-        if name == "recycle":
-            if self._table is None:
-                return None
-            r = self._recycle.get(slot)
-            if r is None:
-                r = self._recycle[slot] = RecycleDrafter(self.usable, costs, table=self._table)
-            return r
-        if name == "model":
-            dm = self.draft
-            if dm is None:
-                return None
-            m = dm.drafters.get(slot)
-            if m is None:  # kept with the slot: its cache, its calibration and its rate carry over
-                m = dm.drafters[slot] = ModelDrafter(dm.slots[slot], self.usable, costs, vocab_map=dm.vocab_map,
-                                                     prior=dm.prior)
-            return m
-        raise ValueError(f"draft={name!r} has no batched drafter")
+    def _kit(self, costs: CostModel, slot: int) -> modes.Kit:
+        dm = self.draft
+        runners = {"draft": dm.slots[slot]} if dm is not None else None
+        return modes.Kit(costs, self.usable, runners=runners, suffix_capacity=self.request_capacity,
+                         vocab_map=dm.vocab_map if dm is not None else None,
+                         bundle=dm.bundle if dm is not None else None, shared=self.history,
+                         recycle_table=self._table)
+
+    def _make(self, slot: int):
+        """How a request in `slot` gets a row's drafter: a per_slot row's is the slot's, built once
+        (the draft model's cache, calibration and rate carry over); any other is built fresh and
+        seeded with what the last finished request of its mode learned."""
+        kept = self._kept.setdefault(slot, {})
+
+        def make(row: modes.DraftMode, kit: modes.Kit):
+            if row.per_slot:
+                if row.name not in kept:
+                    d = row.build(kit)
+                    if d is None:
+                        return None
+                    kept[row.name] = d
+                return kept[row.name]
+            d = row.build(kit)
+            if d is not None:
+                d.seed(self._learned.get(row.name))
+            return d
+
+        return make
 
     def finished(self, drafter: Drafter, ctx: Sequence[int]) -> None:
-        """A request ended (whatever its finish): its text joins the history, its estimates seed
-        the next request's drafters."""
+        """A request ended (whatever its finish): its text joins the history, its drafters'
+        evidence seeds the next request's of the same modes."""
         self.history.start_doc()
         self.history.extend(ctx)
-        parts = self._parts.pop(drafter, {})
-        if "ngram" in parts:
-            self._ngram = parts["ngram"]
-        if "suffix" in parts:
-            self._suffix_acc = parts["suffix"].acc
-        if isinstance(drafter, AutoDrafter):
-            self._auto_evidence = drafter.evidence
+        for name, d in self._parts.pop(drafter, {}).items():
+            ev = d.evidence()
+            if ev is not None:
+                self._learned[name] = ev
 
     def failed(self, slot: int, drafter: Drafter | None = None) -> None:
-        """The slot's caches were reset (a failed pass): its draft model forgets what it held, and
-        the failed request's drafter is dropped (its text does not join the history)."""
+        """The slot's caches were reset (a failed pass): its kept drafters forget what they held,
+        and the failed request's drafter is dropped (its text does not join the history)."""
         self._parts.pop(drafter, None)
-        m = self.draft.drafters.get(slot) if self.draft is not None else None
-        if m is not None:
-            m.reset()
+        for d in self._kept.get(slot, {}).values():
+            d.reset()
 
     def forget(self) -> None:
         """reset_cache(): no history, no learned estimates."""
         self.history.clear()
-        self._ngram = NgramDrafter(None)
-        self._suffix_acc = None
-        self._auto_evidence = {}
+        self._learned = {}
         if self._table is not None:
             self._table.fill(-1)
-        for d in [*self._recycle.values(), *(self.draft.drafters.values() if self.draft is not None else ())]:
-            d.forget()
-            d.reset()
+        for kept in self._kept.values():
+            for d in kept.values():
+                d.forget()
+                d.reset()

@@ -19,6 +19,7 @@ import threading
 from typing import Generator
 
 from ..core.costmodel import CostModel
+from ..core.proposal import common_prefix
 from ..core.runner import ModelRunner
 from ..drafters import Drafter, modes
 from ..drafters.grammar import with_grammar
@@ -163,6 +164,24 @@ class Engine:
             n = self.target.length if self.target is not None else 0
             return list(self._cache.tokens[:n])
 
+    def hold(self, tokens: list[int], rows=None):
+        """Makes the target cache hold exactly `tokens` (a pinned prefix, pinned.py) and returns the
+        snapshot of their rows (ModelRunner.snapshot; None when the cache is not on the host):
+        `rows` written back when given (ValueError, the cache untouched, when they do not fit it),
+        else what the cache lacks of `tokens` prefilled. Waits for a running request."""
+        with self._lock:
+            target = self.target
+            if rows is not None:
+                target.restore(rows)
+            else:
+                reuse = min(common_prefix(self._cache.tokens[: target.length], tokens), target.length)
+                target.rewind(reuse)
+                for i in range(reuse, len(tokens), self.prefill_chunk):
+                    target.step(tokens[i : i + self.prefill_chunk], 1)
+                rows = target.snapshot(len(tokens))
+            self._cache.tokens = list(tokens)
+            return rows
+
     # -- the public calls -------------------------------------------------------------------------
     def generate(self, prompt: str | None = None, *, messages=None, max_new_tokens: int = 256,
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
@@ -288,7 +307,7 @@ class Engine:
             try:
                 result = yield from decode(parts, req, drafter, k_cap, self._cache)
                 result.tool_calls = tool_calls(result.text, req.structured, self.vocab.grammars)
-                result.stats.forced_tokens = getattr(req.constraint, "forced_count", 0)
+                result.stats.forced_tokens = req.constraint.forced_count if req.constraint is not None else 0
                 return result
             except GeneratorExit:
                 # the stream was closed between rounds (a client pressed Stop): every cache is

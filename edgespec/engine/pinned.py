@@ -113,9 +113,9 @@ def save(path: Path, tokens: Sequence[int], rows: Sequence[np.ndarray]) -> None:
     os.replace(tmp, path)
 
 
-def load(path: Path, tokens: Sequence[int], like: Sequence[np.ndarray] | None) -> list[np.ndarray]:
-    """The saved rows for `tokens`, checked against the checksum and the live cache's buffers
-    (`like`: shapes [1, heads, max_len, dim] and dtype). Raises ValueError saying what is wrong."""
+def load(path: Path, tokens: Sequence[int]) -> list[np.ndarray]:
+    """The saved rows for `tokens` (each [1, heads, len(tokens), dim]), checked against the checksum;
+    Engine.hold checks them against the live cache's buffers. Raises ValueError saying what is wrong."""
     with np.load(path, allow_pickle=False) as z:
         toks = z["tokens"]
         want = str(z["sha256"])
@@ -124,11 +124,8 @@ def load(path: Path, tokens: Sequence[int], like: Sequence[np.ndarray] | None) -
         raise ValueError("it holds other tokens (stale)")
     if _checksum(toks, rows) != want:
         raise ValueError("checksum mismatch (corrupt)")
-    if like is None or len(rows) != len(like):
-        raise ValueError("it does not match this model's cache buffers")
-    for r, a in zip(rows, like):
-        if r.dtype != a.dtype or r.shape[:2] != a.shape[:2] or r.shape[3:] != a.shape[3:] or r.shape[2] != len(tokens):
-            raise ValueError(f"cache rows {r.shape} {r.dtype} do not fit {a.shape} {a.dtype} (stale)")
+    if not rows or any(r.ndim != 4 or r.shape[2] != len(tokens) for r in rows):
+        raise ValueError(f"its cache rows do not hold {len(tokens)} tokens (stale)")
     return rows
 
 
@@ -143,33 +140,23 @@ def pin_system_prompt(engine, system: str, *, save_dir: str | os.PathLike | None
                     len(tokens), engine.max_len)
         return None
     path = Path(save_dir) / f"{cache_key(engine, tokens)}.npz" if save_dir is not None else None
-    with engine._lock:
-        target, cache = engine.target, engine._cache
-        like = getattr(target, "_kv_np", None)
-        pin = None
-        if path is not None and path.exists():
+    pin = None
+    if path is not None and path.exists():
+        try:
+            rows = load(path, tokens)
+            pin = PinnedPrefix(list(tokens), engine.hold(tokens, rows), source="file")  # ValueError: not this cache's
+        except (ValueError, OSError, KeyError, EOFError) as e:
+            log.warning("pinned prefix: ignoring %s: %s", path, e)
+        except Exception as e:  # noqa: BLE001 - a damaged zip raises many kinds; never fatal
+            log.warning("pinned prefix: ignoring %s: unreadable (%s)", path, type(e).__name__)
+    if pin is None:
+        pin = PinnedPrefix(list(tokens), engine.hold(tokens))
+        if path is not None and pin.rows is not None:
             try:
-                pin = PinnedPrefix(list(tokens), load(path, tokens, like), source="file")
-            except (ValueError, OSError, KeyError, EOFError) as e:
-                log.warning("pinned prefix: ignoring %s: %s", path, e)
-            except Exception as e:  # noqa: BLE001 - a damaged zip raises many kinds; never fatal
-                log.warning("pinned prefix: ignoring %s: unreadable (%s)", path, type(e).__name__)
-        if pin is not None:
-            target.restore(pin.rows)
-            cache.tokens = list(tokens)
-        else:
-            reuse = min(common_prefix(cache.tokens[: target.length], tokens), target.length)
-            target.rewind(reuse)
-            cache.tokens = list(tokens)
-            for i in range(reuse, len(tokens), engine.prefill_chunk):
-                target.step(tokens[i : i + engine.prefill_chunk], 1)
-            pin = PinnedPrefix(list(tokens), target.snapshot(len(tokens)))
-            if path is not None and pin.rows is not None:
-                try:
-                    save(path, tokens, pin.rows)
-                except OSError as e:
-                    log.warning("pinned prefix: cannot save %s: %s", path, e)
-        pin.text, pin.chat = system, chat
-        engine.pinned = pin
+                save(path, tokens, pin.rows)
+            except OSError as e:
+                log.warning("pinned prefix: cannot save %s: %s", path, e)
+    pin.text, pin.chat = system, chat
+    engine.pinned = pin
     log.info("pinned prefix: %d tokens of system prompt (%s)", len(tokens), pin.source)
     return pin

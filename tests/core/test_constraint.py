@@ -31,6 +31,7 @@ class FakeGrammar:
         self.start = last
         self.toks: list[int] = []
         self.consumed = 0
+        self.forced_count = 0
 
     def _last(self, extra=()):
         seq = [self.start, *self.toks, *extra]

@@ -98,7 +98,7 @@ def test_the_acceptance_read_is_the_posterior_mean_plus_its_standard_deviation()
     auto = AutoDrafter(cpu(), [])
     a = auto.acceptance("model", 0.6)
     assert a == pytest.approx(0.6 + EXPLORE_SD * math.sqrt(0.6 * 0.4 / (PRIOR_WEIGHT + 1)))
-    auto.evidence["model"].add(60, 40)  # a hundred verdicts at the same mean: the optimism shrinks
+    auto.posteriors["model"].add(60, 40)  # a hundred verdicts at the same mean: the optimism shrinks
     b = auto.acceptance("model", 0.6)
     assert 0.6 < b < a and b == pytest.approx(0.6 + EXPLORE_SD * math.sqrt(0.24 / (PRIOR_WEIGHT + 101)))
 
@@ -111,7 +111,7 @@ def test_a_verdict_counts_accepted_tokens_as_hits_and_the_first_rejection_as_the
     for accepted, hits, misses in ((2, 2, 1), (4, 4, 0), (0, 0, 1)):
         prop = auto.propose([1, 2, 3], 8, GREEDY, RNG)
         assert prop.source == "model" and len(prop.tokens) == 4
-        beta = auto.evidence["model"]
+        beta = auto.posteriors["model"]
         a, b = beta.a, beta.b
         auto.feedback(prop, accepted, 3 + accepted + 1)
         assert (beta.a - a, beta.b - b) == pytest.approx((hits, misses))
@@ -126,19 +126,19 @@ def test_a_draft_that_drafts_and_then_withdraws_counts_a_miss_and_soon_is_not_ch
     auto.begin([1, 2, 3])
     chosen = 0
     for _ in range(20):
-        beta = auto.evidence.get("model")
+        beta = auto.posteriors.get("model")
         before = (beta.a, beta.b) if beta is not None else None
         prop = run_round(auto, lambda p: 0)
         assert prop.tokens == []
         if model.proposed > chosen:  # it was chosen this round: one miss, no hit
             chosen = model.proposed
-            beta = auto.evidence["model"]
+            beta = auto.posteriors["model"]
             if before is not None:
                 assert (beta.a - before[0], beta.b - before[1]) == pytest.approx((0, 1))
     # tried, then dropped for good: on these costs one drafted token breaks even at a = 0.44, and a 0.9
     # prior worth PRIOR_WEIGHT tokens reads under that (mean + one sd) after 8 misses
     assert chosen == 8
-    assert auto.evidence["model"].mean < 0.5
+    assert auto.posteriors["model"].mean < 0.5
 
 
 def test_only_the_source_that_drafted_learns_from_the_verdict():
@@ -148,9 +148,9 @@ def test_only_the_source_that_drafted_learns_from_the_verdict():
     auto = AutoDrafter(c, [suffix, model])
     auto.begin([1, 2, 3])
     auto.acceptance("model", 0.6)
-    before = (auto.evidence["model"].a, auto.evidence["model"].b)
+    before = (auto.posteriors["model"].a, auto.posteriors["model"].b)
     prop = run_round(auto, lambda p: 0)
-    assert prop.source == "suffix" and (auto.evidence["model"].a, auto.evidence["model"].b) == before
+    assert prop.source == "suffix" and (auto.posteriors["model"].a, auto.posteriors["model"].b) == before
     assert suffix.fed == [(0, 4)]  # every source hears every verdict (its cache may need rewinding)
 
 
@@ -177,13 +177,13 @@ def test_a_new_request_keeps_earlier_evidence_at_its_weight():
     auto = AutoDrafter(cpu(), [model])
     auto.begin([1])
     auto.acceptance("model", 0.6)
-    auto.evidence["model"].add(30, 10)
-    b = auto.evidence["model"]
+    auto.posteriors["model"].add(30, 10)
+    b = auto.posteriors["model"]
     mean, n = b.mean, b.a + b.b
     auto.begin([1, 2])
     assert b.mean == pytest.approx(mean) and b.a + b.b == pytest.approx(n * REQUEST_KEEP)
     auto.forget()  # Engine.reset_cache(): every source starts from its prior again
-    assert auto.evidence == {}
+    assert auto.posteriors == {}
 
 
 def test_a_one_off_catch_up_is_spread_over_the_horizon():

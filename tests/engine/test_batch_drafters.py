@@ -93,15 +93,15 @@ def test_auto_starts_from_the_last_finished_requests_evidence_and_forget_drops_i
     costs = CostModel(times(s1=0.1))
     first, _, _ = bd.for_request("auto", None, costs)
     first.acceptance("model", 0.8)  # the posterior is made from the prior on first use ...
-    first.evidence["model"].add(2, 30)  # ... then the request shows the draft mostly rejected
-    shown = first.evidence["model"].mean
+    first.evidence()["model"].add(2, 30)  # ... then the request shows the draft mostly rejected
+    shown = first.evidence()["model"].mean
     assert shown < 0.2
     bd.finished(first, [1, 2, 3])
     second, _, _ = bd.for_request("auto", None, costs)
-    assert second.evidence["model"] is not first.evidence["model"]  # a copy: the two never share
+    assert second.evidence()["model"] is not first.evidence()["model"]  # a copy: the two never share
     second.begin([4, 5])
-    b = second.evidence["model"]
+    b = second.evidence()["model"]
     assert abs(b.mean - shown) < 1e-12 and b.a + b.b < 34 * 0.3  # the same mean, its weight faded
     bd.forget()
     third, _, _ = bd.for_request("auto", None, costs)
-    assert third.evidence == {}
+    assert third.evidence() == {}
