@@ -5,9 +5,13 @@ them: an index built by one embedding model is refused when queried with another
 """
 from __future__ import annotations
 
-from typing import Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .onnx_embedder import OnnxEmbedder
 
 
 class Embedder(Protocol):
@@ -17,3 +21,12 @@ class Embedder(Protocol):
     dim: int
 
     def embed(self, texts: list[str]) -> np.ndarray: ...
+
+
+def load_embedder(spec: "str | Path | None" = None, *, threads: int | None = None) -> "OnnxEmbedder":
+    """The embedder an index is built and queried with: a folder, or a name `edgespec pull` exported into
+    $EDGESPEC_HOME/embedders (None: catalog.DEFAULT_EMBEDDER, all-MiniLM-L6-v2). Checked like a bundle:
+    a folder whose files do not match its manifest is an EmbedderError of one line."""
+    from .onnx_embedder import OnnxEmbedder
+
+    return OnnxEmbedder.open(spec, threads=threads)

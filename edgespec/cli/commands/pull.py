@@ -1,7 +1,9 @@
 """`edgespec pull [NAME ...]`: fetch known models into the cache, verified by sha256.
 
 Without a name it pulls the default pair (target + draft), which is what `quickstart` needs. `--export`
-then turns what was pulled into a bundle right away (the export half's native GGUF path: no torch)."""
+then turns what was pulled into a bundle right away (the export half's native GGUF path: no torch).
+An embedding model (`edgespec pull minilm`) is always exported once fetched, into
+$EDGESPEC_HOME/embedders/<name>, where `edgespec index` and `embed` find it by name."""
 from __future__ import annotations
 
 import argparse
@@ -25,6 +27,9 @@ def register(sub) -> None:
                    help="then export what was pulled into one bundle (a target, and its draft when both were "
                    "pulled): DIR, default $EDGESPEC_HOME/bundles/<target name>; needs the export half "
                    "(pip install ./export: GGUF files export without torch)")
+    p.add_argument("--embedder-form", choices=("int8", "float32"), default="int8",
+                   help="an embedding model's weights: int8 (kept only when its vectors match the float "
+                   "reference to cosine 0.999, else float32) or float32 (default: int8)")
     p.set_defaults(func=run)
 
 
@@ -38,14 +43,53 @@ def run(args: argparse.Namespace) -> int:
     names = sorted(catalog.MODELS) if args.all else (args.names or list(catalog.DEFAULT_PAIR))
     for name in names:
         catalog.known(name)  # every name is checked before anything is downloaded
-    pair = export_pair(names) if args.export is not None else None  # refused before any download
+    names = [catalog.known(n).name for n in names]  # aliases ("minilm") to names
+    embedders = [n for n in names if catalog.MODELS[n].role == "embedding"]
+    llms = [n for n in names if n not in embedders]
+    pair = export_pair(llms) if args.export is not None else None  # refused before any download
+    if embedders:
+        _export_half()  # refused before any download too
     paths = {}
     for name in names:
         paths[name] = store.ensure_model(name, sources=args.sources, force=args.force, progress=not args.quiet)
         print(f"{name}: {paths[name]}")
+    for name in embedders:
+        export_embedder(name, paths[name], form=args.embedder_form, force=args.force)
     if pair is not None:
         export_pulled(paths, pair, args.export, quiet=args.quiet)
     return 0
+
+
+def _export_half():
+    from ...errors import ExportError
+
+    import importlib
+
+    try:
+        embedder = importlib.import_module("edgespec_export.embedder")
+    except ImportError as e:
+        raise ExportError(f"an embedding model is exported to ONNX once pulled, which needs the export half ({e.name} "
+                          "is missing): pip install ./export  (from the edgespec source tree; no torch needed)") from None
+    return embedder
+
+
+def export_embedder(name: str, zip_path, *, form: str, force: bool) -> None:
+    """The pulled zip -> $EDGESPEC_HOME/embedders/<name> (numpy + onnx, parity against a numpy forward),
+    skipped when a folder that checks out was already exported from this very zip in this form."""
+    from ...knowledge.embedder_folder import check_folder, embedders_dir
+    from ...models import catalog
+
+    dest = embedders_dir() / name
+    m, problems = check_folder(dest, checksums=True)
+    if not force and m is not None and not problems and m.source_sha256 == catalog.known(name).sha256 \
+            and m.model_id.endswith("/" + form):
+        print(f"embedder {name}: {dest} ({m.model_id}, already exported)")
+        return
+    s = _export_half().export_catalog_model(name, zip_path, form=form, out=dest)
+    p = s.manifest.parity
+    print(f"embedder {name}: {dest} ({s.manifest.model_id}, {s.manifest.dim} dims, up to {s.manifest.max_tokens} "
+          f"tokens; min cosine {p['min_cosine']:.6f} against a numpy forward over {p['sentences']} sentences; "
+          f"{s.note}; {s.seconds:.0f} s)")
 
 
 def export_pair(names: list[str]) -> tuple[str, str | None]:
