@@ -7,6 +7,10 @@ class EdgespecError(Exception):
     """Base class: anything edgespec raises on purpose."""
 
 
+class OnnxruntimeMissing(EdgespecError, ImportError):
+    """No onnxruntime is importable: raised where an engine is opened, never at `import edgespec`."""
+
+
 # --- bundles -------------------------------------------------------------------------------------
 class BundleError(EdgespecError):
     """The bundle cannot be trusted or used: missing files, bad checksums, bad manifest."""

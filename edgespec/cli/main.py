@@ -84,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     except EdgespecError as e:
         print(f"edgespec {args.command}: error: {e}", file=sys.stderr)
         return 1
+    except ModuleNotFoundError as e:  # a command that reached onnxruntime on an install without one: one line
+        if (e.name or "").split(".")[0] != "onnxruntime":
+            raise
+        from .. import MISSING_ONNXRUNTIME
+
+        print(f"edgespec {args.command}: error: {MISSING_ONNXRUNTIME}", file=sys.stderr)
+        return 1
     return int(rc or 0)
 
 

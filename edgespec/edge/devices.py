@@ -194,10 +194,34 @@ def read_board(root: str | os.PathLike = "/") -> dict[str, Any]:
     return facts
 
 
+def _l4t_parts(l4t: str) -> tuple[int, int, int]:
+    nums = [int(x) for x in re.findall(r"\d+", l4t)[:3]]
+    return tuple(nums + [0] * (3 - len(nums)))  # type: ignore[return-value]
+
+
 def _jetpack(l4t: str) -> str | None:
-    """L4T release -> JetPack major version (what NVIDIA's wheels are published for)."""
-    major = l4t.split(".")[0]
-    return {"32": "4", "34": "5", "35": "5", "36": "6", "38": "7"}.get(major)
+    """L4T release -> JetPack version, as precise as NVIDIA's wheels need it: 36.3 is JetPack 6.0 (CUDA 12.2),
+    36.4 is 6.1 (36.4.0) or 6.2 (36.4.3 on, CUDA 12.6); 38 and 39 are JetPack 7 (Thor, CUDA 13)."""
+    try:
+        major, minor, patch = _l4t_parts(l4t)
+    except ValueError:
+        return None
+    if major == 36:
+        if minor < 4:
+            return "6.0" + (" DP" if minor < 3 else "")
+        return "6.1" if patch < 3 else "6.2"
+    return {32: "4", 34: "5", 35: "5", 38: "7", 39: "7"}.get(major)
+
+
+def jetpack_cuda(l4t: str) -> str | None:
+    """The CUDA version an L4T release ships (what an onnxruntime-gpu wheel is built against), None if unknown."""
+    try:
+        major, minor, _ = _l4t_parts(l4t)
+    except ValueError:
+        return None
+    if major == 36:
+        return "12.2" if minor < 4 else "12.6"
+    return {32: "10.2", 35: "11.4", 38: "13.0", 39: "13.0"}.get(major)
 
 
 def _matches(p: DeviceProfile, facts: dict) -> tuple[bool, bool]:

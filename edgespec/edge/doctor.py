@@ -23,6 +23,29 @@ GPU_LIB_GLOBS = {
 }
 
 
+JETSON_INDEX = "https://pypi.jetson-ai-lab.io/jp6/cu126"  # NVIDIA's onnxruntime-gpu for JetPack 6.1/6.2 (CUDA 12.6)
+
+
+def onnxruntime_install(profile, board: dict[str, Any]) -> str:
+    """The line that installs the onnxruntime this board should have, where none is importable: NVIDIA's
+    onnxruntime-gpu on a Jetson whose JetPack has a wheel at the cuda flavor's floor, the CPU wheel elsewhere
+    (never the CPU wheel on a Jetson that could take the GPU one: both own the `onnxruntime` module)."""
+    cpu = "pip install 'edgespec[cpu]'"
+    l4t = board.get("tegra_release")
+    if profile.family != "jetson" and not l4t:
+        return cpu
+    gpu = (f"pip download --no-deps -d /tmp/ort-gpu 'onnxruntime-gpu>={ORT_FLOORS['cuda']}' --index-url {JETSON_INDEX}"
+           " && pip install /tmp/ort-gpu/onnxruntime_gpu-*.whl")
+    cuda = devices.jetpack_cuda(l4t) if l4t else None
+    if l4t is None or cuda == "12.6":
+        return gpu + "   (JetPack 6.1/6.2; docs/jetson.md)"
+    if cuda == "12.2":
+        return (f"{cpu}   (JetPack 6.0, L4T {l4t}, has CUDA 12.2: NVIDIA's onnxruntime-gpu >= {ORT_FLOORS['cuda']} "
+                f"is built for CUDA 12.6, so upgrade to JetPack 6.1 or 6.2 (L4T 36.4) and then: {gpu}; docs/jetson.md)")
+    return (f"{cpu}   (L4T {l4t}: edgespec knows no onnxruntime-gpu wheel for this JetPack; the CPU provider runs "
+            "meanwhile; docs/jetson.md)")
+
+
 def _nvidia_gpu(root: Path, profile) -> bool:
     """An NVIDIA GPU the CUDA provider could use: any Jetson, or a desktop driver's traces."""
     if profile.family == "jetson":
@@ -68,8 +91,9 @@ def collect(root: str | os.PathLike = "/", *, device=None, path: str | None = No
         ort_info = {"version": ort.__version__, "build_providers": list(ort.get_available_providers()),
                     "floors": dict(ORT_FLOORS),  # per graph flavor: onnxruntime-gpu lags the CPU wheel
                     "below_floor": {f: p for f in ORT_FLOORS if (p := floor_problem(ort.__version__, f))}}
-    except ImportError as e:
-        ort_info = {"version": None, "build_providers": [], "error": str(e)}
+    except ImportError as e:  # edgespec pulls no onnxruntime itself: say which one this board needs
+        ort_info = {"version": None, "build_providers": [], "error": str(e),
+                    "install": onnxruntime_install(profile, board)}
     report["onnxruntime"] = ort_info
     wanted = list(dict.fromkeys(profile.providers + profile.draft_providers + ["cpu"]))
     if probe:
@@ -89,7 +113,7 @@ def collect(root: str | os.PathLike = "/", *, device=None, path: str | None = No
     report["power_mode"] = found.power_mode()
     report["throttling"] = _throttling(reading, found)
 
-    report["missing"] = _missing(root, profile, results)
+    report["missing"] = _missing(root, profile, results, ort_info)
     report["provider_order"] = {"order": list(profile.providers), "why": provider_order_why(profile)}
     report["recommended"] = _recommend(profile, results, board)
     report["notes"] = list(profile.notes)
@@ -124,8 +148,11 @@ def _works(results, short: str) -> bool:
     return any(r["provider"] == short and r["works"] for r in results)
 
 
-def _missing(root: Path, profile, results) -> list[dict[str, str]]:
+def _missing(root: Path, profile, results, ort_info: dict[str, Any]) -> list[dict[str, str]]:
     """What a user should install, with how (only where the board could use it)."""
+    if ort_info.get("version") is None:  # nothing runs: the one install line is all there is to say
+        return [{"what": "onnxruntime", "why": "no onnxruntime is importable (edgespec installs none itself)",
+                 "how": ort_info["install"]}]
     out = []
     gpu = _nvidia_gpu(root, profile)
     wanted = set(profile.providers) | set(profile.draft_providers)

@@ -125,8 +125,12 @@ def plan(settings: Settings, bundle) -> Plan:
     """The one step from settings to what gets loaded: the board (device profile) fills the options
     left unset, the drafting mode's row says which runners it wants (drafters/modes.py), the memory
     plan decides the cache length and whether the draft model fits. A mode that cannot run on this
-    bundle is refused here, before any model loads."""
+    bundle is refused here, before any model loads. Without an importable onnxruntime, the one line that names
+    both installs (edgespec.MISSING_ONNXRUNTIME)."""
+    from .. import require_onnxruntime
     from ..drafters import modes
+
+    require_onnxruntime()
     from ..errors import DraftUnavailable
 
     profile = None

@@ -76,7 +76,7 @@ def test_get_by_alias_and_unknown_device_lists_the_known_ones():
 
 
 @pytest.mark.parametrize("tree, pid, cores, l4t, jetpack", [
-    ("jetson-orin-nano", "jetson-orin-nano-8gb", 6, "36.4.3", "6"),
+    ("jetson-orin-nano", "jetson-orin-nano-8gb", 6, "36.4.3", "6.2"),
     ("jetson-agx-orin", "jetson-agx-orin-64gb", 12, "35.4.1", "5"),
     ("rpi5", "rpi5-8gb", 4, None, None),
     ("rpi4", "rpi4", 4, None, None),

@@ -1,6 +1,7 @@
 """What the runtime asks of the machine it is installed on (pyproject.toml): no onnxruntime of its own
 (the `cpu` extra adds the CPU wheel; a Jetson keeps NVIDIA's onnxruntime-gpu), Python 3.10 or newer,
-and one line naming both installs when no onnxruntime is importable."""
+`import edgespec` and `edgespec doctor` without any onnxruntime, and one line naming both installs where an
+engine is opened without one."""
 from __future__ import annotations
 
 import os
@@ -39,31 +40,76 @@ def _last_line(r: subprocess.CompletedProcess) -> str:
     return r.stderr.strip().splitlines()[-1]
 
 
-def test_import_without_any_onnxruntime_is_one_line_naming_both_installs():
+BLOCK = ("import sys\n"
+         "class Block:\n"
+         "    def find_spec(self, name, path=None, target=None):\n"
+         "        if name.split('.')[0] == 'onnxruntime':\n"
+         "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+         "sys.meta_path.insert(0, Block())\n")
+
+
+def test_import_without_any_onnxruntime_works_and_opening_an_engine_is_one_line_naming_both_installs():
     # -S: no site-packages at all, so no onnxruntime anywhere (the repository alone on the path)
-    r = _import_edgespec("-S", "-c", "import edgespec", env_path=str(ROOT))
-    assert r.returncode == 1
-    line = _last_line(r)
-    assert line.startswith("ImportError: edgespec needs onnxruntime and none is importable here")
+    r = _import_edgespec("-S", "-c", "import edgespec, edgespec.errors; print(edgespec.__version__)", env_path=str(ROOT))
+    assert r.returncode == 0 and r.stdout.strip() == __import__("edgespec").__version__, r.stderr
+    code = BLOCK + ("import edgespec\n"
+                    "try:\n"
+                    "    edgespec.Engine.open('/nonexistent-bundle')\n"
+                    "except ImportError as e:\n"
+                    "    print(type(e).__name__, e)\n")
+    r = _import_edgespec("-c", code, env_path=str(ROOT))
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.strip()
+    assert line.startswith("OnnxruntimeMissing edgespec needs onnxruntime and none is importable here"), line
     assert "pip install 'edgespec[cpu]'" in line and "onnxruntime-gpu" in line and "Jetson" in line
 
 
-def test_import_with_onnxruntime_blocked_on_the_meta_path_is_the_same_line():
-    code = ("import sys\n"
-            "class Block:\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name.split('.')[0] == 'onnxruntime':\n"
-            "            raise ModuleNotFoundError(name)\n"
-            "sys.meta_path.insert(0, Block())\n"
-            "import edgespec\n")
-    r = _import_edgespec("-c", code, env_path=str(ROOT))
-    assert r.returncode == 1 and "pip install 'edgespec[cpu]'" in _last_line(r)
+def _cli_without_onnxruntime(*argv: str, cwd=None) -> subprocess.CompletedProcess:
+    code = BLOCK + f"from edgespec.cli.main import main\nsys.exit(main({list(argv)!r}))\n"
+    return _import_edgespec("-c", code, env_path=str(ROOT))
+
+
+def test_doctor_without_onnxruntime_prints_its_report_and_the_install_line_without_a_traceback():
+    r = _cli_without_onnxruntime("doctor", "--device", "rpi5-8gb")
+    assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout, r.stderr
+    assert "onnxruntime  not importable" in r.stdout and "Raspberry Pi 5" in r.stdout
+    assert "missing      onnxruntime: no onnxruntime is importable" in r.stdout
+    assert "how: pip install 'edgespec[cpu]'" in r.stdout
+
+
+@pytest.mark.parametrize("release, want, not_want", [
+    ("# R36 (release), REVISION: 4.3, GCID: 1", "--index-url https://pypi.jetson-ai-lab.io/jp6/cu126", "edgespec[cpu]"),
+    ("# R36 (release), REVISION: 3.0, GCID: 1", "JetPack 6.0, L4T 36.3.0, has CUDA 12.2", None),
+])
+def test_doctor_without_onnxruntime_on_a_jetson_names_nvidias_wheel_for_its_jetpack(tmp_path, release, want, not_want):
+    root = tmp_path / "jetson"
+    shutil.copytree(ROOT / "tests/fakes/jetson-orin-nano", root)
+    (root / "etc/nv_tegra_release").write_text(release + "\n")
+    r = _cli_without_onnxruntime("doctor", "--root", str(root), "--json")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    import json
+
+    report = json.loads(r.stdout)
+    assert [m["what"] for m in report["missing"]] == ["onnxruntime"]
+    how = report["missing"][0]["how"]
+    assert want in how and (not_want is None or not_want not in how), how
+
+
+def test_a_command_that_opens_an_engine_without_onnxruntime_is_the_one_line(tiny_bundle, monkeypatch, capsys):
+    import edgespec
+    from edgespec.cli import main as cli
+
+    monkeypatch.setattr(edgespec, "onnxruntime_missing", lambda: True)
+    assert cli.main(["generate", str(tiny_bundle), "-p", "hi", "--max-new-tokens", "2"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"edgespec generate: error: {edgespec.MISSING_ONNXRUNTIME}"
 
 
 def test_a_leftover_onnxruntime_folder_is_not_an_onnxruntime(tmp_path):
     (tmp_path / "onnxruntime").mkdir()  # what `pip uninstall` of one of two onnxruntime wheels leaves
-    r = _import_edgespec("-S", "-c", "import edgespec", env_path=f"{tmp_path}{os.pathsep}{ROOT}")
-    assert r.returncode == 1 and "--force-reinstall" in _last_line(r)
+    r = _import_edgespec("-S", "-c", "import edgespec; print(edgespec.onnxruntime_missing())",
+                         env_path=f"{tmp_path}{os.pathsep}{ROOT}")
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
 
 
 def test_import_with_onnxruntime_present_works():
