@@ -116,6 +116,21 @@ def tiny_both_flavors_bundle(bundle_root) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_embedder_dir(tmp_path_factory) -> Path:
+    """An embedder folder (int8) exported from a tiny random BERT (32 wide, 2 layers, 64 tokens at most)
+    by the export half's numpy + onnx path; skips without the export half."""
+    pytest.importorskip("onnx", reason="exporting the test embedder needs the export half (pip install ./export)")
+    from edgespec_export.embedder import export_embedder
+    from edgespec_export.embedder_tiny import make_tiny_bert
+
+    root = tmp_path_factory.mktemp("embedder")
+    texts = ["the museum opens at nine", "tickets for children are free", "where is the lift?", "", "a"]
+    export_embedder(make_tiny_bert(root / "model.zip"), root / "tiny", name="tiny-bert", model_id="tiny-BERT",
+                    sentences=texts)
+    return root / "tiny"
+
+
+@pytest.fixture(scope="session")
 def real_gguf():
     """Returns a function name -> path of a real GGUF model (see edgespec.models.catalog for the names).
 

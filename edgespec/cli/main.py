@@ -21,7 +21,7 @@ from ..errors import EdgespecError
 
 # (module under edgespec.cli.commands, in help order)
 COMMANDS = ("pull", "models", "verify", "generate", "chat", "bench", "loadtest", "serve", "doctor", "plan",
-            "quickstart")
+            "quickstart", "embed")
 
 
 def build_parser() -> argparse.ArgumentParser:

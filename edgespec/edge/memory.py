@@ -10,6 +10,8 @@ The prediction is the resident memory of the whole process once a request has fi
     working          activations of the largest step (a prefill chunk) and the logits rows kept
     suffix_index     the suffix index full (it fills as requests accumulate)
     grammar          the grammar library's view of the vocabulary (the first structured request builds it)
+    embedder         a sentence-embedding model beside the LLM (serve --embedder, or the one an index names)
+    doc_index        a document index held in memory (--docs): its passages, token arrays and vectors
     margin           UNACCOUNTED: what the measured runs held beyond the terms above (allocator
                      arenas, onnxruntime's per-run buffers), so the plan is never under measured RSS
 
@@ -64,6 +66,14 @@ CPU_FP16_KV_FACTOR = 2.5
 # rows, 41.6 MiB for SmolLM2's 49,152, i.e. ~19 MiB + ~460 bytes a row; rounded up below
 GRAMMAR_BASE = 20 << 20
 GRAMMAR_BYTES_PER_TOKEN = 480
+# A sentence-embedding model (knowledge/onnx_embedder.py), measured on all-MiniLM-L6-v2 int8 (26 MB of files,
+# 6 Dec, onnxruntime 1.32, CPU): +47-51 MB RSS once loaded, +132 MB more after embedding 32 texts of 256 tokens
+# in runs of BATCH_TOKENS (2048) padded tokens: the arena keeps its largest run's activations
+EMBEDDER_FILE_FACTOR = 2.0
+EMBEDDER_WORKING = 140 << 20
+# A document index is read whole into memory (passages' text, token arrays, vectors): its files' bytes,
+# x INDEX_FACTOR for Python's objects around the passages (an estimate: not yet measured on a real index)
+INDEX_FACTOR = 2.0
 MIN_MAX_LEN = 256  # below this a chat turn does not fit; the plan refuses instead of shrinking further
 LEN_ALIGN = 64  # shrunk lengths are multiples of this (the floor itself is kept as given)
 
@@ -208,13 +218,44 @@ def runtime_bytes(b) -> int:
     return RUNTIME_BASE + TOKENIZER_FACTOR * size
 
 
+def embedder_bytes(files_bytes: int) -> int:
+    """Resident bytes of an embedding model whose folder holds `files_bytes` (OnnxEmbedder.nbytes)."""
+    return int(EMBEDDER_FILE_FACTOR * files_bytes) + EMBEDDER_WORKING if files_bytes else 0
+
+
+def index_bytes(folder) -> int:
+    """Resident bytes of a document index folder once loaded (0: no folder)."""
+    from pathlib import Path
+
+    root = Path(folder)
+    if not root.is_dir():
+        return 0
+    return int(INDEX_FACTOR * sum(p.stat().st_size for p in root.rglob("*") if p.is_file()))
+
+
+def knowledge_bytes(embedder=None, docs=None) -> dict[str, int]:
+    """The breakdown lines of a venue's documents: `embedder` an embedder folder (or its name), `docs` an
+    index folder; either may be None. For `plan` and the engine's memory plan."""
+    parts = {}
+    if embedder is not None:
+        from ..knowledge.embedder_folder import open_folder, resolve
+
+        m = open_folder(resolve(embedder), checksums=False)
+        parts["embedder"] = embedder_bytes(sum(e["size"] for e in m.files.values()))
+    if docs is not None:
+        parts["doc_index"] = index_bytes(docs)
+    return parts
+
+
 def predict(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int = PREFILL_CHUNK,
-            flavor: str | None = None, device: str = "cpu", suffix_tokens: int = SUFFIX_CAPACITY) -> dict[str, int]:
+            flavor: str | None = None, device: str = "cpu", suffix_tokens: int = SUFFIX_CAPACITY,
+            knowledge: dict[str, int] | None = None) -> dict[str, int]:
     """The host breakdown (bytes) for one choice of max_len and draft; `plan` searches over these.
     `flavor`: the graphs the runtime will load (None: each model's primary graph). `device` "cuda":
     the KV caches are device memory (predict_device), not host memory. The weights stay counted
     here too until a measurement on a board says how much of the host copy onnxruntime releases.
-    `suffix_tokens`: the suffix index's capacity, counted full (it fills as requests accumulate)."""
+    `suffix_tokens`: the suffix index's capacity, counted full (it fills as requests accumulate).
+    `knowledge`: knowledge_bytes()'s lines (an embedding model, a document index), counted as they are."""
     b = _open(bundle)
     t = graph_facts(b, "target", flavor)
     parts = {
@@ -226,6 +267,7 @@ def predict(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int = PREF
         "draft_kv": 0,
         "suffix_index": suffix_index_bytes(suffix_tokens),
         "grammar": grammar_bytes(t),
+        **(knowledge or {}),
         "margin": UNACCOUNTED,
     }
     if load_draft and b.draft is not None:
@@ -277,6 +319,7 @@ def plan(
     flavor: str | None = None,
     device: str = "cpu",
     context_bytes: int | None = None,
+    knowledge: dict[str, int] | None = None,
 ) -> MemoryPlan:
     """Chooses max_len and whether to load the draft so the prediction fits `budget_bytes`.
 
@@ -286,6 +329,7 @@ def plan(
     `device` "cuda" (the graphs run on the CUDA provider) adds the device side (predict_device, with
     a measured `context_bytes` if given); on a profile with `memory_shared_with_gpu` it counts
     against the budget with the host side, so shrinking, dropping the draft and refusing follow the sum.
+    `knowledge`: knowledge_bytes()'s lines, fixed costs beside the LLM (no retreat shrinks them).
     Raises BudgetError, with the numbers, when even the target alone at the floor length is too big.
     """
     b = _open(bundle)
@@ -315,7 +359,8 @@ def plan(
     unified = bool(device == "cuda" and getattr(profile, "memory_shared_with_gpu", False))
 
     def make(length: int, draft: bool) -> MemoryPlan:
-        parts = predict(b, length, draft, prefill_chunk=prefill_chunk, flavor=flavor, device=device)
+        parts = predict(b, length, draft, prefill_chunk=prefill_chunk, flavor=flavor, device=device,
+                        knowledge=knowledge)
         dev = predict_device(b, length, draft, prefill_chunk=prefill_chunk,
                              context_bytes=context_bytes) if device == "cuda" else {}
         return MemoryPlan(

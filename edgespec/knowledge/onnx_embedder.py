@@ -18,7 +18,10 @@ import numpy as np
 from ..errors import InvalidRequest
 from .embedder_folder import EmbedderError, open_folder
 
-BATCH = 32  # texts per onnxruntime run: MiniLM at 256 tokens is ~40 MB of activations per 32
+BATCH = 32  # texts per onnxruntime run at most ...
+BATCH_TOKENS = 2048  # ... and padded tokens per run at most: attention's activations grow with rows x tokens^2.
+# Measured (MiniLM int8, 32 texts of 256 tokens): peak RSS 179 MB over the process at 2048 tokens a run, 304 MB
+# at 8192, the same speed (edge/memory.py EMBEDDER_WORKING)
 
 
 @dataclass(frozen=True)
@@ -49,14 +52,8 @@ class OnnxEmbedder:
         self.tokenizer.enable_truncation(max_length=self.max_tokens)
         self.vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.specials = [self.tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]")]
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        if threads:
-            so.intra_op_num_threads = int(threads)
-            so.inter_op_num_threads = 1
         try:
-            self.session = ort.InferenceSession(str(self.folder / "model.onnx"), so,
-                                                providers=providers or ["CPUExecutionProvider"])
+            self.session = make_session(str(self.folder / "model.onnx"), threads=threads, providers=providers)
         except Exception as e:
             raise EmbedderError(f"embedder {self.folder}: onnxruntime {ort.__version__} cannot load model.onnx "
                                 f"({str(e).splitlines()[0][:200]})") from None
@@ -109,8 +106,7 @@ class OnnxEmbedder:
         n = len(ids)
         vectors = np.zeros((n, self.dim), np.float32)
         order = sorted(range(n), key=lambda i: len(ids[i]))
-        for s in range(0, n, BATCH):
-            rows = order[s:s + BATCH]
+        for rows in _batches(order, [len(x) for x in ids]):
             t = max(1, max(len(ids[i]) for i in rows))
             x = np.full((len(rows), t), self.manifest.pad_id, np.int64)
             mask = np.zeros((len(rows), t), np.int64)
@@ -120,3 +116,59 @@ class OnnxEmbedder:
             got = self.session.run(["sentence_embedding"], {"input_ids": x, "attention_mask": mask})[0]
             vectors[rows] = got
         return Embedded(vectors, [len(x) for x in ids], truncated)
+
+
+def make_session(model: str | bytes, *, threads: int | None = None, providers: list[str] | None = None):
+    """An onnxruntime session for an embedder graph, with its own threads, or on the process's global thread
+    pool when the engine made one (onnxruntime then refuses per-session threads: edge/providers.py)."""
+    import onnxruntime as ort
+
+    def options(own_threads: bool):
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        if not own_threads:
+            so.use_per_session_threads = False
+        elif threads:
+            so.intra_op_num_threads = int(threads)
+            so.inter_op_num_threads = 1
+        return so
+
+    chain = providers or ["CPUExecutionProvider"]
+    try:
+        return ort.InferenceSession(model, options(True), providers=chain)
+    except Exception as e:  # onnxruntime raises a plain RuntimeError for this
+        if "global thread pool" not in str(e):
+            raise
+    return ort.InferenceSession(model, options(False), providers=chain)
+
+
+def open_embedder(spec: str | Path) -> OnnxEmbedder:
+    """The embedder an index names: its model_id ("all-MiniLM-L6-v2/int8", looked for among the folders under
+    $EDGESPEC_HOME/embedders), a pulled model's name, or a folder. Not found: one line saying the pull."""
+    from .embedder_folder import check_folder, embedders_dir, resolve
+
+    try:
+        return OnnxEmbedder(resolve(spec))
+    except EmbedderError:
+        if "/" not in str(spec) or Path(spec).exists():
+            raise
+    root = embedders_dir()
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ():
+        m, problems = check_folder(folder, checksums=False)
+        if m is not None and m.model_id == spec:
+            return OnnxEmbedder(folder)  # checked in full here
+    raise EmbedderError(f"no embedder folder under {root} holds {spec}: `edgespec pull minilm` exports "
+                        "all-MiniLM-L6-v2 (int8 by default; --embedder-form float32 for the float form)")
+
+
+def _batches(order: list[int], lengths: list[int]) -> list[list[int]]:
+    """`order` (indices by length, shortest first) cut into runs of at most BATCH rows and BATCH_TOKENS
+    padded tokens (rows x the longest row's length)."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        if cur and (len(cur) + 1 > BATCH or (len(cur) + 1) * max(lengths[i], 1) > BATCH_TOKENS):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    return out + ([cur] if cur else [])

@@ -12,6 +12,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
+from .embeddings import EmbeddingsEndpoint
 from .endpoints import Endpoints
 from .generation import GenerationEndpoint
 from .guard import Guard
@@ -23,6 +24,7 @@ def create_app(state: ServerState) -> Any:
     routes = [
         Route("/v1/chat/completions", GenerationEndpoint(state, "chat"), methods=["POST"]),
         Route("/v1/completions", GenerationEndpoint(state, "completion"), methods=["POST"]),
+        Route("/v1/embeddings", e.counted("embeddings", EmbeddingsEndpoint(state)), methods=["POST"]),
         Route("/v1/models", e.counted("models", e.models), methods=["GET"]),
         Route("/v1/models/{name:path}", e.counted("models", e.model), methods=["GET"]),
         Route("/health", e.counted("health", e.health), methods=["GET"]),

@@ -58,7 +58,11 @@ class Endpoints:
 
     async def models(self, request: Request) -> Response:
         check_auth(self.state, request.headers, _peer(request))
-        return json_response({"object": "list", "data": [self._model_card()]})
+        cards = [self._model_card()]
+        emb = self.state.embedder
+        if emb is not None:  # POST /v1/embeddings answers to it
+            cards.append({"id": emb.manifest.name, "object": "model", "created": self.state.created, "owned_by": "edgespec"})
+        return json_response({"object": "list", "data": cards})
 
     async def model(self, request: Request) -> Response:
         check_auth(self.state, request.headers, _peer(request))
@@ -94,7 +98,7 @@ class Endpoints:
             return page
         return json_response({
             "service": "edgespec", "version": __version__, "model": state.model_id, "phase": state.phase,
-            "endpoints": ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /health",
+            "endpoints": ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/embeddings", "GET /v1/models", "GET /health",
                           "GET /ready", "GET /metrics"],
         })
 

@@ -25,6 +25,7 @@ class ServerState:
         self.metrics = Metrics()
         self.api_key = api_key
         self.engine: ServedEngine | None = None
+        self.embedder = None  # an OnnxEmbedder when `serve --embedder` loaded one: POST /v1/embeddings
         self.phase = "loading"
         self.failure: str | None = None
         self.model_id = config.model_names[0] if config.model_names else default_name

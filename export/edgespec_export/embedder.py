@@ -338,13 +338,11 @@ def _encode(tok, texts, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
 def parity(model_bytes: bytes, src: Source, sentences, pad_id: int, max_tokens: int) -> dict:
     """Cosine of the graph's vectors against the numpy reference, per sentence, all in one padded batch
     (so padding is exercised): {"min_cosine", "mean_cosine", "sentences"}."""
-    import onnxruntime as ort
+    from edgespec.knowledge.onnx_embedder import make_session
 
     tok = _tokenizer(src.tokenizer_json, max_tokens)
     ids, mask = _encode(tok, sentences, pad_id)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+    sess = make_session(model_bytes)
     got = sess.run(["sentence_embedding"], {"input_ids": ids, "attention_mask": mask})[0].astype(np.float64)
     want = reference_embed(src, ids, mask)
     cos = (got * want).sum(-1) / np.maximum(np.linalg.norm(got, axis=-1) * np.linalg.norm(want, axis=-1), 1e-12)

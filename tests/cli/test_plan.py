@@ -245,3 +245,32 @@ def _projection_inputs(bundle):
     work = {"target": ModeWork("target", tokens=100, decode_s=2.0, target_steps={1: [100, 2.0]}, rounds=100,
                                context_sum=60.0, generations=1, prompt_tokens=20)}
     return work, projection.model_costs(b), projection.hardware("rpi5-4gb")
+
+
+def test_plan_counts_the_embedder_and_the_document_index(tiny_bundle, tiny_embedder_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    files = sum(p.stat().st_size for p in tiny_embedder_dir.iterdir() if p.name != "manifest.json")
+    rc = cli.main(["plan", str(tiny_bundle), "--embedder", str(tiny_embedder_dir), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["breakdown"]["embedder"] == int(2.0 * files) + memory.EMBEDDER_WORKING
+    assert out["predicted_bytes"] == sum(out["breakdown"].values())
+    index = tmp_path / "index"  # an index names the embedding model that built it; plan finds it by model_id
+    index.mkdir()
+    (index / "manifest.json").write_text(json.dumps({"embedder": {"model_id": "tiny-BERT/int8"}}))
+    (index / "vectors.npy").write_bytes(bytes(1000))
+    import shutil
+
+    shutil.copytree(tiny_embedder_dir, tmp_path / "home" / "embedders" / "tiny")
+    rc = cli.main(["plan", str(tiny_bundle), "--docs", str(index)])
+    text = capsys.readouterr().out
+    size = (index / "manifest.json").stat().st_size + 1000
+    assert rc == 0 and "embedder" in text and "doc_index" in text
+    p = memory.plan(tiny_bundle, max_len=None, want_draft=True, budget_bytes=None,
+                    knowledge={"embedder": int(2.0 * files) + memory.EMBEDDER_WORKING, "doc_index": int(2.0 * size)})
+    assert units.format_size(p.predicted_bytes) in text
+
+
+def test_plan_docs_without_a_readable_manifest_is_one_line(tiny_bundle, tmp_path, capsys):
+    rc = cli.main(["plan", str(tiny_bundle), "--docs", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and err == f"edgespec plan: error: --docs {tmp_path}: manifest.json: cannot be read: No such file or directory"

@@ -17,17 +17,6 @@ from edgespec.knowledge.embedder_folder import EmbedderError  # noqa: E402
 TEXTS = ["the museum opens at nine", "tickets for children are free", "where is the lift?", "", "a"]
 
 
-@pytest.fixture(scope="session")
-def tiny_embedder_dir(tmp_path_factory):
-    from edgespec_export.embedder import export_embedder
-    from edgespec_export.embedder_tiny import make_tiny_bert
-
-    root = tmp_path_factory.mktemp("embedder")
-    src = make_tiny_bert(root / "model.zip")
-    export_embedder(src, root / "tiny", name="tiny-bert", model_id="tiny-BERT", sentences=TEXTS)
-    return root / "tiny"
-
-
 @pytest.fixture
 def folder(tiny_embedder_dir, tmp_path):
     dest = tmp_path / "emb"
@@ -142,3 +131,22 @@ def test_names_resolve_under_the_home_and_absent_ones_say_the_pull(tiny_embedder
         load_embedder("/nowhere/x")
     shutil.copytree(tiny_embedder_dir, tmp_path / "embedders" / "all-minilm-l6-v2")
     assert load_embedder("minilm").model_id == "tiny-BERT/int8"  # the alias, found by name
+
+
+def test_runs_are_cut_by_rows_and_by_padded_tokens(monkeypatch):
+    monkeypatch.setattr(onnx_embedder, "BATCH", 3)
+    monkeypatch.setattr(onnx_embedder, "BATCH_TOKENS", 10)
+    lengths = [2, 2, 2, 2, 5, 5, 9]
+    assert onnx_embedder._batches(list(range(7)), lengths) == [[0, 1, 2], [3, 4], [5], [6]]
+
+
+def test_an_index_finds_its_embedder_by_model_id(tiny_embedder_dir, tmp_path, monkeypatch):
+    from edgespec.knowledge.onnx_embedder import open_embedder
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    with pytest.raises(EmbedderError, match=r"no embedder folder under .*embedders holds tiny-BERT/int8: `edgespec pull minilm`"):
+        open_embedder("tiny-BERT/int8")
+    shutil.copytree(tiny_embedder_dir, tmp_path / "embedders" / "some-name")
+    assert open_embedder("tiny-BERT/int8").folder == tmp_path / "embedders" / "some-name"
+    with pytest.raises(EmbedderError, match=r"holds tiny-BERT/float32"):
+        open_embedder("tiny-BERT/float32")

@@ -196,7 +196,7 @@ def test_oversized_body_is_413_then_served_normally(serve):
 
 def test_unknown_path_and_wrong_method_are_json_errors(serve):
     s = serve()
-    status, _, raw = s.get("/v1/embeddings")
+    status, _, raw = s.get("/v1/moderations")  # not served (/v1/embeddings is: a GET there is 405)
     assert_openai_error(status, json.loads(raw), 404)
     status, _, raw = s.get(CHAT)
     assert_openai_error(status, json.loads(raw), 405)

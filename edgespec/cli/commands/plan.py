@@ -24,6 +24,10 @@ def register(sub) -> None:
     p.add_argument("--measure", action="store_true",
                    help="then load the plan in a fresh process, fill the caches and compare measured RSS with the "
                         "prediction (takes as long as a full-length prefill)")
+    p.add_argument("--embedder", metavar="NAME|DIR", default=None,
+                   help="count a sentence-embedding model beside the LLM (serve --embedder; e.g. all-minilm-l6-v2)")
+    p.add_argument("--docs", metavar="INDEX", default=None,
+                   help="count a document index held in memory (serve --docs), and the embedding model it names")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     p.add_argument("--root", default="/", metavar="DIR",
                    help="detect the board from /proc and /etc under DIR (a board's tree copied elsewhere)")
@@ -48,7 +52,8 @@ def run(args) -> int:
         context = gpumem.measure_context_fresh(args.root, unified=profile.memory_shared_with_gpu)
     ctx_bytes = (context or {}).get("context_bytes")
     plan = memory.plan(bundle, max_len=args.max_len, want_draft=want_draft, budget_bytes=budget, profile=profile,
-                       flavor=flavor, device=device, context_bytes=ctx_bytes)
+                       flavor=flavor, device=device, context_bytes=ctx_bytes,
+                       knowledge=memory.knowledge_bytes(_embedder_of(args), args.docs))
     warning = memcheck.fits_now(plan, args.root) if here else None
     if modes.get(args.draft).runner == "draft" and not plan.load_draft:
         plan.notes.append("--draft model asked for, but the plan has no draft model: the engine would refuse")
@@ -113,6 +118,26 @@ def run(args) -> int:
     elif device_note:
         print(f"device memory: {device_note}")
     return 0
+
+
+def _embedder_of(args):
+    """--embedder, else the embedding model --docs' index names (an index of BM25 alone names none)."""
+    if args.embedder is not None or args.docs is None:
+        return args.embedder
+    from pathlib import Path
+
+    from ...errors import InvalidRequest
+    from ...models.bundlefiles import read_json
+
+    m, why = read_json(Path(args.docs) / "manifest.json")
+    if why is not None:
+        raise InvalidRequest(f"--docs {args.docs}: {why}")
+    named = m.get("embedder") if isinstance(m, dict) else None
+    if isinstance(named, dict) and named.get("model_id"):
+        from ...knowledge.onnx_embedder import open_embedder
+
+        return open_embedder(named["model_id"]).folder
+    return None
 
 
 def _memory_source(profile) -> str:

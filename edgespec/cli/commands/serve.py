@@ -135,6 +135,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                      f"answers the suffix index keeps for drafting (the oldest evicted; {suffix_memory_text()}; "
                      "with --parallel the shared history of finished requests, read in place by every running "
                      "request beside an index of its own text) [EDGESPEC_SUFFIX_CAPACITY]")
+    eng.add_argument("--embedder", metavar="NAME|DIR", help="a sentence-embedding model for POST /v1/embeddings: "
+                     "a name `edgespec pull` exported (all-minilm-l6-v2) or its folder [EDGESPEC_EMBEDDER]")
     eng.add_argument("--system-prompt", metavar="FILE", help="a system prompt (UTF-8 text file) every "
                      "conversation starts with: prefilled before READY, kept in the cache across conversations and "
                      "saved under $EDGESPEC_HOME/pinned so a restart starts warm; the kiosk page sends it when its "
@@ -289,6 +291,12 @@ def run(args: argparse.Namespace) -> int:
         settings = settings.replace(parallel=parallel)  # a batched server's modes checked here
 
         system = system_prompt(getattr(args, "system_prompt", None), parallel)
+        embedder_spec = _pick(getattr(args, "embedder", None), "EDGESPEC_EMBEDDER")
+        embedder = None
+        if embedder_spec:  # small (26 MB) and checked like a bundle: loaded here, before the LLM, refused in one line
+            from ...knowledge.embedder import load_embedder
+
+            embedder = load_embedder(embedder_spec, threads=settings.threads)
 
         def open_engine():
             if parallel > 1:
@@ -308,6 +316,7 @@ def run(args: argparse.Namespace) -> int:
         from ...server.service import Service
 
         service = Service(config, open_engine, default_name=path.resolve().name)
+        service.state.embedder = embedder
         return service.run()
     except EdgespecError as e:
         print(f"edgespec serve: error: {e}", file=sys.stderr)
