@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The runtime on the oldest onnxruntime each flavor claims, and its wheel on the boards' Pythons (scripts/test.sh
 # runs this after the suite; about three minutes).
-#   1. the runtime's wheel resolves for Python 3.10 to 3.13 on manylinux aarch64 (JetPack 6 is Ubuntu 22.04 with
-#      3.10, Raspberry Pi OS Bookworm has 3.11) from binary wheels only, pulling no onnxruntime of its own; with
-#      [cpu] it resolves too, onnxruntime included (pip install --dry-run: nothing is installed)
+#   1. the runtime's wheel and the export half's resolve for each board's Python and glibc (JetPack 6: 3.10, glibc
+#      2.35; Bookworm: 3.11, 2.36; Ubuntu 24.04 / JetPack 7: 3.12, 2.39; Trixie: 3.13, 2.41) from binary wheels only,
+#      pulling no onnxruntime of their own, and the resolved versions are printed; with [cpu] it resolves too,
+#      onnxruntime included (pip install --dry-run: nothing is installed)
 #   2. the quick loader / runner / lossless tests on onnxruntime 1.23.2 (the last cp310 release: the cpu flavor's
 #      floor; a 1.23 like NVIDIA's JetPack 6 wheel 1.23.0, the cuda flavor's floor, so cuda graphs load without
 #      position_ids) and 1.24.1 (PyPI's build of the 1.24.0 sources, NVIDIA's other JetPack 6 wheel), CPU
@@ -21,28 +22,32 @@ say() { echo "[ci-ort] $*" >&2; }
 die() { echo "[ci-ort] FAILED: $*" >&2; exit 1; }
 mkdir -p "$DIR"
 
-# --- 1. the wheel, resolved for the boards ---------------------------------------------------------------------
-say "building the runtime's wheel"
-SRC=$(mktemp -d) && trap 'rm -rf "$SRC"' EXIT
-tar -C "$ROOT" --exclude=./.venv --exclude=./.git --exclude=./build --exclude=./dist --exclude='*.egg-info' \
-  --exclude=__pycache__ --exclude=.pytest_cache --exclude=./export -cf - . | tar -C "$SRC" -xf -
-rm -f "$DIR"/edgespec-*.whl
-"$PY" -m pip wheel -q --no-deps -w "$DIR" "$SRC" >/dev/null
-WHEEL=$(ls "$DIR"/edgespec-*.whl)
-# JetPack 6 (glibc 2.35) and Bookworm (2.36) take manylinux_2_28 and older: pip matches a --platform exactly
-PLATFORMS=(--platform manylinux_2_28_aarch64 --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64)
-resolve() {  # python version, requirement -> the names pip would install, one a line
-  "$PY" -m pip install -q --dry-run --ignore-installed --only-binary :all: --python-version "$1" "${PLATFORMS[@]}" \
-    --report "$DIR/report.json" "$2" >/dev/null 2>"$DIR/resolve.log" || { cat "$DIR/resolve.log" >&2; return 1; }
-  "$PY" -c 'import json, sys; [print(i["metadata"]["name"].lower()) for i in json.load(open(sys.argv[1]))["install"]]' \
-    "$DIR/report.json"
+# --- 1. the wheels, resolved for the boards ---------------------------------------------------------------------
+# each board's own Python and glibc: every manylinux tag down to 2_17 (scripts/board_resolve.py; pip matches a
+# --platform exactly, so glibc <= 2.28 tags alone would check older releases than the boards get)
+rm -rf "$DIR/wheels"
+say "building the runtime's and the export half's wheels"
+"$PY" - "$ROOT" "$DIR/wheels" <<'PYEOF'
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1] + "/scripts")
+import board_resolve
+board_resolve.build_wheels(Path(sys.argv[1]), Path(sys.argv[2]))
+PYEOF
+WHEEL=$(ls "$DIR"/wheels/edgespec-[0-9]*.whl)
+EXPORT_WHEEL=$(ls "$DIR"/wheels/edgespec_export-*.whl)
+resolve() {  # python version, glibc minor, requirement... -> name==version pip would install, one a line
+  "$PY" "$ROOT/scripts/board_resolve.py" "$@"
 }
-for pyv in 3.10 3.11 3.12 3.13; do
-  names=$(resolve "$pyv" "${WHEEL}[server]") || die "edgespec[server] does not resolve for cp${pyv/./} aarch64"
-  if grep -qx 'onnxruntime' <<<"$names"; then die "edgespec[server] pulls the CPU onnxruntime for cp${pyv/./}"; fi
-  names=$(resolve "$pyv" "${WHEEL}[server,cpu]") || die "edgespec[server,cpu] does not resolve for cp${pyv/./} aarch64"
-  grep -qx 'onnxruntime' <<<"$names" || die "edgespec[cpu] resolved without onnxruntime for cp${pyv/./}"
-  say "cp${pyv/./} aarch64: edgespec[server] resolves without onnxruntime; [server,cpu] with it"
+for board in "3.10 35 JetPack-6" "3.11 36 Bookworm" "3.12 39 Ubuntu-24.04" "3.13 41 Trixie"; do
+  read -r pyv glibc name <<<"$board"
+  at="cp${pyv/./} aarch64 glibc 2.$glibc ($name)"
+  names=$(resolve "$pyv" "$glibc" "${WHEEL}[server]" "$EXPORT_WHEEL") || die "edgespec[server] + ./export does not resolve for $at"
+  if grep -q '^onnxruntime' <<<"$names"; then die "edgespec[server] + ./export pulls an onnxruntime for $at"; fi
+  say "$at: edgespec[server] + ./export, no onnxruntime: $(paste -sd' ' <<<"$names")"
+  names=$(resolve "$pyv" "$glibc" "${WHEEL}[server,cpu]") || die "edgespec[server,cpu] does not resolve for $at"
+  grep -q '^onnxruntime==' <<<"$names" || die "edgespec[cpu] resolved without onnxruntime for $at"
+  say "$at: [server,cpu] takes $(grep '^onnxruntime==' <<<"$names")"
 done
 
 # --- 2. the quick tests on each old onnxruntime ----------------------------------------------------------------

@@ -137,10 +137,15 @@ TORCH_MODULES = ("torch", "transformers", "onnxruntime_genai", "onnx", "onnx_ir"
 
 
 def _check_installed(via: str, specs: list) -> None:
-    """One line naming what is missing for the exporter these sources need (before anything runs)."""
+    """One line naming what is missing for the exporter these sources need (before anything runs). The export
+    half requires no particular onnxruntime (pip would replace a Jetson's onnxruntime-gpu with the CPU wheel,
+    which owns the same module): any importable one checks parity, and none is the runtime's one line naming both."""
     import importlib.util
 
+    from edgespec import require_onnxruntime
     from edgespec.errors import ExportError
+
+    require_onnxruntime()
 
     gguf_only = all(s is None or str(s).lower().endswith(".gguf") for s in specs)
     native = via == "native" or (via == "auto" and gguf_only)
