@@ -6,7 +6,8 @@ problems instead of garbage text or a crash deep inside onnxruntime.
 so what verify accepts is exactly what the runtime loads. It adds to verify_bundle (schema, digest,
 files inside the bundle, the facts against the graphs) the graphs' dtypes, draft/target
 compatibility, the tokenizer parsed under a guard, and the chat template compiled and rendered
-under a budget (models/template.py)."""
+under a budget (models/template.py): two short chats whose prompts must hold the user's text, and a
+long one that prices a message (models/template_process.py)."""
 from __future__ import annotations
 
 import os
@@ -36,8 +37,11 @@ class Reading:
     tokenizer: Any = None
 
 
-def read_bundle(root: str | os.PathLike, *, checksums: bool = True) -> Reading:
-    """Every check a bundle must pass before anything of it is loaded (see the module docstring)."""
+def read_bundle(root: str | os.PathLike, *, checksums: bool = True, template_cost: bool = True) -> Reading:
+    """Every check a bundle must pass before anything of it is loaded (see the module docstring).
+    `template_cost=False` accepts a chat template that costs too much per message (a service restarting
+    with --no-verify on a bundle verified at install time); its renders are still priced and kept in
+    their lane at request time (models/template_process.py)."""
     from .graphcheck import bundle_problems
 
     root = Path(root)
@@ -52,9 +56,10 @@ def read_bundle(root: str | os.PathLike, *, checksums: bool = True) -> Reading:
         problems.append(why)
     template = manifest.tokenizer.chat_template
     if template is not None:
-        from .template_process import probe
+        from .template_process import examine
 
-        said = probe(template, bos_token=_text(config.get("bos_token")), eos_token=_text(config.get("eos_token")))
+        seen = examine(template, bos_token=_text(config.get("bos_token")), eos_token=_text(config.get("eos_token")))
+        said = seen.problem or (seen.cost if template_cost else None)
         if said:
             problems.append(f"manifest.json: tokenizer.chat_template {said}")
     return Reading(manifest, problems, compatibility_problems(manifest), tokenizer)
@@ -123,7 +128,7 @@ class Bundle:
             raise BundleNotFound(not_found_message(path))
         if root.is_file() and root.name == MANIFEST_NAME:
             root = root.parent
-        reading = read_bundle(root, checksums=verify)
+        reading = read_bundle(root, checksums=verify, template_cost=verify)
         if reading.problems or reading.manifest is None:
             raise BundleCorrupt(str(root), reading.problems)
         if reading.mismatches:

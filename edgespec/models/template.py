@@ -427,7 +427,14 @@ def compiled(template: str, raise_exception: Callable[[str], Any]):
 def render_budgeted(tmpl: Any, n_messages: int, **variables: Any) -> str:
     """Renders within the budgets. Raises TemplateRefused (a budget), RecursionError, or whatever
     the template itself raises (the caller decides what each is)."""
-    _local.budget = _Budget(OPS_BASE + OPS_PER_MESSAGE * max(n_messages, 0), SECONDS)
+    return render_metered(tmpl, n_messages, **variables)[0]
+
+
+def render_metered(tmpl: Any, n_messages: int, **variables: Any) -> tuple[str, int]:
+    """render_budgeted's text and the operations it spent: what a template costs, counted the same
+    way on every machine (models/template_process.py compares a long conversation with a short one)."""
+    budget = _local.budget = _Budget(OPS_BASE + OPS_PER_MESSAGE * max(n_messages, 0), SECONDS)
+    start = budget.ops
     try:
         out: list[str] = []
         total = 0
@@ -435,9 +442,9 @@ def render_budgeted(tmpl: Any, n_messages: int, **variables: Any) -> str:
             total += len(chunk)
             if total > MAX_CHARS:
                 raise TemplateRefused(f"the rendered prompt is over {MAX_CHARS:,} characters")
-            _local.budget.tick()
+            budget.tick()
             out.append(chunk)
-        return "".join(out)
+        return "".join(out), start - budget.ops
     finally:
         _local.budget = None
 
