@@ -223,9 +223,11 @@ def _unsupported(body: dict, name: str, default_ok, what: str) -> None:
 
 
 def _model(body: dict, limits: Limits) -> str:
-    v = body.get("model")
-    if v is None:
+    """The model asked for: left out, the served one; when present a string (null too is refused: OpenAI
+    requires the field, and a client that sends null meant some name)."""
+    if "model" not in body:
         return limits.model_names[0] if limits.model_names else ""
+    v = body["model"]
     if not isinstance(v, str):
         raise bad_request(f"'model' must be a string, got {_type_name(v)}", param="model")
     if limits.model_names and v not in limits.model_names:
@@ -359,13 +361,31 @@ def parse_chat(body: Any, limits: Limits) -> GenRequest:
                 param=f"messages[{i}].role",
             )
         out.append({"role": ROLES[role], "content": _content(m, i)})
+    _check_turns(msgs)
     req.messages = out
     return req
+
+
+def _check_turns(msgs: list[dict]) -> None:
+    """What OpenAI's API refuses in the order of turns, refused the same way (its message, the field
+    named): a `tool` message answers a call, so it must follow an assistant message with `tool_calls`
+    (or another tool message answering the same one) - a conversation that is a lone tool result
+    asks nothing. A conversation of system or assistant turns only is accepted, as OpenAI does."""
+    answering = False  # the messages before this one are an assistant's tool calls and their results
+    for i, m in enumerate(msgs):
+        role = m.get("role")
+        if role == "tool" and not answering:
+            raise bad_request(f"messages[{i}]: a message with role 'tool' must be a response to a preceding "
+                              "message with 'tool_calls'", param=f"messages[{i}].role")
+        answering = role == "tool" and answering or (role == "assistant" and bool(m.get("tool_calls")))
 
 
 def parse_completion(body: Any, limits: Limits) -> GenRequest:
     req = _common(body, "completion", limits)
     _unsupported(body, "logprobs", lambda v: v == 0, "no log-probabilities")
+    # not a field of the completions API (its `logprobs` is the count of top tokens), but chat's name for
+    # it: a client sending it wants log-probabilities and must learn there are none, as on chat
+    _unsupported(body, "top_logprobs", lambda v: v == 0, "no log-probabilities")
     _unsupported(body, "echo", lambda v: v is False, "the prompt is not echoed")
     _unsupported(body, "suffix", lambda v: v == "", "no insertion")
     p = body.get("prompt")

@@ -109,3 +109,17 @@ def test_stream_options_include_usage_true_false_or_null_is_served(serve, value)
     s = serve()
     status, _, _ = s.post(CHAT, chat_body(stream=True, stream_options={"include_usage": value}))
     assert status == 200
+
+
+@pytest.mark.parametrize("path, body, param", [
+    (CHAT, chat_body(model=None), "model"),
+    ("/v1/completions", {"model": None, "prompt": "hi"}, "model"),
+    (CHAT, {"messages": [{"role": "tool", "content": "42", "tool_call_id": "call_1"}]}, "messages[0].role"),
+    ("/v1/completions", {"prompt": "hi", "top_logprobs": 3}, "top_logprobs"),
+])
+def test_what_openai_refuses_is_a_400_naming_the_field(serve, path, body, param):
+    """`model` null, a conversation that is a lone tool result, chat's `top_logprobs` on completions."""
+    s = serve()
+    status, _, answer = s.post(path, body)
+    assert_openai_error(status, answer, 400, param=param)
+    assert not s.engine.runs

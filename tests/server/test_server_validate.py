@@ -10,6 +10,8 @@ from edgespec.server.validate import Limits, parse_chat, parse_completion, parse
 
 LIMITS = Limits(model_names=("tiny", "alias"), max_tokens_limit=100, default_max_tokens=20, default_temperature=0.0)
 MSG = [{"role": "user", "content": "hi"}]
+CALL = {"role": "assistant", "content": None,
+        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
 
 
 def chat(**kw):
@@ -101,6 +103,13 @@ def test_malformed_json(raw, contains):
     (chat(messages=[{"role": "user", "content": 5}]), "messages[0].content", "string"),
     (chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]), "messages[0].content", "text part"),
     (chat(model=5), "model", "string"),
+    (chat(model=None), "model", "must be a string, got null"),
+    (chat(messages=[{"role": "tool", "content": "42", "tool_call_id": "call_1"}]), "messages[0].role",
+     "a message with role 'tool' must be a response to a preceding message with 'tool_calls'"),
+    (chat(messages=[*MSG, {"role": "assistant", "content": "let me see"}, {"role": "tool", "content": "42"}]),
+     "messages[2].role", "must be a response to a preceding message with 'tool_calls'"),
+    (chat(messages=[*MSG, CALL, {"role": "tool", "content": "42"}, *MSG, {"role": "tool", "content": "43"}]),
+     "messages[4].role", "must be a response to a preceding message with 'tool_calls'"),
     (chat(model="gpt-4"), "model", "not served"),
     (chat(max_tokens=0), "max_tokens", "at least 1"),
     (chat(max_tokens=-3), "max_tokens", "at least 1"),
@@ -158,10 +167,26 @@ def test_bad_chat_fields(body, param, contains):
     ({"prompt": "x", "echo": True}, "echo", "not supported"),
     ({"prompt": "x", "best_of": 3}, "best_of", "1"),
     ({"prompt": "x", "logprobs": 2}, "logprobs", "not supported"),
+    ({"prompt": "x", "top_logprobs": 2}, "top_logprobs", "not supported by this server (no log-probabilities)"),
+    ({"prompt": "x", "model": None}, "model", "must be a string, got null"),
     ({"prompt": "x", "suffix": "end"}, "suffix", "not supported"),
 ])
 def test_bad_completion_fields(body, param, contains):
     bad(parse_completion, body, param, contains=contains)
+
+
+def test_the_turn_orders_openai_accepts_are_accepted():
+    """Tool results after the call (several in a row), and conversations without a user turn (a system
+    prompt alone, an assistant's words to continue), which OpenAI's API answers too."""
+    for messages in ([*MSG, CALL, {"role": "tool", "content": "42"}, {"role": "tool", "content": "43"}],
+                     [{"role": "system", "content": "Greet the visitor."}],
+                     [{"role": "assistant", "content": "Welcome"}]):
+        assert len(parse_chat(chat(messages=messages), LIMITS).messages) == len(messages)
+
+
+def test_model_left_out_is_the_served_one_and_no_op_top_logprobs_is_accepted():
+    assert parse_chat({"messages": MSG}, LIMITS).model == "tiny"
+    assert parse_completion({"prompt": "x", "top_logprobs": 0, "logprobs": 0}, LIMITS).model == "tiny"
 
 
 def test_unknown_model_error_names_the_served_one():
