@@ -10,7 +10,10 @@
  * A fair connection table, checked when a connection is made: at most `total` open connections and
    `per_client` from one address. A connection beyond either limit makes room by closing an *idle*
    one (no request in flight) - the address's own for the per-address limit - instead of being
-   refused, so sockets held open without a request cannot starve a client that has one to send.
+   refused, so sockets held open without a request cannot starve a client that has one to send. A
+   connection whose socket holds bytes the event loop has not read yet is not idle (its request is
+   there, waiting for the loop's turn): under a flood that churns the table, a just-opened connection
+   was otherwise closed with its request unread.
    Order: sockets that never sent a byte, oldest first; then kept-alive ones between requests, the
    longest idle first; then ones still sending their headers. Only when every connection in the way
    has a request in flight is the new one refused (a JSON 503). While the table is more than
@@ -84,14 +87,31 @@ def make_protocol(header_timeout: float, total: int, per_client: int) -> type:
                     and not c.transport.is_closing()]
 
         def _idle_rank(self) -> tuple[int, float] | None:
-            """(class, since) when closing this connection loses no request; None while one is in flight."""
+            """(class, since) when closing this connection loses no request; None while one is in flight,
+            or waits unread (bytes in the socket that the event loop has not had its turn to read: a
+            just-opened connection's request, or a kept-alive one's next)."""
             if self.transport.is_closing():
                 return None
             if self.cycle is not None and not self.cycle.response_complete:
                 return None
+            if not self._sending and self._unread():
+                return None
             if not self._spoke:
                 return (SILENT, self._made)
             return (SENDING if self._sending else KEPT_ALIVE, self._active)
+
+        def _unread(self) -> bool:
+            """Bytes wait in this connection's socket (peeked, not taken: the loop reads them next)."""
+            sock = self.transport.get_extra_info("socket")  # asyncio's wrapper, which has no recv
+            if sock is None or sock.fileno() < 0:
+                return False
+            peek = socket.socket(sock.family, sock.type, fileno=sock.fileno())
+            try:
+                return bool(peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+            except OSError:  # nothing there (EAGAIN), or reset by the peer: nothing to lose by closing it
+                return False
+            finally:
+                peek.detach()  # the descriptor stays the transport's
 
         def _make_room(self) -> bool:
             """Applies the limits to this new connection; False when it was refused."""
