@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import platform
 import re
@@ -26,6 +27,7 @@ from ..limits import DEFAULT_MAX_LEN
 from .memcheck import meminfo
 from .providers import ProfileOrder
 
+log = logging.getLogger(__name__)
 GIB = 1 << 30
 # /proc/cpuinfo "CPU part" of the ARM cores these boards use
 ARM_PARTS = {"0xd03": "Cortex-A53", "0xd07": "Cortex-A57", "0xd08": "Cortex-A72", "0xd0b": "Cortex-A76",
@@ -174,6 +176,7 @@ def read_board(root: str | os.PathLike = "/") -> dict[str, Any]:
     cpuinfo = _read(root, "proc/cpuinfo") or ""
     procs = re.findall(r"^processor\s*:", cpuinfo, flags=re.M)
     facts["cpu_count"] = len(procs) or (os.cpu_count() if str(root) == "/" else None)
+    facts["cpu_online"] = online_cores(root)
     if re.search(r"^CPU implementer\s*:", cpuinfo, flags=re.M) or re.search(r"^Features\s*:.*\basimd\b", cpuinfo, flags=re.M):
         arch = "aarch64"
     elif re.search(r"^(vendor_id|flags)\s*:", cpuinfo, flags=re.M):
@@ -192,6 +195,42 @@ def read_board(root: str | os.PathLike = "/") -> dict[str, Any]:
     facts["mem_total"] = mem.get("MemTotal")
     facts["mem_available"] = mem.get("MemAvailable")
     return facts
+
+
+def _cpu_list_count(text: str) -> int | None:
+    """"0-3,6" -> 5: the kernel's CPU list format (sysfs cpu/online), None when it does not parse."""
+    n = 0
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            return None
+        n += (int(hi) - int(lo) + 1) if hi else 1
+    return n or None
+
+
+def online_cores(root: str | os.PathLike = "/") -> int | None:
+    """The CPU cores online now (<root>/sys/devices/system/cpu/online): a low nvpmodel mode takes cores offline,
+    and a thread count above this only makes threads wait on each other. None where sysfs does not say."""
+    text = _read(Path(root), "sys/devices/system/cpu/online")
+    return _cpu_list_count(text) if text else None
+
+
+def clamp_threads(threads: int | None, online: int | None) -> int | None:
+    """A default thread count never above the cores online (an unknown count changes nothing)."""
+    if threads is None or online is None:
+        return threads
+    return max(1, min(int(threads), int(online)))
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        log.warning("%s", msg)
 
 
 def _l4t_parts(l4t: str) -> tuple[int, int, int]:
@@ -232,6 +271,8 @@ def _matches(p: DeviceProfile, facts: dict) -> tuple[bool, bool]:
     model = (facts.get("model") or "")
     if not any(s.lower() in model.lower() for s in rule["model"]):
         return False, False
+    if any(s.lower() in model.lower() for s in rule.get("exclude", ())):  # "Raspberry Pi 5" is in "... Pi 500"
+        return False, False
     if rule.get("tegra") and facts.get("tegra_release") is None and "nvidia" not in model.lower():
         return False, False
     lo_hi = rule.get("memory_gib")
@@ -260,6 +301,8 @@ def detect(root: str | os.PathLike = "/") -> DeviceProfile:
         chosen = min(family, key=lambda p: abs((p.memory_bytes or 0) / GIB - gib))
         how = f"device-tree model {facts['model']!r}; no profile for {gib:.1f} GiB, using the nearest"
         notes.append(f"no profile for this memory size; using {chosen.id} with the memory the kernel reports")
+        _warn_once(f"board guessed: {facts['model']!r} with {gib:.1f} GiB matches no profile exactly; using {chosen.id}'s "
+                   "bandwidth and defaults (threads clamped to the cores online): pass --device to name it")
     else:
         arch = facts.get("arch") or platform.machine()
         chosen = all_.get(f"generic-{arch}") or all_["generic-x86_64"]
@@ -268,11 +311,19 @@ def detect(root: str | os.PathLike = "/") -> DeviceProfile:
             notes.append(f"a Jetson (L4T {facts['tegra_release']}) that matches no profile: {facts.get('model')!r}")
         elif facts.get("model"):
             notes.append(f"board {facts['model']!r} matches no profile")
+        if facts.get("tegra_release") or facts.get("model"):
+            _warn_once(f"board guessed: {notes[-1]}; using the generic {arch} profile (no bandwidth, no GPU): pass "
+                       "--device to name it")
     p = copy.deepcopy(chosen)
     if facts.get("mem_total"):
         p.memory_bytes = int(facts["mem_total"])
-    if facts.get("cpu_count"):
-        p.cpu_cores = int(facts["cpu_count"])
+    if facts.get("cpu_online") or facts.get("cpu_count"):
+        p.cpu_cores = int(facts.get("cpu_online") or facts["cpu_count"])
+    online = facts.get("cpu_online") or facts.get("cpu_count")
+    if p.default_threads and online and p.default_threads > online:
+        notes.append(f"{online} cores online (the profile's {p.default_threads} threads clamped to them: a power mode "
+                     "or the kernel took cores offline)")
+        p.default_threads = clamp_threads(p.default_threads, online)
     if p.cpu_model is None and facts.get("cpu_model"):
         p.cpu_model = facts["cpu_model"]
     p.notes = p.notes + notes
@@ -282,20 +333,22 @@ def detect(root: str | os.PathLike = "/") -> DeviceProfile:
 
 
 def engine_defaults(profile: DeviceProfile | None, *, providers=None, draft_providers=None,
-                    threads: int | None = None) -> dict[str, Any]:
+                    threads: int | None = None, online: int | None = None) -> dict[str, Any]:
     """What Engine.open should use when the caller left an option unset: the profile's provider
     orders and thread count. Explicit values always win; without a profile nothing changes.
 
     A provider order taken from the profile is a `providers.ProfileOrder`: tried like the default
     order, so a provider this onnxruntime lacks is skipped without a warning (the user did not ask
-    for it). An explicit target order is the draft's too unless the draft has its own."""
+    for it). An explicit target order is the draft's too unless the draft has its own. `online`: the cores online
+    where the engine runs (online_cores()); the profile's thread count is never above it (an explicit one is
+    the user's)."""
     if profile is None:
         return {"providers": providers, "draft_providers": draft_providers, "threads": threads}
     return {
         "providers": providers if providers is not None else ProfileOrder(profile.providers),
         "draft_providers": draft_providers if draft_providers is not None else (
             providers if providers is not None else ProfileOrder(profile.draft_providers)),
-        "threads": threads if threads is not None else profile.default_threads,
+        "threads": threads if threads is not None else clamp_threads(profile.default_threads, online),
     }
 
 
@@ -309,6 +362,7 @@ def with_measured_memory(profile: DeviceProfile, root: str | os.PathLike = "/") 
     p = copy.deepcopy(profile)
     if p.detected.get("how"):  # detect() made it: memory_bytes is already the kernel's number
         return p
+    p.default_threads = clamp_threads(p.default_threads, online_cores(root))  # the engine runs here
     total = meminfo(root).get("MemTotal")
     here = None
     if total:

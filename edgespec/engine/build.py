@@ -138,7 +138,8 @@ def plan(settings: Settings, bundle) -> Plan:
         profile = devices.with_measured_memory(devices.resolve(settings.device))
     given = lambda v: list(v) if v is not None and not isinstance(v, prov.ProfileOrder) else v  # noqa: E731
     d = devices.engine_defaults(profile, providers=given(settings.providers),
-                                draft_providers=given(settings.draft_providers), threads=settings.threads)
+                                draft_providers=given(settings.draft_providers), threads=settings.threads,
+                                online=devices.online_cores())
     b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, verify=settings.verify)
     row = modes.get(settings.draft)
     if row.runner == "draft" and b.draft is None:

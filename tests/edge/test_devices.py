@@ -29,7 +29,8 @@ def set_memtotal(root: Path, kib: int) -> None:
 def test_every_board_of_the_issue_has_a_profile():
     ids = set(devices.profiles())
     assert {"jetson-orin-nano-8gb", "jetson-orin-nx-16gb", "jetson-agx-orin-64gb", "rpi5-4gb", "rpi5-8gb",
-            "rpi5-16gb", "rpi4", "generic-x86_64", "generic-aarch64"} <= ids
+            "rpi5-16gb", "rpi4", "generic-x86_64", "generic-aarch64", "jetson-orin-nano-4gb", "jetson-orin-nx-8gb",
+            "jetson-agx-orin-32gb", "rpi5-1gb", "rpi5-2gb", "rpi-cm5", "rpi500"} <= ids
 
 
 def test_profile_files_are_consistent():
@@ -107,31 +108,76 @@ def test_detect_pi5_memory_variants(tmp_path, kib, pid):
     assert not any("nearest" in n or "no profile" in n for n in p.notes)
 
 
-def test_detect_unlisted_variant_uses_nearest_profile_with_real_memory(tmp_path):
+def test_detect_unlisted_variant_uses_nearest_profile_with_real_memory_and_warns(tmp_path, caplog):
     root = copy_tree("rpi5", tmp_path)
-    set_memtotal(root, 2020000)  # a Pi 5 2GB: no profile of its own
-    p = devices.detect(root)
-    assert p.id == "rpi5-4gb"
-    assert p.memory_bytes == 2020000 * 1024
+    set_memtotal(root, 20 * 1024 * 1024)  # a 20 GiB Pi 5: no such board, nearest is the 16GB
+    devices._warned.clear()
+    with caplog.at_level("WARNING", logger="edgespec.edge.devices"):
+        p = devices.detect(root)
+    assert p.id == "rpi5-16gb"
+    assert p.memory_bytes == 20 * GIB
     assert any("no profile for this memory size" in n for n in p.notes)
-    assert p.memory_budget_bytes == 2020000 * 1024 - int(1.25 * GIB)
+    assert p.memory_budget_bytes == 20 * GIB - 2 * GIB
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and warned[0].startswith("board guessed: 'Raspberry Pi 5 Model B Rev 1.0' with 20.0 GiB")
 
 
-def test_detect_unknown_jetson_falls_back_to_generic_with_a_note(tmp_path):
+@pytest.mark.parametrize("tree, model, kib, online, pid, bandwidth, threads", [
+    ("rpi5", None, 2020000, None, "rpi5-2gb", 17, 4),  # a Pi 5 2GB
+    ("rpi5", None, 990000, None, "rpi5-1gb", 17, 4),
+    ("rpi5", "Raspberry Pi 500 Rev 1.0", 8245264, None, "rpi500", 17, 4),  # "Raspberry Pi 5" is in its name
+    ("rpi5", "Raspberry Pi Compute Module 5 Rev 1.0", 4045000, None, "rpi-cm5", 17, 4),
+    ("jetson-orin-nano", None, 3800000, None, "jetson-orin-nano-4gb", 34, 6),  # not the 8GB's 68 GB/s
+    ("jetson-orin-nano", "NVIDIA Jetson Orin NX Engineering Reference Developer Kit", 7620468, "0-5",
+     "jetson-orin-nx-8gb", 102, 6),  # 6 cores, not the 16GB's 8
+    ("jetson-agx-orin", "Jetson AGX Orin", 31000000, "0-7", "jetson-agx-orin-32gb", 205, 8),  # not the 64GB's 12
+    ("jetson-orin-nano", None, 7620468, "0-3", "jetson-orin-nano-8gb", 68, 4),  # a low nvpmodel mode: 2 cores off
+    ("jetson-agx-orin", None, 64000000, "0-3,8-11", "jetson-agx-orin-64gb", 205, 8),
+])
+def test_variants_get_their_own_profile_and_threads_never_exceed_the_cores_online(tmp_path, caplog, tree, model, kib,
+                                                                                  online, pid, bandwidth, threads):
+    root = copy_tree(tree, tmp_path)
+    set_memtotal(root, kib)
+    if model:
+        (root / "proc/device-tree/model").write_bytes(model.encode() + b"\x00")
+    if online:
+        (root / "sys/devices/system/cpu").mkdir(parents=True, exist_ok=True)
+        (root / "sys/devices/system/cpu/online").write_text(online + "\n")
+    devices._warned.clear()
+    with caplog.at_level("WARNING", logger="edgespec.edge.devices"):
+        p = devices.detect(root)
+    assert (p.id, p.bandwidth_gbs, p.default_threads) == (pid, bandwidth, threads)
+    assert not [r for r in caplog.records if "guessed" in r.getMessage()]  # an exact match is not a guess
+    if online:
+        assert p.cpu_cores == devices._cpu_list_count(online) and p.detected["cpu_online"] == p.cpu_cores
+    clamped = [n for n in p.notes if "clamped" in n]
+    assert bool(clamped) == (pid in ("jetson-orin-nano-8gb", "jetson-agx-orin-64gb"))
+
+
+@pytest.mark.parametrize("text, n", [("0-3\n", 4), ("0-1,4-5", 4), ("0", 1), ("0-3,6", 5), ("", None), ("x-3", None)])
+def test_the_kernels_cpu_list_format(text, n):
+    assert devices._cpu_list_count(text) == n
+
+
+def test_a_named_profile_and_engine_defaults_clamp_threads_to_the_cores_online(tmp_path):
+    root = tmp_path / "box"
+    (root / "sys/devices/system/cpu").mkdir(parents=True)
+    (root / "sys/devices/system/cpu/online").write_text("0-1\n")
+    assert devices.with_measured_memory(devices.get("agx-orin"), root).default_threads == 2
+    assert devices.engine_defaults(devices.get("agx-orin"), online=3)["threads"] == 3
+    assert devices.engine_defaults(devices.get("agx-orin"), threads=16, online=3)["threads"] == 16  # the user's own
+    assert devices.engine_defaults(devices.get("agx-orin"), online=None)["threads"] == 12
+
+
+def test_a_guessed_jetson_says_so_once(tmp_path, caplog):
     root = copy_tree("jetson-orin-nano", tmp_path)
     (root / "proc/device-tree/model").write_bytes(b"NVIDIA Jetson Xavier NX Developer Kit\x00")
-    p = devices.detect(root)
-    assert p.id == "generic-aarch64"
-    assert any("L4T 36.4.3" in n for n in p.notes)
-
-
-def test_detect_orin_nano_4gb_uses_the_nearest_jetson_profile_with_its_real_memory(tmp_path):
-    root = copy_tree("jetson-orin-nano", tmp_path)
-    set_memtotal(root, 3800000)  # an Orin Nano 4GB: no profile, nearest Jetson of that family is the 8GB
-    p = devices.detect(root)
-    assert p.id == "jetson-orin-nano-8gb"
-    assert p.memory_bytes == 3800000 * 1024
-    assert any("no profile for this memory size" in n for n in p.notes)
+    devices._warned.clear()
+    with caplog.at_level("WARNING", logger="edgespec.edge.devices"):
+        devices.detect(root)
+        devices.detect(root)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and msgs[0].startswith("board guessed: a Jetson (L4T 36.4.3)") and "--device" in msgs[0]
 
 
 def test_detect_x86_and_empty_trees(tmp_path):

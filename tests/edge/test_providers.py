@@ -245,7 +245,8 @@ def test_named_device_fills_unset_options(tiny_bundle, recorded_loads, fake_gpu_
         assert target["model"] == "target" and draft["model"] == "draft"
         assert providers.normalize(target["providers"]) == [CUDA, CPU]
         assert providers.normalize(draft["providers"]) == [CUDA, CPU]
-        assert target["threads"] == draft["threads"] == 6
+        # the profile's 6, never above the cores online where it runs (devices.online_cores)
+        assert target["threads"] == draft["threads"] == min(6, devices.online_cores() or 6)
         assert target["profile"].id == draft["profile"].id == "jetson-orin-nano-8gb"
         assert fake_gpu_build == [[CUDA, CPU], [CPU], [CUDA, CPU], [CPU]]
         # a named board: a governor measures energy where it has a sensor; the Orin Nano profile sets
