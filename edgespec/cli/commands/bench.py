@@ -60,6 +60,16 @@ def register(sub) -> None:
                         "of a llama-server (docs/bench.md, 'A peer')")
     p.add_argument("--peer-gguf", metavar="FILE.gguf", default=None,
                    help="the GGUF --peer llama-cpp loads (default: the target's source GGUF in the model cache)")
+    q = p.add_argument_group("a venue's questions (docs/bench.md, \"A venue's questions\")")
+    q.add_argument("--questions", metavar="Q.jsonl", default=None,
+                   help="ask these questions (each with the facts its answer must hold, or none: decline) instead of "
+                   "--prompts, and score the answers: facts held, declines, retrieval recall, TTFT, tok/s")
+    q.add_argument("--conditions", default=None, metavar="plain,by-hand,docs",
+                   help="how each question is asked: plain (alone), by-hand (after its pages from --venue), docs (to "
+                   "the engine with --docs); default: plain and by-hand, and docs with --docs")
+    q.add_argument("--docs", metavar="INDEX", default=None, help="the document index (edgespec index) the docs "
+                   "condition asks through")
+    q.add_argument("--venue", metavar="DIR", default=None, help="the folder of the pages the questions name (by-hand)")
     p.add_argument("--no-verify", action="store_true", help="skip the bundle's sha256 check")
     p.add_argument("--quiet", action="store_true", help="no progress line per generation")
     p.set_defaults(func=run)
@@ -80,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequest(f"--temperature must be >= 0, got {args.temperature}")
     if args.limit is not None and args.limit < 1:
         raise InvalidRequest(f"--limit must be at least 1, got {args.limit}")
+    if args.questions is not None or args.docs is not None or args.venue is not None or args.conditions is not None:
+        return run_questions(args)
     hw_list = projection.resolve_devices(args.project)
     if args.bundle.endswith(".json") and Path(args.bundle).is_file():
         if args.order != "file":
@@ -174,6 +186,66 @@ def _report(args: argparse.Namespace, result, hw_list, costs) -> int:
 
         plot(bench_report.summarize(result, "category"), args.plot, title=bench_report.header(result).splitlines()[0])
         print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def run_questions(args: argparse.Namespace) -> int:
+    """--questions: each question under each condition, the modes back to back, in one engine."""
+    import json
+
+    from ...bench import questions as qs
+    from ...errors import InvalidRequest
+    from ...models.bundle import Bundle, resolve_bundle
+
+    if args.questions is None:
+        raise InvalidRequest("--docs, --venue and --conditions go with --questions Q.jsonl", param="questions")
+    questions = qs.load_questions(args.questions)
+    if args.limit:
+        questions = questions[: args.limit]
+    conditions = ([c.strip() for c in args.conditions.split(",") if c.strip()] if args.conditions else
+                  ["plain", "by-hand"] + (["docs"] if args.docs else []))
+    bad = [c for c in conditions if c not in qs.CONDITIONS]
+    if bad or not conditions:
+        raise InvalidRequest(f"--conditions: {bad or args.conditions!r}; choose from {', '.join(qs.CONDITIONS)}",
+                             param="conditions")
+    if "docs" in conditions and not args.docs:
+        raise InvalidRequest("--conditions docs needs --docs INDEX", param="docs")
+    venue = Path(args.venue).expanduser() if args.venue else None
+    qs.check_venue(questions, venue, conditions)
+    names = [m.strip() for m in (args.modes or "target,auto").split(",") if m.strip()]
+    unknown = [m for m in names if m != "target" and m not in drafting.NAMES]
+    if unknown:
+        raise InvalidRequest(f"--modes: unknown mode(s) {unknown}; choose from target, {', '.join(drafting.NAMES)}",
+                             param="modes")
+    modes = ["target"] + [m for m in dict.fromkeys(names) if m != "target"]
+    if args.max_new_tokens < 1:
+        raise InvalidRequest(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    b = Bundle.open(resolve_bundle(args.bundle), verify=not args.no_verify)
+    from ...engine import Engine
+
+    print(f"loading {b.root} ...", file=sys.stderr, flush=True)
+    extra = {"docs": args.docs} if args.docs else {}
+    engine = Engine.open(b, draft="auto", max_len=args.max_len, threads=args.threads, verify=False, **extra)
+    meta = {"bundle": str(b.root), "questions": args.questions, "n": len(questions), "conditions": conditions,
+            "modes": modes, "docs": args.docs, "max_new_tokens": args.max_new_tokens, "load": qs.load_average()}
+
+    def progress(s, done: int, total: int) -> None:
+        if not args.quiet:
+            verdict = {True: "facts held", False: "facts missing", None: "declined" if s.declined else "answered"}[s.facts]
+            print(f"[{done}/{total}] {s.question} {s.condition} {s.mode}: {verdict}, TTFT {s.ttft_s:.2f} s, "
+                  f"{s.new_tokens} tokens", file=sys.stderr, flush=True)
+
+    try:
+        samples = qs.run_questions(qs.EngineAsker(engine), questions, conditions, modes, venue=venue,
+                                   max_new_tokens=args.max_new_tokens, on_sample=progress)
+    finally:
+        engine.close()
+    meta["load_after"] = qs.load_average()
+    rows = qs.summarize(samples)
+    print(qs.report_text(rows, meta))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(qs.report_json(rows, samples, meta), indent=2), encoding="utf-8")
+        print(f"wrote {args.json_out}", file=sys.stderr)
     return 0
 
 
