@@ -76,11 +76,12 @@ class GenerationEndpoint:
                 raise APIError(500, f"internal error ({type(e).__name__}); see the server log for request {rid}",
                                code="internal_error") from None
             stream = job.request.stream
-            watcher = asyncio.create_task(self._watch_disconnect(receive, job))
+            gone = asyncio.Event()
+            watcher = asyncio.create_task(self._watch_disconnect(receive, job, gone))
             if stream:
-                await self._stream(job, send, rid, out)
+                await self._stream(job, _Sender(send, gone), rid, out)
             else:
-                await self._single(job, send, rid, out)
+                await self._single(job, _Sender(send, gone), rid, out)
         except ClientGone:
             out.status, out.error = CLIENT_CLOSED, "client disconnected"
         except APIError as e:
@@ -122,11 +123,14 @@ class GenerationEndpoint:
         self.state.scheduler.submit(job)
         return job
 
-    async def _watch_disconnect(self, receive, job: Job) -> None:
-        """The body has been read, so the next ASGI message is the disconnect (or the end of the response)."""
+    async def _watch_disconnect(self, receive, job: Job, gone: asyncio.Event) -> None:
+        """The body has been read, so the next ASGI message is the disconnect (or the end of the response).
+        `gone` is set whenever it comes, the generation finished or not: the answer still being sent
+        is then not delivered (_Sender)."""
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
+                gone.set()
                 if job.finished is None:
                     job.cancel(CLIENT_GONE)
                     job.events.put_nowait(("disconnect", None))
@@ -272,6 +276,25 @@ class GenerationEndpoint:
         if out.error:
             fields.append(("error", out.error))
         reqlog.info(" ".join(f"{k}={_fmt(v)}" for k, v in fields if v is not None))
+
+
+class _Sender:
+    """The ASGI `send` of a generation's answer, which raises ClientGone instead of writing once the client
+    has hung up: the server drops what is sent after a disconnect without a word, so without this an
+    answer the client never got (a stream it left before the last chunk, the engine long finished) was
+    counted 200. Before the message that ends the answer it lets the event loop run twice, so that a
+    hang-up already in the socket is seen (the loop reads it, then wakes the watcher)."""
+
+    def __init__(self, send, gone: asyncio.Event) -> None:
+        self._send, self.gone = send, gone
+
+    async def __call__(self, message: dict) -> None:
+        if message.get("type") == "http.response.body" and not message.get("more_body", False):
+            for _ in range(2):
+                await asyncio.sleep(0)
+        if self.gone.is_set():
+            raise ClientGone()
+        await self._send(message)
 
 
 async def _send_response(send, resp) -> None:

@@ -7,6 +7,7 @@ import http.client
 import json
 import signal
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -340,6 +341,39 @@ def test_client_disconnect_mid_stream_cancels_and_frees_the_engine(serve):
     status, _, body = s.post(CHAT, chat_body(max_tokens=2))
     assert status == 200 and eng.runs[1][1:] == ("length", 2)  # served in full, right after
     assert 'status="499"' in s.get("/metrics")[2].decode()  # logged as "client closed request"
+
+
+@pytest.mark.parametrize("path, endpoint", [(CHAT, "chat"), ("/v1/completions", "completions")])
+def test_a_stream_the_client_leaves_before_its_last_chunk_is_499_even_when_generation_finished(serve, path, endpoint):
+    """The engine finished long before the client left (every token queued for the stream, the job done),
+    but the client read only the first chunks before hanging up: the stream was not delivered, so it is
+    counted 499, not 200. (A client that stops reading makes the server wait to write; the hang-up
+    ends the wait, and what is left of the stream is not sent.)"""
+    eng = FakeEngine(max_len=20_000)
+    s = serve(eng, max_tokens_limit=10_000)
+    body = chat_body(stream=True, max_tokens=10_000) if endpoint == "chat" else \
+        {"prompt": "hello there", "stream": True, "max_tokens": 10_000}
+    data = json.dumps(body).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a slow reader: the server's writes back up
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", s.port))
+    conns = s.service.server.server_state.connections
+    wait_until(lambda: len(conns) == 1, what="the server to take the connection")
+    next(iter(conns)).transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    got = b""
+    while b"data: " not in got:
+        got += sock.recv(1024)
+    assert got.startswith(b"HTTP/1.1 200")
+    _wait_runs(eng, 1)  # the engine is done: every chunk is queued or written
+    assert eng.runs[0][1:] == ("length", 10_000)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a hang-up, unread data dropped
+    sock.close()
+    m = s.service.state.metrics
+    wait_until(lambda: m.requests[(endpoint, 499)] + m.requests[(endpoint, 200)] >= 1, what="the stream to be counted")
+    assert (m.requests[(endpoint, 499)], m.requests[(endpoint, 200)]) == (1, 0)
 
 
 def test_client_disconnect_while_waiting_in_the_queue_never_runs(serve):
