@@ -4,7 +4,7 @@
 #   sudo ./systemd/install.sh BUNDLE                 # venv in /opt/edgespec/venv, bundle copied, service started
 #   sudo ./systemd/install.sh --kiosk BUNDLE         # also the chat page full screen (edgespec-kiosk.service)
 #   sudo ./systemd/install.sh --api-key-file /etc/edgespec/api-key BUNDLE    # require a bearer token
-#   sudo ./systemd/install.sh --system-site-packages BUNDLE                  # Jetson: see JetPack's onnxruntime-gpu
+#   sudo ./systemd/install.sh --system-site-packages BUNDLE   # a Jetson whose system python has onnxruntime-gpu
 #
 # What it writes: /opt/edgespec/{venv,bundles/NAME}, /etc/edgespec/edgespec.env (kept if present: only the
 # options given here are changed in it), /etc/systemd/system/edgespec.service and drop-ins in
@@ -31,7 +31,8 @@ usage() { sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; cat <<'EOF'
 Options:
   --prefix DIR             where the venv and bundles go (default /opt/edgespec)
   --python PY              interpreter that creates the venv (default python3; 3.10 or newer)
-  --system-site-packages   the venv also sees system packages (JetPack's onnxruntime-gpu on a Jetson)
+  --system-site-packages   the venv also sees system packages (an onnxruntime-gpu pip-installed for the
+                           system python: JetPack itself ships none)
   --venv DIR               use this existing environment, where edgespec[server] is installed (no pip)
   --no-pip                 use PREFIX/venv as it is (no pip install)
   --api-key-file FILE      require 'Authorization: Bearer <key>'; FILE holds the key (given to the
@@ -44,8 +45,9 @@ Options:
   --print-pip              print the pip install line this venv would get (which extras) and exit
 
 The venv gets edgespec[server], plus the CPU onnxruntime (edgespec[server,cpu]) only where it sees no
-onnxruntime at all: a Jetson's onnxruntime-gpu (seen with --system-site-packages, or installed into the
-venv before) stays the one used, never shadowed by the CPU wheel.
+onnxruntime at all and this is not a Jetson: a Jetson's onnxruntime-gpu (seen with --system-site-packages,
+or installed into the venv before) stays the one used, never shadowed by the CPU wheel, and a Jetson venv
+without one is refused with the lines that install NVIDIA's wheel into it (docs/jetson.md).
 EOF
 }
 
@@ -72,11 +74,18 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-# The extras for a venv's python: the CPU onnxruntime only where no onnxruntime is importable (a module with a
-# file: a leftover onnxruntime/ folder of a removed wheel is none), so a GPU build present is never shadowed.
+TEGRA_RELEASE=${EDGESPEC_TEGRA_RELEASE:-/etc/nv_tegra_release}  # a Jetson's (tests point it at a fake file)
+JETSON_INDEX=https://pypi.jetson-ai-lab.io/jp6/cu126
+# A venv's python sees an onnxruntime: a module with a file (a leftover onnxruntime/ folder of a removed wheel
+# is none).
+has_ort() {
+  "$1" -c 'import importlib.util as u, sys; s = u.find_spec("onnxruntime"); sys.exit(0 if s and s.origin else 1)' \
+    2>/dev/null
+}
+# The extras for a venv's python: the CPU onnxruntime only where none is importable and this is no Jetson, so a
+# GPU build present, or the one a Jetson should get, is never shadowed.
 extras_for() {
-  if "$1" -c 'import importlib.util as u, sys; s = u.find_spec("onnxruntime"); sys.exit(0 if s and s.origin else 1)' \
-      2>/dev/null; then
+  if has_ort "$1" || [ -r "$TEGRA_RELEASE" ]; then
     echo server
   else
     echo server,cpu
@@ -122,6 +131,12 @@ if [ "$PIP" = 1 ]; then
   if [ ! -x "$VENV/bin/python3" ]; then
     say "creating $VENV"
     "$PYTHON" -m venv $SYSTEM_SITE "$VENV" || die "could not create a venv (Debian/Ubuntu: apt install python3-venv)"
+  fi
+  if [ -r "$TEGRA_RELEASE" ] && ! has_ort "$VENV/bin/python3"; then
+    die "a Jetson, and $VENV sees no onnxruntime: install NVIDIA's onnxruntime-gpu into it first (JetPack 6.1/6.2):
+  $VENV/bin/pip download --no-deps -d /tmp/ort-gpu 'onnxruntime-gpu>=1.23.0' --index-url $JETSON_INDEX
+  $VENV/bin/pip install /tmp/ort-gpu/onnxruntime_gpu-*.whl
+then run this again (never the CPU wheel here: it would take the GPU one's place; docs/jetson.md)"
   fi
   EXTRAS=$(extras_for "$VENV/bin/python3")
   [ "$EXTRAS" = server ] && say "$VENV sees an onnxruntime already (a Jetson's onnxruntime-gpu): not adding the CPU one"

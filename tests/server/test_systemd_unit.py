@@ -235,3 +235,19 @@ def test_installer_never_adds_the_cpu_onnxruntime_beside_a_gpu_one(tmp_path):
         out = run_install("--prefix", _fake_venv(tmp_path, name, site), "--print-pip").stdout.strip()
         assert out.endswith(f"-m pip install '{REPO}[{extras}]'"), (name, out)
         assert f"{tmp_path}/{name}/venv/bin/python3" in out
+
+
+def test_installer_on_a_jetson_without_onnxruntime_adds_no_cpu_one_and_names_nvidias_wheel(tmp_path, tiny_bundle):
+    release = tmp_path / "nv_tegra_release"
+    release.write_text("# R36 (release), REVISION: 4.3, GCID: 1\n")
+    prefix = _fake_venv(tmp_path, "jetson-bare", None)
+    env = os.environ | {"EDGESPEC_TEGRA_RELEASE": str(release)}
+    r = subprocess.run(["bash", str(INSTALL), "--prefix", str(prefix), "--print-pip"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout.strip().endswith(f"-m pip install '{REPO}[server]'"), r.stdout + r.stderr
+    r = subprocess.run(["bash", str(INSTALL), "--prefix", str(prefix), str(tiny_bundle)], capture_output=True,
+                       text=True, timeout=120, env=env)
+    if os.geteuid() != 0 or shutil.which("systemctl") is None:
+        pytest.skip("the refusal comes after the root and systemd checks")
+    assert r.returncode == 1 and "sees no onnxruntime: install NVIDIA's onnxruntime-gpu" in r.stderr, r.stderr
+    assert "--index-url https://pypi.jetson-ai-lab.io/jp6/cu126" in r.stderr and "edgespec[" not in r.stderr
