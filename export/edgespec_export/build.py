@@ -6,11 +6,7 @@ runtime binds both to one OrtValue). We drive it with three changes that keep th
 - its whole-graph quantization pass is replaced by `quantize.quantize_graph`, one weight at a time
   (same onnxruntime kernels, byte-identical output, the float weights never held twice);
 - its genai_config/tokenizer side outputs are skipped (the bundle writer owns those).
-Then `graph_edit.add_logits_to_keep` adds the input that limits logits to the last n positions, and
-`graph_edit.add_tree_inputs` the contract inputs (position_ids; attention_bias, for trees, on the cpu
-flavor only: contract v3), and `check_kernels` holds the graph to its provider's kernel contract,
-`graph_edit.add_hidden_output` the contract-v3 output `hidden_states` draft heads read.
-`graph_batch.add_padded_queries` lets one step carry several requests' rows of different lengths.
+Then `contract.apply_contract` makes it the runtime's graph (the same pass a GGUF's native graph takes).
 """
 from __future__ import annotations
 
@@ -24,41 +20,10 @@ from typing import Any
 
 from edgespec.models.manifest import ModelFacts
 
-from .graph_batch import add_padded_queries
-from .graph_edit import (ATTENTION_BIAS, HIDDEN_STATES, LOGITS_TO_KEEP, POSITION_IDS, add_hidden_output, add_logits_to_keep,
-                         add_tree_inputs, logits_to_float32)
+from .contract import QUANT_BITS, apply_contract, facts_from_config, graph_file, graph_flavor
 from .progress import NullProgress, Progress, trim_malloc
 from .quantize import (DEFAULT_ACCURACY_LEVEL, DEFAULT_HEAD_BITS, QuantSettings, default_block_size,
                        quantizable_nodes, quantize_graph)
-
-QUANT_BITS = {"int4": 4, "int8": 8}
-
-
-FLAVORS = ("cpu", "cuda")
-
-
-def graph_flavor(quant: str, ep: str) -> str:
-    """The flavor of graph `--quant quant --ep ep` builds (docs/export.md, "Flavors").
-
-    cpu: float32 activations and KV cache (the builder's cpu flavor), what the CPU provider runs fastest.
-    cuda: float16 activations, float16 GroupQueryAttention and KV cache, 4/8-bit MatMulNBits with
-    float16 scales: the only GroupQueryAttention onnxruntime's CUDA provider registers is float16/bf16,
-    so a cpu-flavored graph would run its attention on the CPU, copying the KV cache every step.
-    fp16 weights were always built with the builder's cuda flavor, so fp16 is "cuda" whatever --ep says."""
-    if ep not in FLAVORS:
-        raise ValueError(f"unknown flavor {ep!r}: one of {', '.join(FLAVORS)}")
-    if quant == "fp16":
-        return "cuda"
-    if quant == "fp32" and ep == "cuda":
-        raise ValueError("--quant fp32 has no cuda flavor (onnxruntime's CUDA GroupQueryAttention is float16 only): "
-                         "use --quant int4, int8 or fp16 with --ep cuda")
-    return ep
-
-
-def graph_file(flavor: str, *, primary: bool = True) -> str:
-    """File name of a role's graph: the first flavor `--ep` names is model.onnx (what bundles
-    before flavors held, so their readers find it), another one model.<flavor>.onnx."""
-    return "model.onnx" if primary else f"model.{flavor}.onnx"
 
 
 def builder_options(quant: str, block_size: int, accuracy_level: int, *, tied: bool,
@@ -195,82 +160,9 @@ def build_graph(
         ir.save(model, str(onnx_path), external_data=name + ".data", size_threshold_bytes=0,
                 callback=lambda _tensor, _meta: bar.update(1))
     del model, onnx_builder
-    add_logits_to_keep(onnx_path)
-    add_hidden_output(onnx_path, hidden_size=text_cfg["hidden_size"])  # graph contract v3: the kept rows' final hidden state (draft heads)
-    # graph contract v3: per-token positions everywhere; the attention bias (tree verify) on the cpu
-    # flavor only, since CUDA's GroupQueryAttention refuses one
-    add_tree_inputs(onnx_path, bias=flavor != "cuda")
-    if flavor == "cuda":
-        logits_to_float32(onnx_path)
-    if flavor != "cuda":
-        # batched verify of several requests (server --parallel): GroupQueryAttention's query_seqlens,
-        # onnxruntime 1.32.0 and newer; the cuda flavor wires none, so it loads on the onnxruntime-gpu
-        # releases that exist (kernels.ORT_FLOORS) and batched serving runs on the cpu flavor
-        add_padded_queries(onnx_path)
-    check_kernels(onnx_path, flavor, role)
+    apply_contract(onnx_path, flavor, text_cfg["hidden_size"], role)
     facts = facts_from_config(cfg, out_dir, quant=quant, block_size=block_size, accuracy_level=accuracy_level,
                               name=name, flavor=flavor)
     if quant in QUANT_BITS:
         facts.head_bits = head_bits
     return facts
-
-
-def check_kernels(onnx_path: Path, flavor: str, role: str = "model") -> None:
-    """Refuses a graph that breaks its provider's kernel contract (edgespec/models/kernels.py) before
-    any bundle is written: one line per rule broken, each naming the first node and the rule. Also
-    one line when the installed onnxruntime is below the flavor's floor (kernels.ORT_FLOORS), which
-    would otherwise fail the parity check with onnxruntime's own "invalid model"."""
-    import onnxruntime
-
-    from edgespec.errors import ExportError
-    from edgespec.models.kernelcheck import check_graph, summarize
-    from edgespec.models.kernels import floor_problem
-
-    lines = summarize(check_graph(onnx_path, flavor), flavor)
-    if lines:
-        raise ExportError(f"the {flavor} graph of {role} breaks onnxruntime's {flavor} kernel contract, so no "
-                          f"bundle was written: " + "; ".join(lines))
-    problem = floor_problem(onnxruntime.__version__, flavor)
-    if problem:
-        raise ExportError(f"the {flavor} graph of {role} cannot be checked with this onnxruntime, so no bundle "
-                          f"was written: {problem}")
-
-
-def facts_from_config(cfg: dict, out_dir: Path, *, quant: str, block_size: int, accuracy_level: int,
-                      name: str = "model.onnx", flavor: str = "cpu") -> ModelFacts:
-    """The manifest's model facts, from the HF config and the graph's own I/O types."""
-    import onnx
-
-    text_cfg = cfg.get("text_config", cfg)
-    heads = text_cfg["num_attention_heads"]
-    hidden = text_cfg["hidden_size"]
-    head_dim = text_cfg.get("head_dim") or hidden // heads
-    model = onnx.load(str(out_dir / name), load_external_data=False)
-    inputs = {i.name: i for i in model.graph.input}
-    dtypes = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16"}
-    kv_dtype = dtypes[inputs["past_key_values.0.key"].type.tensor_type.elem_type]
-    # the builder uses one io dtype for activations and the KV cache (its set_io_dtype)
-    activation_dtype = kv_dtype
-    logits_dtype = dtypes[{o.name: o for o in model.graph.output}["logits"].type.tensor_type.elem_type]
-    quantized = quant in QUANT_BITS
-    return ModelFacts(
-        path=f"{out_dir.name}/{name}",
-        arch=cfg.get("model_type", "unknown"),
-        layers=text_cfg["num_hidden_layers"],
-        kv_heads=text_cfg.get("num_key_value_heads") or heads,
-        head_dim=head_dim,
-        hidden_size=hidden,
-        vocab_size=text_cfg["vocab_size"],
-        quant=quant,
-        max_context=text_cfg.get("max_position_embeddings") or 2048,
-        block_size=block_size if quantized else None,
-        accuracy_level=accuracy_level if quantized else None,
-        kv_dtype=kv_dtype,
-        logits_dtype=logits_dtype,
-        logits_to_keep=LOGITS_TO_KEEP,
-        flavor=flavor,
-        activation_dtype=activation_dtype,
-        position_ids=POSITION_IDS,
-        attention_bias=ATTENTION_BIAS if ATTENTION_BIAS in inputs else None,  # cuda flavor: none (contract v3)
-        hidden_states=HIDDEN_STATES,
-    )

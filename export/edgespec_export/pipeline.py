@@ -21,7 +21,7 @@ from edgespec.models.bundlecheck import verify_bundle
 from edgespec.models.manifest import Manifest, ModelFacts, TokenizerFacts
 
 from . import isolate, writer
-from .build import FLAVORS, graph_flavor
+from .contract import FLAVORS, graph_flavor
 from .heads import HEADS_DIR, HeadsJob, HeadsOptions, check_options, train_heads
 from .job import ModelJob, run_model_job
 from .native import parity_length, via_for

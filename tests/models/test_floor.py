@@ -70,7 +70,7 @@ def test_kernel_checker_passes_the_cuda_graph_and_refuses_one_with_query_seqlens
 
 def test_export_below_the_flavor_s_floor_is_one_line(monkeypatch, tiny_cuda_bundle, tiny_bundle):
     import onnxruntime
-    from edgespec_export.build import check_kernels
+    from edgespec_export.contract import check_kernels
 
     from edgespec.errors import ExportError
 

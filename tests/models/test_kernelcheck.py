@@ -289,7 +289,7 @@ def test_format2_cpu_bundle_still_loads(tiny_bundle, bundle_copy):
 
 def test_export_check_refuses_naming_node_and_rule(tiny_cuda_bundle, tmp_path):
     from edgespec.errors import ExportError
-    from edgespec_export.build import check_kernels
+    from edgespec_export.contract import check_kernels
 
     graph = tmp_path / "model.onnx"
     shutil.copy(tiny_cuda_bundle / "target" / "model.onnx", graph)
