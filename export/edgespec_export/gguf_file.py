@@ -1,7 +1,10 @@
-"""A fast, read-only GGUF reader: the metadata and the tensor directory parsed with `struct`, the
-tensor data memory-mapped. gguf's own GGUFReader builds a numpy view for every part of every field
-(~300k for a 150k-token vocabulary: tens of seconds on a small CPU, each time a file is opened);
-this reads the same file in well under a second. The `gguf` package still provides the type table
+"""The exporter's one GGUF reader (sources, the tokenizer writer, the native exporter, the torch path's
+weights): read-only, the metadata and the tensor directory parsed with `struct`, the tensor data
+memory-mapped. gguf's own GGUFReader builds a numpy view for every part of every field (~300k for a
+150k-token vocabulary), each time a file is opened. Measured opening the default pair (metadata and
+tensor directory, the same tensor bytes found; best of 2, 2 shared cores at load 8-10):
+Qwen2.5-Coder-1.5B Q4_K_M 56.3 s with GGUFReader, 0.77 s here (73x); the 0.5B draft 18.6 s, 0.27 s (68x).
+The `gguf` package (the export's base install, no torch) still provides the type table
 (GGMLQuantizationType, GGML_QUANT_SIZES) and the dequantizers.
 
 Layout (GGUF v2/v3, little-endian): magic "GGUF", version u32, tensor count u64, key/value count u64;

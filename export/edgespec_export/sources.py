@@ -361,13 +361,15 @@ def _load_gguf(src: Source, progress: Progress):
     import torch
     from accelerate import init_empty_weights
     from accelerate.utils import set_module_tensor_to_device
-    from gguf import GGUFReader, dequantize
+    from gguf import dequantize
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import (
         TENSOR_PROCESSORS,
         TensorProcessor,
         get_gguf_hf_weights_map,
     )
+
+    from .gguf_file import GGUFFile
 
     config = AutoConfig.from_pretrained(src.path.parent, gguf_file=src.path.name)
     config.dtype = torch.float32
@@ -376,12 +378,11 @@ def _load_gguf(src: Source, progress: Progress):
         config.head_dim = int(key_length)
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    reader = GGUFReader(src.path)
+    reader = GGUFFile(src.path)
     names = get_gguf_hf_weights_map(model)
     processor = TENSOR_PROCESSORS.get(src.gguf.get("general.architecture"), TensorProcessor)(config=config.to_dict())
     parsed: dict[str, Any] = {"config": config.to_dict(), "tensors": {}}
     loaded: set[str] = set()
-    release = _page_dropper(reader)
     with progress.stage(f"load {src.role} (gguf)", total=len(reader.tensors), unit="tensor") as bar:
         for t in reader.tensors:
             weights = dequantize(t.data, t.tensor_type)
@@ -394,7 +395,7 @@ def _load_gguf(src: Source, progress: Progress):
                 set_module_tensor_to_device(model, hf_name, "cpu", value=torch.from_numpy(w))
                 loaded.add(hf_name)
             del weights, res
-            release(t)
+            reader.release(t)  # its pages of the mapped file leave our RSS (1.1 GB for the 1.5B otherwise)
             bar.update(1)
     del reader
     model.tie_weights()
@@ -402,28 +403,6 @@ def _load_gguf(src: Source, progress: Progress):
     if missing:
         raise ExportError(f"{src.role} source {src.spec}: the GGUF file has no tensor for {', '.join(missing[:5])}")
     return model
-
-
-def _page_dropper(reader):
-    """Returns f(tensor) that tells the kernel we are done with that tensor's pages of the memory-mapped
-    GGUF: read-only file pages would otherwise stay in our RSS (the whole file, 1.1 GB for the 1.5B)
-    until the end of the load."""
-    import mmap
-
-    raw = getattr(reader.data, "_mmap", None)
-    if raw is None or not hasattr(raw, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
-        return lambda t: None
-    page = mmap.PAGESIZE
-
-    def release(t) -> None:
-        start = (int(t.data_offset) // page) * page
-        end = int(t.data_offset) + int(t.n_bytes)
-        try:
-            raw.madvise(mmap.MADV_DONTNEED, start, end - start)
-        except (OSError, ValueError):
-            pass
-
-    return release
 
 
 def _quiet_transformers() -> None:
