@@ -151,23 +151,19 @@ def make_tiny_draft(target_dir: str | Path, out_dir: str | Path, *, noise: float
     return out_dir
 
 
-def _llama_permute(w, n_head: int, n_head_kv: int | None = None):
-    """The row order llama.cpp stores llama Q/K weights in (its rotary kernel pairs adjacent rows)."""
-    if n_head_kv is not None and n_head != n_head_kv:
-        n_head = n_head_kv
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def make_tiny_gguf(hf_dir: str | Path, out_path: str | Path, *, qtype: str = "Q8_0", pre: str = "qwen2",
                    add_bos: bool = False, name: str = "tiny") -> Path:
-    """Writes a tiny HF model (from make_tiny_model) as a GGUF file the way llama.cpp lays one out:
-    GGUF tensor names, llama Q/K rows permuted, matrices in `qtype` (F32, F16 or Q8_0), norms in F32,
-    a "gpt2" tokenizer whose vocabulary is padded to the logits rows with UNUSED "[PADn]" tokens."""
+    """Writes a tiny HF model (from make_tiny_model) as a GGUF file the way llama.cpp lays one out
+    (native/tiny_gguf.write_gguf): GGUF tensor names, llama Q/K rows permuted, matrices in `qtype` (F32,
+    F16 or Q8_0), norms in F32, a "gpt2" tokenizer whose vocabulary is padded to the logits rows with
+    UNUSED "[PADn]" tokens."""
     import gguf
     import numpy as np
     from safetensors.numpy import load_file
 
-    hf_dir, out_path = Path(hf_dir), Path(out_path)
+    from .native.tiny_gguf import llama_permute, write_gguf
+
+    hf_dir = Path(hf_dir)
     cfg = json.loads((hf_dir / "config.json").read_text())
     arch = cfg["model_type"]
     gguf_arch = {"mistral": "llama"}.get(arch, arch)
@@ -176,99 +172,26 @@ def make_tiny_gguf(hf_dir: str | Path, out_path: str | Path, *, qtype: str = "Q8
     weights = {}
     for f in sorted(hf_dir.glob("*.safetensors")):
         weights.update(load_file(f))
-    w = gguf.GGUFWriter(out_path, gguf_arch)
-    w.add_name(name)
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_rope_freq_base(float(cfg.get("rope_theta", 10000.0)))
-    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
-    if arch == "qwen3":
-        w.add_key_length(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
-        w.add_value_length(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if qtype == "Q8_0" else gguf.LlamaFileType.ALL_F32)
-    add_gguf_tokenizer(w, hf_dir, cfg["vocab_size"], pre=pre, add_bos=add_bos)
-    # tensors
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    for hf_name, arr in weights.items():
-        base, suffix = hf_name.rsplit(".", 1)
-        gname = names.get_name(base)
-        if gname is None:
-            continue
-        arr = np.ascontiguousarray(arr.astype(np.float32))
-        if gguf_arch == "llama" and base.endswith("q_proj"):
-            arr = _llama_permute(arr, heads, heads)
-        elif gguf_arch == "llama" and base.endswith("k_proj"):
-            arr = _llama_permute(arr, heads, kv)
-        full = f"{gname}.{suffix}"
-        if arr.ndim == 2 and qtype == "Q8_0" and arr.shape[1] % 32 == 0:
-            q = gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(full, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        elif arr.ndim == 2 and qtype == "F16":
-            w.add_tensor(full, arr.astype(np.float16))
-        else:
-            w.add_tensor(full, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out_path
 
+    def tensors():
+        for hf_name, arr in weights.items():
+            base, suffix = hf_name.rsplit(".", 1)
+            gname = names.get_name(base)
+            if gname is None:
+                continue
+            arr = np.ascontiguousarray(arr.astype(np.float32))
+            if gguf_arch == "llama" and base.endswith("q_proj"):
+                arr = llama_permute(arr, heads)
+            elif gguf_arch == "llama" and base.endswith("k_proj"):
+                arr = llama_permute(arr, kv)
+            matrix = arr.ndim == 2 and (qtype != "Q8_0" or arr.shape[1] % 32 == 0)
+            yield f"{gname}.{suffix}", arr, qtype if matrix else "F32"
 
-def add_gguf_tokenizer(w, tok_dir: Path, rows: int, *, pre: str = "qwen2", add_bos: bool = False) -> None:
-    """The tokenizer of `tok_dir` (make_tokenizer's) as llama.cpp writes one into a GGUF: a "gpt2" BPE
-    whose vocabulary is padded to the logits rows with UNUSED "[PADn]" tokens."""
-    import gguf
-
-    tj = json.loads((tok_dir / "tokenizer.json").read_text())
-    tcfg = json.loads((tok_dir / "tokenizer_config.json").read_text())
-    vocab = {**tj["model"]["vocab"], **{a["content"]: a["id"] for a in tj["added_tokens"]}}
-    n_tok = max(vocab.values()) + 1
-    tokens = [None] * rows
-    for t, i in vocab.items():
-        tokens[i] = t
-    specials = {a["id"] for a in tj["added_tokens"] if a.get("special")}
-    types = []
-    for i in range(rows):
-        if i >= n_tok:
-            tokens[i] = f"[PAD{i}]"
-            types.append(gguf.TokenType.UNUSED)
-        else:
-            types.append(gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL)
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_eos_token_id(vocab[tcfg["eos_token"]])
-    w.add_pad_token_id(vocab[tcfg["pad_token"]])
-    w.add_bos_token_id(vocab["<|endoftext|>"])
-    w.add_add_bos_token(add_bos)
-    if tcfg.get("chat_template"):
-        w.add_chat_template(tcfg["chat_template"])
-
-
-def make_bad_gguf(out_path: str | Path, *, arch: str = "llama", tensor_type: str = "F32") -> Path:
-    """A GGUF with one tensor and minimal metadata, for the refusal tests: an architecture we do not
-    support, or a tensor type nothing can dequantize (e.g. Q8_K, llama.cpp's internal type)."""
-    import gguf
-    import numpy as np
-
-    w = gguf.GGUFWriter(Path(out_path), arch)
-    w.add_name("bad")
-    w.add_block_count(1)
-    qt = gguf.GGMLQuantizationType[tensor_type]
-    if qt == gguf.GGMLQuantizationType.F32:
-        w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
-    else:
-        block, size = gguf.GGML_QUANT_SIZES[qt]
-        w.add_tensor("token_embd.weight", np.zeros((4, size), dtype=np.uint8), raw_dtype=qt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(out_path)
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    return write_gguf(
+        out_path, gguf_arch, tensors(), layers=cfg["num_hidden_layers"], context=cfg["max_position_embeddings"],
+        hidden=cfg["hidden_size"], ffn=cfg["intermediate_size"], heads=heads, kv_heads=kv, vocab=cfg["vocab_size"],
+        name=name, tok_dir=hf_dir, rope_base=cfg.get("rope_theta", 10000.0), rms_eps=cfg["rms_norm_eps"],
+        head_dim=head_dim if arch == "qwen3" else None, pre=pre, add_bos=add_bos,
+        file_type=gguf.LlamaFileType.MOSTLY_Q8_0 if qtype == "Q8_0" else gguf.LlamaFileType.ALL_F32)

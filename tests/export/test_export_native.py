@@ -144,7 +144,7 @@ def test_quant_caps_the_bits_and_default_keeps_the_blocks(tmp_path):
 
 
 def test_unknown_architecture_is_one_line_naming_the_supported_ones(tmp_path):
-    from edgespec_export.tiny import make_bad_gguf
+    from edgespec_export.native.tiny_gguf import make_bad_gguf
 
     path = make_bad_gguf(tmp_path / "m.gguf", arch="qwen3")
     with pytest.raises(UnsupportedGGUF) as e:

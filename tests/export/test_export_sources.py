@@ -16,7 +16,8 @@ pytest.importorskip("torch", reason="the exporter needs the export extra")
 from edgespec.errors import ExportError  # noqa: E402
 from edgespec_export import sources  # noqa: E402
 from edgespec_export.pipeline import ExportOptions, run_export  # noqa: E402
-from edgespec_export.tiny import make_bad_gguf, make_tiny_gguf, make_tiny_model  # noqa: E402
+from edgespec_export.native.tiny_gguf import make_bad_gguf  # noqa: E402
+from edgespec_export.tiny import make_tiny_gguf, make_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

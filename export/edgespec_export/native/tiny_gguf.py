@@ -1,13 +1,17 @@
-"""Tiny random GGUF files written with numpy and the gguf writer alone (no torch), in any block type
-the native exporter maps: for its tests, and for a smoke export on a board.
+"""Tiny GGUF files, written the way llama.cpp lays one out, with numpy and the gguf writer alone (no
+torch): `write_gguf` is the one writer; `make_gguf` feeds it random weights in any block type the native
+exporter maps (its tests, a smoke export on a board, a check at a real model's shapes), tiny.make_tiny_gguf
+the weights of a tiny Hugging Face model (the torch path's tests), `make_bad_gguf` the refusal tests.
 
 gguf's numpy quantizers cover Q4_0/Q4_1/Q5_0/Q5_1/Q8_0; Q4_K and Q6_K are encoded here (valid blocks
 by the format's layout, rounded to nearest: not llama.cpp's search for the best scales).
 """
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
@@ -71,6 +75,89 @@ def encode(x: np.ndarray, qtype: str) -> tuple[np.ndarray, object]:
     return gguf.quants.quantize(x.astype(np.float32), t), t
 
 
+def llama_permute(x: np.ndarray, n_head: int) -> np.ndarray:
+    """The row order llama.cpp stores llama q/k weights in (its rotary kernel pairs adjacent rows)."""
+    return x.reshape(n_head, 2, x.shape[0] // n_head // 2, -1).swapaxes(1, 2).reshape(x.shape)
+
+
+def write_gguf(out_path: str | Path, arch: str, tensors: Iterable[tuple[str, np.ndarray, str]], *, layers: int,
+               context: int, hidden: int, ffn: int, heads: int, kv_heads: int, vocab: int, name: str,
+               tok_dir: Path | None = None, rope_base: float = 10000.0, rms_eps: float = 1e-6,
+               head_dim: int | None = None, file_type=None, pre: str = "qwen2", add_bos: bool = False) -> Path:
+    """Writes a GGUF of `arch` (llama.cpp's name: "llama" for mistral too) with these hyperparameters,
+    the tokenizer of `tok_dir` (tiny.make_tokenizer's; None: a fresh one) padded to `vocab` rows, and
+    `tensors`: (GGUF name, float32 array, type: F32, F16 or a block type `encode` writes), in order.
+    `head_dim`: written as the key and value lengths (qwen3); `file_type`: a gguf.LlamaFileType."""
+    import gguf
+
+    out_path = Path(out_path)
+    w = gguf.GGUFWriter(out_path, arch)
+    w.add_name(name)
+    w.add_block_count(layers)
+    w.add_context_length(context)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(float(rope_base))
+    w.add_layer_norm_rms_eps(float(rms_eps))
+    if head_dim is not None:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if file_type is not None:
+        w.add_file_type(file_type)
+    if tok_dir is None:
+        from ..tiny import make_tokenizer
+
+        with tempfile.TemporaryDirectory() as tmp:
+            make_tokenizer(Path(tmp), vocab_size=400)
+            _add_tokenizer(w, Path(tmp), vocab, pre=pre, add_bos=add_bos)
+    else:
+        _add_tokenizer(w, Path(tok_dir), vocab, pre=pre, add_bos=add_bos)
+    for tensor_name, x, qtype in tensors:
+        arr, raw = encode(x, qtype)
+        w.add_tensor(tensor_name, arr, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out_path
+
+
+def _add_tokenizer(w, tok_dir: Path, rows: int, *, pre: str, add_bos: bool) -> None:
+    """The tokenizer of `tok_dir` as llama.cpp writes one into a GGUF: a "gpt2" BPE whose vocabulary is
+    padded to the logits rows with UNUSED "[PADn]" tokens."""
+    import gguf
+
+    tj = json.loads((tok_dir / "tokenizer.json").read_text())
+    tcfg = json.loads((tok_dir / "tokenizer_config.json").read_text())
+    vocab = {**tj["model"]["vocab"], **{a["content"]: a["id"] for a in tj["added_tokens"]}}
+    n_tok = max(vocab.values()) + 1
+    tokens = [None] * rows
+    for t, i in vocab.items():
+        tokens[i] = t
+    specials = {a["id"] for a in tj["added_tokens"] if a.get("special")}
+    types = []
+    for i in range(rows):
+        if i >= n_tok:
+            tokens[i] = f"[PAD{i}]"
+            types.append(gguf.TokenType.UNUSED)
+        else:
+            types.append(gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(vocab[tcfg["eos_token"]])
+    w.add_pad_token_id(vocab[tcfg["pad_token"]])
+    w.add_bos_token_id(vocab["<|endoftext|>"])
+    w.add_add_bos_token(add_bos)
+    if tcfg.get("chat_template"):
+        w.add_chat_template(tcfg["chat_template"])
+
+
 def make_gguf(out_path: str | Path, *, arch: str = "qwen2", types: dict[str, str] | str = "Q8_0", hidden: int = 256,
               heads: int = 4, kv_heads: int = 2, ffn: int = 768, layers: int = 2, vocab: int = 576,
               tied: bool = False, seed: int = 0, context: int = 512) -> Path:
@@ -78,61 +165,59 @@ def make_gguf(out_path: str | Path, *, arch: str = "qwen2", types: dict[str, str
     matrices in `types` (one type, or one per kind: embed q k v o gate up down head), with the tiny
     byte-level tokenizer. hidden and ffn multiples of 256 allow the k-quants (no MatMul but the lm_head has as many
     rows as the vocabulary: the bundle check tells the lm_head by its rows)."""
-    import gguf
-
-    from ..tiny import add_gguf_tokenizer, make_tokenizer
-
     kinds = types if isinstance(types, dict) else {k: types for k in Q4_K_M}
     rng = np.random.default_rng(seed)
     hd = hidden // heads
-    out_path = Path(out_path)
-    w = gguf.GGUFWriter(out_path, arch)
-    w.add_name(f"tiny-{arch}")
-    w.add_block_count(layers)
-    w.add_context_length(context)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    with tempfile.TemporaryDirectory() as tmp:
-        make_tokenizer(Path(tmp), vocab_size=400)
-        add_gguf_tokenizer(w, Path(tmp), vocab)
 
     def mat(n: int, k: int, std: float) -> np.ndarray:
         return (rng.standard_normal((n, k)) * std).astype(np.float32)
 
-    def put(name: str, x: np.ndarray, kind: str | None = None) -> None:
-        arr, raw = encode(x, kinds[kind]) if kind else (x.astype(np.float32), None)
-        w.add_tensor(name, arr, raw_dtype=raw)
+    def norm() -> np.ndarray:
+        return 1 + 0.1 * rng.standard_normal(hidden).astype(np.float32)
 
-    def perm(x: np.ndarray, n_head: int) -> np.ndarray:  # llama.cpp's interleaving of q/k rows
-        return x.reshape(n_head, 2, x.shape[0] // n_head // 2, -1).swapaxes(1, 2).reshape(x.shape)
+    def tensors() -> Iterable[tuple[str, np.ndarray, str]]:  # drawn in the order written: the seed's weights
+        yield "token_embd.weight", mat(vocab, hidden, 1.0), kinds["embed"]
+        for i in range(layers):
+            p = f"blk.{i}."
+            yield p + "attn_norm.weight", norm(), "F32"
+            q, k = mat(heads * hd, hidden, 0.15), mat(kv_heads * hd, hidden, 0.15)
+            if arch == "llama":
+                q, k = llama_permute(q, heads), llama_permute(k, kv_heads)
+            yield p + "attn_q.weight", q, kinds["q"]
+            yield p + "attn_k.weight", k, kinds["k"]
+            yield p + "attn_v.weight", mat(kv_heads * hd, hidden, 0.15), kinds["v"]
+            if arch == "qwen2":
+                for t, n in (("q", heads * hd), ("k", kv_heads * hd), ("v", kv_heads * hd)):
+                    yield p + f"attn_{t}.bias", 0.1 * rng.standard_normal(n).astype(np.float32), "F32"
+            yield p + "attn_output.weight", mat(hidden, heads * hd, 0.15), kinds["o"]
+            yield p + "ffn_norm.weight", norm(), "F32"
+            yield p + "ffn_gate.weight", mat(ffn, hidden, 0.15), kinds["gate"]
+            yield p + "ffn_up.weight", mat(ffn, hidden, 0.15), kinds["up"]
+            yield p + "ffn_down.weight", mat(hidden, ffn, 0.1), kinds["down"]
+        yield "output_norm.weight", norm(), "F32"
+        if not tied:
+            yield "output.weight", mat(vocab, hidden, 0.3), kinds["head"]
 
-    put("token_embd.weight", mat(vocab, hidden, 1.0), "embed")
-    for i in range(layers):
-        p = f"blk.{i}."
-        put(p + "attn_norm.weight", 1 + 0.1 * rng.standard_normal(hidden).astype(np.float32))
-        q, k = mat(heads * hd, hidden, 0.15), mat(kv_heads * hd, hidden, 0.15)
-        if arch == "llama":
-            q, k = perm(q, heads), perm(k, kv_heads)
-        put(p + "attn_q.weight", q, "q")
-        put(p + "attn_k.weight", k, "k")
-        put(p + "attn_v.weight", mat(kv_heads * hd, hidden, 0.15), "v")
-        if arch == "qwen2":
-            for t, n in (("q", heads * hd), ("k", kv_heads * hd), ("v", kv_heads * hd)):
-                put(p + f"attn_{t}.bias", 0.1 * rng.standard_normal(n).astype(np.float32))
-        put(p + "attn_output.weight", mat(hidden, heads * hd, 0.15), "o")
-        put(p + "ffn_norm.weight", 1 + 0.1 * rng.standard_normal(hidden).astype(np.float32))
-        put(p + "ffn_gate.weight", mat(ffn, hidden, 0.15), "gate")
-        put(p + "ffn_up.weight", mat(ffn, hidden, 0.15), "up")
-        put(p + "ffn_down.weight", mat(hidden, ffn, 0.1), "down")
-    put("output_norm.weight", 1 + 0.1 * rng.standard_normal(hidden).astype(np.float32))
-    if not tied:
-        put("output.weight", mat(vocab, hidden, 0.3), "head")
+    return write_gguf(out_path, arch, tensors(), layers=layers, context=context, hidden=hidden, ffn=ffn, heads=heads,
+                      kv_heads=kv_heads, vocab=vocab, name=f"tiny-{arch}")
+
+
+def make_bad_gguf(out_path: str | Path, *, arch: str = "llama", tensor_type: str = "F32") -> Path:
+    """A GGUF with one tensor and minimal metadata, for the refusal tests: an architecture we do not
+    support, or a tensor type nothing can dequantize (e.g. Q8_K, llama.cpp's internal type)."""
+    import gguf
+
+    w = gguf.GGUFWriter(Path(out_path), arch)
+    w.add_name("bad")
+    w.add_block_count(1)
+    qt = gguf.GGMLQuantizationType[tensor_type]
+    if qt == gguf.GGMLQuantizationType.F32:
+        w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
+    else:
+        block, size = gguf.GGML_QUANT_SIZES[qt]
+        w.add_tensor("token_embd.weight", np.zeros((4, size), dtype=np.uint8), raw_dtype=qt)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return out_path
+    return Path(out_path)
