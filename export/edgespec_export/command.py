@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from edgespec.cli import flags
+from edgespec import flags
 from edgespec.limits import QUANTS
 
 

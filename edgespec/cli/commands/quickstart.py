@@ -296,7 +296,7 @@ def _fresh(eng) -> None:
 def run(args: argparse.Namespace) -> int:
     from ...models import catalog, files
     from ...errors import InvalidRequest
-    from .. import flags
+    from ... import flags
 
     if args.max_new_tokens < 1:
         raise InvalidRequest(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
