@@ -64,12 +64,6 @@ class Encoded:
             w = (w.reshape(n, k // OFFSET_BLOCK, OFFSET_BLOCK) + self.offset[:, :, None]).reshape(n, k)
         return w
 
-    @property
-    def bits_per_weight(self) -> float:
-        """Bytes the kernels read per weight, in bits (float32 scales and offsets)."""
-        return (self.bits + 32 / self.block + (32 / OFFSET_BLOCK if self.offset is not None else 0)
-                + (self.bits / self.block if self.zero_points is not None else 0))
-
 
 def _f16(raw: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)
