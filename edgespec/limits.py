@@ -9,7 +9,7 @@ from __future__ import annotations
 # the drafting modes are a table of their own: drafters/modes.py (one row per drafter); their names are
 # here too because the manifest's reader (models/, below drafters) checks a bundle's `drafting.mode`
 # against them: drafters/modes.py refuses to import when its rows and these names differ
-DRAFT_MODES = ("auto", "model", "suffix", "recycle", "ngram", "self", "heads", "grammar", "none")
+DRAFT_MODES = ("auto", "model", "suffix", "docs", "recycle", "ngram", "self", "heads", "grammar", "none")
 TREE_MODES = ("auto", "on", "off")  # what a request's `tree` may name (tree verification)
 K_LIMIT = 16  # largest k a request may ask for (each verify row costs a full-vocabulary logits row)
 DEFAULT_K_CAP = 8  # adaptive k never proposes more than this per round

@@ -282,3 +282,58 @@ def test_batched_sampling_with_the_draft_model_matches_exact_target_distribution
     assert drafted > n // 4
     assert chi2_gof(counts, exact, n) > 1e-3
     be.close()
+
+
+# --- the documents as a drafting source (drafters/docs.py) --------------------------------------------
+def _docs_engine(eng, bundle, prompts, out, max_len, **gen):
+    """An engine over `bundle` with an index of documents holding `eng`'s own answers to `prompts` (so
+    the docs drafter, which never reads the requests' text, has something to copy)."""
+    return _with_docs(bundle, [p + eng.generate(p, draft="none", **gen).text for p in prompts], out, max_len)
+
+
+def _with_docs(bundle, texts, out, max_len):
+    """An engine over `bundle` with an index of these texts, one document each."""
+    from tokenizers import Tokenizer
+
+    from edgespec.knowledge.answer import tokenizer_sha256
+    from edgespec.knowledge.index import build_index
+
+    docs = out / "docs"
+    docs.mkdir()
+    for i, t in enumerate(dict.fromkeys(texts)):
+        (docs / f"{i}.txt").write_text(t, encoding="utf-8")
+    build_index([docs], out / "docs.idx", Tokenizer.from_file(str(bundle / "tokenizer.json")),
+                tokenizer_sha256(bundle), max_chars=20000)
+    return Engine.open(bundle, max_len=max_len, docs=str(out / "docs.idx"))
+
+
+def test_greedy_docs_drafter_equals_target_alone(engines, tiny_bundle, tmp_path):
+    """The docs drafter, alone and as a source of auto, every k: the documents hold the target's own
+    answers to the check's prompts (check_greedy_lossless draws the same ones from the same seed)."""
+    eng, seed = engines["agree"], 60
+    rng = np.random.default_rng(seed)
+    prompts = [random_prompt(eng, rng, int(rng.integers(2, 40))) for _ in range(2)]
+    deng = _docs_engine(eng, tiny_bundle, prompts, tmp_path, 256, max_new_tokens=48)
+    check_greedy_lossless(deng, seed, 2, (1, 3, 8), modes=["docs", "auto"])
+    r = deng.generate(prompts[0], max_new_tokens=48, draft="docs")
+    assert r.stats.accepted_by_source.get("docs", 0) > 10  # it copied the documents
+    deng.close()
+
+
+@pytest.mark.slow
+def test_docs_sampling_matches_exact_target_distribution(tiny_bundle_disagree, tmp_path):
+    """Sampled with top_k=3 from documents holding sampled answers to the same prompt: the tokens are
+    distributed as the target's exact distribution."""
+    base = Engine.open(tiny_bundle_disagree, max_len=64, draft="none")
+    prompt = "def add(a, b):"
+    params = SamplingParams(temperature=1.5, top_k=3)
+    exact = exact_target_distribution(base, prompt, params)
+    texts = [prompt + base.generate(prompt, max_new_tokens=6, temperature=1.5, top_k=3, seed=s).text for s in range(12)]
+    eng = _with_docs(tiny_bundle_disagree, texts, tmp_path, 64)
+    n, counts, drafted = 1200, {}, 0
+    for seed in range(n):
+        r = eng.generate(prompt, max_new_tokens=3, temperature=1.5, top_k=3, seed=seed, draft="docs", k=2)
+        drafted += r.stats.drafted
+        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
+    assert drafted > n // 4
+    assert chi2_gof(counts, exact, n) > 1e-3

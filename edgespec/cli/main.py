@@ -20,7 +20,7 @@ from .. import __version__
 from ..errors import EdgespecError
 
 # (module under edgespec.cli.commands, in help order)
-COMMANDS = ("pull", "models", "verify", "generate", "chat", "bench", "loadtest", "serve", "doctor", "plan",
+COMMANDS = ("pull", "models", "verify", "generate", "chat", "bench", "loadtest", "serve", "index", "doctor", "plan",
             "quickstart", "embed")
 
 

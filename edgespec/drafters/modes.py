@@ -33,6 +33,7 @@ class Kit:
     sources: list | None = None  # the built drafters `auto` chooses between (by auto_rank), for its row's build
     shared: Any = None  # a batched request's: the finished requests' SuffixIndex, read and never written
     recycle_table: Any = None  # a batched engine's recycle table, one for every request
+    docs: Any = None  # knowledge.answer.Knowledge: the documents an engine answers from (the docs drafter's text)
 
     def runner(self, name: str):
         return (self.runners or {}).get(name)
@@ -43,7 +44,8 @@ class DraftMode:
     name: str
     help: str  # one phrase for --help texts and docs
     runner: str | None = None  # the runner it drafts with ("draft": the draft model, "self": the
-    # self-draft, "heads": the heads' session); without it loaded the mode is unavailable. None: free
+    # self-draft, "heads": the heads' session, "docs": an engine's documents); without it loaded the
+    # mode is unavailable. None: free
     loads: tuple[str, ...] = ()  # runners an engine opened with this default mode loads (when it can)
     batched: bool = False  # runs in a batched engine (`serve --parallel N`), each request its own drafter
     # (engine/batch_drafters.py); else why not, for the one refusal (check_batched)
@@ -105,6 +107,12 @@ def _heads(kit: Kit):
     return from_record(kit.bundle.manifest.heads, kit.bundle.root, session, kit.target, kit.usable)
 
 
+def _docs(kit: Kit):
+    from .docs import DocsDrafter
+
+    return None if kit.docs is None else DocsDrafter(kit.docs, kit.costs)
+
+
 def _auto(kit: Kit):
     from .auto import AutoDrafter
 
@@ -135,6 +143,9 @@ MODES: tuple[DraftMode, ...] = (
               build=_model, per_slot=True),
     DraftMode("suffix", "the suffix index over this and earlier requests", batched=True, auto_rank=0,
               build=_suffix, fallback=True),
+    DraftMode("docs", "the venue's documents (an engine opened with --docs INDEX): an answer quoting any "
+              "passage copies it", runner="docs", auto_rank=1, build=_docs,
+              unbatched="an engine with documents serves one visitor at a time"),
     # not one of auto's sources: greedy, its first candidate is the token that followed the same token
     # last time, which the suffix index's lookups already hold. As a source of auto on the dev pair it
     # drafted 1, 5 and 7 rounds in three bench runs (at most 3 of 870 accepted tokens), while watching

@@ -25,13 +25,14 @@ from ..drafters import Drafter, modes
 from ..drafters.grammar import with_grammar
 from ..drafters.heads import NO_HEADS
 from ..errors import InvalidRequest
+from ..knowledge.answer import declined, with_sources
 from ..limits import DEFAULT_K_CAP
 from ..models.bundle import Bundle
 from . import build, selfdraft
 from .build import Plan
 from .loop import Parts, PrefixCache, decode
 from .requests import Request, RequestParser, Vocabulary
-from .results import GenerationResult, Stream
+from .results import GenerationResult, GenerationStats, Stream
 from .settings import Settings
 from .structured import tool_calls
 from .tree_round import TreeVerifier
@@ -66,12 +67,14 @@ class Engine:
         self.vocab = Vocabulary.of(bundle, bundle.load_tokenizer(), target.vocab_size)
         self.tokenizer = self.vocab.tokenizer
         self.usable, self.eos_ids = self.vocab.usable, self.vocab.eos_ids
+        self.knowledge = _knowledge(s, bundle, self.tokenizer)  # docs=INDEX: answers from documents, else None
         draft = self.draft_runner
         self.costs = CostModel(target.times, draft.times if draft is not None else None)
         # every mode the table can build with what is loaded (drafters/modes.py); the free drafters
         # learn across requests: the suffix index (bounded; reset_cache() clears it), the recycle table
         kit = modes.Kit(self.costs, self.usable, target, target.times, runners, s.suffix_capacity,
-                        build.draft_vocab_map(bundle) if draft is not None else None, bundle)
+                        build.draft_vocab_map(bundle) if draft is not None else None, bundle,
+                        docs=self.knowledge)
         self._drafters: dict[str, Drafter] = modes.build_all(kit)
         self._fallback = self._drafters[modes.FALLBACK]  # a power limit's free drafter (engine/round.py)
         self._tree = TreeVerifier(self.costs, target)
@@ -88,7 +91,7 @@ class Engine:
 
         `settings` (engine/settings.py), or its fields as keywords (checked by Settings.of, each bad
         value one named error, before the bundle is read):
-        draft: the default drafting mode of requests (drafters/modes.py: auto, model, suffix, recycle,
+        draft: the default drafting mode of requests (drafters/modes.py: auto, model, suffix, docs, recycle,
         ngram, self, none). Without "auto" or "model" the draft model is not loaded at all (less
         memory, faster start). "self" loads the self-draft instead (the target with layers skipped,
         on shared weights: engine/selfdraft.py); only an engine opened with it serves draft="self"
@@ -209,9 +212,18 @@ class Engine:
         function list) with tool_choice ("auto", "required", "none", {"type": "function",
         "function": {"name": ...}}); the result's tool_calls holds the call. strict=False ignores
         JSON-schema keywords the grammar library does not implement instead of refusing them."""
+        turn = None
+        if self.knowledge is not None and messages is not None and not tools:
+            # the passages into the last user turn (knowledge/answer.py), leaving room for some answer
+            turn = self.knowledge.turn(messages, self.max_len - self.count_tokens(messages=messages) -
+                                       min(max_new_tokens, 128))
+            if turn.declined:
+                return Stream(declined(turn, self.tokenizer, GenerationResult, GenerationStats), 0)
+            messages = turn.messages
         req = self._parse(prompt, messages, max_new_tokens, temperature, top_p, top_k, seed, stop, draft, k, cancel,
                           tree, json_schema, grammar, tools, tool_choice, not strict)
-        return Stream(self._run(req), len(req.ids))
+        gen = self._run(req)
+        return Stream(gen if turn is None else with_sources(gen, turn), len(req.ids))
 
     def count_tokens(self, prompt: str | None = None, *, messages=None) -> int:
         return len(self.vocab.encode(prompt, messages))
@@ -266,6 +278,8 @@ class Engine:
             return ("the bundle has no draft model" if self.bundle.draft is None else
                     f"the draft model was not loaded (engine opened with draft={self.draft_mode!r}, or the "
                     "memory plan left it out)")
+        if mode == "docs":
+            return "the engine has no documents (open it with docs=INDEX, `--docs INDEX`)"
         if runner == "heads" and self.bundle.manifest.heads is None:
             return NO_HEADS.format(name=self.bundle.name)
         return f"the {mode} drafter was not loaded (open the engine with draft={mode!r})"
@@ -316,3 +330,12 @@ class Engine:
             except BaseException:
                 self._invalidate()
                 raise
+
+
+def _knowledge(s: Settings, bundle, tokenizer):
+    """The documents an engine opened with docs=INDEX answers from (None without)."""
+    if s.docs is None:
+        return None
+    from ..knowledge.answer import Knowledge
+
+    return Knowledge.open(s.docs, bundle, tokenizer)

@@ -54,6 +54,8 @@ class GenerationResult:
     # a request with tools: the call the answer made, OpenAI-shaped ([{"id", "type": "function",
     # "function": {"name", "arguments": JSON text}}]); None for a text answer (engine/structured.py)
     tool_calls: list[dict] | None = None
+    # an engine with documents (docs=INDEX): {"sources": [...], "declined": bool, ...} (knowledge/answer.py)
+    docs: dict | None = None
 
 
 class Stream:

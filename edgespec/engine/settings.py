@@ -42,6 +42,7 @@ class Settings:
     verify: bool = True  # sha256 of the bundle's files at open
     warmup: bool = True  # time the step sizes once at open
     deterministic: bool = False  # the runners' deterministic mode (core/runner.py); requests pinned to chains
+    docs: Any = None  # an index folder (`edgespec index`): chat turns answer from its documents (knowledge/answer.py)
 
     @classmethod
     def of(cls, *, memory_budget=None, power_budget=None, max_temp=None, providers=None, draft_providers=None,
@@ -92,11 +93,17 @@ class Settings:
         if self.deterministic and self.tree == "on":
             raise InvalidRequest("tree='on' is not possible in deterministic mode: use tree='auto' or 'off'",
                                  param="tree")
+        from ..knowledge.answer import check_docs
+
+        check_docs(self.docs)
         p = self.parallel
         if isinstance(p, bool) or not isinstance(p, int) or p < 1:
             raise InvalidRequest(f"parallel must be an integer >= 1, got {p!r}", param="parallel")
         if p > 1:
             check_batched(self.draft, self.tree)
+            if self.docs is not None:
+                raise InvalidRequest("docs are answered one visitor at a time: serve them with --parallel 1",
+                                     param="docs")
 
     @property
     def batched(self) -> bool:

@@ -27,6 +27,7 @@ def create_app(state: ServerState) -> Any:
         Route("/v1/embeddings", e.counted("embeddings", EmbeddingsEndpoint(state)), methods=["POST"]),
         Route("/v1/models", e.counted("models", e.models), methods=["GET"]),
         Route("/v1/models/{name:path}", e.counted("models", e.model), methods=["GET"]),
+        Route("/v1/docs/reload", e.counted("docs_reload", e.docs_reload), methods=["POST"]),
         Route("/health", e.counted("health", e.health), methods=["GET"]),
         Route("/ready", e.counted("ready", e.ready), methods=["GET"]),
         Route("/metrics", e.counted("metrics", e.metrics), methods=["GET"]),

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 
 from .. import __version__
+from ..errors import InvalidRequest
 from .access import check_auth, session_cookie
 from .apierror import APIError, clip, echo
 from .responses import error_response, json_response
@@ -88,6 +89,19 @@ class Endpoints:
                                     governor=getattr(state.engine, "governor", None))
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    async def docs_reload(self, request: Request) -> Response:
+        """POST /v1/docs/reload: read the document index again (after `edgespec index` rebuilt it), as
+        SIGHUP does; a bad index is refused and the one in use stays (knowledge/answer.py)."""
+        check_auth(self.state, request.headers, _peer(request))
+        import asyncio
+
+        try:
+            return json_response(await asyncio.to_thread(reload_docs, self.state.engine))
+        except LookupError as e:
+            raise APIError(404, str(e), code="no_documents") from None
+        except InvalidRequest as e:
+            raise APIError(409, f"the index was not reloaded, the one in use stays: {e}", code="index_unusable") from None
+
     async def index(self, request: Request) -> Response:
         state = self.state
         if "/" in state.static:
@@ -120,6 +134,17 @@ class Endpoints:
     def _model_card(self) -> dict[str, Any]:
         s = self.state
         return {"id": s.model_id, "object": "model", "created": s.created, "owned_by": "edgespec"}
+
+
+def reload_docs(engine) -> dict[str, Any]:
+    """The engine's documents read again (SIGHUP, POST /v1/docs/reload). LookupError: it has none;
+    InvalidRequest: the index cannot be used (the one in use stays)."""
+    kn = getattr(engine, "knowledge", None)
+    if kn is None:
+        raise LookupError("this server has no documents: serve it with --docs INDEX")
+    idx = kn.reload()
+    return {"object": "docs.reload", "index": str(kn.path), "documents": idx.manifest["counts"]["documents"],
+            "passages": len(idx.chunks), "generation": kn.generation}
 
 
 def _peer(request: Request) -> str | None:

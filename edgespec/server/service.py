@@ -329,7 +329,7 @@ class Service:
     def _on_other_signal(self, sig: int, frame: Any) -> None:
         """Runs as a signal handler: the work goes to the loop (before the loop runs there is none)."""
         if sig == signal.SIGHUP:
-            work, args = self.reload_api_key, ()
+            work, args = self._on_hup, ()
         elif sig == signal.SIGUSR2 and self.hooks.enabled:
             work, args = self._hang, ()
         else:
@@ -339,6 +339,21 @@ class Service:
                 self.loop.call_soon_threadsafe(work, *args)
             except RuntimeError:  # the loop has closed: we are stopping anyway
                 pass
+
+    def _on_hup(self) -> None:
+        """SIGHUP: the API key and (serve --docs) the document index read again."""
+        self.reload_api_key()
+        if getattr(self.state.engine, "knowledge", None) is not None:
+            threading.Thread(target=self.reload_docs, name="edgespec-docs-reload", daemon=True).start()
+
+    def reload_docs(self) -> None:
+        from .endpoints import reload_docs
+
+        try:
+            r = reload_docs(self.state.engine)
+            log.info("SIGHUP: documents reloaded from %s (%d passages)", r["index"], r["passages"])
+        except Exception as e:  # noqa: BLE001 - whatever the folder holds, the index in use stays
+            log.error("SIGHUP: the documents were not reloaded, the index in use stays: %s", e)
 
     def reload_api_key(self) -> bool:
         """SIGHUP: read the API key again from where it was read at start. A key cannot be added or

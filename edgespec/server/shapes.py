@@ -50,6 +50,14 @@ def stats_dict(stats: Any, *, finish_reason: str, queue_s: float | None) -> dict
     return d
 
 
+def edgespec_field(result: Any, queue_s: float | None) -> dict[str, Any]:
+    """The response's `edgespec` field: the stats, and an answer from documents' sources and whether
+    it declined (engine results' `docs`, knowledge/answer.py)."""
+    d = stats_dict(result.stats, finish_reason=result.finish_reason, queue_s=queue_s)
+    d.update(getattr(result, "docs", None) or {})
+    return d
+
+
 def usage(stats: Any) -> dict[str, int]:
     p = int(getattr(stats, "prompt_tokens", 0) or 0)
     c = int(getattr(stats, "new_tokens", 0) or 0)
@@ -78,7 +86,7 @@ def completion_body(kind: str, rid: str, model: str, text: str, result: Any, que
         "model": model,
         "choices": [choice],
         "usage": usage(result.stats),
-        "edgespec": stats_dict(result.stats, finish_reason=result.finish_reason, queue_s=queue_s),
+        "edgespec": edgespec_field(result, queue_s),
     }
 
 
@@ -156,7 +164,7 @@ class ChunkWriter:
             choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": finish}
-        stats = stats_dict(result.stats, finish_reason=result.finish_reason, queue_s=queue_s)
+        stats = edgespec_field(result, queue_s)
         out = sse(self._chunk(choice, usage=usage(result.stats), edgespec=stats))
         if include_usage:
             out += sse(self._chunk(None, usage=usage(result.stats)))

@@ -19,7 +19,7 @@ from edgespec.server import validate
 
 
 @pytest.mark.parametrize("kw,param,words", [
-    ({"draft": "fast"}, "draft", "unknown drafter 'fast': choose one of auto, model, suffix, recycle, ngram, self, heads, grammar, none"),
+    ({"draft": "fast"}, "draft", "unknown drafter 'fast': choose one of auto, model, suffix, docs, recycle, ngram, self, heads, grammar, none"),
     ({"k": 0}, "k", "k must be an integer from 1 to 16"),
     ({"tree": "maybe"}, "tree", "unknown tree mode 'maybe': choose one of auto, on, off"),
     ({"max_len": 1}, "max_len", "max_len must be an integer >= 2"),
@@ -98,10 +98,10 @@ def test_bench_opens_its_engine_with_the_mode_that_loads_what_its_columns_need()
 def test_the_engine_builds_every_row_it_has_a_runner_for(tiny_bundle):
     eng = Engine.open(tiny_bundle, max_len=64, warmup=False)
     try:
-        # tiny_bundle has a draft model, no self-draft record and no heads
-        assert set(eng._drafters) == {m.name for m in modes.MODES if m.runner not in ("self", "heads")}
+        # tiny_bundle has a draft model, no self-draft record and no heads; the engine has no documents
+        assert set(eng._drafters) == {m.name for m in modes.MODES if m.runner not in ("self", "heads", "docs")}
         ranked = [m.name for m in sorted((m for m in modes.MODES if m.auto_rank is not None
-                                          and m.runner not in ("self", "heads")), key=lambda m: m.auto_rank)]
+                                          and m.runner not in ("self", "heads", "docs")), key=lambda m: m.auto_rank)]
         assert [s.name for s in eng._drafters["auto"].sources] == ranked == ["suffix", "model", "grammar"]
     finally:
         eng.close()

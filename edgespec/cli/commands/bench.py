@@ -106,8 +106,9 @@ def run(args: argparse.Namespace) -> int:
 
     b = Bundle.open(resolve_bundle(args.bundle), verify=not args.no_verify)
     if args.modes is None:
-        # every mode the bundle runs in one engine: the self-draft needs a bench of its own
-        names = ",".join(n for n in MODES if n != "self" and (n != "model" or b.draft is not None)
+        # every mode the bundle runs in one engine: the self-draft needs a bench of its own, the
+        # documents' drafter an engine opened with documents
+        names = ",".join(n for n in MODES if n not in ("self", "docs") and (n != "model" or b.draft is not None)
                          and (n != "heads" or b.manifest.heads is not None))
     else:
         names = args.modes

@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
             sys.stdout.flush()
             r = stream.result
+            for src in (r.docs or {}).get("sources", []):  # --docs: the passages the answer was given
+                print(f"  [{src['id']}] {src['title']} ({src['file']}, characters {src['start']}-{src['end']})")
             messages.append({"role": "assistant", "content": r.text})
             if not args.quiet:
                 print(stats_line(r), file=sys.stderr)

@@ -48,6 +48,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--power-budget", default=None, metavar="WATTS", help="e.g. 10W (needs a power sensor)")
     p.add_argument("--max-temp", default=None, metavar="C", help="e.g. 80C")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle (sizes are still checked)")
+    p.add_argument("--docs", default=None, metavar="INDEX",
+                   help="answer chat turns from this document index (`edgespec index`; docs/kiosk.md)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -112,7 +114,7 @@ def engine_settings(args: argparse.Namespace):
         draft=args.draft, k=args.k, tree=args.tree, max_len=args.max_len, providers=args.providers,
         draft_providers=args.draft_providers, threads=args.threads, device=args.device,
         memory_budget=args.memory_budget, power_budget=args.power_budget, max_temp=args.max_temp,
-        verify=not args.no_verify, deterministic=args.deterministic,
+        verify=not args.no_verify, deterministic=args.deterministic, docs=getattr(args, "docs", None),
         **({} if args.suffix_capacity is None else {"suffix_capacity": args.suffix_capacity}),
     )
 

@@ -141,6 +141,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "conversation starts with: prefilled before READY, kept in the cache across conversations and "
                      "saved under $EDGESPEC_HOME/pinned so a restart starts warm; the kiosk page sends it when its "
                      "URL sets none (--parallel 1 only) [EDGESPEC_SYSTEM_PROMPT]")
+    eng.add_argument("--docs", metavar="INDEX", help="answer chat turns from this document index (`edgespec "
+                     "index`), each reply with its sources; SIGHUP or POST /v1/docs/reload reads it again after "
+                     "a rebuild (--parallel 1 only; docs/kiosk.md) [EDGESPEC_DOCS]")
     eng.add_argument("--memory-budget", metavar="SIZE", help="memory the engine may use, e.g. 3GiB: shrinks the "
                      "cache or drops the draft [EDGESPEC_MEMORY_BUDGET]")
     eng.add_argument("--power-budget", metavar="WATTS", help="e.g. 10W (needs a power sensor) [EDGESPEC_POWER_BUDGET]")
@@ -207,6 +210,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         "threads": _pick(args.threads, "EDGESPEC_THREADS", int),
         "verify": _pick(args.verify, "EDGESPEC_VERIFY", _bool),
         "deterministic": _pick(getattr(args, "deterministic", None), "EDGESPEC_DETERMINISTIC", _bool),
+        "docs": _pick(getattr(args, "docs", None), "EDGESPEC_DOCS"),
     }
     return {k: v for k, v in opts.items() if v is not None}
 

@@ -1,0 +1,48 @@
+"""`edgespec index DOCS... -o INDEX`: a venue's documents made into an index a kiosk answers from
+(knowledge/index.py; docs/kiosk.md). Skipped files are listed, one line each, with why."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub) -> None:
+    from ...models.catalog import DEFAULT_BUNDLE
+
+    p = sub.add_parser(
+        "index", help="index a venue's documents (text, Markdown, HTML) for `serve --docs` / `chat --docs`",
+        description="Build a document index: passages by headings and paragraphs, BM25 over the bundle "
+                    "tokenizer's tokens and (with --embedder) sentence vectors. The folder is replaced "
+                    "atomically; a running server picks it up on SIGHUP or POST /v1/docs/reload.")
+    p.add_argument("docs", nargs="+", metavar="DOCS", help="files or folders (.txt, .md, .html)")
+    p.add_argument("-o", "--output", required=True, metavar="INDEX", help="the index folder to write")
+    p.add_argument("--bundle", default=DEFAULT_BUNDLE,
+                   help=f"the bundle that will serve it (its tokenizer; default {DEFAULT_BUNDLE})")
+    p.add_argument("--embedder", default="none", metavar="MODEL",
+                   help="sentence-embedding model for dense retrieval, or 'none' (BM25 only; the default)")
+    p.add_argument("--max-chars", type=int, default=None, metavar="N", help="characters a passage holds at most")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tokenizers import Tokenizer
+
+    from ...errors import BundleNotFound
+    from ...knowledge.answer import open_embedder, tokenizer_sha256
+    from ...knowledge.index import DEFAULT_MAX_CHARS, build_index
+    from ...models.bundle import not_found_message, resolve_bundle
+
+    root = resolve_bundle(args.bundle)
+    if root.name == "manifest.json":
+        root = root.parent
+    if not (root / "tokenizer.json").is_file():
+        raise BundleNotFound(not_found_message(args.bundle))
+    tok = Tokenizer.from_file(str(root / "tokenizer.json"))
+    emb = None if args.embedder in ("none", "") else open_embedder(args.embedder)
+    b = build_index(args.docs, args.output, tok, tokenizer_sha256(root), emb,
+                    max_chars=args.max_chars or DEFAULT_MAX_CHARS, tokenizer_from=root.resolve().name)
+    for path, why in b.skipped:
+        print(f"skipped {path}: {why}", file=sys.stderr)
+    print(f"indexed {b.documents} document(s) into {b.path}: {b.chunks} passages, {b.tokens} tokens, "
+          f"{len(b.skipped)} skipped, {b.seconds:.1f} s")
+    return 0

@@ -1,0 +1,69 @@
+"""The docs drafter: proposals copied from a venue's documents (an engine opened with docs=INDEX).
+
+The whole document store, not only the passages a turn retrieved into its prompt, is one read-only
+suffix index over every passage's tokens (knowledge/answer.py builds it with the index, and a reload
+swaps it whole). An answer that quotes any passage, an opening time or a rule word for word, drafts
+for free: this is retrieval-based drafting (REST, He et al., NAACL 2024) on the suffix drafter's
+machinery (suffix.py): the longest match of the context's tail, its most frequent continuation, each
+token's acceptance estimated per (matched length, frequency) and the chain cut where it stops paying.
+
+Unlike the suffix drafter it never writes: requests' own text stays in the suffix index (`auto`
+asks both, each quoting its rate), and Engine.reset_cache() forgets only what it learned.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..core.costmodel import CostModel
+from .base import NEW_REQUEST_KEEP
+from .suffix import SuffixDrafter
+from .suffix_index import Chain, SuffixIndex
+
+
+class DocsDrafter(SuffixDrafter):
+    name = "docs"
+
+    def __init__(self, knowledge, costs: CostModel | None = None, *, adaptive: bool = True):
+        """knowledge: a knowledge.answer.Knowledge (its `index`, read again after a reload)."""
+        super().__init__(store(knowledge.index), costs, adaptive=adaptive)
+        self.knowledge = knowledge
+        self._generation = knowledge.generation
+
+    def begin(self, ctx: Sequence[int]) -> None:
+        self._scorer.forget()
+        for row in self.acc:
+            for b in row:
+                b.fade(NEW_REQUEST_KEEP)
+        if self.knowledge.generation != self._generation:  # a reload takes effect here, never mid-request
+            self._generation = self.knowledge.generation
+            self.index = store(self.knowledge.index)
+
+    def sync(self, ctx: Sequence[int]) -> None:
+        pass  # the documents only: requests' text is the suffix drafter's
+
+    def record(self, ctx: Sequence[int]) -> None:
+        pass
+
+    def forget(self) -> None:
+        self._scorer.forget()
+
+    def alternatives(self, ctx: Sequence[int], k: int, width: int) -> list[tuple[list[int], str]]:
+        idx = self.index
+        return [(c, "docs-alt") for c in idx.alternatives(ctx[-idx.max_match :], k, width)]
+
+    def lookup(self, ctx: Sequence[int], k: int) -> Chain:
+        self._scorer.score(ctx)
+        chain = self.index.lookup(ctx[-self.index.max_match :], k)
+        self._scorer.remember(len(ctx), chain.tokens, self.betas(chain))
+        return chain
+
+
+def store(index) -> SuffixIndex:
+    """A suffix index over every passage of a knowledge.index.Index (a separator between passages)."""
+    n = len(index.chunks)
+    out = SuffixIndex(max(len(index.ids) + n + 1, 1024))
+    for i in range(n):
+        out.start_doc()
+        out.extend(index.chunk_ids(i))
+    out.settle()
+    return out
