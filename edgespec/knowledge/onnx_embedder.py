@@ -133,9 +133,11 @@ def make_session(model: str | bytes, *, threads: int | None = None, providers: l
             so.inter_op_num_threads = 1
         return so
 
+    from ..edge.providers import shared_pool_active
+
     chain = providers or ["CPUExecutionProvider"]
-    try:
-        return ort.InferenceSession(model, options(True), providers=chain)
+    try:  # asked first: onnxruntime's refusal also prints an "EP Error" banner to stdout (chat --docs' answer)
+        return ort.InferenceSession(model, options(not shared_pool_active()), providers=chain)
     except Exception as e:  # onnxruntime raises a plain RuntimeError for this
         if "global thread pool" not in str(e):
             raise

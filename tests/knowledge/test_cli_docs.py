@@ -23,7 +23,8 @@ def test_index_then_chat_with_the_sources_shown(tiny_bundle, tmp_path, capsys, m
     for f in VENUE.iterdir():
         (docs / f.name).write_bytes(f.read_bytes())
     (docs / "menu.pdf").write_bytes(b"%PDF-1.4")
-    rc, out, err = run_cli(capsys, monkeypatch, "index", docs, "-o", tmp_path / "v.idx", "--bundle", tiny_bundle)
+    rc, out, err = run_cli(capsys, monkeypatch, "index", docs, "-o", tmp_path / "v.idx", "--bundle", tiny_bundle,
+                           "--embedder", "none")
     assert rc == 0, err
     assert out.startswith(f"indexed 6 document(s) into {tmp_path / 'v.idx'}: ") and "1 skipped" in out
     assert err == f"skipped {docs / 'menu.pdf'}: PDF is not read: convert it to text first (`pdftotext FILE " \

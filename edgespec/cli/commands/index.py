@@ -18,8 +18,9 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", required=True, metavar="INDEX", help="the index folder to write")
     p.add_argument("--bundle", default=DEFAULT_BUNDLE,
                    help=f"the bundle that will serve it (its tokenizer; default {DEFAULT_BUNDLE})")
-    p.add_argument("--embedder", default="none", metavar="MODEL",
-                   help="sentence-embedding model for dense retrieval, or 'none' (BM25 only; the default)")
+    p.add_argument("--embedder", default="auto", metavar="MODEL|DIR",
+                   help="sentence-embedding model for dense retrieval (a pulled name or an embedder folder), or "
+                        "'none' for BM25 alone; default auto: all-MiniLM-L6-v2 when pulled (`edgespec pull minilm`)")
     p.add_argument("--max-chars", type=int, default=None, metavar="N", help="characters a passage holds at most")
     p.set_defaults(func=run)
 
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from tokenizers import Tokenizer
 
     from ...errors import BundleNotFound
-    from ...knowledge.answer import open_embedder, tokenizer_sha256
+    from ...knowledge.answer import tokenizer_sha256
     from ...knowledge.index import DEFAULT_MAX_CHARS, build_index
     from ...models.bundle import not_found_message, resolve_bundle
 
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if not (root / "tokenizer.json").is_file():
         raise BundleNotFound(not_found_message(args.bundle))
     tok = Tokenizer.from_file(str(root / "tokenizer.json"))
-    emb = None if args.embedder in ("none", "") else open_embedder(args.embedder)
+    emb = _embedder(args.embedder)
     b = build_index(args.docs, args.output, tok, tokenizer_sha256(root), emb,
                     max_chars=args.max_chars or DEFAULT_MAX_CHARS, tokenizer_from=root.resolve().name)
     for path, why in b.skipped:
@@ -46,3 +47,19 @@ def run(args: argparse.Namespace) -> int:
     print(f"indexed {b.documents} document(s) into {b.path}: {b.chunks} passages, {b.tokens} tokens, "
           f"{len(b.skipped)} skipped, {b.seconds:.1f} s")
     return 0
+
+
+def _embedder(spec: str):
+    """--embedder: auto (the default embedding model when pulled, else BM25 alone, said on stderr), none, or one."""
+    from ...knowledge.embedder import load_embedder
+    from ...knowledge.embedder_folder import EmbedderError
+
+    if spec in ("none", ""):
+        return None
+    if spec == "auto":
+        try:
+            return load_embedder(None)
+        except EmbedderError as e:
+            print(f"edgespec index: no embedding model ({e}): indexing for BM25 alone", file=sys.stderr)
+            return None
+    return load_embedder(spec)
