@@ -206,21 +206,48 @@ def score(q: Question, condition: str, mode: str, a: Answer) -> Sample:
 
 def run_questions(asker: Asker, questions: list[Question], conditions: list[str], modes: list[str], *,
                   venue: Path | None = None, max_new_tokens: int = 64,
-                  on_sample: Callable[[Sample, int, int], None] | None = None) -> list[Sample]:
-    """Each question under each condition, the modes back to back (their order rotating by question)."""
+                  on_sample: Callable[[Sample, int, int], None] | None = None,
+                  condition_modes: dict[str, list[str]] | None = None) -> list[Sample]:
+    """Each question under each condition, the modes back to back (their order rotating by question).
+    `condition_modes`: a condition's own modes (e.g. the target alone for plain), else `modes`."""
     out: list[Sample] = []
-    total = len(questions) * len(conditions) * len(modes)
+    per = {c: (condition_modes or {}).get(c) or modes for c in conditions}
+    total = len(questions) * sum(len(m) for m in per.values())
     for i, q in enumerate(questions):
         for cond in conditions:
             messages = prompt_for(q, cond, venue)
-            rot = i % len(modes)
-            for mode in modes[rot:] + modes[:rot]:
+            ms = per[cond]
+            rot = i % len(ms)
+            for mode in ms[rot:] + ms[:rot]:
                 a = asker.ask(messages, draft="none" if mode == "target" else mode, docs=cond == "docs",
                               max_new_tokens=max_new_tokens)
                 out.append(score(q, cond, mode, a))
                 if on_sample:
                     on_sample(out[-1], len(out), total)
     return out
+
+
+def parse_conditions(spec: str | None, modes: list[str], *, docs: bool) -> tuple[list[str], dict[str, list[str]]]:
+    """'plain:target,by-hand:target,docs' -> conditions and each one's modes (after a colon, '+'-joined;
+    none given: `modes`). Default: plain and by-hand, and docs when there is an index."""
+    from ..drafters import modes as drafting
+
+    parts = [c.strip() for c in spec.split(",") if c.strip()] if spec else ["plain", "by-hand"] + (["docs"] if docs else [])
+    conds, own = [], {}
+    for part in parts:
+        name, _, ms = part.partition(":")
+        if name not in CONDITIONS:
+            raise InvalidRequest(f"--conditions: {name!r} is not one of {', '.join(CONDITIONS)}", param="conditions")
+        conds.append(name)
+        if ms:
+            listed = [m.strip() for m in ms.split("+") if m.strip()]
+            bad = [m for m in listed if m != "target" and m not in drafting.NAMES]
+            if bad or not listed:
+                raise InvalidRequest(f"--conditions {part}: unknown mode(s) {bad or ms!r}", param="conditions")
+            own[name] = ["target"] + [m for m in dict.fromkeys(listed) if m != "target"]
+    if "docs" in conds and not docs:
+        raise InvalidRequest("--conditions docs needs --docs INDEX", param="docs")
+    return conds, own
 
 
 # --- the report ---------------------------------------------------------------------------------------------
@@ -296,13 +323,17 @@ def report_json(rows: list[Row], samples: list[Sample], meta: dict) -> dict:
 
 # --- the engine behind the seam -------------------------------------------------------------------------
 class EngineAsker:
-    """Asks an Engine (greedy). The plain and by-hand conditions run with the engine's documents set aside
-    for the call, so retrieval does not rewrite their prompt (the documents still feed the drafter)."""
+    """Asks an Engine (greedy), from an empty cache each time (bench/run.py fresh_cache: the drafters' learned
+    tables are forgotten too, as in the prompt bench). The plain and by-hand conditions run with the engine's
+    documents set aside for the call, so retrieval does not rewrite their prompt."""
 
     def __init__(self, engine):
         self.engine = engine
 
     def ask(self, messages: list[dict], *, draft: str, docs: bool, max_new_tokens: int) -> Answer:
+        from .run import fresh_cache
+
+        fresh_cache(self.engine)  # every mode prefills its whole prompt: no free prefill from the mode before
         with self._documents(docs):
             r = self.engine.generate(messages=messages, draft=draft, max_new_tokens=max_new_tokens, temperature=0.0)
         d = getattr(r, "docs", None) or {}

@@ -119,10 +119,23 @@ def test_the_report_counts_facts_declines_recall_and_speed():
     assert "1/1 (100 %)" in text and "2.00x" in text
 
 
+def test_a_condition_may_name_its_own_modes():
+    questions = qs.load_questions(VENUES / "museum" / "questions.jsonl")[:3]
+    conds, own = qs.parse_conditions("plain:target,docs", ["target", "auto"], docs=True)
+    assert conds == ["plain", "docs"] and own == {"plain": ["target"]}
+    samples = qs.run_questions(FakeAsker(), questions, conds, ["target", "auto"], condition_modes=own)
+    assert [(s.condition, s.mode) for s in samples[:3]] == [("plain", "target"), ("docs", "target"), ("docs", "auto")]
+    assert len(samples) == 3 * 3
+
+
 def test_plain_and_by_hand_set_the_documents_aside_for_the_call():
     class Engine:
         knowledge = "index"
         seen = []
+        resets = 0
+
+        def reset_cache(self):
+            self.resets += 1
 
         def generate(self, messages, **kw):
             self.seen.append(self.knowledge)
@@ -132,7 +145,7 @@ def test_plain_and_by_hand_set_the_documents_aside_for_the_call():
     asker = qs.EngineAsker(e)
     asker.ask([{"role": "user", "content": "q"}], draft="none", docs=False, max_new_tokens=4)
     asker.ask([{"role": "user", "content": "q"}], draft="none", docs=True, max_new_tokens=4)
-    assert e.seen == [None, "index"] and e.knowledge == "index"
+    assert e.seen == [None, "index"] and e.knowledge == "index" and e.resets == 2
     e.knowledge = None
     with pytest.raises(InvalidRequest, match="needs --docs INDEX"):
         asker.ask([{"role": "user", "content": "q"}], draft="none", docs=True, max_new_tokens=4)
@@ -159,7 +172,8 @@ def test_the_command_runs_plain_and_by_hand_on_a_tiny_bundle(tiny_bundle, tmp_pa
 
 @pytest.mark.parametrize("argv, match", [
     (["--questions", "Q", "--conditions", "docs"], "--conditions docs needs --docs INDEX"),
-    (["--questions", "Q", "--conditions", "guess"], "--conditions: \\['guess'\\]"),
+    (["--questions", "Q", "--conditions", "guess"], "--conditions: 'guess' is not one of plain, by-hand, docs"),
+    (["--questions", "Q", "--conditions", "plain:target+psychic"], "--conditions plain:target\\+psychic: unknown mode"),
     (["--questions", "Q"], "--conditions by-hand needs --venue"),
     (["--docs", "somewhere"], "--docs, --venue and --conditions go with --questions"),
     (["--questions", "Q", "--conditions", "plain", "--modes", "target,psychic"], "unknown mode\\(s\\) \\['psychic'\\]"),

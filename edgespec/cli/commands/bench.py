@@ -66,7 +66,8 @@ def register(sub) -> None:
                    "--prompts, and score the answers: facts held, declines, retrieval recall, TTFT, tok/s")
     q.add_argument("--conditions", default=None, metavar="plain,by-hand,docs",
                    help="how each question is asked: plain (alone), by-hand (after its pages from --venue), docs (to "
-                   "the engine with --docs); default: plain and by-hand, and docs with --docs")
+                   "the engine with --docs); default: plain and by-hand, and docs with --docs. A condition may name its "
+                   "own modes: plain:target,by-hand:target,docs:target+auto")
     q.add_argument("--docs", metavar="INDEX", default=None, help="the document index (edgespec index) the docs "
                    "condition asks through")
     q.add_argument("--venue", metavar="DIR", default=None, help="the folder of the pages the questions name (by-hand)")
@@ -203,22 +204,15 @@ def run_questions(args: argparse.Namespace) -> int:
     questions = qs.load_questions(args.questions)
     if args.limit:
         questions = questions[: args.limit]
-    conditions = ([c.strip() for c in args.conditions.split(",") if c.strip()] if args.conditions else
-                  ["plain", "by-hand"] + (["docs"] if args.docs else []))
-    bad = [c for c in conditions if c not in qs.CONDITIONS]
-    if bad or not conditions:
-        raise InvalidRequest(f"--conditions: {bad or args.conditions!r}; choose from {', '.join(qs.CONDITIONS)}",
-                             param="conditions")
-    if "docs" in conditions and not args.docs:
-        raise InvalidRequest("--conditions docs needs --docs INDEX", param="docs")
     venue = Path(args.venue).expanduser() if args.venue else None
-    qs.check_venue(questions, venue, conditions)
     names = [m.strip() for m in (args.modes or "target,auto").split(",") if m.strip()]
     unknown = [m for m in names if m != "target" and m not in drafting.NAMES]
     if unknown:
         raise InvalidRequest(f"--modes: unknown mode(s) {unknown}; choose from target, {', '.join(drafting.NAMES)}",
                              param="modes")
     modes = ["target"] + [m for m in dict.fromkeys(names) if m != "target"]
+    conditions, condition_modes = qs.parse_conditions(args.conditions, modes, docs=bool(args.docs))
+    qs.check_venue(questions, venue, conditions)
     if args.max_new_tokens < 1:
         raise InvalidRequest(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     b = Bundle.open(resolve_bundle(args.bundle), verify=not args.no_verify)
@@ -228,7 +222,7 @@ def run_questions(args: argparse.Namespace) -> int:
     extra = {"docs": args.docs} if args.docs else {}
     engine = Engine.open(b, draft="auto", max_len=args.max_len, threads=args.threads, verify=False, **extra)
     meta = {"bundle": str(b.root), "questions": args.questions, "n": len(questions), "conditions": conditions,
-            "modes": modes, "docs": args.docs, "max_new_tokens": args.max_new_tokens, "load": qs.load_average()}
+            "modes": modes, "condition_modes": condition_modes, "docs": args.docs, "max_new_tokens": args.max_new_tokens, "load": qs.load_average()}
 
     def progress(s, done: int, total: int) -> None:
         if not args.quiet:
@@ -238,7 +232,8 @@ def run_questions(args: argparse.Namespace) -> int:
 
     try:
         samples = qs.run_questions(qs.EngineAsker(engine), questions, conditions, modes, venue=venue,
-                                   max_new_tokens=args.max_new_tokens, on_sample=progress)
+                                   max_new_tokens=args.max_new_tokens, on_sample=progress,
+                                   condition_modes=condition_modes)
     finally:
         engine.close()
     meta["load_after"] = qs.load_average()
