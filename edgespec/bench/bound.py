@@ -160,6 +160,9 @@ class ModelBound:
     bytes: dict[str, int]  # StepBytes fields for a 1-token step
     context: int
     measured_s: dict[int, float] = field(default_factory=dict)  # tokens per step -> mean seconds
+    # the bytes a decode step of the source GGUF reads in llama.cpp (every tensor but the token
+    # embedding), when the bundle was exported from one and recorded it; None otherwise
+    source_bytes: int | None = None
 
     def step_total(self, tokens: int) -> int:
         b = StepBytes(**self.bytes)
@@ -188,8 +191,15 @@ def measure(engine, samples: Sequence, threads: int | None = None) -> dict[str, 
         f = b.manifest.models[role]
         sb = step_bytes(b.model_path(role), kv_per_position=f.kv_bytes_per_token())
         models.append(ModelBound(role, f.path, {k: v for k, v in asdict(sb).items()}, context,
-                                 _mean_steps(samples, key)))
+                                 _mean_steps(samples, key), source_bytes(b.manifest.extra, role)))
     return bound_report(models, read_bandwidth(threads), threads)
+
+
+def source_bytes(extra: dict, role: str) -> int | None:
+    """The source GGUF's bytes per step as the export recorded them (manifest extra.quant_map[role]
+    .gguf_bytes_per_token, written by the native exporter), or None."""
+    v = ((extra or {}).get("quant_map") or {}).get(role, {}).get("gguf_bytes_per_token")
+    return int(v) if isinstance(v, (int, float)) and v > 0 else None
 
 
 def _mean_steps(samples: Sequence, key: str) -> dict[int, float]:
@@ -211,10 +221,14 @@ def format_bound(bound: dict[str, Any], max_tokens: int = 9) -> str:
         b = m["bytes"]
         mb = {k: b.get(k, 0) / 1e6 for k in ("weights", "scales", "lm_head", "embedding_rows", "other")}
         kv = b.get("kv_per_position", 0) * m["context"] / 1e6
+        bound1 = ModelBound(**m)
         lines.append(f"  {m['role']}: {mb['weights']:.0f} MB weights + {mb['scales']:.0f} MB scales + "
                      f"{mb['lm_head']:.0f} MB lm_head + {mb['other']:.0f} MB other + {kv:.1f} MB KV at "
                      f"{m['context']} positions")
-        bound1 = ModelBound(**m)
+        if bound1.source_bytes:
+            graph = StepBytes(**b).fixed - b.get("embedding_rows", 0)
+            lines.append(f"    its GGUF reads {bound1.source_bytes / 1e6:.0f} MB a step (every tensor but the token "
+                         f"embedding); the graph {graph / 1e6:.0f} MB: {graph / bound1.source_bytes:.2f}x")
         for n, sec in sorted((int(k), v) for k, v in m["measured_s"].items()):
             if n > max_tokens:
                 continue

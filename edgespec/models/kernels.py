@@ -164,7 +164,12 @@ CUDA: tuple[Kernel, ...] = (
            attrs=(("bits", (4, 8), None),),
            source="onnxruntime/contrib_ops/cuda/quantization/matmul_nbits.cc",
            read_from="onnxruntime main, stored snapshot (kernel registrations float/MLFloat16/BFloat16; "
-                     "dequantize paths for 8 bits and 4 bits)"),
+                     "dequantize paths for 8 bits and 4 bits)",
+           note="uint8 zero points and any power-of-two block (the GGUF export's 4-bit block-32 products with "
+                "zero points and its block-16 minimum term): ComputeInternal takes the fused TryMatMulNBits "
+                "when `(reorder_idx_data == nullptr) && (!zero_points || !zero_points->IsDataType<T>())`, "
+                "passing the uint8 zero points, else dequant_column_wise, which 'dispatches 8-bit / 4-bit x "
+                "typed / uint8 zero-points' (Dequantize4Bits / Dequantize8Bits) for a cuBLAS GEMM"),
     Kernel("GatherBlockQuantized", "com.microsoft",
            _t((0, "data", ("uint8", "uint4", "int4")), (1, "indices", ("int32", "int64")), (2, "scales", FLOATS)),
            attrs=(("bits", (4, 8), 4),), checks=("block_size_pow2", "gbq_last_axis"),

@@ -38,10 +38,17 @@ def register(sub) -> None:
                    help="the exporter: auto (a .gguf file natively, without torch; a Hugging Face folder or hub id "
                    "with torch and onnxruntime-genai's builder), native, or torch (a .gguf dequantized by "
                    "transformers, for comparison)")
-    p.add_argument("--gguf-minimum", choices=("offset", "zero-point"), default="offset",
-                   help="a .gguf's blocks with a minimum (Q4_K, Q4_1, Q5_K, Q5_1): offset keeps them exact (a small "
-                   "float term: 1 bit a weight more), zero-point rounds the minimum to MatMulNBits' integer zero "
-                   "points (fewer bytes a step, one more rounding; docs/export.md)")
+    from .native.plan import DEFAULT_MINIMUM, DEFAULT_Q6K_BLOCK, MINIMUMS
+
+    p.add_argument("--gguf-minimum", choices=MINIMUMS, default=DEFAULT_MINIMUM,
+                   help="a .gguf's blocks with a minimum (Q4_K, Q4_1, Q5_K, Q5_1): integer (default) keeps a "
+                   "k-quant's minimums exact as the GGUF's own integers (a second small 4-bit product: 0.5 bits a "
+                   "weight), offset keeps them exact as a float term (1 bit a weight), zero-point rounds the "
+                   "minimum to MatMulNBits' integer zero points (fewest bytes, one more rounding; docs/export.md)")
+    p.add_argument("--gguf-q6k-block", type=int, default=DEFAULT_Q6K_BLOCK, metavar="N",
+                   help=f"a .gguf's Q6_K tensors (a Q4_K_M file's v, down and lm_head): rounded to 8 bits in blocks of N "
+                   f"(default {DEFAULT_Q6K_BLOCK}: 8.25 bits a weight), or 0 to keep their blocks of 16 exactly (10 bits a "
+                   "weight; docs/export.md)")
     p.add_argument("--draft-quant", choices=QUANTS, help="the draft's precision (default: --quant)")
     p.add_argument("--ep", default="cpu", metavar="FLAVORS",
                    help="graph flavor(s): cpu (float32, the CPU provider; default), cuda (float16 activations, "
@@ -114,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = ExportOptions(
         quant=args.quant or "int4", keep_gguf_quant=args.quant is None, via=args.via,
-        gguf_minimum=args.gguf_minimum, draft_quant=args.draft_quant, block_size=args.block_size,
+        gguf_minimum=args.gguf_minimum, gguf_q6k_block=args.gguf_q6k_block, draft_quant=args.draft_quant, block_size=args.block_size,
         accuracy_level=args.accuracy_level, head_bits=args.head_bits, overwrite=args.overwrite, name=args.name, max_context=args.max_context,
         min_top1=args.min_top1, draft_min_top1=args.draft_min_top1, force=args.force,
         parity_tokens=args.parity_tokens, isolate=not args.in_process, eps=args.ep, draft_vocab=args.draft_vocab,

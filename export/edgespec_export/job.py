@@ -48,7 +48,8 @@ class ModelJob:
     primary: bool = True  # the role's first flavor (model.onnx) or another one (model.<flavor>.onnx)
     via: str = "torch"  # "native": a GGUF read and written without torch (native/job.py)
     keep_gguf_quant: bool = True  # native: keep the GGUF's blocks where they map (no --quant given)
-    gguf_minimum: str = "offset"  # native: a block minimum exact ("offset") or as integer zero points
+    gguf_minimum: str = "integer"  # native: a block minimum exact (integer, offset) or rounded (native/plan.py)
+    gguf_q6k_block: int = 128  # native: Q6_K rounded to 8 bits in blocks of this (0: kept; native/plan.py)
 
 
 @dataclass

@@ -67,7 +67,8 @@ class ExportOptions:
     # (GGUF only, no torch: native/), "torch" (transformers + onnxruntime-genai's builder)
     via: str = "auto"
     keep_gguf_quant: bool = True  # native: keep the GGUF's own blocks where they map (no --quant given)
-    gguf_minimum: str = "offset"  # native: Q4_K/Q4_1 minimums exact ("offset") or rounded ("zero-point")
+    gguf_minimum: str = "integer"  # native: minimums exact as integers / a float offset, or rounded (native/plan.py)
+    gguf_q6k_block: int = 128  # native: Q6_K rounded to 8 bits in blocks of this, 0 keeps them (native/plan.py)
 
 
 @dataclass
@@ -110,8 +111,13 @@ def validate_options(o: ExportOptions) -> None:
                 raise ExportError(f"{label} {q or o.quant} with --ep {ep}: {e}") from None
     if o.via not in VIAS:
         raise ExportError(f"--via {o.via!r}: one of {', '.join(VIAS)}")
-    if o.gguf_minimum not in ("offset", "zero-point"):
-        raise ExportError(f"--gguf-minimum {o.gguf_minimum!r}: offset (exact) or zero-point")
+    from .native.plan import MINIMUMS
+
+    if o.gguf_minimum not in MINIMUMS:
+        raise ExportError(f"--gguf-minimum {o.gguf_minimum!r}: integer or offset (exact), or zero-point")
+    if o.gguf_q6k_block and (o.gguf_q6k_block < 16 or o.gguf_q6k_block & (o.gguf_q6k_block - 1)):
+        raise ExportError(f"--gguf-q6k-block {o.gguf_q6k_block}: a power of two of at least 16 (MatMulNBits' "
+                          "blocks), or 0 to keep Q6_K's own blocks")
     if isinstance(o.draft_vocab, bool) or not isinstance(o.draft_vocab, int) or o.draft_vocab < 0:
         raise ExportError(f"--draft-vocab {o.draft_vocab!r}: must be a whole number of tokens (0 = keep all)")
     if isinstance(o.heads, str):
@@ -235,7 +241,7 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
             job = ModelJob(role=role, source=src, out_dir=tmp / role, work_dir=work, quant=quants[role],
                            block_size=o.block_size, accuracy_level=o.accuracy_level, parity_ids=ids,
                            usable_vocab=check.usable_vocab, head_bits=o.head_bits, ep=flavor, primary=n == 0,
-                           via=vias[role], gguf_minimum=o.gguf_minimum,
+                           via=vias[role], gguf_minimum=o.gguf_minimum, gguf_q6k_block=o.gguf_q6k_block,
                            keep_gguf_quant=o.keep_gguf_quant and not (role == "draft" and o.draft_quant))
             stats: dict = {}
             what = f"{role} export" + (f" ({flavor} flavor)" if len(o.eps) > 1 or flavor != "cpu" else "")

@@ -100,6 +100,22 @@ def test_format_bound_puts_each_step_beside_its_bound():
     # 4 tokens: three more 6 kB embedding rows; 80 ms / 50.0 ms
     assert "4-token step:   80.0 ms measured, bound  50.0 ms (1000 MB): 1.60x the bound" in text
     assert "20.0 GB/s with 2 thread(s)" in text
+    assert "its GGUF" not in text  # no source GGUF recorded: no line
+
+
+def test_format_bound_puts_the_source_ggufs_bytes_beside_the_graphs():
+    """A bundle exported from a GGUF records that file's bytes a step (every tensor but the token
+    embedding: the manifest's quant_map); the bound prints them beside the graph's, as a ratio."""
+    one = {"weights": 800_000_000, "scales": 100_000_000, "lm_head": 90_000_000, "embedding_rows": 6_000,
+           "other": 10_000_000, "kv_per_position": 10_000, "tokens": 1}
+    extra = {"quant_map": {"target": {"gguf_bytes_per_token": 800_000_000}, "draft": {"exporter": "torch"}}}
+    assert bound.source_bytes(extra, "target") == 800_000_000 and bound.source_bytes(extra, "draft") is None
+    assert bound.source_bytes({}, "target") is None
+    m = bound.ModelBound("target", "target/model.onnx", one, context=600, measured_s={1: 0.05},
+                         source_bytes=bound.source_bytes(extra, "target"))
+    text = bound.format_bound(bound.bound_report([m], bandwidth=20e9, threads=2))
+    # the graph's 1,000 MB (its embedding rows aside) against the GGUF's 800 MB
+    assert "its GGUF reads 800 MB a step (every tensor but the token embedding); the graph 1000 MB: 1.25x" in text
 
 
 def test_the_bench_prints_the_bound_of_both_graphs_beside_its_steps(tiny_bundle, tmp_path, capsys):

@@ -49,6 +49,11 @@ class Encoded:
     offset: np.ndarray | None  # float32 [N, K // 32], added to every weight of its 32-block
     exact: bool  # the GGUF's own integers and scales (offset: one float32 rounding)
     zero_points: np.ndarray | None = None  # uint8 [N, K // block]: per-block zero points instead of the default
+    # a k-quant's minimum as the GGUF stores it (Q4_K, Q5_K): the 6-bit integers m [N, K // 32] and the
+    # super-block's float dmin [N, K // 256]; W = scale * (q - zp) - dmin * m when `offset` is None
+    mins: np.ndarray | None = None
+    min_scales: np.ndarray | None = None
+    gguf_zero: int = 0  # the stored value of the GGUF's integer 0 (Q4_K: 0, Q5_K: 112)
 
     @property
     def zero_point(self) -> int:
@@ -62,7 +67,15 @@ class Encoded:
         w = (w * self.scales[:, :, None]).reshape(n, k)
         if self.offset is not None:
             w = (w.reshape(n, k // OFFSET_BLOCK, OFFSET_BLOCK) + self.offset[:, :, None]).reshape(n, k)
+        elif self.integer_minimum:
+            m = self.mins.astype(np.float32) * np.repeat(self.min_scales, QK_K // OFFSET_BLOCK, axis=1)
+            w = (w.reshape(n, k // OFFSET_BLOCK, OFFSET_BLOCK) - m[:, :, None]).reshape(n, k)
         return w
+
+    @property
+    def integer_minimum(self) -> bool:
+        """The minimum applied as the GGUF's integers (a second, small MatMulNBits), not an offset."""
+        return self.offset is None and self.mins is not None
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
@@ -139,7 +152,8 @@ def _q4_k(raw):
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, -1)
     scale = (d * sc).reshape(n, -1)
     offset = (8 * scale - (dmin * mn).reshape(n, -1)).astype(np.float32)
-    return Encoded(4, 32, q, scale.astype(np.float32), offset, True)
+    return Encoded(4, 32, q, scale.astype(np.float32), offset, True, mins=mn.reshape(n, -1).astype(np.uint8),
+                   min_scales=dmin.reshape(n, -1).astype(np.float32), gguf_zero=0)
 
 
 def _q5_k(raw):
@@ -153,7 +167,9 @@ def _q5_k(raw):
     q5 = (low | (high << 4)).reshape(n, -1)
     scale = (d * sc).reshape(n, -1)
     offset = (16 * scale - (dmin * mn).reshape(n, -1)).astype(np.float32)
-    return Encoded(8, 32, (q5 + 112).astype(np.uint8), scale.astype(np.float32), offset, True)
+    return Encoded(8, 32, (q5 + 112).astype(np.uint8), scale.astype(np.float32), offset, True,
+                   mins=mn.reshape(n, -1).astype(np.uint8), min_scales=dmin.reshape(n, -1).astype(np.float32),
+                   gguf_zero=112)
 
 
 def _q6_k(raw):
@@ -205,6 +221,36 @@ def offset_to_zero_points(e: Encoded) -> Encoded:
     safe = np.where(e.scales == 0, 1.0, e.scales)
     z = np.clip(np.rint(e.zero_point - e.offset / safe), 0, (1 << e.bits) - 1).astype(np.uint8)
     return Encoded(e.bits, e.block, e.q, e.scales, None, False, z)
+
+
+def offset_to_integer(e: Encoded) -> Encoded:
+    """A k-quant's minimum kept as the GGUF's own integers: the main product gets uint8 zero points at
+    the GGUF's integer 0 (W' = scale * q_gguf, prepacked by the CPU kernel), and the minimum term
+    dmin * m is its own MatMulNBits over the input's block sums (pack_minimums). Exact: no rounding of
+    any GGUF number. Types whose minimum is a float per block (Q4_1, Q5_1) keep the offset."""
+    if e.offset is None or e.mins is None:
+        return e
+    z = np.full(e.scales.shape, e.gguf_zero, dtype=np.uint8)
+    return Encoded(e.bits, e.block, e.q, e.scales, None, True, z, e.mins, e.min_scales, e.gguf_zero)
+
+
+# The minimum term  sum_j dmin[s(j)] * m[j] * blocksum32(x)[j]  as one 4-bit MatMulNBits of block 16 (the
+# kernels' smallest block; one block = one super-block's 8 minimums, so its scale is the GGUF's dmin):
+# each 6-bit m = lo + 8 hi (lo, hi in 0..7) takes two slots, lo against blocksum32(x)[j] and hi against
+# 8 * blocksum32(x)[j] (the graph interleaves the two sums: [B, S, K/16]). Stored with the default zero
+# point 8: lo + 8 and hi + 8, 4 bits each. 0.375 bits a weight (float32 dmin), vs 1 for a float32 offset.
+MIN_SLOTS = 2 * QK_K // OFFSET_BLOCK  # 16 slots, one block, per super-block
+MIN_HI = 8  # the second slot's input is MIN_HI times the block sum
+
+
+def pack_minimums(e: Encoded) -> tuple[np.ndarray, np.ndarray]:
+    """(B uint8 [N, K // 256, 8], scales float32 [N, K // 256]) of the minimum term's MatMulNBits: K' = K / 16,
+    block 16, 4 bits, scale -dmin (the term is subtracted)."""
+    m = e.mins
+    n = m.shape[0]
+    slots = np.stack([(m % MIN_HI) + 8, (m // MIN_HI) + 8], axis=-1).reshape(n, -1, MIN_SLOTS).astype(np.uint8)
+    packed = slots[..., 0::2] | (slots[..., 1::2] << 4)
+    return np.ascontiguousarray(packed), (-e.min_scales).astype(np.float32)
 
 
 def pack_zero_points(e: Encoded) -> np.ndarray:

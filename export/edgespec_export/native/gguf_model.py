@@ -154,6 +154,12 @@ class GGUFModel:
             return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
         return dequantize(raw, t.tensor_type).astype(np.float32, copy=False).reshape(raw.shape[0], -1)
 
+    def step_bytes(self) -> int:
+        """Bytes of the file's tensors a llama.cpp decode step reads: every tensor but the token embedding
+        (one row of it per token), which a tied model's output reads whole as its lm_head."""
+        return sum(int(t.n_bytes) for name, t in self.tensors.items()
+                   if name != "token_embd.weight" or self.config.tied)
+
     def done(self, name: str) -> None:
         """Hands the tensor's pages of the mapped file back to the kernel (keeps RSS to the tensor at hand)."""
         self.release(self.tensors[name])

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import TensorProto
 
-from .blocks import OFFSET_BLOCK, Encoded, decode, offset_to_zero_points, pack, pack_zero_points, round_to_nearest
+from .blocks import (MIN_HI, OFFSET_BLOCK, Encoded, decode, offset_to_integer, offset_to_zero_points, pack,
+                     pack_minimums, pack_zero_points, round_to_nearest)
 from .gguf_model import GGUFModel, layer_names
 from .onnx_writer import OnnxWriter
 from .plan import Form, Plan
@@ -52,15 +53,18 @@ class GraphBuilder:
         self.blocksums: dict[str, str] = {}
 
     # --- weights --------------------------------------------------------------------------------
-    def _encoded(self, name: str, form: Form, lo: int, hi: int) -> Encoded | np.ndarray:
-        """Rows lo..hi of a GGUF tensor in `form`: an Encoded, or float32 rows [n, K]."""
+    def _encoded(self, name: str, form: Form, lo: int, hi: int, place: str = "body") -> Encoded | np.ndarray:
+        """Rows lo..hi of a GGUF tensor in `form`: an Encoded, or float32 rows [n, K]. A block minimum
+        takes the plan's form in a product (place "body"); an embedding's stays an offset (a Gather)."""
         if form.kind == "exact":
             e = decode(self.gg.raw_rows(name, lo, hi), self.gg.type_name(name))
-            return offset_to_zero_points(e) if self.plan.minimum == "zero-point" else e
+            if self.plan.minimum == "zero-point":
+                return offset_to_zero_points(e)
+            return offset_to_integer(e) if self.plan.minimum == "integer" and place == "body" else e
         w = self.gg.floats(name, lo, hi)
         if form.kind == "float":
             return w
-        return round_to_nearest(w, form.bits, self.plan.settings.block_size)
+        return round_to_nearest(w, form.bits, form.block or self.plan.settings.block_size)
 
     def _rows(self, name: str) -> list[tuple[int, int]]:
         n, k = self.gg.shape(name)
@@ -84,6 +88,21 @@ class GraphBuilder:
             axes = self.w.const(f"{prefix}/BlockAxis", [-1])
             self.blocksums[x] = self.w.node("ReduceSum", [r, axes], name=f"{prefix}/BlockSum", keepdims=0)[0]
         return self.blocksums[x]
+
+    def _minimum_sums(self, x: str, k: int, prefix: str) -> str:
+        """The minimum term's input (blocks.pack_minimums): per-32-block sums of x [B, S, K] and MIN_HI
+        times them, interleaved -> [B, S, K/16] (computed once per input)."""
+        key = x + "#minimum"
+        if key not in self.blocksums:
+            shape = self.w.const(f"{prefix}/MinBlockShape", [0, 0, k // OFFSET_BLOCK, OFFSET_BLOCK])
+            r = self.w.node("Reshape", [x, shape], name=f"{prefix}/MinBlockReshape")[0]
+            axes = self.w.const(f"{prefix}/MinBlockAxis", [-1])
+            sums = self.w.node("ReduceSum", [r, axes], name=f"{prefix}/MinBlockSum", keepdims=1)[0]  # [B, S, K/32, 1]
+            both = self.w.node("Mul", [sums, self._float(f"{prefix}/MinSlots", np.array([1.0, MIN_HI]))],
+                               name=f"{prefix}/MinSlots")[0]  # [B, S, K/32, 2]
+            flat = self.w.const(f"{prefix}/MinSlotShape", [0, 0, 2 * k // OFFSET_BLOCK])
+            self.blocksums[key] = self.w.node("Reshape", [both, flat], name=f"{prefix}/MinSlotReshape")[0]
+        return self.blocksums[key]
 
     def linear(self, x: str, parts: list[str], base: str, node: str, *, place: str = "body",
                out: str | None = None) -> str:
@@ -116,12 +135,14 @@ class GraphBuilder:
         bits, block = first.bits, first.block
         tag = f"Q{bits}"
         b_name, s_name = f"{base}.weight_{tag}", f"{base}.weight_scales"
-        offsets, zps = [], []
+        offsets, zps, mins = [], [], []
         if encs is not None:
             q = np.concatenate([pack(e) for e in encs])
             scales = np.concatenate([e.scales for e in encs])
             if first.offset is not None:
                 offsets = [np.concatenate([e.offset for e in encs])]
+            if first.integer_minimum:
+                mins = [pack_minimums(e) for e in encs]
             if first.zero_points is not None:
                 zps = [np.concatenate([pack_zero_points(e) for e in encs])]
             self.w.tensor(b_name, q)
@@ -137,6 +158,8 @@ class GraphBuilder:
                         offsets.append(e.offset)
                     if e.zero_points is not None:
                         zps.append(pack_zero_points(e))
+                    if e.integer_minimum:
+                        mins.append(pack_minimums(e))
                     yield pack(e)
 
             self.w.tensor_rows(b_name, np.uint8, (n_total, k // block, block * bits // 8), chunks())
@@ -156,7 +179,7 @@ class GraphBuilder:
         if zps:
             inputs.append(self.w.tensor(f"{base}.weight_zero_points", zps[0]))
             self.report.bytes_read += zps[0].size
-        main_out = [out] if out and not offsets else 1
+        main_out = [out] if out and not offsets and not mins else 1
         y = self.w.node("MatMulNBits", inputs, main_out, name=f"{node}_{tag}", domain="com.microsoft",
                         K=k, N=n_total, bits=bits, block_size=block,
                         accuracy_level=self.plan.settings.accuracy_level)[0]
@@ -166,16 +189,28 @@ class GraphBuilder:
             sums = self._blocksum(x, k, node.rsplit("/", 1)[0])
             corr = self.w.node("MatMul", [sums, off], name=f"{node}/Offset")[0]
             y = self.w.node("Add", [y, corr], [out] if out else 1, name=f"{node}/OffsetAdd")[0]
+        if mins:
+            mb = self.w.tensor(f"{base}.weight_minimum_Q4", np.concatenate([b for b, _ in mins]))
+            ms = self.w.tensor(f"{base}.weight_minimum_scales", np.concatenate([s for _, s in mins]).astype(self.np_float))
+            self.report.bytes_read += sum(b.size + s.size * np.dtype(self.np_float).itemsize for b, s in mins)
+            sums = self._minimum_sums(x, k, node.rsplit("/", 1)[0])
+            # float32 compute (accuracy level 1): the int8 activations of level 4 would round the block
+            # sums to the scale of their largest slot, MIN_HI times the others'
+            corr = self.w.node("MatMulNBits", [sums, mb, ms], name=f"{node}/Minimum_Q4", domain="com.microsoft",
+                               K=2 * k // OFFSET_BLOCK, N=n_total, bits=4, block_size=2 * 256 // OFFSET_BLOCK,
+                               accuracy_level=1)[0]
+            y = self.w.node("Add", [y, corr], [out] if out else 1, name=f"{node}/MinimumAdd")[0]
         return y
 
     def _signature(self, p: str, form: Form) -> tuple:
         """Tensors with equal signatures are stored alike, so their rows can share one MatMulNBits."""
-        from .plan import DECODED_BITS, OFFSET_TYPES
+        from .plan import DECODED_BITS, INTEGER_MINIMUM_TYPES, OFFSET_TYPES
 
         if form.kind != "exact":
-            return (form.kind, form.bits)
+            return (form.kind, form.bits, form.block)
         t = self.gg.type_name(p)
-        return ("exact", DECODED_BITS[t], 16 if t == "Q6_K" else 32, t in OFFSET_TYPES)
+        return ("exact", DECODED_BITS[t], 16 if t == "Q6_K" else 32, t in OFFSET_TYPES,
+                self.plan.minimum == "integer" and t in INTEGER_MINIMUM_TYPES)
 
     def _done(self, name: str) -> None:
         self.gg.done(name)
@@ -194,13 +229,13 @@ class GraphBuilder:
             del w
             self._done(name)
             return self.w.node("Gather", [init, ids], [out], name="/model/embed_tokens/Gather")[0]
-        first = self._encoded(name, form, 0, 1)
+        first = self._encoded(name, form, 0, 1, "embed")
         bits, block = first.bits, first.block
         scale_rows, offset_rows, zp_rows = [], [], []
 
         def chunks():
             for lo, hi in self._rows(name):
-                e = self._encoded(name, form, lo, hi)
+                e = self._encoded(name, form, lo, hi, "embed")
                 scale_rows.append(e.scales)
                 if e.offset is not None:
                     offset_rows.append(e.offset)

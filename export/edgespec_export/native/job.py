@@ -45,7 +45,7 @@ class GGUFGraph:
         block_size = job.block_size or default_block_size(c.hidden, c.ffn, c.heads * c.head_dim)
         plan = Plan(quant=None if keep and job.quant in ("int4", "int8") else job.quant,
                     settings=settings_for(job.quant, block_size, job.accuracy_level, job.head_bits),
-                    minimum=job.gguf_minimum)
+                    minimum=job.gguf_minimum, q6k_block=job.gguf_q6k_block or None)
         job.out_dir.mkdir(parents=True, exist_ok=True)
         name = graph_file(flavor, primary=job.primary)
         onnx_path = job.out_dir / name
@@ -62,6 +62,7 @@ class GGUFGraph:
         if quant == "mixed":  # facts_from_config knows int4/int8 only
             facts.block_size, facts.accuracy_level = block_size, job.accuracy_level
         quant_map = {"tensors": builder.report.forms, "weight_bytes_per_token": builder.report.bytes_read,
+                     "gguf_bytes_per_token": gg.step_bytes(),
                      "exporter": "native"}
         return Built(facts, onnx_path, cfg, quant_map)
 

@@ -16,21 +16,29 @@ OFFSET_TYPES = ("Q4_1", "Q5_1", "Q4_K", "Q5_K")  # blocks with a minimum: an off
 FLOAT_TYPES = ("F32", "F16", "BF16")
 DECODED_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 8, "Q5_1": 8, "Q5_K": 8, "Q6_K": 8, "Q8_0": 8}
 QUANT_BITS = {"int4": 4, "int8": 8}
-MINIMUMS = ("offset", "zero-point")  # --gguf-minimum
+INTEGER_MINIMUM_TYPES = ("Q4_K", "Q5_K")  # minimums that are integers with a super-block scale (blocks.offset_to_integer)
+MINIMUMS = ("integer", "offset", "zero-point")  # --gguf-minimum
+DEFAULT_MINIMUM = "integer"
+# Q6_K (8 bits in blocks of 16 with a float32 scale each: 10 bits a weight, the GGUF's 6.56) is rounded
+# from its dequantized values to 8 bits in blocks of this size (8.25 bits a weight); None keeps its blocks
+DEFAULT_Q6K_BLOCK = 128
 
 
 @dataclass(frozen=True)
 class Form:
     kind: str  # "exact" (the GGUF's blocks), "round" (dequantized, rounded to nearest), "float"
     bits: int = 0  # "round": 4 or 8
+    block: int = 0  # "round": the block size (0: the plan's settings.block_size)
 
     def label(self, type_name: str, minimum: str = "offset") -> str:
         if self.kind == "exact" and minimum == "zero-point" and type_name in OFFSET_TYPES:
             return f"{type_name} kept, minimum rounded to a zero point ({DECODED_BITS[type_name]}-bit blocks)"
+        if self.kind == "exact" and minimum == "integer" and type_name in INTEGER_MINIMUM_TYPES:
+            return f"{type_name} kept, minimum as its integers ({DECODED_BITS[type_name]}-bit blocks)"
         if self.kind == "exact":
             return f"{type_name} kept ({DECODED_BITS[type_name]}-bit blocks)"
         if self.kind == "round":
-            return f"{type_name} re-quantized to {self.bits}-bit"
+            return f"{type_name} re-quantized to {self.bits}-bit" + (f", block {self.block}" if self.block else "")
         return f"{type_name} as float"
 
 
@@ -41,9 +49,11 @@ class Plan:
 
     quant: str | None
     settings: QuantSettings
-    # a block minimum (Q4_K, Q4_1, Q5_K, Q5_1): "offset" keeps it exact (a float term), "zero-point"
-    # rounds it to MatMulNBits' integer zero points (fewer bytes a step, one more rounding)
-    minimum: str = "offset"
+    # a block minimum (Q4_K, Q4_1, Q5_K, Q5_1): "integer" keeps a k-quant's as the GGUF's integers (a
+    # second small MatMulNBits; Q4_1/Q5_1: the offset), "offset" keeps it exact as a float term,
+    # "zero-point" rounds it to MatMulNBits' integer zero points (fewest bytes, one more rounding)
+    minimum: str = DEFAULT_MINIMUM
+    q6k_block: int | None = DEFAULT_Q6K_BLOCK
 
     def form(self, type_name: str, place: str, tied: bool = False) -> Form:
         """place: "body" (a decoder MatMul), "embed" (token embedding), "head" (lm_head)."""
@@ -55,14 +65,20 @@ class Plan:
             # the lm_head's node must be a plain MatMulNBits (the logits_to_keep edit slices its input):
             # a type with a minimum is rounded at the head's bits instead
             if type_name in DECODERS and type_name not in OFFSET_TYPES and self._keeps(type_name, head_bits):
-                return Form("exact")
+                return self._q6k(type_name)
             return Form("round", head_bits)
         bits = s.bits if place == "body" else (head_bits if tied else (s.embed_bits or s.bits))
         if type_name in DECODERS and self._keeps(type_name, bits):
-            return Form("exact")
+            return self._q6k(type_name) if place == "body" else Form("exact")
         if type_name in FLOAT_TYPES or self.quant is not None:
             return Form("round", bits)
         return Form("round", bits)  # Q2_K, Q3_K, IQ*: no exact map
+
+    def _q6k(self, type_name: str) -> Form:
+        """A kept block type in a product; Q6_K at 8 bits in blocks of q6k_block unless that is None."""
+        if type_name == "Q6_K" and self.q6k_block:
+            return Form("round", 8, self.q6k_block)
+        return Form("exact")
 
     def _keeps(self, type_name: str, bits: int) -> bool:
         return self.quant is None or DECODED_BITS[type_name] <= bits
