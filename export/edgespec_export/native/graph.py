@@ -51,6 +51,9 @@ class GraphBuilder:
         self.report = Report(minimum=plan.minimum)
         self.on_tensor = on_tensor or (lambda name: None)
         self.blocksums: dict[str, str] = {}
+        # q/k/v and gate/up stored alike as one MatMulNBits each (split after); False: one product per
+        # weight (for measuring the two side by side)
+        self.fuse = plan.fuse
 
     # --- weights --------------------------------------------------------------------------------
     def _encoded(self, name: str, form: Form, lo: int, hi: int, place: str = "body") -> Encoded | np.ndarray:
@@ -110,8 +113,9 @@ class GraphBuilder:
         base: initializer prefix (model.layers.0.attn.qkv_proj.MatMul), node: node prefix
         (/model/layers.0/attn/qkv_proj/MatMul)."""
         forms = [self.plan.form(self.gg.type_name(p), place) for p in parts]
-        if len(parts) > 1 and len({self._signature(p, f) for p, f in zip(parts, forms)}) > 1:
-            outs = [self.linear(x, [p], f"{base}.{i}", f"{node}_{i}") for i, p in enumerate(parts)]
+        groups = self.groups(parts)
+        if len(groups) > 1:  # neighbours stored alike share one product (q and k of Q4_K beside a Q6_K v)
+            outs = [self.linear(x, g, f"{base}.{i}", f"{node}_{i}") for i, g in enumerate(groups)]
             return self.w.node("Concat", outs, [out] if out else 1, name=f"{node}/Concat", axis=-1)[0]
         n_total = sum(self.gg.shape(p)[0] for p in parts)
         k = self.gg.shape(parts[0])[1]
@@ -201,6 +205,19 @@ class GraphBuilder:
                                accuracy_level=1)[0]
             y = self.w.node("Add", [y, corr], [out] if out else 1, name=f"{node}/MinimumAdd")[0]
         return y
+
+    def groups(self, parts: list[str], place: str = "body") -> list[list[str]]:
+        """`parts` in runs of neighbours with equal signatures: each run can be one MatMulNBits."""
+        out: list[list[str]] = []
+        last = None
+        for p in parts:
+            sig = self._signature(p, self.plan.form(self.gg.type_name(p), place))
+            if out and sig == last:
+                out[-1].append(p)
+            else:
+                out.append([p])
+            last = sig
+        return out
 
     def _signature(self, p: str, form: Form) -> tuple:
         """Tensors with equal signatures are stored alike, so their rows can share one MatMulNBits."""

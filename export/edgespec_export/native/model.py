@@ -72,7 +72,11 @@ def _write(b: GraphBuilder, w: OnnxWriter, gg: GGUFModel) -> None:
             h, _, _, residual = w.node("SkipSimplifiedLayerNormalization", [prev[0], prev[1], norm_w],
                                        [f"{lp}/input_layernorm/output_0", "", "", f"{lp}/input_layernorm/output_3"],
                                        name=f"{lp}/input_layernorm/SkipLayerNorm", domain="com.microsoft", epsilon=c.eps)
-        qkv = b.linear(h, [n["q"], n["k"], n["v"]], f"{ip}.attn.qkv_proj.MatMul", f"{lp}/attn/qkv_proj/MatMul")
+        if b.fuse:
+            qkv = b.linear(h, [n["q"], n["k"], n["v"]], f"{ip}.attn.qkv_proj.MatMul", f"{lp}/attn/qkv_proj/MatMul")
+        else:
+            qkv = w.node("Concat", [b.linear(h, [n[t]], f"{ip}.attn.{t}_proj.MatMul", f"{lp}/attn/{t}_proj/MatMul")
+                                    for t in ("q", "k", "v")], name=f"{lp}/attn/qkv_proj/Concat", axis=-1)[0]
         biases = [n[k] for k in ("q_bias", "k_bias", "v_bias")]
         if all(gg.has(t) for t in biases):
             bias = b._float(f"{ip}.attn.qkv_proj.Add.bias", np.concatenate([gg.floats(t) for t in biases]))
@@ -94,8 +98,13 @@ def _write(b: GraphBuilder, w: OnnxWriter, gg: GGUFModel) -> None:
                                      f"{lp}/post_attention_layernorm/output_3"],
                                     name=f"{lp}/post_attention_layernorm/SkipLayerNorm", domain="com.microsoft",
                                     epsilon=c.eps)
-        gate = b.linear(h2, [n["gate"]], f"{ip}.mlp.gate_proj.MatMul", f"{lp}/mlp/gate_proj/MatMul")
-        up = b.linear(h2, [n["up"]], f"{ip}.mlp.up_proj.MatMul", f"{lp}/mlp/up_proj/MatMul")
+        if b.fuse and len(b.groups([n["gate"], n["up"]])) == 1:  # one product, split after
+            both = b.linear(h2, [n["gate"], n["up"]], f"{ip}.mlp.gate_up_proj.MatMul", f"{lp}/mlp/gate_up_proj/MatMul")
+            gate, up = w.node("Split", [both, w.const(f"{lp}/mlp/gate_up_proj/SplitSizes", [c.ffn, c.ffn])], 2,
+                              name=f"{lp}/mlp/gate_up_proj/Split", axis=-1)
+        else:
+            gate = b.linear(h2, [n["gate"]], f"{ip}.mlp.gate_proj.MatMul", f"{lp}/mlp/gate_proj/MatMul")
+            up = b.linear(h2, [n["up"]], f"{ip}.mlp.up_proj.MatMul", f"{lp}/mlp/up_proj/MatMul")
         sig = w.node("Sigmoid", [gate], name=f"{lp}/mlp/act_fn/Sigmoid")[0]
         act = w.node("Mul", [gate, sig], name=f"{lp}/mlp/act_fn/Mul")[0]
         prod = w.node("Mul", [act, up], name=f"{lp}/mlp/Mul")[0]

@@ -54,6 +54,7 @@ class Plan:
     # "zero-point" rounds it to MatMulNBits' integer zero points (fewest bytes, one more rounding)
     minimum: str = DEFAULT_MINIMUM
     q6k_block: int | None = DEFAULT_Q6K_BLOCK
+    fuse: bool = True  # q/k/v and gate/up of one form as one MatMulNBits each (graph.py)
 
     def form(self, type_name: str, place: str, tied: bool = False) -> Form:
         """place: "body" (a decoder MatMul), "embed" (token embedding), "head" (lm_head)."""
