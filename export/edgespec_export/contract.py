@@ -9,10 +9,12 @@ written without torch), then `apply_contract` makes it the runtime's graph, the 
 - the cuda flavor: `graph_edit.logits_to_float32`; the cpu flavor: `graph_batch.add_padded_queries`, so one
   step carries several requests' rows of different lengths (server --parallel);
 - `check_kernels` holds the graph to its provider's kernel contract before any bundle is written.
-`facts_from_config` then reads the manifest's facts off the config and the graph's own I/O types.
+`facts_from_config` then reads the manifest's facts off the config and the graph's own I/O types; a
+build hands the export job (job.py) a `Built`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgespec.models.manifest import ModelFacts
@@ -22,6 +24,17 @@ from .graph_edit import (ATTENTION_BIAS, HIDDEN_STATES, LOGITS_TO_KEEP, POSITION
                          add_logits_to_keep, add_tree_inputs, logits_to_float32)
 
 QUANT_BITS = {"int4": 4, "int8": 8}
+
+
+@dataclass
+class Built:
+    """What a strategy's build leaves: the graph (contract applied) and the facts the manifest records."""
+
+    facts: ModelFacts  # params and source are the job's, filled in by run_model_job
+    onnx_path: Path
+    config: dict  # the Hugging Face config.json fields of the model
+    quant_map: dict | None = None  # the form each weight got, when the strategy chose per tensor
+
 
 FLAVORS = ("cpu", "cuda")
 

@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from edgespec.models.manifest import ModelFacts
 from edgespec.units import peak_rss_bytes
 
+from .contract import Built
 from .progress import NullProgress, Progress, trim_malloc, tune_malloc
 from .sources import Source
 
@@ -50,16 +50,6 @@ class ModelJob:
     keep_gguf_quant: bool = True  # native: keep the GGUF's blocks where they map (no --quant given)
     gguf_minimum: str = "integer"  # native: a block minimum exact (integer, offset) or rounded (native/plan.py)
     gguf_q6k_block: int = 128  # native: Q6_K rounded to 8 bits in blocks of this (0: kept; native/plan.py)
-
-
-@dataclass
-class Built:
-    """What a strategy's build leaves: the graph (contract applied) and the facts the manifest records."""
-
-    facts: ModelFacts  # params and source are the job's, filled in by run_model_job
-    onnx_path: Path
-    config: dict  # the Hugging Face config.json fields of the model
-    quant_map: dict | None = None  # the form each weight got, when the strategy chose per tensor
 
 
 class GraphSource(Protocol):

@@ -4,8 +4,7 @@ numpy, gguf and the runtime's onnxruntime.
 """
 from __future__ import annotations
 
-from ..contract import apply_contract, facts_from_config, graph_file, graph_flavor
-from ..job import Built, ModelJob
+from ..contract import Built, apply_contract, facts_from_config, graph_file, graph_flavor
 from ..progress import Progress
 
 
@@ -15,7 +14,7 @@ class GGUFGraph:
     reference = "gguf dequantized, numpy float32"
     reference_first = False  # after the graph's session is gone: the dequantized layers never meet it
 
-    def __init__(self, job: ModelJob):
+    def __init__(self, job):  # a job.ModelJob
         self.job = job
         self.gg = None
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..contract import QUANT_BITS
 from ..quantize import QuantSettings
 from .blocks import DECODERS
 
 OFFSET_TYPES = ("Q4_1", "Q5_1", "Q4_K", "Q5_K")  # blocks with a minimum: an offset term in the graph
 FLOAT_TYPES = ("F32", "F16", "BF16")
 DECODED_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 8, "Q5_1": 8, "Q5_K": 8, "Q6_K": 8, "Q8_0": 8}
-QUANT_BITS = {"int4": 4, "int8": 8}
 INTEGER_MINIMUM_TYPES = ("Q4_K", "Q5_K")  # minimums that are integers with a super-block scale (blocks.offset_to_integer)
 MINIMUMS = ("integer", "offset", "zero-point")  # --gguf-minimum
 DEFAULT_MINIMUM = "integer"

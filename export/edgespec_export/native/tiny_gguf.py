@@ -84,9 +84,9 @@ def write_gguf(out_path: str | Path, arch: str, tensors: Iterable[tuple[str, np.
                context: int, hidden: int, ffn: int, heads: int, kv_heads: int, vocab: int, name: str,
                tok_dir: Path | None = None, rope_base: float = 10000.0, rms_eps: float = 1e-6,
                head_dim: int | None = None, file_type=None, pre: str = "qwen2", add_bos: bool = False) -> Path:
-    """Writes a GGUF of `arch` (llama.cpp's name: "llama" for mistral too) with these hyperparameters,
-    the tokenizer of `tok_dir` (tiny.make_tokenizer's; None: a fresh one) padded to `vocab` rows, and
-    `tensors`: (GGUF name, float32 array, type: F32, F16 or a block type `encode` writes), in order.
+    """Writes a GGUF of `arch` (llama.cpp's name: "llama" for mistral too) with these hyperparameters, the
+    tokenizer of `tok_dir` (tiny_tokenizer.make_tokenizer's; None: a fresh one) padded to `vocab` rows,
+    and `tensors`: (GGUF name, float32 array, type: F32, F16 or a block type `encode` writes), in order.
     `head_dim`: written as the key and value lengths (qwen3); `file_type`: a gguf.LlamaFileType."""
     import gguf
 
@@ -107,7 +107,7 @@ def write_gguf(out_path: str | Path, arch: str, tensors: Iterable[tuple[str, np.
     if file_type is not None:
         w.add_file_type(file_type)
     if tok_dir is None:
-        from ..tiny import make_tokenizer
+        from ..tiny_tokenizer import make_tokenizer
 
         with tempfile.TemporaryDirectory() as tmp:
             make_tokenizer(Path(tmp), vocab_size=400)
