@@ -4,6 +4,7 @@
 #
 #   scripts/gpu-check.sh [--plan] [--full] [-o REPORT_DIR] [--ort-wheel FILE] [--no-install]
 #                        [--smollm2 BUNDLE] [--qwen BUNDLE] [--root DIR]
+#   scripts/gpu-check.sh --shape-check [--small] [-o REPORT_DIR] [--smollm2 BUNDLE] [...]
 #
 # --plan       print every command it would run, run nothing, write nothing (any machine: no GPU needed)
 # --full       also the Qwen2.5-Coder pair (exported here unless --qwen) and the chat prompts;
@@ -11,6 +12,12 @@
 # --ort-wheel  install this onnxruntime-gpu wheel (a JetPack wheel from NVIDIA) instead of one from an index
 # --no-install use the active python's onnxruntime as it is (it must have the CUDA provider already)
 # --root DIR   read /proc/device-tree and /etc/nv_tegra_release under DIR (tests use fake trees)
+# --shape-check  the 1.5B target's and 0.5B draft's exact shapes instead: GGUFs of random weights generated here
+#              (no weights travel), exported natively (--ep cuda), their 1..16-token step costs at batch 1..4 with
+#              and without I/O binding and CUDA graphs, the verify slope, and each drafting mode projected from
+#              scripts/gpu-check-qwen-coder-cpu.json (the real pair's bench on the CPU); then the SmolLM2
+#              bundle's modes end to end where its GGUF is here (or --smollm2 BUNDLE). A few minutes of GPU.
+# --small      with --shape-check: a small stand-in shape on the CPU provider, no GPU, no install (a test runs it)
 #
 # 1. Never touches the active environment: onnxruntime-gpu goes into a venv of its own (REPORT_DIR/venv)
 #    that sees the active one's packages; on an x86_64 host it is the PyPI wheel of the same version (else the newest
@@ -27,11 +34,11 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 REPORT="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)"
-SMOL="" QWEN="" WHEEL="" FALLBACK="" HWROOT=/ PLAN=0 FULL=0 INSTALL=1
+SMOL="" QWEN="" WHEEL="" FALLBACK="" HWROOT=/ PLAN=0 FULL=0 INSTALL=1 SHAPE=0 SMALL=0
 PY=${PYTHON:-python}
 JETPACK6_INDEX=https://pypi.jetson-ai-lab.io/jp6/cu126
 
-usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     -o) REPORT=$2; shift 2 ;;
@@ -42,6 +49,8 @@ while [ $# -gt 0 ]; do
     --no-install) INSTALL=0; shift ;;
     --plan) PLAN=1; shift ;;
     --full) FULL=1; shift ;;
+    --shape-check) SHAPE=1; shift ;;
+    --small) SMALL=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 64 ;;
   esac
@@ -51,6 +60,10 @@ die() { echo "gpu-check: $*" >&2; exit "${EXIT:-2}"; }
 abspath() { case "$1" in ""|/*) echo "$1" ;; *) echo "$(cd "$(dirname "$1")" 2>/dev/null && pwd || echo "$PWD/$(dirname "$1")")/$(basename "$1")" ;; esac; }
 REPORT=$(abspath "$REPORT") SMOL=$(abspath "$SMOL") QWEN=$(abspath "$QWEN") WHEEL=$(abspath "$WHEEL")
 
+[ "$SMALL" -eq 0 ] || [ "$SHAPE" -eq 1 ] || die "--small goes with --shape-check"
+PROVIDER=cuda
+if [ "$SMALL" -eq 1 ]; then PROVIDER=cpu INSTALL=0; fi  # the CPU provider, the active python as it is
+
 # --- which GPU: a Jetson by its device tree or L4T release (JetPack 5 has no nvidia-smi), else nvidia-smi
 [ "$(uname -s)" = "Linux" ] || die "this check runs on Linux only (found $(uname -s))"
 MODEL=$({ tr -d '\0' < "$HWROOT/proc/device-tree/model"; } 2>/dev/null || true)
@@ -59,6 +72,8 @@ JETSON=0
 if [ -n "$L4T" ] || [[ "$MODEL" == *Jetson* ]]; then
   JETSON=1
   GPUS="$MODEL (integrated GPU, memory shared with the CPU; L4T ${L4T:-unknown})"
+elif [ "$SMALL" -eq 1 ]; then
+  GPUS="none used: --small runs on the CPU provider"
 elif command -v nvidia-smi >/dev/null 2>&1; then
   GPUS=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true)
   [ -n "$GPUS" ] || [ "$PLAN" -eq 1 ] || die "no NVIDIA GPU here: nvidia-smi lists none"
@@ -168,6 +183,45 @@ else
 fi
 
 # --- 2. the steps
+if [ "$SHAPE" -eq 1 ]; then
+  # the default pair's shapes from random weights: GGUFs written here, exported by the native exporter
+  SHAPES="$REPORT/bundles/qwen-coder-shapes"
+  SMALLFLAG=""
+  [ "$SMALL" -eq 0 ] || SMALLFLAG=--small
+  step versions 60 "$PY" -c 'import onnxruntime as o, sys; print(sys.version); print(o.__version__, o.get_available_providers())'
+  # both at once (numpy quantizes on one core each): the target's 1.5B values take the longer
+  GEN="import json, sys; from edgespec_export.native.tiny_gguf import make_gguf; make_gguf(sys.argv[1], **json.loads(sys.argv[2]))"
+  step ggufs 420 bash -c "for R in target draft; do $PY -c '$GEN' '$REPORT/bundles/'\$R.gguf \"\$($PY -m edgespec.bench.gpucheck shape \$R $SMALLFLAG)\" & done; wait -n && wait -n"
+  # random weights: parity is not the question here (--force, a short parity text)
+  step export-shapes 600 "$PY" -m edgespec export --target "$REPORT/bundles/target.gguf" \
+    --draft-model "$REPORT/bundles/draft.gguf" --ep cuda --force --parity-tokens 16 -o "$SHAPES" -q
+  ACCEPT="$ROOT/scripts/gpu-check-qwen-coder-cpu.json"  # the real pair's bench on the CPU: its acceptance
+  step step-costs 600 bash -c "$PY -m edgespec.bench.gpucheck steps '$SHAPES' --provider $PROVIDER --json '$REPORT/steps.json' $([ ! -f "$ACCEPT" ] || echo "--bench '$ACCEPT'") $([ "$SMALL" -eq 0 ] || echo '--repeats 2 --past 32')"
+  # the real SmolLM2 bundle's drafting modes end to end, where its GGUF (or a bundle) is here: nothing is fetched
+  SMOL_GGUF=$("$PY" -c "from edgespec.models.store import find_model as f; print(f('smollm2-135m-instruct') or '')" 2>/dev/null || true)
+  if [ -z "$SMOL" ] && [ -n "$SMOL_GGUF" ] && [ "$SMALL" -eq 0 ]; then
+    SMOL="$REPORT/bundles/smollm2-cuda"
+    step export-smollm2 600 "$PY" -m edgespec export --target "$SMOL_GGUF" --ep cuda -o "$SMOL" -q
+  fi
+  if [ -n "$SMOL" ]; then
+    step bench-smollm2 600 "$PY" -m edgespec bench "$SMOL" --prompts code --limit 3 --max-new-tokens 64 --repeats 1 \
+      --json "$REPORT/bench-smollm2-code.json" --project none
+  elif [ "$PLAN" -eq 0 ]; then
+    echo "| smollm2 | skipped: no smollm2-135m-instruct GGUF here (edgespec pull, or --smollm2 BUNDLE) | 0 | - |" >> "$SUMMARY"
+  fi
+  if [ "$PLAN" -eq 1 ]; then echo "# nothing was run (--plan)"; exit 0; fi
+  { echo; echo "Total: $(( $(date +%s) - START )) s, $FAILED step(s) failed."
+    [ ! -f "$REPORT/steps.json" ] || "$PY" -c 'import json, sys
+from edgespec.bench import shapecheck
+s = json.load(open(sys.argv[1]))
+print("\n".join(shapecheck.render(s, s.get("projection"), label=sys.argv[2])))' "$REPORT/steps.json" \
+      "$([ "$SMALL" -eq 0 ] || echo ' (SMALL stand-in shape on the CPU provider: not the real sizes)')"
+    "$PY" -m edgespec.bench.gpucheck summary "$REPORT" || true
+  } >> "$SUMMARY"
+  echo "report: $SUMMARY"
+  [ "$FAILED" -eq 0 ]
+  exit
+fi
 step versions 60 "$PY" -c 'import onnxruntime as o, sys; print(sys.version); print(o.__version__, o.get_available_providers())'
 step doctor 120 "$PY" -m edgespec doctor --json
 step test-gpu 600 bash -c "$PY -m pytest -q -rs tests/bench/test_gpu.py --junitxml '$REPORT/test_gpu.xml'; rc=\$?; $PY -m edgespec.bench.gpucheck junit '$REPORT/test_gpu.xml' && exit \$rc"

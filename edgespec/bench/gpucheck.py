@@ -3,6 +3,11 @@
     python -m edgespec.bench.gpucheck junit REPORT.xml    # exit 0 only when some test really ran and passed
     python -m edgespec.bench.gpucheck preload             # onnxruntime.preload_dlls(), saying what it did
     python -m edgespec.bench.gpucheck summary REPORT_DIR  # the findings of a check run, as markdown lines
+    python -m edgespec.bench.gpucheck shape target|draft [--small]   # the real pair's shapes, make_gguf keywords
+    python -m edgespec.bench.gpucheck steps BUNDLE [--provider cuda|cpu] [--bench RUN.json] [--json OUT.json]
+                                          # step costs at a real model's shape, the verify slope, projections
+
+`shape` and `steps` are the shape check's (bench/shapecheck.py; scripts/gpu-check.sh --shape-check).
 
 Why `junit`: pytest exits 0 when every test skipped, and tests/bench/test_gpu.py skips everything where the
 CUDA provider does not work; a GPU check that records that as passed says the GPU path works when
@@ -104,6 +109,41 @@ def _json(path: Path):
     return json.loads(path.read_text())
 
 
+def _shape_main(args: list[str]) -> int:
+    import argparse
+
+    from . import shapecheck
+
+    ap = argparse.ArgumentParser(prog=f"python -m edgespec.bench.gpucheck {args[0]}")
+    if args[0] == "shape":
+        ap.add_argument("role", choices=("target", "draft"))
+        ap.add_argument("--small", action="store_true", help="the small stand-in (a run on the CPU provider)")
+        a = ap.parse_args(args[1:])
+        print(json.dumps(shapecheck.shape(a.role, a.small)))
+        return 0
+    ap.add_argument("bundle")
+    ap.add_argument("--provider", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--past", type=int, default=128, help="tokens in the cache when a step is timed (default 128)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs per cost, after a warm-up (median; default 5)")
+    ap.add_argument("--max-n", type=int, default=16, help="the largest step timed, in tokens (default 16)")
+    ap.add_argument("--bench", default=None, metavar="RUN.json",
+                    help="an `edgespec bench --json` run of the real pair on the CPU: project its modes on these costs")
+    ap.add_argument("--json", default=None, metavar="OUT.json", help="also write the costs (and projection) here")
+    a = ap.parse_args(args[1:])
+    if a.past < 1 or a.repeats < 1 or not 1 <= a.max_n <= 64:
+        ap.error("--past and --repeats must be >= 1, --max-n in 1..64")
+    steps = shapecheck.measure(a.bundle, provider=a.provider, past=a.past, repeats=a.repeats,
+                               sizes=tuple(range(1, a.max_n + 1)))
+    projection = None
+    if a.bench:
+        projection = shapecheck.project(steps, _json(Path(a.bench)))
+        steps["projection"] = projection
+    if a.json:
+        shapecheck.write_json(a.json, steps)
+    print("\n".join(shapecheck.render(steps, projection)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 2 and args[0] == "junit":
@@ -116,10 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) == 2 and args[0] == "summary":
         print("\n".join(summary(args[1])))
         return 0
+    if args[:1] in (["shape"], ["steps"]):
+        return _shape_main(args)
     if args == ["preload"]:
         print(f"gpu-check: {preload()}")
         return 0
-    print("usage: python -m edgespec.bench.gpucheck junit REPORT.xml | preload | summary REPORT_DIR", file=sys.stderr)
+    print("usage: python -m edgespec.bench.gpucheck junit REPORT.xml | preload | summary REPORT_DIR | shape ROLE [--small]"
+          " | steps BUNDLE [--provider cuda|cpu] [--bench RUN.json] [--json OUT.json]", file=sys.stderr)
     return 64
 
 
