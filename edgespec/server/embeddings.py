@@ -1,6 +1,8 @@
 """POST /v1/embeddings in OpenAI's shape, answered by the embedder `serve --embedder` loaded (a sentence-
 embedding model beside the LLM: its own small onnxruntime session, knowledge/onnx_embedder.py).
 
+The model is `serve --embedder`'s, else the one the `--docs` index names (served_embedder).
+
 Request:  {"model": the embedder's name or model id, "input": a string | [strings] | [token ids] | [[token ids]],
            "encoding_format": "float" (default) | "base64", "dimensions": its dim only, "user": ignored}
 Response: {"object": "list", "model", "data": [{"object": "embedding", "index", "embedding"}],
@@ -65,6 +67,15 @@ def parse_input(v: Any) -> tuple[str, list]:
     raise bad_request(f"'input' mixes {' and '.join(kinds)}: send all strings, or all token-id arrays", param="input")
 
 
+def served_embedder(state: ServerState):
+    """`serve --embedder`'s model, else the one a `--docs` index was built with (loaded to embed questions):
+    the model /v1/embeddings answers with, or None."""
+    if state.embedder is not None:
+        return state.embedder
+    emb = getattr(getattr(state.engine, "knowledge", None), "embedder", None)
+    return emb if hasattr(emb, "encode_ids") else None
+
+
 class EmbeddingsEndpoint:
     def __init__(self, state: ServerState):
         self.state = state
@@ -72,7 +83,7 @@ class EmbeddingsEndpoint:
     async def __call__(self, request: Request) -> Response:
         state = self.state
         check_auth(state, request.headers, request.client.host if request.client else None)
-        emb = getattr(state, "embedder", None)
+        emb = served_embedder(state)
         if emb is None:
             raise APIError(404, "this server has no embedding model: start it with `serve --embedder NAME` "
                            "(e.g. all-minilm-l6-v2, after `edgespec pull minilm`)", code="model_not_found")

@@ -60,7 +60,9 @@ class Endpoints:
     async def models(self, request: Request) -> Response:
         check_auth(self.state, request.headers, _peer(request))
         cards = [self._model_card()]
-        emb = self.state.embedder
+        from .embeddings import served_embedder
+
+        emb = served_embedder(self.state)
         if emb is not None:  # POST /v1/embeddings answers to it
             cards.append({"id": emb.manifest.name, "object": "model", "created": self.state.created, "owned_by": "edgespec"})
         return json_response({"object": "list", "data": cards})

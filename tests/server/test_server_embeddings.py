@@ -83,3 +83,10 @@ def test_a_server_without_an_embedder_says_how_to_add_one(serve):  # noqa: F811
     s = serve()
     status, _, got = s.post(EMB, {"model": "x", "input": "a"})
     assert "start it with `serve --embedder NAME`" in assert_openai_error(status, got, 404)["message"]
+
+
+def test_the_embedder_of_the_docs_index_answers_when_none_was_given(serve, tiny_embedder_dir):  # noqa: F811
+    s = serve()
+    s.service.state.engine.knowledge = type("K", (), {"embedder": load_embedder(tiny_embedder_dir)})()
+    status, _, body = s.post(EMB, {"model": "tiny-bert", "input": "the museum"})
+    assert status == 200 and len(body["data"][0]["embedding"]) == 32
