@@ -11,7 +11,8 @@
  *   POST /v1/chat/completions   {model, messages, stream: true, max_tokens, temperature}
  *                               -> server-sent events "data: {chunk}" ... "data: [DONE]";
  *                               chunk.choices[0].delta.content is the text; the last chunk also
- *                               carries `usage` and `edgespec` (tokens/s, acceptance rate)
+ *                               carries `usage` and `edgespec` (tokens/s, acceptance rate; with
+ *                               `serve --docs`, the answer's `sources`, listed under it)
  *
  * Stopping an answer = aborting the fetch; the server cancels generation when the client goes.
  * With an API key on the server the page sends no key: serving the page to a browser on the device
@@ -349,6 +350,34 @@
     if (follow) scrollToBottom();
   }
 
+  /**
+   * Under an answer from the venue's documents (`serve --docs`): the passages it was given, numbered as
+   * the answer cites them, with the page each comes from. Text only, never HTML.
+   */
+  function showSources(turn, sources) {
+    const old = turn.boxEl.querySelector(".sources");
+    if (old) old.remove();
+    if (!Array.isArray(sources) || sources.length === 0) return;
+    const box = document.createElement("section");
+    box.className = "sources";
+    box.setAttribute("aria-label", "Sources");
+    const head = document.createElement("p");
+    head.className = "sources-head";
+    head.textContent = "Sources";
+    const list = document.createElement("ol");
+    for (const s of sources) {
+      if (!s || typeof s !== "object") continue;
+      const item = document.createElement("li");
+      const file = String(s.file || "").split(/[\\/]/).pop();
+      item.textContent = `[${s.id}] ${s.title || file}` + (file ? ` — ${file}` : "");
+      item.title = `${s.file || ""}, characters ${s.start}–${s.end}`;
+      list.append(item);
+    }
+    box.append(head, list);
+    turn.boxEl.append(box);
+    if (isNearBottom()) scrollToBottom();
+  }
+
   // ---------------------------------------------------------------- requests
   /** The messages for a request: system prompt, every answered turn before `turn`, then its question. */
   function buildMessages(turn) {
@@ -586,6 +615,7 @@
       const note = finishNote(reason) || (turn.answer ? "" : "The assistant gave an empty answer.");
       setTurnState(turn, "done", note);
       turn.stats = info;
+      showSources(turn, info && info.stats && info.stats.sources);
       setStatus(formatStats(info) || "Done.");
     }
     updateControls();

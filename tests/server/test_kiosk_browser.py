@@ -105,6 +105,33 @@ def test_answer_streams_in_and_status_shows_stats(open_page, server):
     assert log.foreign() == [] and log.errors() == []
 
 
+def test_an_answer_from_documents_lists_its_sources_under_it(open_page, server):
+    """`serve --docs`: the last chunk's edgespec field carries the passages; the page lists them under
+    the answer, numbered as cited, with the page's file name, as text (a title is never HTML)."""
+    from kiosk.browser import save_screenshot
+
+    server.behaviour.pieces = ["Adults pay ", "£12 ", "[1]."]
+    server.behaviour.stats = {**server.behaviour.stats, "declined": False, "sources": [
+        {"id": 1, "title": "Tickets › Day tickets", "file": "/srv/venue/pages/tickets.html", "start": 10, "end": 200,
+         "score": 1.0},
+        {"id": 2, "title": "<b>Cafe</b>", "file": "pages/cafe.md", "start": 0, "end": 90, "score": 0.5}]}
+    page, log = open_page()
+    ask(page, "How much is an adult ticket?")
+    wait_turn_state(page, "done")
+    items = page.locator(".turn .assistant .sources li")
+    assert items.all_inner_texts() == ["[1] Tickets › Day tickets — tickets.html", "[2] <b>Cafe</b> — cafe.md"]
+    assert page.locator(".turn .assistant .sources b").count() == 0
+    assert page.get_attribute(".turn .assistant .sources li >> nth=0", "title") == \
+        "/srv/venue/pages/tickets.html, characters 10–200"
+    assert page.is_visible(".turn .assistant .sources")
+    save_screenshot(page, "kiosk-sources.png")
+    server.behaviour.stats = {k: v for k, v in server.behaviour.stats.items() if k != "sources"}
+    ask(page, "And without documents?")
+    wait_turn_state(page, "done")
+    assert page.locator(".turn >> nth=1").locator(".sources").count() == 0  # an answer without sources lists none
+    assert log.foreign() == [] and log.errors() == []
+
+
 def test_each_turn_sends_the_whole_conversation(open_page, server):
     server.behaviour.pieces = ["Answer", " {n}"]
     page, _ = open_page("?system=Be%20brief.&max_tokens=64&temperature=0.7")
