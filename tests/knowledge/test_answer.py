@@ -165,3 +165,19 @@ def test_the_edgespec_field_carries_sources_and_declined(docs_engine):
     assert body["edgespec"]["drafter"] == r.stats.drafter  # the stats stay
     final = ChunkWriter("chat", "id1", "m").final(r, 0.0, False)
     assert json.loads(final[len(b"data: "):])["edgespec"]["sources"] == r.docs["sources"]
+
+
+def test_a_docs_turn_reuses_the_pinned_system_prompt(docs_engine):
+    """The passages go after the system prompt, which stays first and unchanged: its pinned rows are
+    written back and reused even after a request that shared nothing with it, so a turn prefills
+    only its passages and question."""
+    from edgespec.engine.pinned import pin_system_prompt
+
+    pin = pin_system_prompt(docs_engine, SYSTEM["content"])
+    try:
+        docs_engine.generate("unrelated text that overwrites the cache", max_new_tokens=2)
+        r = docs_engine.generate(messages=[SYSTEM, {"role": "user", "content": "How much is a family ticket?"}],
+                                 max_new_tokens=2)
+        assert r.docs["sources"] and r.stats.cached_tokens >= len(pin.tokens) > 5
+    finally:
+        docs_engine.pinned = None
