@@ -7,7 +7,8 @@ of k + 1 tokens. The free sources (the suffix index, a grammar's forced text) lo
 model cost and score every lookup against what the target then wrote, so they quote their own
 rate for this round's lookup (Drafter.quote). A source that costs model steps (draft model, heads)
 is priced before it drafts (Drafter.cost): its measured step seconds, a one-off catch-up (feeding
-the draft text it has not seen, e.g. the prompt) spread over the next HORIZON tokens, and `a` from
+the draft text it has not seen, e.g. the prompt) spread over the tokens it is expected to serve in
+this reply (`served`: its share of recent rounds times the reply left), and `a` from
 a Beta posterior per source: its prior plus every verdict on its proposals in this request, with
 earlier requests' evidence kept at REQUEST_KEEP; a round where it drafted and then proposed nothing
 counts as a miss (the step was paid for no token). `a` is read optimistically, the posterior mean plus
@@ -35,8 +36,16 @@ REQUEST_KEEP = 0.25  # the weight earlier requests' evidence keeps when a reques
 EXPLORE_SD = 1.0  # optimism in posterior standard deviations: with little evidence the bonus is large
 # (a source not yet seen gets tried), after n verdicts it is about sqrt(a(1-a)/n), so a source that is
 # truly under the target alone stops being chosen within a few rounds
-HORIZON = 64.0  # tokens a one-off catch-up (a prompt the draft has not read) is spread over: about half
-# of a typical reply (the bench's 128 tokens), since the draft reused after it saves on each of them
+# A one-off catch-up (a prompt the draft has not read) pays only through the tokens the draft then serves
+# in this reply: its share of the rounds times the tokens left. A fixed 64 overpriced it where the free
+# sources serve most rounds (a summary copying its prompt: the draft served a few dozen tokens of each
+# reply and its prompt cost more than they saved) and in short replies.
+REPLY_PRIOR = 128.0  # tokens a reply runs before any reply has ended (the bench's and serve's usual cap)
+REPLY_KEEP = 0.75  # weight of the earlier replies' mean length when one more reply ends
+MIN_LEFT = 8.0  # tokens left at least: a reply past the mean length may go on
+SHARE_PRIOR = 0.5  # a model-step source's share of the rounds before any round was seen
+SHARE_STEP = 1.0 / 16.0  # each round moves the share this far toward 1 (it would serve it) or 0: ~16 rounds
+SHARE_FLOOR = 0.05  # a source that served no recent round may still serve the next ones
 
 
 class AutoDrafter(DrafterBase):
@@ -50,6 +59,11 @@ class AutoDrafter(DrafterBase):
         self.sources = list(sources)
         self.posteriors: dict[str, Beta] = {}  # model-step source -> its acceptance posterior
         self._used: Drafter | None = None  # the source whose proposal this round verifies
+        # model-step source -> its share of recent rounds: those it would win with its cache in step
+        # (its catch-up left out, so a source kept out by one is not judged by the rounds it lost to it)
+        self.share: dict[str, float] = {}
+        self.reply = REPLY_PRIOR  # mean tokens of this auto's replies (faded)
+        self._prompt: int | None = None  # the open request's prompt length (None: no request open)
 
     @property
     def uses_model(self) -> bool:
@@ -74,6 +88,7 @@ class AutoDrafter(DrafterBase):
 
     def begin(self, ctx) -> None:
         self._used = None
+        self._prompt = len(ctx)
         for b in self.posteriors.values():
             b.fade(REQUEST_KEEP)
         for s in self.sources:
@@ -100,8 +115,18 @@ class AutoDrafter(DrafterBase):
         out = [a for s in self.sources for a in s.alternatives(ctx, k, width)]
         return out + [(c, "ngram") for c in ngram_alternatives(ctx, k, width)]
 
+    def end(self, ctx) -> None:
+        """A request ended (any mode's: the engine tells every drafter): the length of this auto's own
+        reply joins the mean that `served` reads. Its sources hear the end from the engine themselves."""
+        if self._prompt is not None:
+            n = max(0, len(ctx) - self._prompt)
+            self.reply = REPLY_KEEP * self.reply + (1.0 - REPLY_KEEP) * n
+            self._prompt = None
+
     def forget(self) -> None:
         self.posteriors.clear()
+        self.share.clear()
+        self.reply = REPLY_PRIOR
         for s in self.sources:
             s.forget()
 
@@ -131,34 +156,50 @@ class AutoDrafter(DrafterBase):
         m = b.a / n
         return min(1.0, m + EXPLORE_SD * math.sqrt(m * (1.0 - m) / (n + 1.0)))
 
-    def priced_rate(self, a: float, c: DraftCost, k: int) -> float:
+    def served(self, name: str, ctx: Sequence[int]) -> float:
+        """Tokens a model-step source is expected to serve in the rest of this reply: its share of
+        recent rounds times the reply left (the mean reply length less what this one has written)."""
+        written = len(ctx) - self._prompt if self._prompt is not None else 0
+        left = max(MIN_LEFT, self.reply - written)
+        return max(1.0, self.share.get(name, SHARE_PRIOR) * left)
+
+    def priced_rate(self, a: float, c: DraftCost, k: int, served: float) -> float:
         """Tokens per second of the best chain of 1..k drafted tokens at acceptance a: E_j tokens for
-        the draft steps, the verify of j + 1, and E_j / HORIZON of the one-off catch-up."""
+        the draft steps, the verify of j + 1, and E_j / served of the one-off catch-up."""
         catch = max(0.0, c.first - c.step)
         best, e, p = 0.0, 1.0, 1.0
         for j in range(1, k + 1):
             p *= a
             e += p
-            r = e / (j * c.step + self.costs.verify(j + 1) + catch * e / HORIZON)
+            r = e / (j * c.step + self.costs.verify(j + 1) + catch * e / served)
             best = max(best, r)
         return best
 
     def choose(self, ctx: Sequence[int], k: int) -> tuple[Drafter | None, Proposal | None]:
         """The source to draft with this round and, for a free one, its ready proposal."""
         best, best_rate, best_prop = None, self.costs.target_alone_rate(), None
+        in_step: list[tuple[str, float]] = []  # model-step sources' rates with their catch-up left out
+        rates: list[float] = [best_rate]
         for s in self.sources:
             if s.uses_model:
                 c = s.cost(ctx)
                 if c is None:
                     continue
-                rate, prop = self.priced_rate(self.acceptance(s.name, c.prior), c, k), None
+                a = self.acceptance(s.name, c.prior)
+                rate, prop = self.priced_rate(a, c, k, self.served(s.name, ctx)), None
+                in_step.append((s.name, rate if c.first <= c.step else self.priced_rate(a, c, k, math.inf)))
             else:
                 q = s.quote(ctx, k)
                 if q is None or q.proposal is None or not q.proposal.tokens:
                     continue
                 rate, prop = q.rate, q.proposal
+                rates.append(rate)
             if rate > best_rate:
                 best, best_rate, best_prop = s, rate, prop
+        for name, r in in_step:  # would it win this round with its cache in step? -> its share
+            others = max(rates + [x for m, x in in_step if m != name])
+            old = self.share.get(name, SHARE_PRIOR)
+            self.share[name] = max(SHARE_FLOOR, old + SHARE_STEP * (float(r > others) - old))
         return best, best_prop
 
     def propose(self, ctx, k, params, rng) -> Proposal:

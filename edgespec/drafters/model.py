@@ -21,6 +21,16 @@ from .base import Beta, DraftCost, DrafterBase
 _CONF_EDGES = np.array([0.2, 0.4, 0.6, 0.75, 0.85, 0.92, 0.97, 0.99])
 _CONF_BOUNDS = tuple(float(x) for x in _CONF_EDGES)  # the same, for bisect on one scalar
 PRIOR_ACCEPTANCE = 0.6  # a draft's long-run acceptance before anything is known of the pair
+# Most tokens a catch-up feeds the draft: a longer one (a long prompt, or a long run of rounds other
+# sources drafted) starts its cache afresh on the last CATCH_UP_WINDOW tokens of the context. The draft
+# then reads a window of the text, not all of it: its proposals may be a little worse, never wrong (the
+# target verifies every one), and a 2,000-token prompt costs it 256 tokens of prefill, not 2,000
+# (docs/drafting.md, "The draft model on a long prompt").
+CATCH_UP_WINDOW = 256
+# The draft's confidence for its greedy token is its softmax probability, 1 / sum(exp(x - best)). Logits
+# more than CONF_WINDOW under the best add at most exp(-20) ~ 2e-9 each to that sum (3e-4 over 151,936
+# rows), so only those within it are exponentiated: one comparison pass over the row, not an exp of it
+CONF_WINDOW = 20.0
 CONF_PRIOR_SCALE = 1.0  # a confidence bin's acceptance before evidence: this times the bin's middle
 
 
@@ -41,7 +51,7 @@ class ModelDrafter(DrafterBase):
 
     def __init__(self, runner: ModelRunner, usable: int, costs: CostModel | None = None, *, adaptive: bool = True,
                  vocab_map: Sequence[int] | np.ndarray | None = None, eager_prefill: bool = False,
-                 prior: float | None = None):
+                 prior: float | None = None, window: int = CATCH_UP_WINDOW):
         self.costs = costs
         self.last_sizes: list[int] = []  # tokens per draft step the last proposal ran (catch-up first)
         self.runner = runner
@@ -58,7 +68,9 @@ class ModelDrafter(DrafterBase):
         # first token never waits for a drafter); True: with the target's prefill, in the TTFT
         self.eager_prefill = eager_prefill
         self.adaptive = adaptive and costs is not None
-        self.tokens: list[int] = []  # exactly what the draft cache holds
+        self.tokens: list[int] = []  # exactly what the draft cache holds: ctx[start : start + len(tokens)]
+        self.start = 0  # where in the context the cache begins (> 0 after a catch-up longer than the window)
+        self.window = max(1, int(window))
         # tree verification (engine/tree_round.py, set_tree_width): with alts > 0 the next proposal
         # also records, per drafted position, the draft's next `alts` best tokens (Proposal.alts)
         self.alts = 0
@@ -75,9 +87,23 @@ class ModelDrafter(DrafterBase):
 
     # -- the interface ----------------------------------------------------------------------------
     def begin(self, ctx) -> None:
-        n = common_prefix(self.tokens, ctx)
+        self._rewind(self._held(ctx))
+
+    def _held(self, ctx: Sequence[int]) -> int:
+        """How many of its cache's tokens ctx still has where the cache has them (from `start`)."""
+        n, s = len(self.tokens), self.start
+        if n and len(ctx) >= s + n:
+            part = ctx[s : s + n]
+            if (part if isinstance(part, list) else list(part)) == self.tokens:  # the usual case, at list speed
+                return n
+        return common_prefix(self.tokens, ctx[s:]) if len(ctx) > s else 0
+
+    def _rewind(self, n: int) -> None:
+        """Keeps the cache's first n tokens; an empty cache starts at the context's beginning again."""
         self.runner.rewind(n)
         del self.tokens[n:]
+        if n == 0:
+            self.start = 0
 
     def prefill(self, ctx: Sequence[int]) -> None:
         """With eager_prefill, feeds the prompt now (with the target's prefill: in the time to first
@@ -90,6 +116,7 @@ class ModelDrafter(DrafterBase):
     def reset(self) -> None:
         self.runner.reset()
         self.tokens.clear()
+        self.start = 0
 
     def set_adaptive(self, on: bool) -> None:
         self.adaptive = on and self.costs is not None
@@ -110,8 +137,10 @@ class ModelDrafter(DrafterBase):
         return self.by_conf[conf_bin(conf)].mean
 
     def catch_up(self, ctx: Sequence[int]) -> int:
-        """Tokens of ctx its cache lacks: what its first draft step of a round must feed."""
-        return len(ctx) - common_prefix(self.tokens, ctx)
+        """Tokens its first draft step of a round must feed: what of ctx its cache lacks, at most the
+        window (a longer catch-up starts the cache afresh on the window's tokens)."""
+        held = self._held(ctx)
+        return min(len(ctx) - (self.start + held if held else 0), self.window)
 
     def cost(self, ctx: Sequence[int]) -> DraftCost | None:
         """Its measured draft steps: the first one feeds whatever of ctx its cache lacks."""
@@ -123,13 +152,19 @@ class ModelDrafter(DrafterBase):
 
     # -- drafting ---------------------------------------------------------------------------------
     def _sync(self, ctx: Sequence[int]) -> np.ndarray:
-        """Makes the draft cache hold ctx and returns the logits row predicting the next token."""
-        n = min(common_prefix(self.tokens, ctx), len(ctx) - 1)
+        """Makes the draft cache hold ctx (its last `window` tokens at least) and returns the logits
+        row predicting the next token. Shapes: the fed chunks [<= PREFILL_CHUNK] -> row [vocab rows]."""
+        n = min(self._held(ctx), len(ctx) - self.start - 1)
+        if n <= 0:  # nothing of the cache is of use: it starts at the context's beginning again
+            self.start, n = 0, 0
+        if len(ctx) - self.start - n > self.window:  # cheaper to read the window's tokens afresh
+            self.start, n = len(ctx) - self.window, 0
         self.runner.rewind(n)
         del self.tokens[n:]
         row = None
-        while n < len(ctx):
-            chunk = list(ctx[n : n + PREFILL_CHUNK])
+        end = len(ctx) - self.start
+        while n < end:
+            chunk = list(ctx[self.start + n : self.start + min(n + PREFILL_CHUNK, end)])
             row = self.runner.step(chunk, 1)[0]
             self.last_sizes.append(len(chunk))
             self.tokens.extend(chunk)
@@ -198,9 +233,8 @@ class ModelDrafter(DrafterBase):
         return row
 
     def feedback(self, proposal, accepted, valid_len) -> None:
-        if valid_len < len(self.tokens):
-            self.runner.rewind(valid_len)
-            del self.tokens[valid_len:]
+        if valid_len - self.start < len(self.tokens):
+            self._rewind(max(0, valid_len - self.start))
         self._judge(proposal, accepted)
 
     def _judge(self, proposal, accepted: int) -> None:
@@ -224,7 +258,7 @@ def pick(row: np.ndarray, params: SamplingParams, rng, scored: int, usable: int,
     if params.greedy:
         x = row[:scored]
         j = int(np.argmax(x))
-        return (j if m is None else int(m[j])), float(1.0 / np.exp(x - x[j]).sum()), None, j
+        return (j if m is None else int(m[j])), greedy_confidence(x, j), None, j
     q = probs(row, params, scored)  # over the scored rows only: renormalised there
     j = sample(q, rng)
     c = float(q[j])
@@ -235,6 +269,14 @@ def pick(row: np.ndarray, params: SamplingParams, rng, scored: int, usable: int,
     if scored < usable:
         q = np.concatenate([q, np.zeros(usable - scored)])
     return j, c, q, j
+
+
+def greedy_confidence(x: np.ndarray, j: int) -> float:
+    """The softmax probability of logits row x's best entry j, from the entries within CONF_WINDOW of
+    it (the others change it by less than 2e-9 each): x [rows] float."""
+    top = x[j]
+    near = np.compress(np.greater(x, top - CONF_WINDOW), x)  # a comparison pass; the exp runs on a few
+    return float(1.0 / np.exp(near - top).sum())
 
 
 def runner_ups(row: np.ndarray, chosen: int, n: int) -> list[tuple[int, float]]:

@@ -9,7 +9,8 @@ import pytest
 from edgespec.core.costmodel import CostModel
 from edgespec.core.sampling import SamplingParams
 from edgespec.drafters import AutoDrafter, DraftCost, DrafterBase, Proposal, Quote
-from edgespec.drafters.auto import EXPLORE_SD, HORIZON, PRIOR_WEIGHT, REQUEST_KEEP
+from edgespec.drafters.auto import (EXPLORE_SD, MIN_LEFT, PRIOR_WEIGHT, REPLY_KEEP, REPLY_PRIOR, REQUEST_KEEP,
+                                   SHARE_FLOOR, SHARE_PRIOR, SHARE_STEP)
 
 from helpers.costs import times
 
@@ -186,29 +187,66 @@ def test_a_new_request_keeps_earlier_evidence_at_its_weight():
     assert auto.posteriors == {}
 
 
-def test_a_one_off_catch_up_is_spread_over_the_horizon():
+def test_a_one_off_catch_up_is_spread_over_the_tokens_the_draft_serves():
     c = cpu()
     auto = AutoDrafter(c, [])
     warm = DraftCost(0.035, 0.035, 0.8)
     a = 0.8
     want = max((sum(a ** i for i in range(j + 1))) / (j * 0.035 + c.verify(j + 1)) for j in range(1, 9))
-    assert auto.priced_rate(a, warm, 8) == pytest.approx(want)
+    assert auto.priced_rate(a, warm, 8, 1.0) == pytest.approx(want)  # nothing to catch up: served is moot
     catch = 0.5  # a prompt the draft has not read: half a second beyond its usual first step
     cold = DraftCost(0.035 + catch, 0.035, 0.8)
     e3 = 1 + a + a * a + a ** 3
-    assert auto.priced_rate(a, cold, 3) >= e3 / (3 * 0.035 + c.verify(4) + catch * e3 / HORIZON)
-    assert auto.priced_rate(a, cold, 8) < auto.priced_rate(a, warm, 8)
-    # a cold draft on a long prompt is not run where a warm one would be
-    model = Costly("model", first=0.035 + 20.0, prior=0.8)
-    cold_auto = AutoDrafter(c, [model])
-    assert cold_auto.propose([1, 2, 3], 8, GREEDY, RNG).tokens == [] and model.proposed == 0
-    model.first = 0.035
-    assert cold_auto.propose([1, 2, 3], 8, GREEDY, RNG).source == "model"
+    assert auto.priced_rate(a, cold, 3, 40.0) == pytest.approx(
+        max(sum(a ** i for i in range(j + 1)) / (j * 0.035 + c.verify(j + 1) + catch * sum(a ** i for i in range(j + 1)) / 40.0)
+            for j in range(1, 4)))
+    assert auto.priced_rate(a, cold, 3, 40.0) >= e3 / (3 * 0.035 + c.verify(4) + catch * e3 / 40.0)
+    # the fewer tokens it serves, the more each pays of it
+    assert auto.priced_rate(a, cold, 8, 10.0) < auto.priced_rate(a, cold, 8, 40.0) < auto.priced_rate(a, warm, 8, 40.0)
 
 
-def test_k_caps_the_priced_chain_and_k0_drafts_nothing():
+def test_served_is_the_share_of_rounds_times_the_reply_left():
+    auto = AutoDrafter(cpu(), [])
+    auto.begin(list(range(100)))  # a 100-token prompt
+    ctx = list(range(100 + 30))  # 30 tokens of the reply written
+    assert auto.served("model", ctx) == pytest.approx(SHARE_PRIOR * (REPLY_PRIOR - 30))
+    auto.share["model"] = 0.25
+    assert auto.served("model", ctx) == pytest.approx(0.25 * (REPLY_PRIOR - 30))
+    # past the mean length a reply may still go on: MIN_LEFT tokens at least
+    assert auto.served("model", list(range(100 + 500))) == pytest.approx(0.25 * MIN_LEFT)
+    # a reply of 40 tokens ends: the mean moves toward it
+    auto.end(list(range(140)))
+    assert auto.reply == pytest.approx(REPLY_KEEP * REPLY_PRIOR + (1 - REPLY_KEEP) * 40)
+    auto.end(list(range(999)))  # another mode's request (this auto has none open) changes nothing
+    assert auto.reply == pytest.approx(REPLY_KEEP * REPLY_PRIOR + (1 - REPLY_KEEP) * 40)
+    auto.forget()
+    assert auto.reply == REPLY_PRIOR and auto.share == {}
+
+
+def test_the_share_counts_rounds_the_draft_would_win_in_step_even_when_its_catch_up_keeps_it_out():
+    """A source kept out by its catch-up must not lose its share for that alone: else a prompt's
+    catch-up, priced over a shrinking share, would keep the draft out of every reply for good."""
     c = cpu()
-    auto = AutoDrafter(c, [Costly("model", prior=0.9)])
-    cost = DraftCost(0.035, 0.035, 0.9)
-    assert auto.priced_rate(0.9, cost, 1) == pytest.approx(1.9 / (0.035 + c.verify(2)))
-    assert auto.propose([1, 2, 3], 0, GREEDY, RNG).tokens == []
+    model = Costly("model", first=0.035 + 30.0, prior=0.9)  # a catch-up no reply repays
+    auto = AutoDrafter(c, [model])
+    auto.begin([1, 2, 3])
+    best, _ = auto.choose([1, 2, 3], 8)
+    assert best is None and model.proposed == 0
+    # in step it beats the target alone: its share moves toward 1 by SHARE_STEP
+    assert auto.share["model"] == pytest.approx(SHARE_PRIOR + SHARE_STEP * (1 - SHARE_PRIOR))
+    # a free source that beats it in step too: the share falls, never under the floor
+    auto.sources.insert(0, Free("suffix", c.target_alone_rate() * 50))
+    for _ in range(200):
+        auto.choose([1, 2, 3], 8)
+    assert auto.share["model"] == pytest.approx(SHARE_FLOOR)
+
+
+def test_a_catch_up_that_pays_over_a_long_reply_does_not_pay_near_its_end():
+    c = cpu()
+    model = Costly("model", first=0.035 + 0.4, prior=0.9)
+    auto = AutoDrafter(c, [model])
+    auto.begin(list(range(50)))
+    auto.share["model"] = 1.0
+    assert auto.choose(list(range(50 + 1)), 8)[0] is model  # ~127 tokens left to serve
+    auto.begin(list(range(50)))
+    assert auto.choose(list(range(50 + 120)), 8)[0] is None  # MIN_LEFT tokens left: 0.4 s does not pay

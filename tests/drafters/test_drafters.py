@@ -124,6 +124,54 @@ def test_model_drafter_cache_follows_the_context(draft_runner):
     assert p2.tokens  # proposals keep coming after rewinds
 
 
+def test_a_catch_up_longer_than_the_window_reads_the_contexts_last_window_tokens(draft_runner):
+    """The draft's KV need not hold the whole prompt (the target verifies every proposal): a catch-up of
+    more than `window` tokens starts its cache afresh on the last `window` tokens of the context."""
+    runner, usable = draft_runner
+    runner.reset()
+    d = ModelDrafter(runner, usable, adaptive=False, window=8)
+    ctx = list(range(3, 23))  # a 20-token prompt
+    assert d.catch_up(ctx) == 8  # not 20
+    p = d.propose(ctx, 3, GREEDY, None)
+    assert d.start == 12 and d.tokens == ctx[12:] + p.tokens[:2] and runner.length == len(d.tokens)
+    assert d.last_sizes == [8, 1, 1]  # the window in one step, then one token a drafted token
+    fresh = ModelDrafter(runner, usable, adaptive=False, window=8)
+    runner.reset()
+    assert fresh.propose(ctx[12:], 3, GREEDY, None).tokens == p.tokens  # it drafts as from the window alone
+    runner.reset()
+    runner.step(d.tokens, 1)  # put d's cache back where it was
+    # the round's verdict: one accepted, then the target's token; the cache is rewound by context position
+    d.feedback(p, 1, len(ctx) + 1)
+    assert d.tokens == ctx[12:] + p.tokens[:1] and runner.length == 9
+    ctx2 = ctx + p.tokens[:1] + [99]
+    assert d.catch_up(ctx2) == 1  # only the target's token: the window stays where it is
+    d.propose(ctx2, 2, GREEDY, None)
+    assert d.start == 12 and d.tokens[:10] == ctx2[12:]
+    # a short catch-up after a long run of other sources' rounds would be longer than the window: afresh
+    ctx3 = ctx2 + list(range(30, 42))
+    assert d.catch_up(ctx3) == 8
+    d.propose(ctx3, 1, GREEDY, None)
+    assert d.start == len(ctx3) - 8 and d.tokens == ctx3[-8:]
+    # another prompt that shares nothing with the window: the cache starts at its beginning again
+    d.begin([5, 6, 7])
+    assert d.start == 0 and d.tokens == [] and d.catch_up([5, 6, 7]) == 3
+
+
+def test_the_greedy_confidence_reads_only_the_logits_near_the_best():
+    from edgespec.drafters.model import CONF_WINDOW, greedy_confidence
+
+    rng = np.random.default_rng(3)
+    row = rng.normal(0.0, 4.0, 151_936).astype(np.float32)
+    j = int(np.argmax(row))
+    full = 1.0 / np.exp(row.astype(np.float64) - row[j]).sum()
+    assert greedy_confidence(row, j) == pytest.approx(full, rel=1e-5)
+    # the entries it leaves out are those more than CONF_WINDOW under the best: at most 2e-9 each
+    x = np.full(100_000, -1e4, dtype=np.float32)
+    x[0], x[1], x[2] = 5.0, 5.0 - np.log(3.0), 5.0 - CONF_WINDOW - 1.0
+    assert greedy_confidence(x, 0) == pytest.approx(0.75, abs=1e-6)  # 1 / (1 + 1/3), x[2] left out
+    assert greedy_confidence(np.array([2.0, 2.0], dtype=np.float32), 0) == pytest.approx(0.5)
+
+
 def test_model_drafter_refuses_to_overflow_its_cache(draft_runner):
     runner, usable = draft_runner
     runner.reset()
