@@ -119,7 +119,7 @@ def build_graph(
     if block_size is None:
         hidden, heads = text_cfg["hidden_size"], text_cfg["num_attention_heads"]
         attn = heads * (text_cfg.get("head_dim") or hidden // heads)
-        block_size = default_block_size(hidden, text_cfg["intermediate_size"], attn)
+        block_size = default_block_size(hidden, text_cfg["intermediate_size"], attn, role=role)
     precision = quant
     flavor = graph_flavor(quant, ep)
     ep = flavor  # the builder's execution provider names are our flavor names

@@ -49,7 +49,9 @@ def register(sub) -> None:
                    help=f"a .gguf's Q6_K tensors (a Q4_K_M file's v, down and lm_head): rounded to 8 bits in blocks of N "
                    f"(default {DEFAULT_Q6K_BLOCK}: 8.25 bits a weight), or 0 to keep their blocks of 16 exactly (10 bits a "
                    "weight; docs/export.md)")
-    p.add_argument("--draft-quant", choices=QUANTS, help="the draft's precision (default: --quant)")
+    p.add_argument("--draft-quant", choices=QUANTS,
+                   help="the draft's precision (default: int4 under an int4 export, a .gguf draft's blocks rounded "
+                   "to 4 bits: the target verifies every token; else --quant)")
     p.add_argument("--ep", default="cpu", metavar="FLAVORS",
                    help="graph flavor(s): cpu (float32, the CPU provider; default), cuda (float16 activations, "
                    "attention and KV cache, for the CUDA provider: Jetson), or cpu,cuda for both in one bundle "
@@ -74,9 +76,10 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="write the bundle even when parity is below the threshold")
     p.add_argument("--parity-tokens", type=int, default=None,
                    help="tokens of the parity text (default 512; 256 when every model is a .gguf exported natively)")
-    p.add_argument("--draft-vocab", type=int, default=0, metavar="N",
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="keep the draft lm_head's rows for the N most frequent tokens only: a cheaper draft step, "
-                   "the output unchanged (the target verifies); 0 = keep all (default). See docs/speed.md")
+                   "the output unchanged (the target verifies); 0 = keep all (default: 32768 for an int4 export "
+                   "whose draft has 65,536 ids or more). See docs/export.md")
     from edgespec_export.heads import METHODS, HeadsOptions
 
     p.add_argument("--heads", choices=METHODS, metavar="METHOD",

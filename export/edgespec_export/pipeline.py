@@ -26,7 +26,7 @@ from .heads import HEADS_DIR, HeadsJob, HeadsOptions, check_options, train_heads
 from .job import ModelJob, run_model_job
 from .native import parity_length, via_for
 from .parity import DEFAULT_MIN_TOP1
-from .quantize import DEFAULT_ACCURACY_LEVEL
+from .quantize import DEFAULT_ACCURACY_LEVEL, draft_quant, draft_vocab
 from edgespec.units import format_bytes
 
 from .progress import MemoryMonitor, NullProgress, Progress
@@ -42,7 +42,7 @@ BYTES_PER_PARAM = {"int4": 0.6, "int8": 1.1, "fp16": 2.0, "fp32": 4.0}  # bundle
 @dataclass
 class ExportOptions:
     quant: str = "int4"
-    draft_quant: str | None = None  # default: same as quant
+    draft_quant: str | None = None  # default: quantize.draft_quant (int4 under an int4 export, else quant)
     block_size: int | None = None  # None: per model, quantize.default_block_size
     accuracy_level: int = DEFAULT_ACCURACY_LEVEL
     head_bits: int | None = None  # lm_head (+ tied embedding) bits; default 8 (quantize.DEFAULT_HEAD_BITS)
@@ -57,7 +57,7 @@ class ExportOptions:
     # graph flavors to write, first one = each role's model.onnx (docs/export.md, "Flavors"):
     # ("cpu",) float32; ("cuda",) float16 for the CUDA provider; ("cpu", "cuda") both in one bundle
     eps: tuple[str, ...] = ("cpu",)
-    draft_vocab: int = 0  # keep the draft lm_head's rows for this many frequent tokens (0: all; prune_vocab.py)
+    draft_vocab: int | None = None  # the draft lm_head's rows kept (prune_vocab.py; 0: all; None: quantize.draft_vocab)
     # search the layers `draft="self"` skips (self_search.py: minutes on a CPU for a 1.5B target); without
     # it the bundle has no self-draft record and the runtime refuses draft="self" naming this option
     self_draft: bool = False
@@ -118,7 +118,7 @@ def validate_options(o: ExportOptions) -> None:
     if o.gguf_q6k_block and (o.gguf_q6k_block < 16 or o.gguf_q6k_block & (o.gguf_q6k_block - 1)):
         raise ExportError(f"--gguf-q6k-block {o.gguf_q6k_block}: a power of two of at least 16 (MatMulNBits' "
                           "blocks), or 0 to keep Q6_K's own blocks")
-    if isinstance(o.draft_vocab, bool) or not isinstance(o.draft_vocab, int) or o.draft_vocab < 0:
+    if o.draft_vocab is not None and (type(o.draft_vocab) is not int or o.draft_vocab < 0):
         raise ExportError(f"--draft-vocab {o.draft_vocab!r}: must be a whole number of tokens (0 = keep all)")
     if isinstance(o.heads, str):
         o.heads = HeadsOptions(method=o.heads)
@@ -164,7 +164,7 @@ def _run_export(target: str, out: Path, draft: str | None, o: ExportOptions, pro
             )
     _refuse_output_inside_source(out, sources)
     vias = {role: via_for(src, o.via) for role, src in sources.items()}
-    quants = {"target": o.quant, "draft": o.draft_quant or o.quant}
+    quants = {"target": o.quant, "draft": draft_quant(o.quant, o.draft_quant)}
 
     with MemoryMonitor() as mem:
         tmp = writer.start(out, overwrite=o.overwrite)
@@ -242,7 +242,7 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
                            block_size=o.block_size, accuracy_level=o.accuracy_level, parity_ids=ids,
                            usable_vocab=check.usable_vocab, head_bits=o.head_bits, ep=flavor, primary=n == 0,
                            via=vias[role], gguf_minimum=o.gguf_minimum, gguf_q6k_block=o.gguf_q6k_block,
-                           keep_gguf_quant=o.keep_gguf_quant and not (role == "draft" and o.draft_quant))
+                           keep_gguf_quant=o.keep_gguf_quant and role == "target")  # the draft: its own form
             stats: dict = {}
             what = f"{role} export" + (f" ({flavor} flavor)" if len(o.eps) > 1 or flavor != "cpu" else "")
             # the child's job folder lives in <out>.partial/.work: a killed export leaves nothing in /tmp
@@ -278,8 +278,8 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
 
     tok = infos["target"]
     pruned = None
-    if o.draft_vocab and "draft" in models:
-        pruned = _prune_draft_vocab(tmp, models["draft"], o.draft_vocab, check.usable_vocab, tok_paths["target"], ids,
+    if (n_vocab := draft_vocab(o.draft_vocab, o.quant, check.usable_vocab, len(o.eps))) and "draft" in models:
+        pruned = _prune_draft_vocab(tmp, models["draft"], n_vocab, check.usable_vocab, tok_paths["target"], ids,
                                     [*tok.eos_ids, *tok.special_tokens.values(), *([tok.bos_id] if tok.bos_id is not None else [])],
                                     progress)
     elif o.draft_vocab:

@@ -48,10 +48,43 @@ DEFAULT_ACCURACY_LEVEL = 4
 DEFAULT_HEAD_BITS = {"int4": 8, "int8": 8}
 
 
-def default_block_size(*widths: int) -> int:
+# The draft's form by default. The target verifies every token the draft proposes, so the draft's fidelity
+# to its source buys nothing by itself: its bits, blocks and vocabulary are chosen by what they do to
+# acceptance and speed (tokens/s of `--draft model` over the target alone), measured on the bench's code
+# and chat sets with the Qwen2.5-Coder 0.5B GGUF as the draft (docs/export.md, "The draft model's form").
+# - DRAFT_QUANT: the draft of an int4 export (the default, a GGUF's kept blocks included) is rounded to
+#   4 bits (its Q5_0/Q8_0/Q6_K blocks: 8-bit blocks in the graph when kept); an int8 or float export's
+#   draft follows --quant. --draft-quant sets it.
+# - DRAFT_BLOCK_SIZE: a scale per 128 weights, where it divides the model's widths (else 32).
+#   --block-size sets both models'.
+# - DRAFT_VOCAB: the draft's lm_head keeps the rows of this many frequent tokens (prune_vocab.py) when its
+#   vocabulary has DRAFT_VOCAB_MIN ids or more: the 0.5B's 151,936-row head is a quarter of its weights.
+#   --draft-vocab N sets it, 0 keeps every row.
+DRAFT_QUANT = "int4"
+DRAFT_BLOCK_SIZE = 128
+DRAFT_VOCAB = 32768
+DRAFT_VOCAB_MIN = 2 * DRAFT_VOCAB
+
+
+def default_block_size(*widths: int, role: str = "target") -> int:
     """The block size of an export without --block-size, for a model whose weights are quantized along
-    `widths` (its hidden size, FFN width, attention width): DEFAULT_BLOCK_SIZE where it divides them all."""
-    return DEFAULT_BLOCK_SIZE if all(int(w) % DEFAULT_BLOCK_SIZE == 0 for w in widths) else FALLBACK_BLOCK_SIZE
+    `widths` (its hidden size, FFN width, attention width): DEFAULT_BLOCK_SIZE (a draft's:
+    DRAFT_BLOCK_SIZE) where it divides them all, else FALLBACK_BLOCK_SIZE."""
+    want = DRAFT_BLOCK_SIZE if role == "draft" else DEFAULT_BLOCK_SIZE
+    return want if all(int(w) % want == 0 for w in widths) else FALLBACK_BLOCK_SIZE
+
+
+def draft_quant(quant: str, asked: str | None = None) -> str:
+    """The draft's precision: as asked (--draft-quant), else DRAFT_QUANT under an int4 export, else --quant."""
+    return asked or (DRAFT_QUANT if quant == "int4" else quant)
+
+
+def draft_vocab(asked: int | None, quant: str, vocab: int, flavors: int) -> int:
+    """The draft lm_head's kept rows: as asked (--draft-vocab; 0 keeps all), else DRAFT_VOCAB for an int4
+    export of one graph flavor whose draft has DRAFT_VOCAB_MIN ids or more, else 0."""
+    if asked is not None:
+        return asked
+    return DRAFT_VOCAB if quant == "int4" and flavors == 1 and vocab >= DRAFT_VOCAB_MIN else 0
 
 
 @dataclass

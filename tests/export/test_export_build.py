@@ -94,6 +94,24 @@ def test_the_default_block_needs_every_width_a_multiple_of_it(widths, fits, monk
     assert quantize.default_block_size(*widths) == (128 if fits else quantize.FALLBACK_BLOCK_SIZE)
 
 
+def test_the_drafts_default_form():
+    """quantize.py's draft defaults: 4-bit under an int4 export (a float or int8 export's draft follows
+    --quant), blocks of 128 where they divide the widths, a 32,768-row head for a 65,536+ vocabulary."""
+    from edgespec_export.quantize import DRAFT_VOCAB, default_block_size, draft_quant, draft_vocab
+
+    assert draft_quant("int4") == "int4" and draft_quant("int8") == "int8" and draft_quant("fp32") == "fp32"
+    assert draft_quant("fp32", "int4") == "int4" and draft_quant("int4", "int8") == "int8"  # --draft-quant
+    assert default_block_size(896, 4864, 896, role="draft") == 128  # the 0.5B Qwen
+    assert default_block_size(896, 4864, 896) == 32  # a target's
+    assert default_block_size(64, 128, 64, role="draft") == 32  # 128 does not divide 64
+    assert DRAFT_VOCAB == 32768
+    assert draft_vocab(None, "int4", 151_665, 1) == 32768  # Qwen2.5's usable vocabulary
+    assert draft_vocab(None, "int4", 49_152, 1) == 0  # SmolLM2's: under 65,536, kept whole
+    assert draft_vocab(None, "int4", 151_665, 2) == 0  # --ep cpu,cuda: pruning is one flavor's
+    assert draft_vocab(None, "fp32", 151_665, 1) == 0
+    assert draft_vocab(0, "int4", 151_665, 1) == 0 and draft_vocab(1000, "fp32", 151_665, 1) == 1000  # as asked
+
+
 def test_an_export_without_block_size_takes_the_default_for_its_widths(tmp_path):
     from edgespec_export.quantize import default_block_size
 

@@ -145,10 +145,15 @@ def test_quant_caps_the_bits_and_default_keeps_the_blocks(tmp_path):
     assert small.manifest.extra["quant_map"]["target"]["tensors"] == {
         "Q8_0 re-quantized to 4-bit": 15, "Q8_0 kept (8-bit blocks)": 1}  # the lm_head stays 8-bit (head bits)
     assert small.total_bytes < kept.total_bytes
-    # --draft-quant alone: the target keeps its blocks, the draft is rounded
-    pair = run_export(str(path), tmp_path / "c", draft=str(path), options=ExportOptions(
-        draft_quant="int4", isolate=False, parity_tokens=0))
+    # by default the target keeps its blocks and the draft is rounded to 4 bits (quantize.DRAFT_QUANT)
+    pair = run_export(str(path), tmp_path / "c", draft=str(path), options=ExportOptions(isolate=False, parity_tokens=0))
     assert {r: f.quant for r, f in pair.manifest.models.items()} == {"target": "int8", "draft": "int4"}
+    assert pair.manifest.extra["quant_map"]["draft"]["tensors"] == {
+        "Q8_0 re-quantized to 4-bit": 15, "Q8_0 kept (8-bit blocks)": 1}
+    # --draft-quant int8: the draft's 8-bit blocks stay 8-bit
+    pair = run_export(str(path), tmp_path / "d", draft=str(path), options=ExportOptions(
+        draft_quant="int8", isolate=False, parity_tokens=0))
+    assert {r: f.quant for r, f in pair.manifest.models.items()} == {"target": "int8", "draft": "int8"}
 
 
 def test_unknown_architecture_is_one_line_naming_the_supported_ones(tmp_path):

@@ -41,7 +41,7 @@ class GGUFGraph:
         keep = job.keep_gguf_quant
         c = gg.config
         # the rounded tensors' block size: as asked, else quantize.py's default for this model (the builder's)
-        block_size = job.block_size or default_block_size(c.hidden, c.ffn, c.heads * c.head_dim)
+        block_size = job.block_size or default_block_size(c.hidden, c.ffn, c.heads * c.head_dim, role=job.role)
         plan = Plan(quant=None if keep and job.quant in ("int4", "int8") else job.quant,
                     settings=settings_for(job.quant, block_size, job.accuracy_level, job.head_bits),
                     minimum=job.gguf_minimum, q6k_block=job.gguf_q6k_block or None)
