@@ -276,6 +276,7 @@ class SuffixIndex:
         # `_fed` is the buffer position it has reached. Swapped in once it holds the whole buffer.
         self._next: _Automaton | None = None
         self._fed = 1
+        self._stale = 0  # evictions since `_sam` last held only the buffer's text
         self.evicted = 0  # tokens dropped so far (tests and stats)
         self.rebuilt = 0  # automaton rebuilds after an eviction, finished (stats)
 
@@ -304,7 +305,7 @@ class SuffixIndex:
         self._buf[: self._end] = SEP
         self._end = 1
         self._sam = _Automaton(self.max_match + self.max_chain)
-        self._next, self._fed = None, 1
+        self._next, self._fed, self._stale = None, 1, 0
 
     @property
     def rebuilding(self) -> bool:
@@ -337,12 +338,20 @@ class SuffixIndex:
             self._evict(a.size)
         self._buf[self._end : self._end + a.size] = a
         self._end += a.size
-        if self._next is not None and self._fed + REBUILD_PER_TOKEN * a.size >= self._end:
+        if self._next is None:
+            _feed(self._sam, a.tolist())
+            return
+        # REBUILD_PER_TOKEN a token, and more if needed so that the rebuild ends before the room left runs
+        # out: the next eviction starts another, and at the bare rate (8 = capacity / block) the buffer grew
+        # as fast as it was fed, so a rebuild was restarted just short of its end again and again while the
+        # old automaton kept every evicted token (a soak's RSS grew without bound)
+        room = self.capacity - len(self)
+        n = max(REBUILD_PER_TOKEN * a.size, self._end - self._fed - (REBUILD_PER_TOKEN - 1) * room)
+        if self._fed + n >= self._end:
             self._advance(self._end)  # the rebuild ends in this call: the old automaton is done
             return
         _feed(self._sam, a.tolist())
-        if self._next is not None:
-            self._advance(REBUILD_PER_TOKEN * a.size)
+        self._advance(n)
 
     def _advance(self, n: int) -> None:
         """Feeds the next automaton up to n more tokens of the buffer; swaps it in when done."""
@@ -351,12 +360,18 @@ class SuffixIndex:
         self._fed = stop
         if stop == self._end:
             self._sam, self._next = self._next, None
+            self._stale = 0
             self.rebuilt += 1
 
     def _evict(self, incoming: int) -> None:
         """Drops the oldest tokens: enough for `incoming` more, and at least `block` of them, so
         that appending costs one copy and one automaton rebuild per block of tokens rather than one
         per round."""
+        if self._next is not None and self._stale >= 2:
+            # two evictions in a row came before their rebuilds ended: this one is finished (it is short of
+            # its end by at most REBUILD_PER_TOKEN - 1 tokens for each incoming one, see _append), so the
+            # automaton answering lookups never holds more than three windows of evicted text
+            self._advance(self._end)
         held = len(self)
         keep = max(0, min(held, self.capacity - self._block, self.capacity - incoming))
         self._buf[1 : 1 + keep] = self._buf[self._end - keep : self._end]
@@ -366,6 +381,7 @@ class SuffixIndex:
         # the kept text's automaton is built over the next appends (REBUILD_PER_TOKEN each), not now:
         # a rebuild of ~900k tokens at once would stall one round for 10-100 s on a 2-core board
         self._next, self._fed = _Automaton(self.max_match + self.max_chain), 1
+        self._stale += 1
 
     # -- lookups ----------------------------------------------------------------------------------
     def lookup(self, tail: Sequence[int], k: int) -> Chain:
