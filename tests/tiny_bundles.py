@@ -1,6 +1,6 @@
 """Builds the tiny test bundles through the real export path.
 
-    python tests/tiny_bundles.py DIR      # prebuild (e.g. on x86_64, for the arm64 run without torch)
+    python tests/tiny_bundles.py DIR [NAME...]   # prebuild (e.g. on x86_64, for the arm64 run without torch)
 
 Tests get them from the fixtures in conftest.py; with EDGESPEC_TEST_BUNDLES=DIR set they are read
 from DIR instead of being built (the export extra, torch included, is then not needed).
@@ -64,6 +64,9 @@ def build_all(root: Path) -> dict[str, Path]:
     return {name: build(name, root) for name in VARIANTS}
 
 
-if __name__ == "__main__":
-    for name, path in build_all(Path(sys.argv[1])).items():
+if __name__ == "__main__":  # tiny_bundles.py DIR [NAME...]: every variant, or the ones named
+    names = sys.argv[2:]
+    Path(sys.argv[1]).mkdir(parents=True, exist_ok=True)
+    built = {n: build(n, Path(sys.argv[1])) for n in names} if names else build_all(Path(sys.argv[1]))
+    for name, path in built.items():
         print(name, path)

@@ -15,6 +15,7 @@ from .. import __version__
 from ..errors import InvalidRequest
 from .access import check_auth, session_cookie
 from .apierror import APIError, clip, echo
+from .metrics import memory_gauges
 from .responses import error_response, json_response
 from .state import ServerState
 
@@ -87,6 +88,7 @@ class Endpoints:
         }
         if hasattr(sched, "gauges"):  # --parallel N: slots, active requests, batch size of the last round
             gauges.update(sched.gauges())
+        gauges.update(memory_gauges(state.engine))  # resident memory, suffix indexes, caches: scripts/soak.sh
         text = state.metrics.render(gauges, {"version": __version__, "model": state.model_id},
                                     governor=getattr(state.engine, "governor", None))
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")

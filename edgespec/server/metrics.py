@@ -193,3 +193,85 @@ def governor_lines(governor: Any) -> list[str]:
     out += [f"# HELP {name} the governor's rung by name, why it is there, and limits it cannot enforce",
             f"# TYPE {name} gauge", f"{name}{{{text}}} 1"]
     return out
+
+
+def memory_gauges(engine: Any) -> dict[str, tuple[str, float | int]]:
+    """What the process holds that grows with use, for /metrics and scripts/soak.sh: its resident memory,
+    the suffix indexes' tokens against their capacity (and what they have evicted: past zero, they
+    are full), and the bounded caches' entries against theirs. Once every one of them has reached its
+    capacity, resident memory should stop growing."""
+    from ..core import chat
+    from ..models import template, template_process
+
+    tokens, capacity, evicted, nbytes = _suffix_figures(engine)
+    compiled = template.compiled.cache_info()
+    gauges: dict[str, tuple[str, float | int]] = {
+        "edgespec_suffix_index_tokens": ("tokens the suffix indexes hold (finished requests' text)", tokens),
+        "edgespec_suffix_index_capacity_tokens": ("tokens the suffix indexes may hold (--suffix-capacity)", capacity),
+        "edgespec_suffix_index_evicted_tokens": ("tokens the suffix indexes have evicted to stay within capacity",
+                                                 evicted),
+        "edgespec_suffix_index_bytes": ("bytes of the suffix indexes' buffers and automata", nbytes),
+        "edgespec_conversation_cache_entries": ("encoded conversations remembered (count -> run)", len(chat._encoded)),
+        "edgespec_conversation_cache_capacity": ("encoded conversations remembered at most", chat.ENCODED_KEEP),
+        "edgespec_template_cache_entries": ("compiled chat templates and their prices remembered",
+                                            max(compiled.currsize, len(template_process._costs.per_message))),
+        "edgespec_template_cache_capacity": ("compiled chat templates remembered at most", compiled.maxsize or 0),
+    }
+    rss = resident_bytes()
+    if rss is not None:
+        gauges["edgespec_resident_memory_bytes"] = ("resident memory of the server process (VmRSS)", rss)
+    return gauges
+
+
+def _suffix_figures(engine: Any) -> tuple[int, int, int, int]:
+    """(tokens, capacity, evicted, bytes) summed over the engine's suffix indexes. They are read while the
+    engine's thread may change them (a dict resized under the walk is a RuntimeError): tried three
+    times, then zeros - a scrape never fails because of them."""
+    for _ in range(3):
+        try:
+            indexes = suffix_indexes(engine)
+            return (sum(len(i) for i in indexes), sum(i.capacity for i in indexes), sum(i.evicted for i in indexes),
+                    sum(i.nbytes for i in indexes))
+        except RuntimeError:
+            continue
+    return 0, 0, 0, 0
+
+
+def resident_bytes() -> int | None:
+    """This process's resident set (VmRSS), None where /proc cannot tell."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            return next((int(x.split()[1]) * 1024 for x in f if x.startswith("VmRSS:")), None)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def suffix_indexes(root: Any, depth: int = 4) -> list:
+    """The suffix indexes an engine keeps, found by walking its attributes (edgespec's own objects, dicts,
+    lists and tuples, `depth` levels down): the serial engine's drafters share one, the batched engine
+    keeps a shared history and one per slot. Read without locks: sizes are plain integers."""
+    from ..drafters.suffix_index import SuffixIndex
+
+    found: list = []
+    seen: set[int] = set()
+    todo: list[tuple[Any, int]] = [(root, 0)]
+    while todo:
+        x, level = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, SuffixIndex):
+            found.append(x)
+            continue
+        if level >= depth:
+            continue
+        if isinstance(x, dict):
+            inner = list(x.values())
+        elif isinstance(x, (list, tuple)):
+            inner = list(x)
+        elif type(x).__module__.startswith("edgespec.") and hasattr(x, "__dict__"):
+            inner = list(vars(x).values())
+        else:
+            continue
+        todo.extend((y, level + 1) for y in inner)
+    return found

@@ -183,3 +183,46 @@ def test_serve_parallel_under_mixed_load_has_no_errors_and_stops_growing(tiny_bu
     planned = suffix_index_bytes(CAPACITY) + PARALLEL * slot_bytes(facts, MAX_LEN)
     assert full - ready <= planned + NOISE_BYTES, (ready, full, planned)
     assert end - full <= NOISE_BYTES, (ready, full, end)
+
+
+def _gauges(text: str) -> dict[str, float]:
+    return {m[1]: float(m[2]) for m in re.finditer(r"^(edgespec_\w+) ([-+0-9.e]+)$", text, re.M)}
+
+
+def test_metrics_show_resident_memory_and_what_fills_it(tiny_bundle):
+    """/metrics reads what soak.sh watches: the process's resident memory, the suffix index against its
+    capacity (evicting once full), the conversation cache against its own."""
+    from helpers.running import RunningServer
+
+    server = RunningServer(tiny_bundle, engine={"suffix_capacity": 64})
+    try:
+        for i in range(4):
+            server.client.chat.completions.create(model="qwen-agree", max_tokens=24,
+                                                  messages=[{"role": "user", "content": f"count to {i + 5}"}])
+        conn = http.client.HTTPConnection("127.0.0.1", server.service.port, timeout=60)
+        conn.request("GET", "/metrics")
+        g = _gauges(conn.getresponse().read().decode())
+        conn.close()
+    finally:
+        server.stop()
+    assert g["edgespec_suffix_index_capacity_tokens"] == 64
+    assert 0 < g["edgespec_suffix_index_tokens"] <= 64 and g["edgespec_suffix_index_evicted_tokens"] > 0  # 4 x 24+ tokens
+    assert g["edgespec_suffix_index_bytes"] >= 64 * 4  # its token buffer at least
+    assert g["edgespec_conversation_cache_capacity"] == 16 and 4 <= g["edgespec_conversation_cache_entries"] <= 16
+    assert g["edgespec_template_cache_entries"] >= 1 and g["edgespec_template_cache_capacity"] == 8
+    assert g["edgespec_resident_memory_bytes"] > 20 << 20  # python, onnxruntime and a model: tens of MiB
+
+
+@pytest.mark.slow
+def test_the_soak_script_shows_rss_flat_once_everything_is_full(tiny_bundle):
+    """scripts/soak.sh as a user runs it, for 3 minutes here (10 by default; hours by hand): the curve
+    printed a line per sample, capacity reached, and RSS flat after it."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "EDGESPEC_SOAK_BUNDLE": str(tiny_bundle), "PYTHON": sys.executable}
+    r = subprocess.run(["bash", os.path.join(root, "scripts", "soak.sh"), "3m", "--every", "10"], env=env,
+                       capture_output=True, text=True, timeout=900)
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    curve = [x for x in r.stdout.splitlines() if " req  rss " in x]
+    assert len(curve) >= 15 and sum("[full]" in x for x in curve) >= 10, r.stdout
+    assert r.stdout.splitlines()[-1].startswith("soak: OK: RSS flat after capacity"), r.stdout
