@@ -97,21 +97,28 @@ def hardware(device: str) -> Hardware:
                     **spec)
 
 
+DISTINCT_MIN_GIB = 4
+
+
 def projectable(*, distinct: bool = False) -> list[str]:
     """Ids of the device profiles the model has figures for. `distinct`: one per kind of hardware
     (board variants that differ only in memory size give the same speeds), the smallest-memory one,
-    whose memory is the question."""
+    whose memory is the question; a variant without a size of its own (a CM5, a Pi 500) only where no sized one
+    stands for that kind, and none under DISTINCT_MIN_GIB (a 1 or 2 GB Pi 5, which the default pair does not
+    fit): those are projected by name."""
     from ..edge import devices
 
-    out: dict[tuple, tuple[int, str]] = {}
+    out: dict[tuple, tuple[tuple[bool, int], str]] = {}
     for pid, p in sorted(devices.profiles().items()):
         key = pid if pid in _COMPUTE else (p.cpu_model or "")
         if not p.bandwidth_gbs or key not in _COMPUTE:
             continue
+        if distinct and p.memory_bytes is not None and p.memory_bytes < DISTINCT_MIN_GIB << 30:
+            continue
         k = (key, p.bandwidth_gbs) if distinct else (pid,)
-        mem = p.memory_bytes or 0
-        if k not in out or mem < out[k][0]:
-            out[k] = (mem, pid)
+        rank = (p.memory_bytes is None, p.memory_bytes or 0)  # a known size first, then the smallest
+        if k not in out or rank < out[k][0]:
+            out[k] = (rank, pid)
     return sorted(pid for _, pid in out.values())
 
 
