@@ -1,6 +1,6 @@
 """The acceptance of one sequence's speculative round: propose k -> verify k+1 in one target pass ->
 accept -> rewind. engine/round.py runs rounds (for a batch of sequences, one sequence being the batch
-of one) and decides each row with the accept functions here (under a grammar: accept_masked).
+of one) and decides each row with the one `accept` here (under a grammar, on masked rows).
 
 State between rounds (the invariant every function here keeps):
     ctx      every token so far (prompt + output); ctx[-1] is the newest, not yet fed to the target
@@ -18,7 +18,7 @@ import numpy as np
 
 from .constraint import Constraint
 from .proposal import Proposal
-from .sampling import SamplingParams, choose, greedy_token, greedy_tokens, probs, sample, without
+from .sampling import SamplingParams, choose, greedy_token, probs, sample, without
 
 
 @dataclass
@@ -62,66 +62,51 @@ def grammar_draft(prop: Proposal, draft: list[int], constraint: Constraint) -> t
     return draft[:n], q
 
 
-def accept_masked(rows: np.ndarray, prop: Proposal, draft: list[int], params: SamplingParams,
-                  rng: np.random.Generator, usable: int, constraint: Constraint,
-                  cut_q: np.ndarray | None) -> tuple[int, int]:
-    """accept_greedy / accept_sampled on rows masked position by position: row i by the grammar
-    state after draft[:i] (the constraint advances through each accepted token), so each decision
-    sees exactly the distribution target-alone decoding under the grammar would sample from."""
-    for i in range(len(draft) + 1):
-        row = constraint.mask(rows[i])
+def accept(rows: np.ndarray, prop: Proposal, draft: list[int], params: SamplingParams, rng: np.random.Generator,
+           usable: int, constraint: Constraint | None = None, cut_q: np.ndarray | None = None) -> tuple[int, int]:
+    """The round's decision: (proposals accepted, the target's next token). rows: [len(draft)+1, V];
+    row i is the target's prediction after draft[:i], decided in order until one is not accepted.
+
+    Greedy: a proposal is accepted while it is the row's argmax; the next token is the argmax of
+    the first row that disagrees (or of the last row). Sampled (rejection sampling): draft token x is
+    accepted with probability min(1, p(x)/q(x)); at the first rejection the next token is drawn from
+    normalize(max(0, p - q)), after all of them from p. For deterministic proposals q is one-hot on
+    x, so acceptance is p(x) and the residual is p with x removed. The tokens this yields are
+    distributed exactly as the target's own samples.
+
+    Under a grammar (`constraint`) the same decisions run on masked rows: row i masked by the
+    grammar state after draft[:i], the state advancing through each accepted token and the next
+    one, so each decision sees exactly what target-alone decoding under the grammar would sample
+    from. cut_q: the draft distribution of a proposal's token the grammar forbade right after the
+    draft (grammar_draft): rejected, as p(x) = 0, so the last row draws from max(0, p - cut_q)."""
+    n = len(draft)
+    for i in range(n + 1):
+        row = rows[i] if constraint is None else constraint.mask(rows[i])
         if params.greedy:
-            best = greedy_token(row, usable)
-            if i < len(draft) and draft[i] == best:
-                constraint.advance([best])
+            t = greedy_token(row, usable)
+            if i < n and draft[i] == t:
+                if constraint is not None:
+                    constraint.advance([t])
                 continue
-            constraint.advance([best])
-            return i, best
-        p = probs(row, params, usable)
-        if i < len(draft):
-            x = draft[i]
-            q = prop.q[i] if prop.q is not None else None
-            qx = 1.0 if q is None else float(q[x])
-            if rng.random() * qx < p[x]:
-                constraint.advance([x])
-                continue
-            resid = without(p, q, x)
-        elif cut_q is not None:  # the proposal's next token was forbidden: rejected, as p(x) = 0
-            resid = np.maximum(p - cut_q, 0.0)
         else:
-            resid = p
-        if resid.sum() <= 0.0:
-            resid = p
-        t = sample(resid, rng)
-        constraint.advance([t])
+            p = probs(row, params, usable)
+            if i < n:
+                x = draft[i]
+                q = prop.q[i] if prop.q is not None else None
+                qx = 1.0 if q is None else float(q[x])
+                if rng.random() * qx < p[x]:
+                    if constraint is not None:
+                        constraint.advance([x])
+                    continue
+                resid = without(p, q, x)
+            elif cut_q is not None:
+                resid = np.maximum(p - cut_q, 0.0)
+            else:
+                resid = p
+            if resid.sum() <= 0.0:  # only when p == q up to rounding, where rejection cannot happen
+                resid = p
+            t = sample(resid, rng)
+        if constraint is not None:
+            constraint.advance([t])
         return i, t
     raise AssertionError("unreachable: the last row always decides")
-
-
-def accept_greedy(rows: np.ndarray, draft: list[int], usable: int) -> tuple[int, int]:
-    """The longest prefix of draft that matches the target's argmax, and the target's next token.
-    rows: [len(draft)+1, V]; row i is the target's prediction after draft[:i]."""
-    best = greedy_tokens(rows, usable)
-    n = 0
-    while n < len(draft) and draft[n] == best[n]:
-        n += 1
-    return n, int(best[n])
-
-
-def accept_sampled(rows: np.ndarray, prop: Proposal, draft: list[int], params: SamplingParams,
-                   rng: np.random.Generator, usable: int) -> tuple[int, int]:
-    """Rejection sampling: accept draft token x with probability min(1, p(x)/q(x)); at the first
-    rejection sample from normalize(max(0, p - q)); if all are accepted sample a bonus token from p.
-    For deterministic proposals q is one-hot on x, so acceptance is p(x) and the residual is p with
-    x removed. The tokens this yields are distributed exactly as the target's own samples."""
-    for i, x in enumerate(draft):
-        p = probs(rows[i], params, usable)
-        q = prop.q[i] if prop.q is not None else None
-        qx = 1.0 if q is None else float(q[x])
-        if rng.random() * qx < p[x]:
-            continue
-        resid = without(p, q, x)
-        if resid.sum() <= 0.0:  # only when p == q up to rounding, where rejection cannot happen
-            resid = p
-        return i, sample(resid, rng)
-    return len(draft), sample(probs(rows[len(draft)], params, usable), rng)

@@ -15,7 +15,7 @@ The serial engine (loop.decode) runs every round as a batch of one; the batched 
 3. width: in a batch of several, the pass is as wide as its longest row, so adaptive rows are cut
    to the width with the most expected tokens per second for the batch (round_shape.py);
 4. verify: one target pass over every chain row (`Target.step`); a tree is verified by its verifier;
-5. accept (`decide`, the one place logits become accept decisions), rewind the sequence's cache to
+5. accept (core/speculative.accept, the one place logits become accept decisions), rewind the sequence's cache to
    what it accepted, feedback and observe to its drafter, count the round in its stats;
 6. the governor hears of the tokens, and paces.
 
@@ -197,26 +197,12 @@ def _proposer(d: Drafter, s: Seq, k: int) -> Callable[[], Proposal]:
     return lambda: d.propose(s.ctx, k, s.params, s.rng)
 
 
-def decide(logits: np.ndarray, prop: Proposal, draft: list[int], params: SamplingParams,
-           rng: np.random.Generator, usable: int, constraint: Constraint | None = None,
-           cut_q: np.ndarray | None = None) -> tuple[int, int]:
-    """The one place a sequence's verified logits become its accept decision: (proposals accepted,
-    the target's next token). logits: [len(draft) + 1, V], row i the target's prediction after
-    draft[:i]. Per-row acceptance is core/speculative.py's (greedy: the longest prefix matching the
-    argmax; sampled: rejection sampling). Under a constraint each row is masked by the grammar state
-    after the draft's tokens before it, so proposals and the target's own token obey it alike, and
-    the constraint advances by what is accepted (core/speculative.accept_masked; cut_q: see there)."""
-    if constraint is not None:
-        return spec.accept_masked(logits, prop, draft, params, rng, usable, constraint, cut_q)
-    if params.greedy:
-        return spec.accept_greedy(logits, draft, usable)
-    return spec.accept_sampled(logits, prop, draft, params, rng, usable)
-
-
 def _accept(target: Target, s: Seq, d: Drafter, prop: Proposal, draft: list[int], logits: np.ndarray,
             usable: int, cut_q: np.ndarray | None = None) -> Round:
     base = len(s.ctx) - 1  # == the slot's length before the pass
-    n, nxt = decide(logits, prop, draft, s.params, s.rng, usable, s.constraint, cut_q)
+    # the one place logits become the accept decision (core/speculative.accept; under a constraint
+    # on rows masked by the grammar, which advances by what is accepted)
+    n, nxt = spec.accept(logits, prop, draft, s.params, s.rng, usable, s.constraint, cut_q)
     target.rewind(s.slot, base + 1 + n)  # forget the rejected proposals' cache rows ...
     d.feedback(prop, n, base + 1 + n)  # ... and the drafter forgets its own the same way
     d.observe(logits[: n + 1], [s.ctx[-1], *draft[:n]])  # the rows of the final context only
@@ -247,30 +233,3 @@ def _shape(seqs: Sequence[Seq], props: list, pass_seconds: Callable[[int], float
             draft = draft[:keep]
         out.append((prop, draft))
     return out
-
-
-def speculative_round(target, drafter: Drafter, ctx: list[int], k: int, params: SamplingParams,
-                      rng: np.random.Generator, usable: int, constraint: Constraint | None = None) -> Round:
-    """One round of one sequence on a ModelRunner, as the batch of one (tests and tools drive a
-    drafter with it); `drafter` needs only propose and feedback (core/proposal.Proposer)."""
-    s = Seq(0, ctx, _Bare(drafter), _Bare(drafter), k, params, rng, GenerationStats(), constraint=constraint)
-    return run_round(OneSlot(target), [s], Conditions(usable))[0]
-
-
-class _Bare:
-    """A bare Proposer (tests) as a Drafter: the rest of the interface does nothing."""
-
-    def __init__(self, p):
-        self.p = p
-        self.uses_model = bool(getattr(p, "uses_model", False))
-
-    def propose(self, ctx, k, params, rng):
-        return self.p.propose(ctx, k, params, rng)
-
-    def feedback(self, proposal, accepted, valid_len):
-        self.p.feedback(proposal, accepted, valid_len)
-
-    def observe(self, rows, tokens):
-        observe = getattr(self.p, "observe", None)
-        if observe is not None:
-            observe(rows, tokens)

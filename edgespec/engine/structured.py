@@ -38,14 +38,9 @@ def check_structured(json_schema=None, grammar=None, tools=None, tool_choice=Non
     """The request's options -> a Structured (None: plain text). Each bad value is an InvalidRequest
     naming its parameter; at most one of json_schema, grammar and (tools with a tool_choice other
     than none) constrains an answer."""
-    given = [n for n, v in (("json_schema", json_schema), ("grammar", grammar)) if v is not None]
     tool_list = _tools(tools)
     choice = _choice(tool_choice, tool_list)
-    if tool_list and choice != "none":
-        given.append("tools")
-    if len(given) > 1:
-        raise InvalidRequest(f"pass at most one of json_schema, grammar and tools, got {' and '.join(given)}",
-                             param=given[1])
+    one_constraint(json_schema is not None, grammar is not None, bool(tool_list) and choice != "none")
     if json_schema is not None:
         return Structured(Grammar("json_schema", json_schema_text(json_schema), "json_schema", lenient))
     if grammar is not None:
@@ -57,6 +52,29 @@ def check_structured(json_schema=None, grammar=None, tools=None, tool_choice=Non
     if choice == "none":
         return Structured(None, tool_list, "none")
     return Structured(Grammar("lark", tool_grammar(tool_list, choice, grammars), "tools"), tool_list, choice)
+
+
+def one_constraint(json_schema: bool, grammar: bool, tools: bool, names: dict[str, str] | None = None) -> None:
+    """At most one of a JSON schema, a grammar and tools (with a tool_choice other than none)
+    constrains an answer: the rule for the API and the server alike. `names`: what the caller's
+    fields are called where they differ (the server's body: response_format for json_schema)."""
+    given = [n for n, v in (("json_schema", json_schema), ("grammar", grammar), ("tools", tools)) if v]
+    if len(given) > 1:
+        a, b = ((names or {}).get(g, g) for g in given[:2])
+        raise InvalidRequest(f"'{a}' and '{b}' cannot be combined: one constraint per answer", param=b)
+
+
+def check_tool_choice(choice, has_tools: bool) -> None:
+    """tool_choice's rules, for the API and the server alike: 'auto', 'required', 'none' or
+    {'type': 'function', 'function': {'name': ...}}, and any but 'none' needs tools."""
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) and isinstance(
+        choice.get("function"), dict) else None
+    if not (choice in ("auto", "required", "none") or (isinstance(choice, dict) and choice.get("type") == "function"
+                                                        and isinstance(name, str))):
+        raise InvalidRequest("tool_choice must be 'auto', 'required', 'none' or {'type': 'function', 'function': "
+                             f"{{'name': ...}}}}, got {choice!r:.40}", param="tool_choice")
+    if choice != "none" and not has_tools:
+        raise InvalidRequest("'tool_choice' needs 'tools'", param="tool_choice")
 
 
 def _tools(tools) -> tuple[dict, ...]:
@@ -93,23 +111,16 @@ def _tools(tools) -> tuple[dict, ...]:
 
 
 def _choice(choice, tools: tuple[dict, ...]) -> str:
-    names = [t["function"]["name"] for t in tools]
     if choice is None:
         return "auto" if tools else "none"
+    check_tool_choice(choice, bool(tools))
     if isinstance(choice, dict):
-        name = choice.get("function", {}).get("name") if isinstance(choice.get("function"), dict) else None
-        if choice.get("type") != "function" or not isinstance(name, str):
-            raise InvalidRequest("tool_choice must be 'auto', 'required', 'none' or {'type': 'function', "
-                                 "'function': {'name': ...}}", param="tool_choice")
+        names = [t["function"]["name"] for t in tools]
+        name = choice["function"]["name"]
         if name not in names:
             raise InvalidRequest(f"tool_choice names {name!r}, which is not among the tools "
-                                 f"({', '.join(names) or 'none given'})", param="tool_choice")
+                                 f"({', '.join(names)})", param="tool_choice")
         return "function:" + name
-    if choice not in ("auto", "required", "none"):
-        raise InvalidRequest(f"tool_choice must be 'auto', 'required', 'none' or a named function, got {choice!r}",
-                             param="tool_choice")
-    if choice == "required" and not tools:
-        raise InvalidRequest("tool_choice 'required' needs tools", param="tool_choice")
     return choice
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..engine.structured import check_tool_choice, one_constraint
+from ..errors import InvalidRequest
 from .apierror import bad_request, clip
 
 
@@ -60,22 +62,22 @@ def structured_fields(body: dict, kind: str) -> dict[str, Any]:
         out["tools"] = tools
     choice = body.get("tool_choice")
     if choice is not None:
-        if not (choice in ("auto", "required", "none") or isinstance(choice, dict)):
-            raise bad_request(f"'tool_choice' must be 'auto', 'required', 'none' or {{'type': 'function', "
-                              f"'function': {{'name': ...}}}}, got {_show(choice)}", param="tool_choice")
-        if choice != "none" and "tools" not in out:
-            raise bad_request("'tool_choice' needs 'tools'", param="tool_choice")
+        _engine_rule(check_tool_choice, choice, "tools" in out)
         out.update({"tool_choice": choice} if "tools" in out else {})
     ptc = body.get("parallel_tool_calls")  # one call per answer either way
     if ptc is not None and not isinstance(ptc, bool):
         raise bad_request("'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
-    given = [n for n in ("json_schema", "grammar") if n in out] + (
-        ["tools"] if "tools" in out and out.get("tool_choice") != "none" else [])
-    if len(given) > 1:
-        names = {"json_schema": "response_format", "grammar": "grammar", "tools": "tools"}
-        raise bad_request(f"'{names[given[0]]}' and '{names[given[1]]}' cannot be combined: one constraint per "
-                          "answer", param=names[given[1]])
+    _engine_rule(one_constraint, "json_schema" in out, "grammar" in out,
+                 "tools" in out and out.get("tool_choice") != "none", {"json_schema": "response_format"})
     return out
+
+
+def _engine_rule(rule, *args) -> None:
+    """A rule of engine/structured.py (the API's), its InvalidRequest as the 400 it is here."""
+    try:
+        rule(*args)
+    except InvalidRequest as e:
+        raise bad_request(str(e), param=e.param) from None
 
 
 def tool_message(m: dict, i: int, content: str) -> dict[str, Any]:

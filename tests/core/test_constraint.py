@@ -13,7 +13,7 @@ from edgespec.core.proposal import Proposal
 from edgespec.core.runner import StepTimes
 from edgespec.core.sampling import SamplingParams, probs
 from edgespec.core.speculative import first_token
-from edgespec.engine.round import speculative_round
+from helpers.rounds import speculative_round
 from edgespec.drafters.grammar import GrammarDrafter, WithGrammar
 from edgespec.drafters.model import ModelDrafter
 

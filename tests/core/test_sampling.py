@@ -12,7 +12,7 @@ from edgespec.drafters import ModelDrafter, NgramDrafter, Proposal
 from edgespec.errors import InvalidRequest
 from edgespec.core.runner import StepTimes
 from edgespec.core.sampling import SamplingParams, choose, probs, sample
-from edgespec.engine.round import speculative_round
+from helpers.rounds import speculative_round
 from edgespec.drafters import RecycleDrafter, SuffixDrafter, SuffixIndex
 
 from helpers.stats import chi2_gof, chi2_sf
@@ -253,16 +253,16 @@ def test_the_chi_square_check_can_fail():
 
     params = SAMPLING[0]
     t, d = _tables(False)
-    orig = spec.accept_sampled
+    orig = spec.accept
 
-    def accept_all(rows, prop, draft, params, rng, usable):
+    def accept_all(rows, prop, draft, params, rng, usable, constraint=None, cut_q=None):
         return len(draft), sample(probs(rows[len(draft)], params, usable), rng)
 
-    spec.accept_sampled = accept_all
+    spec.accept = accept_all
     try:
         counts = _spec_draws(t, d, params, "model", k=3, n_draws=2000, seed=5)
     finally:
-        spec.accept_sampled = orig
+        spec.accept = orig
     assert chi2_gof(counts, _exact_joint(t, [1, 3], params, 3), 2000) < 1e-6
 
 

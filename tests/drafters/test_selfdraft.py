@@ -15,7 +15,7 @@ import pytest
 
 from edgespec.core.sampling import SamplingParams, make_rng
 from edgespec.core.self_runner import PREPACK_CONFIG, SharedWeights
-from edgespec.engine.round import speculative_round
+from helpers.rounds import speculative_round
 from edgespec.drafters.self import SelfDrafter, default_skip, skip_for
 from edgespec.engine import Engine
 from edgespec.engine.selfdraft import open_pair
