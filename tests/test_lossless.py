@@ -25,6 +25,7 @@ from edgespec.engine import Engine
 from edgespec.engine.batch import BatchEngine
 from edgespec.core.sampling import SamplingParams
 
+from helpers.batch import generate_all
 from helpers.costs import freeze
 from helpers.lossless import MODES, check_greedy_lossless, exact_target_distribution, random_prompt
 from helpers.stats import chi2_gof
@@ -220,7 +221,7 @@ def check_batched_lossless(be, eng, seed: int, n_prompts: int, ks, modes_=BATCH_
     refs = [eng.generate(p, max_new_tokens=40, draft="none") for p in prompts]
     drafted = dict.fromkeys(modes_, 0)
     for mode, k in itertools.chain(((m, None) for m in modes_), itertools.product(modes_, ks)):
-        got = be.generate_many([dict(prompt=p, max_new_tokens=40, draft=mode, k=k) for p in prompts])
+        got = generate_all(be, [dict(prompt=p, max_new_tokens=40, draft=mode, k=k) for p in prompts])
         for p, ref, g in zip(prompts, refs, got):
             one = eng.generate(p, max_new_tokens=40, draft=mode, k=k)
             assert g.token_ids == one.token_ids == ref.token_ids, (mode, k, p)
@@ -252,10 +253,10 @@ def test_deterministic_sampling_batched_equals_batch_of_one(tiny_bundle):
     for mode in modes.BATCHED:
         reqs = [dict(prompt=p, max_new_tokens=24, temperature=0.9, top_p=0.95, seed=100 + i, draft=mode)
                 for i, p in enumerate(prompts)]
-        for r, g in zip(reqs, be.generate_many(reqs)):
+        for r, g in zip(reqs, generate_all(be, reqs)):
             assert g.token_ids == eng.generate(**r).token_ids, (mode, r)
         greedy = [dict(prompt=p, max_new_tokens=24, draft=mode) for p in prompts]
-        for r, g in zip(greedy, be.generate_many(greedy)):
+        for r, g in zip(greedy, generate_all(be, greedy)):
             assert g.token_ids == eng.generate(r["prompt"], max_new_tokens=24, draft="none").token_ids, (mode, r)
     be.close()
     eng.close()
@@ -276,7 +277,7 @@ def test_batched_sampling_with_the_draft_model_matches_exact_target_distribution
             for s in range(n)]
     counts: dict = {}
     drafted = 0
-    for r in be.generate_many(reqs):
+    for r in generate_all(be, reqs):
         drafted += r.stats.drafted
         counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
     assert drafted > n // 4

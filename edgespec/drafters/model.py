@@ -81,10 +81,6 @@ class ModelDrafter(DrafterBase):
         # bundle records one (Manifest.draft_agreement), else from a middling 0.6
         self.mean = Beta(PRIOR_ACCEPTANCE if prior is None else prior, weight=8.0)
 
-    @property
-    def last_steps(self) -> int:
-        return len(self.last_sizes)
-
     # -- the interface ----------------------------------------------------------------------------
     def begin(self, ctx) -> None:
         self._rewind(self._held(ctx))

@@ -202,6 +202,12 @@ def request_rows(name: str) -> tuple[DraftMode, ...]:
     return (row, *(r for r in _ranked(MODES) if r.batched and r is not row)) if row.chooses else (row,)
 
 
+def built_over(name: str) -> set[str]:
+    """The modes mode `name`'s drafter is, or is built over (auto: the sources a batched request's
+    has; the serial engine's may have more, never fewer)."""
+    return {r.name for r in request_rows(name)}
+
+
 def get(name) -> DraftMode:
     """The row for a mode name; anything else is an InvalidRequest listing the names."""
     row = BY_NAME.get(name) if isinstance(name, str) else None

@@ -30,8 +30,9 @@ own text), "recycle" (one table of the target's candidates, every request's veri
 engine/draft_batch.py) and "auto" choosing between them. The self-draft and the draft heads need the
 target's own cache or hidden state: refused (drafters/modes.py check_batched), as tree="on" is.
 
-Requests are parsed by the same RequestParser as the serial engine's, and each round's tokens pass
-through the same stop/emit step (loop.Emitter).
+Requests are parsed by the same RequestParser as the serial engine's, and each lives its life in its
+slot as the serial engine's does (sequence.py: prefix reuse, prefill, first token, next k, the
+stop/emit step, final stats); what is the batch's own is here: slots, admission, chunk order.
 """
 from __future__ import annotations
 
@@ -42,28 +43,22 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-
-from ..core.batch_runner import BatchRunner
+from ..core.batch_runner import BatchRunner, SlotRunner
 from ..core.costmodel import CostModel
 from ..core.proposal import common_prefix
-from ..core.sampling import make_rng
-from ..core.speculative import first_token
-from ..drafters import Drafter, NoDrafter
+from ..drafters import Drafter
 from ..drafters.grammar import with_grammar
 from ..errors import InvalidRequest
 from ..limits import PREFILL_CHUNK
 from . import build
 from .build import Plan
-from .loop import Emitter, finish_stats
-from .requests import Request, RequestParser, Vocabulary
-from .results import GenerationResult, GenerationStats
+from .requests import Options, Request, RequestParser, Vocabulary, not_loaded
+from .results import GenerationResult
 from .batch_drafters import BatchDrafters, DraftModel
 from .draft_batch import DraftBatch
-from .round import Conditions, Seq, run_round
+from .round import Conditions, run_round
+from .sequence import Drafting, Sequence, unstarted
 from .settings import Settings
-from .structured import tool_calls
-from .batch_ticket import Ticket
 
 log = logging.getLogger("edgespec.batch")
 
@@ -82,26 +77,37 @@ def auto_slots(bundle, settings: Settings | None = None, **options) -> int:
     return build.parallel_slots(p.bundle, p.memory)
 
 
+@dataclass(eq=False)  # compared and hashed by identity: a scheduler keys its jobs by ticket
+class Ticket:
+    """A request's handle. `on_delta(text)` is called from the batch thread for each text delta;
+    `done` is set once `result` (or `error`) is there."""
+
+    id: int
+    prompt_tokens: int
+    on_delta: Callable[[str], None] | None = None
+    on_start: Callable[[], None] | None = None  # called when it takes a slot (its prompt starts being read)
+    result: GenerationResult | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def wait(self, timeout: float | None = None) -> GenerationResult:
+        if not self.done.wait(timeout):
+            raise TimeoutError(f"request {self.id} did not finish within {timeout} s")
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
 @dataclass
 class _Active:
     ticket: Ticket
     req: Request
+    t0: float  # when it was submitted
     slot: int = -1
-    ctx: list[int] = field(default_factory=list)
-    filled: int = 0  # prompt tokens in the slot's cache (prefill progress)
-    emit: Emitter | None = None  # the stop/emit step, from the first token on
-    stats: GenerationStats = field(default_factory=GenerationStats)
-    rng: np.random.Generator | None = None
-    drafter: Drafter = field(default_factory=NoDrafter)
+    seq: Sequence | None = None  # its life in the slot (engine/sequence.py), from admission on
     built: Drafter | None = None  # the drafter batch_drafters built for it (before a grammar wraps it)
-    seq: Seq | None = None  # its part in every round (engine/round.py)
     costs: CostModel | None = None
-    k_cap: int = 0
-    t0: float = 0.0
-    t_first: float = 0.0
-    decoding: bool = False
-    finish: str | None = None
-    mark: object = None
 
 
 class BatchEngine:
@@ -120,6 +126,7 @@ class BatchEngine:
         self.vocab = Vocabulary.of(plan.bundle, plan.bundle.load_tokenizer(), runner.vocab_size)
         self._parse = RequestParser(self.vocab, runner.max_len, plan.settings, unavailable=self._unavailable)
         self._cached: list[list[int]] = [[] for _ in range(self.slots)]  # what each slot's cache holds
+        self._slots = [SlotRunner(runner, i) for i in range(self.slots)]  # each slot as a ModelRunner
         self._waiting: deque[_Active] = deque()
         self._active: dict[int, _Active] = {}  # slot -> request
         self._cv = threading.Condition()
@@ -189,21 +196,17 @@ class BatchEngine:
         return len(self._waiting)
 
     # -- requests ---------------------------------------------------------------------------------
-    def submit(self, prompt: str | None = None, *, messages=None, max_new_tokens: int = 256, temperature: float = 0.0,
-               top_p: float = 1.0, top_k: int = 0, seed: int | None = None, stop=None, draft: str | None = None,
-               k: int | None = None, cancel=None, on_delta: Callable[[str], None] | None = None,
-               on_start: Callable[[], None] | None = None, tree: str | None = None, json_schema=None,
-               grammar: str | None = None, tools=None, tool_choice=None, strict: bool = True) -> Ticket:
+    def submit(self, prompt: str | None = None, *, on_delta: Callable[[str], None] | None = None,
+               on_start: Callable[[], None] | None = None, **options) -> Ticket:
         """Validates and tokenizes now (bad input raises here); the request joins at the next round.
-        Batched rounds are chains: tree "auto" and "off" run them, "on" is refused. Structured
-        output as Engine.stream (each request its own grammar)."""
-        req = self._parse(prompt, messages, max_new_tokens, temperature, top_p, top_k, seed, stop, draft, k, cancel,
-                          tree, json_schema, grammar, tools, tool_choice, not strict)
+        The options are Engine.stream's (requests.Options); batched rounds are chains: tree "auto"
+        and "off" run them, "on" is refused. on_delta(text) is called from the batch thread for each
+        text delta, on_start() when the request takes a slot."""
+        req = self._parse(Options(prompt=prompt, **options))
         with self._cv:
             self._ids += 1
             t = Ticket(self._ids, len(req.ids), on_delta, on_start)
-            a = _Active(t, req, t0=time.perf_counter())
-            self._waiting.append(a)
+            self._waiting.append(_Active(t, req, time.perf_counter()))
             self._cv.notify_all()
         return t
 
@@ -223,18 +226,7 @@ class BatchEngine:
 
     def _unavailable(self, mode: str) -> str | None:
         """Why `mode` cannot run here (None: it can): the draft model was not loaded."""
-        if self._drafters.available(mode):
-            return None
-        return ("the bundle has no draft model" if self.bundle.draft is None else
-                f"the draft model was not loaded (engine opened with draft={self.settings.draft!r}, or the "
-                "memory plan left it out)")
-
-    def generate_many(self, requests: list[dict]) -> list[GenerationResult]:
-        """Submits every request (dicts of submit's keyword arguments) and runs rounds until all end."""
-        tickets = [self.submit(**r) for r in requests]
-        while self.round():
-            pass
-        return [t.wait(0) for t in tickets]
+        return None if self._drafters.available(mode) else not_loaded(mode, self.bundle, self.settings.draft)
 
     # -- the worker -----------------------------------------------------------------------------
     def run(self, idle_wait: float = 0.5) -> None:
@@ -268,16 +260,17 @@ class BatchEngine:
         self._admit()
         for a in list(self._active.values()):
             if a.req.cancel():
-                self._end(a, "cancelled")
-        prefilling = [a for a in self._active.values() if not a.decoding]
+                a.seq.stop("cancelled")
+                self._end(a)
+        prefilling = [a for a in self._active.values() if not a.seq.decoding]
         if prefilling:
             first = min(prefilling, key=lambda x: x.ticket.id)
             self._guard(first, self._prefill_chunk, first)
             # alone (nothing generating), finish the prompt now: nobody waits for its chunks
-            while first.slot in self._active and not first.decoding and not any(
-                    x.decoding for x in self._active.values()):
+            while first.slot in self._active and not first.seq.decoding and not any(
+                    x.seq.decoding for x in self._active.values()):
                 self._guard(first, self._prefill_chunk, first)
-        decoding = [a for a in self._active.values() if a.decoding]
+        decoding = [a for a in self._active.values() if a.seq.decoding]
         if decoding:
             try:
                 self._decode_round(decoding)
@@ -301,8 +294,8 @@ class BatchEngine:
             while self._waiting and len(self._active) < self.slots:
                 a = self._waiting.popleft()
                 if a.req.cancel():  # gone while waiting
-                    a.ticket.batch_sizes = []
-                    self._finish(a, "cancelled")
+                    a.ticket.result = unstarted(a.req, self.vocab, a.t0)
+                    a.ticket.done.set()
                     continue
                 free = [s for s in range(self.slots) if s not in self._active]
                 # the slot holding the longest prefix of this prompt (a returning conversation)
@@ -315,56 +308,26 @@ class BatchEngine:
 
     def _start(self, a: _Active) -> None:
         req = a.req
-        a.rng = make_rng(req.params.seed)
-        a.stats = GenerationStats(prompt_tokens=len(req.ids), drafter=req.draft)
-        gov = self.governor
-        a.mark = gov.mark() if gov is not None and hasattr(gov, "mark") else None
-        reuse = min(common_prefix(self._cached[a.slot], req.ids), len(req.ids) - 1, self.runner.lengths[a.slot])
-        a.stats.cached_tokens = reuse
-        self.runner.rewind(a.slot, reuse)
-        a.ctx = list(req.ids)
-        self._cached[a.slot] = a.ctx  # the slot holds ctx[:length] from here on
-        a.filled = reuse
         a.costs = self._drafters.costs(a.slot, self.runner.times.table(1))
-        d, fallback, a.k_cap = self._drafters.for_request(req.draft, req.k, a.costs, a.slot)
+        d, fallback, k_cap = self._drafters.for_request(req.draft, req.k, a.costs, a.slot)
         a.built = d
-        a.drafter = with_grammar(d, req.constraint)  # under a grammar: its forced tokens first
-        fallback = a.drafter if fallback is d else fallback
-        a.seq = Seq(a.slot, a.ctx, a.drafter, fallback, 0, req.params, a.rng, a.stats, fixed_k=req.k is not None,
-                    constraint=req.constraint)
+        drafter = with_grammar(d, req.constraint)  # under a grammar: its forced tokens first
+        drafting = Drafting(drafter, drafter if fallback is d else fallback, k_cap)
+        a.seq = Sequence(req, self._slots[a.slot], self._cached[a.slot], drafting, self.vocab, self.governor,
+                         slot=a.slot, t0=a.t0)
+        self._cached[a.slot] = a.seq.ctx  # the slot holds ctx[:length] from here on
 
     def _prefill_chunk(self, a: _Active) -> None:
-        end = min(len(a.ctx), a.filled + self.prefill_chunk)
-        t0 = time.perf_counter()
-        row = self.runner.step_one(a.slot, a.ctx[a.filled : end], 1)[0]
-        a.stats.prefill_s += time.perf_counter() - t0
-        a.filled = end
-        if end < len(a.ctx):
-            return
-        a.stats.target_passes = 1
-        a.drafter.begin(a.ctx)
-        if a.seq.fallback is not a.drafter:
-            a.seq.fallback.begin(a.ctx)
-        first = first_token(row, a.req.params, self.vocab.usable, a.rng, a.req.constraint)
-        a.ctx.append(first)
-        a.t_first = time.perf_counter()
-        a.stats.ttft_s = a.t_first - a.t0
-        a.emit = Emitter(self.vocab.tokenizer, a.req, self.vocab.eos_ids)
-        a.decoding = True
-        self._emit(a, [first])
+        self._deliver(a, a.seq.prefill(self.prefill_chunk))
 
     # -- decoding ---------------------------------------------------------------------------------
-    def _emit(self, a: _Active, tokens: list[int]) -> None:
-        """Streams a round's tokens until a stop condition (loop.Emitter, the serial loop's step too);
-        ends the request when one hits."""
-        for delta in a.emit.push(tokens):
-            if a.ticket.on_delta is not None:
+    def _deliver(self, a: _Active, deltas: list[str]) -> None:
+        """Streams a request's text deltas; ends it when a stop condition hit (sequence.py)."""
+        if a.ticket.on_delta is not None:
+            for delta in deltas:
                 a.ticket.on_delta(delta)
-        if a.emit.finish:
-            return self._end(a, a.emit.finish)
-        if self.runner.free(a.slot) < 1:  # the newest token needs a position
-            return self._end(a, "cache_full")
-        return None
+        if a.seq.decoding and not a.seq.running():
+            self._end(a)
 
     def _decode_round(self, decoding: list[_Active]) -> None:
         """One round (engine/round.py) for every generating request; its tokens through each one's
@@ -373,45 +336,32 @@ class BatchEngine:
         table = self.runner.times.pricing(hi - lo)
         draft = None
         if self._draft_batch is not None:  # a draft step carries every request drafting with the model
-            drafting = [a.slot for a in decoding if a.drafter.uses_model]
+            drafting = [a.slot for a in decoding if a.seq.part.drafter.uses_model]
             rows = self._draft_batch.runner.pass_range(drafting) if drafting else (0, 1)
             draft = self._draft_batch.runner.times.pricing(rows[1] - rows[0])
-        seqs = []
         for a in decoding:
             a.costs.target = table  # drafters size proposals at this batch's verify cost ...
             if draft is not None:
                 a.costs.draft = draft  # ... and at its draft step's
-            a.seq.k = min(a.k_cap, self.runner.free(a.slot) - 1, a.req.max_new_tokens - len(a.emit.out) - 1)
-            seqs.append(a.seq)
+            a.seq.next_k()
         cond = Conditions(self.vocab.usable, self.governor, pass_seconds=CostModel(table).verify,
                           drafts=self._draft_batch)
-        rounds = run_round(self.runner, seqs, cond)
+        rounds = run_round(self.runner, [a.seq.part for a in decoding], cond)
         self.rounds += 1
         self.last_batch = len(decoding)
         for a, r in zip(decoding, rounds):
-            a.ctx.extend(r.tokens)
-            a.ticket.batch_sizes.append(len(decoding))
-            self._emit(a, r.tokens)
+            a.seq.batch_sizes.append(len(decoding))
+            self._deliver(a, a.seq.take(r))
 
     # -- leaving ------------------------------------------------------------------------------------
-    def _end(self, a: _Active, finish: str) -> None:
+    def _end(self, a: _Active) -> None:
         if a.slot in self._active and self._active[a.slot] is a:
             del self._active[a.slot]
-        if a.emit is not None:
-            tail = a.emit.tail()
-            if tail and a.ticket.on_delta is not None:
-                a.ticket.on_delta(tail)
-        self._drafters.finished(a.built, a.ctx)  # later requests draft from its text and estimates
-        self._finish(a, finish)
-
-    def _finish(self, a: _Active, finish: str) -> None:
-        out = a.emit.out if a.emit is not None else []
-        st = finish_stats(a.stats, len(out), a.t0, a.t_first, self.governor, a.mark)
-        if a.ticket.batch_sizes:
-            st.batch_size_mean = sum(a.ticket.batch_sizes) / len(a.ticket.batch_sizes)
-        text = a.emit.text.text if a.emit is not None else ""
-        st.forced_tokens = a.req.constraint.forced_count if a.req.constraint is not None else 0
-        a.ticket.result = GenerationResult(text, list(out), finish, st, tool_calls(text, a.req.structured, self.vocab.grammars))
+        tail = a.seq.tail()
+        if tail and a.ticket.on_delta is not None:
+            a.ticket.on_delta(tail)
+        self._drafters.finished(a.built, a.seq.ctx)  # later requests draft from its text and estimates
+        a.ticket.result = a.seq.result()
         a.ticket.done.set()
 
     def _fail(self, a: _Active, e: BaseException) -> None:

@@ -13,6 +13,7 @@ drafting, or paces rounds, under a power or thermal limit.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -23,7 +24,6 @@ from ..core.proposal import common_prefix
 from ..core.runner import ModelRunner
 from ..drafters import Drafter, modes
 from ..drafters.grammar import with_grammar
-from ..drafters.heads import NO_HEADS
 from ..errors import InvalidRequest
 from ..knowledge.answer import declined, with_sources
 from ..limits import DEFAULT_K_CAP
@@ -31,10 +31,10 @@ from ..models.bundle import Bundle
 from . import build, selfdraft
 from .build import Plan
 from .loop import Parts, PrefixCache, decode
-from .requests import Request, RequestParser, Vocabulary
+from .requests import Options, Request, RequestParser, Vocabulary, not_loaded
 from .results import GenerationResult, GenerationStats, Stream
+from .sequence import Drafting
 from .settings import Settings
-from .structured import tool_calls
 from .tree_round import TreeVerifier
 
 log = logging.getLogger("edgespec.engine")
@@ -186,42 +186,30 @@ class Engine:
             return rows
 
     # -- the public calls -------------------------------------------------------------------------
-    def generate(self, prompt: str | None = None, *, messages=None, max_new_tokens: int = 256,
-                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-                 stop=None, draft: str | None = None, k: int | None = None, cancel=None,
-                 tree: str | None = None, json_schema=None, grammar: str | None = None, tools=None,
-                 tool_choice=None, strict: bool = True) -> GenerationResult:
-        s = self.stream(prompt, messages=messages, max_new_tokens=max_new_tokens, temperature=temperature,
-                        top_p=top_p, top_k=top_k, seed=seed, stop=stop, draft=draft, k=k, cancel=cancel, tree=tree,
-                        json_schema=json_schema, grammar=grammar, tools=tools, tool_choice=tool_choice,
-                        strict=strict)
+    def generate(self, prompt: str | None = None, **options) -> GenerationResult:
+        """The whole answer at once; options as stream's."""
+        s = self.stream(prompt, **options)
         for _ in s:
             pass
         assert s.result is not None
         return s.result
 
-    def stream(self, prompt: str | None = None, *, messages=None, max_new_tokens: int = 256,
-               temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-               stop=None, draft: str | None = None, k: int | None = None, cancel=None,
-               tree: str | None = None, json_schema=None, grammar: str | None = None, tools=None,
-               tool_choice=None, strict: bool = True) -> Stream:
+    def stream(self, prompt: str | None = None, **options) -> Stream:
         """Validates and tokenizes now (bad input raises here, before anything runs); generation
-        runs as the stream is iterated. tree: "auto" | "on" | "off" (None: the engine's default),
-        tree verification of the drafts (docs/runtime.md). Structured output (docs/structured-output.md):
-        json_schema (a dict or JSON text), grammar (llguidance's Lark form), or tools (OpenAI's
-        function list) with tool_choice ("auto", "required", "none", {"type": "function",
-        "function": {"name": ...}}); the result's tool_calls holds the call. strict=False ignores
-        JSON-schema keywords the grammar library does not implement instead of refusing them."""
+        runs as the stream is iterated. The options (messages, max_new_tokens, temperature, top_p,
+        top_k, seed, stop, draft, k, cancel, tree, json_schema, grammar, tools, tool_choice, strict)
+        are requests.Options': tree verification of the drafts (docs/runtime.md), structured output
+        (docs/structured-output.md: the result's tool_calls holds a tool call)."""
+        o = Options(prompt=prompt, **options)
         turn = None
-        if self.knowledge is not None and messages is not None and not tools:
+        if self.knowledge is not None and o.messages is not None and not o.tools:
             # the passages into the last user turn (knowledge/answer.py), leaving room for some answer
-            turn = self.knowledge.turn(messages, self.max_len - self.count_tokens(messages=messages) -
-                                       min(max_new_tokens, 128))
+            turn = self.knowledge.turn(o.messages, self.max_len - self.count_tokens(messages=o.messages) -
+                                       min(o.max_new_tokens, 128))
             if turn.declined:
                 return Stream(declined(turn, self.tokenizer, GenerationResult, GenerationStats), 0)
-            messages = turn.messages
-        req = self._parse(prompt, messages, max_new_tokens, temperature, top_p, top_k, seed, stop, draft, k, cancel,
-                          tree, json_schema, grammar, tools, tool_choice, not strict)
+            o = dataclasses.replace(o, messages=turn.messages)
+        req = self._parse(o)
         gen = self._run(req)
         return Stream(gen if turn is None else with_sources(gen, turn), len(req.ids))
 
@@ -271,27 +259,19 @@ class Engine:
 
     def _unavailable(self, mode: str) -> str | None:
         """Why `mode` cannot run on this engine (None: it can): its runner was not loaded."""
-        if mode in self._drafters:
-            return None
-        runner = modes.get(mode).runner
-        if runner == "draft":
-            return ("the bundle has no draft model" if self.bundle.draft is None else
-                    f"the draft model was not loaded (engine opened with draft={self.draft_mode!r}, or the "
-                    "memory plan left it out)")
-        if mode == "docs":
-            return "the engine has no documents (open it with docs=INDEX, `--docs INDEX`)"
-        if runner == "heads" and self.bundle.manifest.heads is None:
-            return NO_HEADS.format(name=self.bundle.name)
-        return f"the {mode} drafter was not loaded (open the engine with draft={mode!r})"
+        return None if mode in self._drafters else not_loaded(mode, self.bundle, self.draft_mode)
 
-    def _drafter(self, mode: str, k: int | None) -> tuple[Drafter, int]:
-        """The drafter and per-round proposal cap for a mode. k=None lets the drafter choose each
-        round from measured costs (up to DEFAULT_K_CAP); a given k is used as is."""
-        drafter = self._drafters[mode]
-        if mode == "none":
-            return drafter, 0
-        drafter.set_adaptive(k is None)
-        return drafter, DEFAULT_K_CAP if k is None else k
+    def _drafting(self, req: Request) -> Drafting:
+        """The request's drafter (under its grammar: the forced tokens first), the free fallback and
+        the per-round proposal cap. k=None lets the drafter choose each round from measured costs (up
+        to DEFAULT_K_CAP); a given k is used as is."""
+        drafter = self._drafters[req.draft]
+        k_cap = 0
+        if req.draft != "none":
+            drafter.set_adaptive(req.k is None)
+            k_cap = DEFAULT_K_CAP if req.k is None else req.k
+        drafter = with_grammar(drafter, req.constraint, self._drafters.get("grammar"))
+        return Drafting(drafter, self._fallback, k_cap)
 
     def _end(self, ctx) -> None:
         """A request ended, whatever mode ran it: every drafter hears its text (the suffix index keeps it)."""
@@ -311,18 +291,13 @@ class Engine:
         with self._lock:
             if self.target is None:
                 raise InvalidRequest("this engine is closed", param=None)
-            drafter, k_cap = self._drafter(req.draft, req.k)
+            drafting = self._drafting(req)
             if self.pinned is not None:
                 self.pinned.restore(req.ids, self.target, self._cache)
-            parts = Parts(self.target, self.tokenizer, self.eos_ids, self.usable, self.prefill_chunk,
-                          free_drafter=self._fallback, governor=self.governor, tree=self._tree,
+            parts = Parts(self.target, self.vocab, self.prefill_chunk, governor=self.governor, tree=self._tree,
                           on_end=self._end)
-            drafter = with_grammar(drafter, req.constraint, self._drafters.get("grammar"))
             try:
-                result = yield from decode(parts, req, drafter, k_cap, self._cache)
-                result.tool_calls = tool_calls(result.text, req.structured, self.vocab.grammars)
-                result.stats.forced_tokens = req.constraint.forced_count if req.constraint is not None else 0
-                return result
+                return (yield from decode(parts, req, drafting, self._cache))
             except GeneratorExit:
                 # the stream was closed between rounds (a client pressed Stop): every cache is
                 # consistent there, so the next turn reuses what this one prefilled and generated

@@ -5,15 +5,49 @@ side (tokenizer, chat template, EOS ids) through the same `Vocabulary`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable
 
 from ..core.constraint import Constraint, Grammars
 from ..core.sampling import SamplingParams
 from ..drafters import modes
+from ..drafters.heads import NO_HEADS
 from ..errors import DraftUnavailable, InvalidRequest, PromptTooLong
 from ..limits import STOP_LIMIT
 from .settings import Settings, check_batched, check_k, check_tree
 from .structured import Structured, check_structured, plain_tool_turns, tools_prompt
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Options:
+    """A request's options as a caller gives them, by keyword: Engine.generate/stream and
+    BatchEngine.submit pass theirs on as one of these, and RequestParser checks it, once, for both.
+
+    prompt or messages: the text (a completion) or chat turns (the bundle's chat template);
+    max_new_tokens; sampling: temperature (0: greedy), top_p, top_k, seed; stop: a string or a
+    list; draft: a mode of drafters/modes.py (None: the engine's default); k: proposals per round
+    (None: sized from measured costs); cancel: a threading.Event or a callable returning bool;
+    tree: "auto" | "on" | "off" (None: the engine's default); structured output
+    (docs/structured-output.md): json_schema (a dict or JSON text), grammar (llguidance's Lark
+    form), or tools (OpenAI's function list) with tool_choice; strict=False ignores JSON-schema
+    keywords the grammar library does not implement instead of refusing them."""
+
+    prompt: str | None = None
+    messages: list | None = None
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: Any = None
+    draft: str | None = None
+    k: int | None = None
+    cancel: Any = None
+    tree: str | None = None
+    json_schema: Any = None
+    grammar: str | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    strict: bool = True
 
 
 @dataclass
@@ -71,6 +105,21 @@ class Encoder:
         if not ids:
             raise InvalidRequest("prompt is empty after tokenization", param="prompt")
         return ids
+
+
+def not_loaded(mode: str, bundle, opened_with: str) -> str:
+    """Why `mode` cannot run on an engine that did not load its runner (either engine's answer to
+    RequestParser's `unavailable`); opened_with: the engine's default mode."""
+    runner = modes.get(mode).runner
+    if runner == "draft":
+        return ("the bundle has no draft model" if bundle.draft is None else
+                f"the draft model was not loaded (engine opened with draft={opened_with!r}, or the "
+                "memory plan left it out)")
+    if runner == "docs":
+        return "the engine has no documents (open it with docs=INDEX, `--docs INDEX`)"
+    if runner == "heads" and bundle.manifest.heads is None:
+        return NO_HEADS.format(name=bundle.name)
+    return f"the {mode} drafter was not loaded (open the engine with draft={mode!r})"
 
 
 def check_max_new_tokens(n) -> int:
@@ -148,38 +197,36 @@ class RequestParser:
         self.unavailable = unavailable
         self.tree_check = tree_check
 
-    def __call__(self, prompt=None, messages=None, max_new_tokens: int = 256, temperature: float = 0.0,
-                 top_p: float = 1.0, top_k: int = 0, seed=None, stop=None, draft=None, k=None, cancel=None,
-                 tree=None, json_schema=None, grammar=None, tools=None, tool_choice=None,
-                 lenient: bool = False) -> Request:
-        check_max_new_tokens(max_new_tokens)
-        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    def __call__(self, o: Options) -> Request:
+        check_max_new_tokens(o.max_new_tokens)
+        params = SamplingParams(temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=o.seed)
         s = self.settings
-        mode = s.draft if draft is None else draft
+        mode = s.draft if o.draft is None else o.draft
         modes.get(mode)
-        tree = s.tree if tree is None else tree
+        tree = s.tree if o.tree is None else o.tree
         if s.batched:
             check_batched(mode, tree)
         why = self.unavailable(mode)
         if why:
             raise DraftUnavailable(f"draft={mode!r} is not possible: {why}", param="draft")
-        check_k(k)
+        check_k(o.k)
         check_tree(tree)
         if self.tree_check is not None:
             self.tree_check(tree)
-        stops = check_stop(stop)
-        st = check_structured(json_schema, grammar, tools, tool_choice, grammars=self.vocab.grammars, lenient=lenient)
-        if st is not None and st.tools and messages is None:
+        stops = check_stop(o.stop)
+        st = check_structured(o.json_schema, o.grammar, o.tools, o.tool_choice, grammars=self.vocab.grammars,
+                              lenient=not o.strict)
+        if st is not None and st.tools and o.messages is None:
             raise InvalidRequest("tools need messages (a chat request), not a prompt", param="tools")
-        ids = self.vocab.encode(prompt, messages, st.tools if st is not None else ())
+        ids = self.vocab.encode(o.prompt, o.messages, st.tools if st is not None else ())
         if len(ids) >= self.max_len:
-            raise PromptTooLong(len(ids), max_new_tokens, self.max_len)
+            raise PromptTooLong(len(ids), o.max_new_tokens, self.max_len)
         constraint = None
         if st is not None and st.grammar is not None:
             constraint = self.vocab.grammars.compile(st.grammar)
             tree = "off"  # a constrained round is a chain: its rows are masked one grammar state after another
-        req = Request(ids, max_new_tokens, params, stops, mode, s.k if k is None else k, cancel_fn(cancel), tree,
-                      constraint, st)
+        req = Request(ids, o.max_new_tokens, params, stops, mode, s.k if o.k is None else o.k, cancel_fn(o.cancel),
+                      tree, constraint, st)
         return pin_for_determinism(req) if s.deterministic else req
 
 

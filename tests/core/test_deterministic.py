@@ -20,6 +20,7 @@ from edgespec.engine import Engine, build
 from edgespec.engine.batch import BatchEngine
 from edgespec.errors import InvalidRequest
 from edgespec.models.bundle import Bundle
+from helpers.batch import generate_all
 
 PROMPTS = ["def add(a, b):", "class Stack:\n    def push(self, x):", "The quick brown fox"]
 
@@ -156,7 +157,7 @@ def test_batched_requests_get_the_tokens_they_get_alone(quant_bundle):
     assert be.runner.deterministic
     assert be.generate(PROMPTS[0], max_new_tokens=30).token_ids == want[0]
     for pair in ((0, 1), (2, 0), (1, 2)):  # each prompt beside each other, and after what they left cached
-        got = be.generate_many([{"prompt": PROMPTS[i], "max_new_tokens": 30} for i in pair])
+        got = generate_all(be, [{"prompt": PROMPTS[i], "max_new_tokens": 30} for i in pair])
         assert [g.token_ids for g in got] == [want[i] for i in pair], pair
 
 
@@ -171,7 +172,7 @@ def test_a_seeded_sampled_request_replays(quant_bundle):
     assert again.token_ids == first.token_ids
     assert eng.generate(PROMPTS[0], **{**kw, "seed": 12}).token_ids != first.token_ids
     be = BatchEngine.open(quant_bundle, parallel=2, deterministic=True, verify=False, warmup=False, threads=1)
-    both = be.generate_many([{"prompt": PROMPTS[0], **kw}, {"prompt": PROMPTS[2], **kw}])
+    both = generate_all(be, [{"prompt": PROMPTS[0], **kw}, {"prompt": PROMPTS[2], **kw}])
     assert both[0].token_ids == first.token_ids
 
 

@@ -11,6 +11,7 @@ from edgespec.engine import Engine
 from edgespec.engine.batch import BatchEngine
 from edgespec.models import ortcompat
 from edgespec.models.kernels import floor_problem
+from helpers.batch import generate_all
 
 cuda_floor = pytest.mark.skipif(floor_problem(onnxruntime.__version__, "cuda") is not None,
                                 reason=f"onnxruntime {onnxruntime.__version__} is below the cuda flavor's floor")
@@ -35,7 +36,7 @@ def _check(bundle, reqs, **open_kw) -> list[list[int]]:
     be.runner.step = lambda rows: steps.append([len(t) for t in rows.values()]) or step(rows)
     try:
         assert not be.runner.one_pass  # the per-row path, not the padded-queries one
-        got = be.generate_many(reqs)
+        got = generate_all(be, reqs)
         for r, g in zip(reqs, got):
             want = _alone(alone, tree="off", **r)
             assert g.token_ids == want.token_ids, r

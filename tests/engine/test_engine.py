@@ -2,6 +2,7 @@
 cancel, stats, the governor hooks."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -144,15 +145,15 @@ def test_max_new_tokens_and_stats(eng):
 def test_eos_stops_generation(eng):
     """Make EOS the model's greedy choice by declaring the token it picks an EOS id."""
     ref = eng.generate("def add(a, b):", max_new_tokens=12, draft="none")
-    saved = eng.eos_ids
+    saved = eng.vocab
     try:
-        eng.eos_ids = frozenset({ref.token_ids[5]})
+        eng.vocab = dataclasses.replace(saved, eos_ids=frozenset({ref.token_ids[5]}))
         for mode in ("none", "model", "auto"):
             r = eng.generate("def add(a, b):", max_new_tokens=12, draft=mode)
             first = ref.token_ids.index(ref.token_ids[5])
             assert r.finish_reason == "stop" and r.token_ids == ref.token_ids[:first]
     finally:
-        eng.eos_ids = saved
+        eng.vocab = saved
 
 
 def test_stop_string_split_across_tokens(eng):
