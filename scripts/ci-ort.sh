@@ -5,6 +5,8 @@
 #      2.35; Bookworm: 3.11, 2.36; Ubuntu 24.04 / JetPack 7: 3.12, 2.39; Trixie: 3.13, 2.41) from binary wheels only,
 #      pulling no onnxruntime of their own, and the resolved versions are printed; with [cpu] it resolves too,
 #      onnxruntime included (pip install --dry-run: nothing is installed)
+#   1b. the runtime's wheel pip-installed into a fresh venv (no onnxruntime), and `edgespec doctor` there: a report
+#      with the install line, exit 0 or 1, no traceback
 #   2. the quick loader / runner / lossless tests on onnxruntime 1.23.2 (the last cp310 release: the cpu flavor's
 #      floor; a 1.23 like NVIDIA's JetPack 6 wheel 1.23.0, the cuda flavor's floor, so cuda graphs load without
 #      position_ids) and 1.24.1 (PyPI's build of the 1.24.0 sources, NVIDIA's other JetPack 6 wheel), CPU
@@ -49,6 +51,22 @@ for board in "3.10 35 JetPack-6" "3.11 36 Bookworm" "3.12 39 Ubuntu-24.04" "3.13
   grep -q '^onnxruntime==' <<<"$names" || die "edgespec[cpu] resolved without onnxruntime for $at"
   say "$at: [server,cpu] takes $(grep '^onnxruntime==' <<<"$names")"
 done
+
+# --- 1b. the runtime alone, installed as a user would, and `edgespec doctor` on it -------------------------------
+# (no onnxruntime: doctor still reports, names the install line, exits 0 or 1, and prints no traceback)
+say "pip install of the runtime's wheel into a fresh venv, then edgespec doctor"
+BASE_PY=$("$PY" -c 'import sys; print(sys.base_prefix)')/bin/python3
+rm -rf "$DIR/doctor-venv"
+"$BASE_PY" -m venv "$DIR/doctor-venv"
+"$DIR/doctor-venv/bin/python" -m pip install -q "$WHEEL" >/dev/null 2>"$DIR/doctor-pip.log" \
+  || { cat "$DIR/doctor-pip.log" >&2; die "pip install of the runtime's wheel failed"; }
+set +e
+(cd "$DIR" && "$DIR/doctor-venv/bin/edgespec" doctor --no-probe) >"$DIR/doctor.out" 2>&1
+rc=$?
+set -e
+{ [ "$rc" -le 1 ] && ! grep -q Traceback "$DIR/doctor.out" && grep -q "how: pip install 'edgespec\[cpu\]'" "$DIR/doctor.out"; } \
+  || { cat "$DIR/doctor.out" >&2; die "edgespec doctor without onnxruntime: exit $rc, or a traceback, or no install line"; }
+say "edgespec doctor without onnxruntime: exit $rc, the report and its install line"
 
 # --- 2. the quick tests on each old onnxruntime ----------------------------------------------------------------
 BUNDLES=$DIR/bundles  # the tiny test bundles, exported once with the venv's own onnxruntime
