@@ -300,9 +300,17 @@ class _Pool:
             while not self.idle and len(self.children) >= self.size:
                 self.cond.wait()
             if self.idle:
-                return self.idle.pop()
-            child = _Child(self.argv)
-            self.children.append(child)
+                child = self.idle.pop()
+            else:
+                child = _Child(self.argv)
+                self.children.append(child)
+            if not self.idle and len(self.children) < self.size and not self.unavailable:
+                # a spare, started now (a start takes a few tenths of a second, its imports running while
+                # this render does), so the next render finds a child ready even if this one is long
+                spare = _Child(self.argv)
+                spare._start()
+                self.children.append(spare)
+                self.idle.append(spare)
             return child
 
     def kill(self) -> None:
