@@ -139,3 +139,37 @@ def test_a_conversation_counted_by_the_handler_is_not_rendered_again_by_the_work
     assert calls == [1] and result.stats.prompt_tokens == n
     engine.generate(messages=[{"role": "user", "content": "another"}], max_new_tokens=2)
     assert calls == [1, 1]
+
+
+@pytest.mark.slow
+def test_the_issue_s_flood_is_refused_before_rendering_and_a_normal_chat_is_served(tiny_bundle, bundle_copy):
+    """Served anyway (--no-verify): four requests of 30,000 empty messages at once through the per-message
+    template are each a 400 with the price, before any render (no child was killed at the deadline), and a
+    normal chat sent beside them is answered."""
+    import http.client
+    import json
+
+    from helpers.running import RunningServer, together
+
+    b = _with_template(bundle_copy, tiny_bundle, lambda t: PER_MESSAGE + t)
+    server = RunningServer(b)  # (Engine.open with verify=False, as serve --no-verify)
+    starts = tp._pool.starts
+
+    def post(messages):
+        conn = http.client.HTTPConnection("127.0.0.1", server.service.port, timeout=120)
+        conn.request("POST", "/v1/chat/completions", json.dumps({"messages": messages, "max_tokens": 2}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        out = resp.status, json.loads(resp.read())
+        conn.close()
+        return out
+
+    try:
+        flood = [{"role": "user", "content": ""}] * 30_000
+        answers = together([lambda: post(flood)] * 4 + [lambda: post([{"role": "user", "content": "hi"}])])
+    finally:
+        server.stop()
+    for status, body in answers[:4]:
+        assert status == 400 and re.search(r"30,000 messages would take about [\d,]+ s to render", body["error"]["message"])
+    assert answers[4][0] == 200
+    assert tp._pool.starts <= starts + 1  # no child killed at a deadline (at most the spare started)
