@@ -40,10 +40,12 @@ SHAPES: dict[str, dict[str, Any]] = {
               "types": {"embed": "Q5_0", "q": "Q5_0", "k": "Q5_0", "v": "Q8_0", "o": "Q5_0", "gate": "Q5_0",
                         "up": "Q5_0", "down": "Q4_K", "head": "Q8_0"}},
 }
+# (a vocabulary of 1280 rows: the bundle check tells the lm_head by its rows, so no other matrix may have as many,
+# and the export fuses gate and up into one of 2 x ffn rows)
 SMALL: dict[str, dict[str, Any]] = {
-    "target": {"arch": "qwen2", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 768, "layers": 4, "vocab": 1024,
+    "target": {"arch": "qwen2", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 768, "layers": 4, "vocab": 1280,
                "context": 2048, "types": dict(SHAPES["target"]["types"])},
-    "draft": {"arch": "qwen2", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "layers": 2, "vocab": 1024,
+    "draft": {"arch": "qwen2", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "layers": 2, "vocab": 1280,
               "context": 2048, "types": {k: "Q8_0" for k in SHAPES["target"]["types"]}},
 }
 SIZES = tuple(range(1, 17))  # tokens per step: a decode step (1) to a verify of 15 drafted tokens (16)
