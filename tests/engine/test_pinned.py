@@ -4,6 +4,7 @@ restart warm; a corrupt or stale saved file is ignored with one log line; bad op
 from __future__ import annotations
 
 import logging
+import types
 
 import numpy as np
 import pytest
@@ -140,6 +141,7 @@ def test_serve_pins_the_prompt_file_before_the_service_is_ready(tiny_bundle, tmp
     class FakeService:
         def __init__(self, config, open_engine, default_name):
             self.open_engine = open_engine
+            self.state = types.SimpleNamespace()  # serve sets state.embedder, as on the real Service
 
         def run(self):
             eng = opened["engine"] = self.open_engine()
