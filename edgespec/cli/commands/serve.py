@@ -320,7 +320,8 @@ def run(args: argparse.Namespace) -> int:
         from ...server.service import Service
 
         service = Service(config, open_engine, default_name=path.resolve().name)
-        service.state.embedder = embedder
+        if embedder is not None:  # the state's default is None
+            service.state.embedder = embedder
         return service.run()
     except EdgespecError as e:
         print(f"edgespec serve: error: {e}", file=sys.stderr)
