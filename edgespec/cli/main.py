@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as e:  # a command that reached onnxruntime on an install without one: one line
         if (e.name or "").split(".")[0] != "onnxruntime":
             raise
-        from .. import MISSING_ONNXRUNTIME
+        from ..errors import MISSING_ONNXRUNTIME
 
         print(f"edgespec {args.command}: error: {MISSING_ONNXRUNTIME}", file=sys.stderr)
         return 1

@@ -127,7 +127,7 @@ def plan(settings: Settings, bundle) -> Plan:
     plan decides the cache length and whether the draft model fits. A mode that cannot run on this
     bundle is refused here, before any model loads. Without an importable onnxruntime, the one line that names
     both installs (edgespec.MISSING_ONNXRUNTIME)."""
-    from .. import require_onnxruntime
+    from ..errors import require_onnxruntime
     from ..drafters import modes
 
     require_onnxruntime()

@@ -152,7 +152,7 @@ def _check_installed(via: str, specs: list) -> None:
     which owns the same module): any importable one checks parity, and none is the runtime's one line naming both."""
     import importlib.util
 
-    from edgespec import require_onnxruntime
+    from edgespec.errors import require_onnxruntime
     from edgespec.errors import ExportError
 
     require_onnxruntime()

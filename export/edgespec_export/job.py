@@ -43,13 +43,15 @@ class ModelJob:
     accuracy_level: int
     parity_ids: list[int]
     usable_vocab: int
+    # native only (the export's options, whose defaults live in native/plan.py): keep the GGUF's blocks where they
+    # map (no --quant given); a block minimum exact (integer, offset) or rounded; Q6_K in 8-bit blocks of this (0: kept)
+    keep_gguf_quant: bool
+    gguf_minimum: str
+    gguf_q6k_block: int
     head_bits: int | None = None
     ep: str = "cpu"  # graph flavor (contract.graph_flavor)
     primary: bool = True  # the role's first flavor (model.onnx) or another one (model.<flavor>.onnx)
     via: str = "torch"  # "native": a GGUF read and written without torch (native/job.py)
-    keep_gguf_quant: bool = True  # native: keep the GGUF's blocks where they map (no --quant given)
-    gguf_minimum: str = "integer"  # native: a block minimum exact (integer, offset) or rounded (native/plan.py)
-    gguf_q6k_block: int = 128  # native: Q6_K rounded to 8 bits in blocks of this (0: kept; native/plan.py)
 
 
 class GraphSource(Protocol):

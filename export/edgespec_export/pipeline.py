@@ -25,6 +25,7 @@ from .contract import FLAVORS, graph_flavor
 from .heads import HEADS_DIR, HeadsJob, HeadsOptions, check_options, train_heads
 from .job import ModelJob, run_model_job
 from .native import parity_length, via_for
+from .native.plan import DEFAULT_MINIMUM, DEFAULT_Q6K_BLOCK
 from .parity import DEFAULT_MIN_TOP1
 from .quantize import DEFAULT_ACCURACY_LEVEL, draft_quant, draft_vocab
 from edgespec.units import format_bytes
@@ -67,8 +68,8 @@ class ExportOptions:
     # (GGUF only, no torch: native/), "torch" (transformers + onnxruntime-genai's builder)
     via: str = "auto"
     keep_gguf_quant: bool = True  # native: keep the GGUF's own blocks where they map (no --quant given)
-    gguf_minimum: str = "integer"  # native: minimums exact as integers / a float offset, or rounded (native/plan.py)
-    gguf_q6k_block: int = 128  # native: Q6_K rounded to 8 bits in blocks of this, 0 keeps them (native/plan.py)
+    gguf_minimum: str = DEFAULT_MINIMUM  # native: minimums exact as integers / a float offset, or rounded (native/plan.py)
+    gguf_q6k_block: int = DEFAULT_Q6K_BLOCK  # native: Q6_K rounded to 8 bits in blocks of this, 0 keeps them (native/plan.py)
 
 
 @dataclass

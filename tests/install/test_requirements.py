@@ -97,9 +97,10 @@ def test_doctor_without_onnxruntime_on_a_jetson_names_nvidias_wheel_for_its_jetp
 
 def test_a_command_that_opens_an_engine_without_onnxruntime_is_the_one_line(tiny_bundle, monkeypatch, capsys):
     import edgespec
+    from edgespec import errors
     from edgespec.cli import main as cli
 
-    monkeypatch.setattr(edgespec, "onnxruntime_missing", lambda: True)
+    monkeypatch.setattr(errors, "onnxruntime_missing", lambda: True)
     assert cli.main(["generate", str(tiny_bundle), "-p", "hi", "--max-new-tokens", "2"]) == 1
     err = capsys.readouterr().err.strip()
     assert err == f"edgespec generate: error: {edgespec.MISSING_ONNXRUNTIME}"
