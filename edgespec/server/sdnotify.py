@@ -76,10 +76,6 @@ class Notifier:
     def stopping(self, status: str = "draining") -> bool:
         return self.send(STOPPING=1, STATUS=status)
 
-    def extend_timeout(self, seconds: float) -> bool:
-        """Asks for more start/stop time (a TensorRT engine build on first start can take minutes)."""
-        return self.send(EXTEND_TIMEOUT_USEC=int(seconds * 1_000_000))
-
     def close(self) -> None:
         with self._lock:
             if self._sock is not None:
