@@ -223,27 +223,14 @@ def embedder_bytes(files_bytes: int) -> int:
     return int(EMBEDDER_FILE_FACTOR * files_bytes) + EMBEDDER_WORKING if files_bytes else 0
 
 
-def index_bytes(folder) -> int:
-    """Resident bytes of a document index folder once loaded (0: no folder)."""
-    from pathlib import Path
-
-    root = Path(folder)
-    if not root.is_dir():
-        return 0
-    return int(INDEX_FACTOR * sum(p.stat().st_size for p in root.rglob("*") if p.is_file()))
-
-
-def knowledge_bytes(embedder=None, docs=None) -> dict[str, int]:
-    """The breakdown lines of a venue's documents: `embedder` an embedder folder (or its name), `docs` an
-    index folder; either may be None. For `plan` and the engine's memory plan."""
+def knowledge_lines(embedder_files: int = 0, index_files: int = 0) -> dict[str, int]:
+    """The breakdown lines of a venue's documents, from the bytes of the embedder's and the index's files
+    (knowledge/embedder_folder.py files_bytes): for `plan` and the engine's memory plan."""
     parts = {}
-    if embedder is not None:
-        from ..knowledge.embedder_folder import open_folder, resolve
-
-        m = open_folder(resolve(embedder), checksums=False)
-        parts["embedder"] = embedder_bytes(sum(e["size"] for e in m.files.values()))
-    if docs is not None:
-        parts["doc_index"] = index_bytes(docs)
+    if embedder_files:
+        parts["embedder"] = embedder_bytes(embedder_files)
+    if index_files:
+        parts["doc_index"] = int(INDEX_FACTOR * index_files)
     return parts
 
 
@@ -255,7 +242,7 @@ def predict(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int = PREF
     the KV caches are device memory (predict_device), not host memory. The weights stay counted
     here too until a measurement on a board says how much of the host copy onnxruntime releases.
     `suffix_tokens`: the suffix index's capacity, counted full (it fills as requests accumulate).
-    `knowledge`: knowledge_bytes()'s lines (an embedding model, a document index), counted as they are."""
+    `knowledge`: knowledge_lines()' lines (an embedding model, a document index), counted as they are."""
     b = _open(bundle)
     t = graph_facts(b, "target", flavor)
     parts = {
@@ -329,7 +316,7 @@ def plan(
     `device` "cuda" (the graphs run on the CUDA provider) adds the device side (predict_device, with
     a measured `context_bytes` if given); on a profile with `memory_shared_with_gpu` it counts
     against the budget with the host side, so shrinking, dropping the draft and refusing follow the sum.
-    `knowledge`: knowledge_bytes()'s lines, fixed costs beside the LLM (no retreat shrinks them).
+    `knowledge`: knowledge_lines()' lines, fixed costs beside the LLM (no retreat shrinks them).
     Raises BudgetError, with the numbers, when even the target alone at the floor length is too big.
     """
     b = _open(bundle)

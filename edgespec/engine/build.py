@@ -153,7 +153,7 @@ def plan(settings: Settings, bundle) -> Plan:
         raise DraftUnavailable(NO_HEADS.format(name=b.name), param="draft")
     want_draft = "draft" in row.loads and b.draft is not None  # batched: a slot per request (engine/draft_batch.py)
     mem = memory_plan(b, max_len=settings.max_len, want_draft=want_draft, profile=profile,
-                      budget=settings.memory_budget, providers=d["providers"])
+                      budget=settings.memory_budget, providers=d["providers"], docs=settings.docs)
     for note in mem.notes:  # what a budget changed matters; the rest is detail
         log.log(logging.INFO if mem.budget_bytes is not None else logging.DEBUG, "memory plan: %s", note)
     if row.runner == "draft" and not mem.load_draft:
@@ -168,18 +168,21 @@ def plan(settings: Settings, bundle) -> Plan:
 
 
 def memory_plan(b: Bundle, *, max_len, want_draft: bool, profile, budget: int | None,
-                providers=None) -> memory.MemoryPlan:
+                providers=None, docs=None) -> memory.MemoryPlan:
     """The memory module's plan: `budget` (bytes) or else the profile's default budget decides the
     cache length and whether the draft is loaded; with neither, nothing is shrunk. It counts the
     graph load_runner will pick for `providers` (flavor.planned: a bundle may hold two flavors), and
-    where a cuda graph's cache lives."""
+    where a cuda graph's cache lives. `docs`: a document index, counted with the embedding model it names."""
     import onnxruntime as ort
+
+    from ..knowledge.embedder_folder import files_bytes
 
     available = ort.get_available_providers()
     first = flavor.first_usable(prov.normalize(providers), available)
     graph = flavor.planned(b.target, providers, available).graph_flavor()
     return memory.plan(b, max_len=max_len, want_draft=want_draft, budget_bytes=budget, profile=profile,
-                       flavor=graph, device=prov.device_of(first) if first and graph == "cuda" else "cpu")
+                       flavor=graph, device=prov.device_of(first) if first and graph == "cuda" else "cpu",
+                       knowledge=memory.knowledge_lines(*files_bytes(docs=docs)) if docs else None)
 
 
 def sessions_spin(load_draft: bool) -> bool:

@@ -147,3 +147,43 @@ def resolve(spec: str | Path | None) -> Path:
         raise EmbedderError(f"embedder {spec}: no such folder")
     names = ", ".join(sorted(n for n, x in MODELS.items() if x.role == "embedding"))
     raise EmbedderError(f"embedder {spec!r}: not a folder and not a known embedding model ({names})")
+
+
+def locate(spec: str | Path) -> Path:
+    """The folder of an embedder named by a folder path, a pulled model's name, or the model_id an index
+    records ("all-MiniLM-L6-v2/int8", looked for among the folders under embedders_dir()). Nothing is loaded."""
+    try:
+        return resolve(spec)
+    except EmbedderError:
+        text = str(spec)
+        if "/" not in text or text.startswith(("/", ".", "~")) or Path(spec).exists():  # a path, not a model id
+            raise
+    root = embedders_dir()
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ():
+        m, _ = check_folder(folder, checksums=False)
+        if m is not None and m.model_id == spec:
+            return folder
+    raise EmbedderError(f"no embedder folder under {root} holds {spec}: `edgespec pull minilm` exports "
+                        "all-MiniLM-L6-v2 (int8 by default; --embedder-form float32 for the float form)")
+
+
+def files_bytes(embedder: str | Path | None = None, docs: str | Path | None = None) -> tuple[int, int]:
+    """(bytes of the embedder's files, bytes of the index folder's files) for the memory plan; the embedder is
+    the one given, else the one the `docs` index names (0 when it names none, or none is found: loading
+    the index then says why)."""
+    index = 0
+    if docs is not None and Path(docs).is_dir():
+        index = sum(p.stat().st_size for p in Path(docs).rglob("*") if p.is_file())
+        if embedder is None:
+            d, _ = read_json(Path(docs) / MANIFEST_NAME)
+            named = d.get("embedder") if isinstance(d, dict) else None
+            embedder = named.get("model_id") if isinstance(named, dict) else None
+    if embedder is None:
+        return 0, index
+    try:
+        m = open_folder(locate(embedder), checksums=False)
+    except EmbedderError:
+        if docs is None:
+            raise
+        return 0, index
+    return sum(e["size"] for e in m.files.values()), index

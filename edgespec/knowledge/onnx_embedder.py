@@ -145,22 +145,10 @@ def make_session(model: str | bytes, *, threads: int | None = None, providers: l
 
 
 def open_embedder(spec: str | Path) -> OnnxEmbedder:
-    """The embedder an index names: its model_id ("all-MiniLM-L6-v2/int8", looked for among the folders under
-    $EDGESPEC_HOME/embedders), a pulled model's name, or a folder. Not found: one line saying the pull."""
-    from .embedder_folder import check_folder, embedders_dir, resolve
+    """The embedder an index names: its model_id, a pulled model's name, or a folder (embedder_folder.locate)."""
+    from .embedder_folder import locate
 
-    try:
-        return OnnxEmbedder(resolve(spec))
-    except EmbedderError:
-        if "/" not in str(spec) or Path(spec).exists():
-            raise
-    root = embedders_dir()
-    for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ():
-        m, problems = check_folder(folder, checksums=False)
-        if m is not None and m.model_id == spec:
-            return OnnxEmbedder(folder)  # checked in full here
-    raise EmbedderError(f"no embedder folder under {root} holds {spec}: `edgespec pull minilm` exports "
-                        "all-MiniLM-L6-v2 (int8 by default; --embedder-form float32 for the float form)")
+    return OnnxEmbedder(locate(spec))
 
 
 def _batches(order: list[int], lengths: list[int]) -> list[list[int]]:

@@ -273,4 +273,24 @@ def test_plan_counts_the_embedder_and_the_document_index(tiny_bundle, tiny_embed
 def test_plan_docs_without_a_readable_manifest_is_one_line(tiny_bundle, tmp_path, capsys):
     rc = cli.main(["plan", str(tiny_bundle), "--docs", str(tmp_path)])
     err = capsys.readouterr().err.strip()
-    assert rc == 1 and err == f"edgespec plan: error: --docs {tmp_path}: manifest.json: cannot be read: No such file or directory"
+    assert rc == 1 and err == (f"edgespec plan: error: --docs {tmp_path}: no index here (manifest.json is missing): "
+                               "build one with `edgespec index`")
+
+
+def test_the_engines_memory_plan_counts_a_docs_index_and_its_embedder(tiny_bundle, tiny_embedder_dir, tmp_path, monkeypatch):
+    import shutil
+
+    from edgespec.engine import build
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    shutil.copytree(tiny_embedder_dir, tmp_path / "home" / "embedders" / "tiny")
+    index = tmp_path / "index"
+    index.mkdir()
+    (index / "manifest.json").write_text(json.dumps({"embedder": {"model_id": "tiny-BERT/int8"}}))
+    b = Bundle.open(tiny_bundle)
+    with_docs = build.memory_plan(b, max_len=300, want_draft=True, profile=None, budget=None, docs=index)
+    alone = build.memory_plan(b, max_len=300, want_draft=True, profile=None, budget=None)
+    files = sum(p.stat().st_size for p in tiny_embedder_dir.iterdir() if p.name != "manifest.json")
+    assert with_docs.breakdown["embedder"] == int(2.0 * files) + memory.EMBEDDER_WORKING
+    assert with_docs.breakdown["doc_index"] == int(2.0 * (index / "manifest.json").stat().st_size)
+    assert with_docs.predicted_bytes - alone.predicted_bytes == with_docs.breakdown["embedder"] + with_docs.breakdown["doc_index"]

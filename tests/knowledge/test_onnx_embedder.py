@@ -150,3 +150,20 @@ def test_an_index_finds_its_embedder_by_model_id(tiny_embedder_dir, tmp_path, mo
     assert open_embedder("tiny-BERT/int8").folder == tmp_path / "embedders" / "some-name"
     with pytest.raises(EmbedderError, match=r"holds tiny-BERT/float32"):
         open_embedder("tiny-BERT/float32")
+
+
+def test_files_bytes_finds_the_embedder_an_index_names_without_loading_it(tiny_embedder_dir, tmp_path, monkeypatch):
+    from edgespec.knowledge.embedder_folder import files_bytes
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    index = tmp_path / "index"
+    index.mkdir()
+    (index / "manifest.json").write_text(json.dumps({"embedder": {"model_id": "tiny-BERT/int8"}}))
+    size = (index / "manifest.json").stat().st_size
+    assert files_bytes(docs=index) == (0, size)  # not pulled: the index's own loading says why
+    shutil.copytree(tiny_embedder_dir, tmp_path / "embedders" / "tiny")
+    files = sum(p.stat().st_size for p in tiny_embedder_dir.iterdir() if p.name != "manifest.json")
+    assert files_bytes(docs=index) == (files, size)
+    assert files_bytes(embedder=tiny_embedder_dir) == (files, 0)
+    with pytest.raises(EmbedderError, match="no such folder"):
+        files_bytes(embedder="/nowhere/x")

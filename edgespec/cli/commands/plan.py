@@ -53,7 +53,7 @@ def run(args) -> int:
     ctx_bytes = (context or {}).get("context_bytes")
     plan = memory.plan(bundle, max_len=args.max_len, want_draft=want_draft, budget_bytes=budget, profile=profile,
                        flavor=flavor, device=device, context_bytes=ctx_bytes,
-                       knowledge=memory.knowledge_bytes(_embedder_of(args), args.docs))
+                       knowledge=_knowledge(args))
     warning = memcheck.fits_now(plan, args.root) if here else None
     if modes.get(args.draft).runner == "draft" and not plan.load_draft:
         plan.notes.append("--draft model asked for, but the plan has no draft model: the engine would refuse")
@@ -120,24 +120,17 @@ def run(args) -> int:
     return 0
 
 
-def _embedder_of(args):
-    """--embedder, else the embedding model --docs' index names (an index of BM25 alone names none)."""
-    if args.embedder is not None or args.docs is None:
-        return args.embedder
+def _knowledge(args) -> dict:
+    """The memory plan's lines for --embedder and --docs (the embedder the index names, without --embedder)."""
     from pathlib import Path
 
+    from ...edge import memory
     from ...errors import InvalidRequest
-    from ...models.bundlefiles import read_json
+    from ...knowledge.embedder_folder import files_bytes
 
-    m, why = read_json(Path(args.docs) / "manifest.json")
-    if why is not None:
-        raise InvalidRequest(f"--docs {args.docs}: {why}")
-    named = m.get("embedder") if isinstance(m, dict) else None
-    if isinstance(named, dict) and named.get("model_id"):
-        from ...knowledge.onnx_embedder import open_embedder
-
-        return open_embedder(named["model_id"]).folder
-    return None
+    if args.docs is not None and not (Path(args.docs) / "manifest.json").is_file():
+        raise InvalidRequest(f"--docs {args.docs}: no index here (manifest.json is missing): build one with `edgespec index`")
+    return memory.knowledge_lines(*files_bytes(args.embedder, args.docs))
 
 
 def _memory_source(profile) -> str:
