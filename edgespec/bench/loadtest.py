@@ -239,7 +239,7 @@ def serve(bundle: str | Path, *, parallel: int, engine_options: dict) -> Iterato
     try:
         yield Served(svc.port, svc.state.engine)
     finally:
-        svc._on_signal(signal.SIGTERM)
+        svc.on_signal(signal.SIGTERM)
         th.join(120)
 
 

@@ -68,13 +68,13 @@ class GraphIO:
         if gqa is None or "num_heads" not in gqa.ints or "kv_num_heads" not in gqa.ints:
             return None
         heads, kv = gqa.ints["num_heads"], gqa.ints["kv_num_heads"]
-        width = self._width(gqa.inputs[0]) if gqa.inputs else None
+        width = self.projection_width(gqa.inputs[0]) if gqa.inputs else None
         packed = len(gqa.inputs) < 2 or not gqa.inputs[1]
         per = heads + 2 * kv if packed else heads
         head_dim = width // per if width and per and width % per == 0 else None
         return heads, kv, head_dim
 
-    def _width(self, name: str) -> int | None:
+    def projection_width(self, name: str) -> int | None:
         """Last dimension of a MatMul/MatMulNBits output, looking through bias Adds and casts."""
         producers = {o: n for n in self.nodes for o in n.outputs}
         for _ in range(8):

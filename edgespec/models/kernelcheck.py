@@ -86,7 +86,7 @@ def _gqa_rotary(node: Node, io: GraphIO) -> str | None:
 
 def _gqa_head_size(node: Node, io: GraphIO) -> str | None:
     h, kv = node.ints.get("num_heads", 0), node.ints.get("kv_num_heads", 0)
-    width = io._width(node.inputs[0]) if node.inputs else None
+    width = io.projection_width(node.inputs[0]) if node.inputs else None
     q = io.inputs.get(_input(node, 0))
     if width is None and q is not None and q.dims and isinstance(q.dims[-1], int):
         width = q.dims[-1]  # the query is a graph input: its last dimension
@@ -106,7 +106,7 @@ def _gqa_rotary_head(node: Node, io: GraphIO) -> str | None:
     if not (_input(node, 7) and _input(node, 8)):
         return None
     h, kv = node.ints.get("num_heads", 0), node.ints.get("kv_num_heads", 0)
-    width = io._width(node.inputs[0]) if node.inputs else None
+    width = io.projection_width(node.inputs[0]) if node.inputs else None
     q = io.inputs.get(_input(node, 0))
     if width is None and q is not None and q.dims and isinstance(q.dims[-1], int):
         width = q.dims[-1]

@@ -171,7 +171,7 @@ class Service:
             limit_concurrency=2 * total + 1,
             timeout_graceful_shutdown=int(self.config.drain_timeout + SHUTDOWN_GRACE),
         )
-        self.server = _Uvicorn.make(uv_config, self._on_signal)
+        self.server = _Uvicorn.make(uv_config, self.on_signal)
         previous = self._catch_other_signals()
         try:
             asyncio.run(self._main())
@@ -286,8 +286,9 @@ class Service:
         return ", ".join(parts)
 
     # -- stopping ---------------------------------------------------------------------------------
-    def _on_signal(self, sig: int) -> None:
-        """Runs as a signal handler: hand the work to the loop."""
+    def on_signal(self, sig: int) -> None:
+        """A signal received (the handler), or sent by an embedding program to stop the service: hand the work to the
+        loop."""
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self._drain, sig)
         else:

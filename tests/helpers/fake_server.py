@@ -132,7 +132,7 @@ class Server:
 
     def stop(self, timeout=15):
         if self.thread.is_alive():
-            self.service._on_signal(signal.SIGTERM)
+            self.service.on_signal(signal.SIGTERM)
             self.thread.join(timeout)
         assert not self.thread.is_alive(), "server did not stop"
 

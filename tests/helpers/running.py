@@ -47,7 +47,7 @@ class RunningServer:
         return state.phase == "ready"
 
     def stop(self) -> None:
-        self.service._on_signal(signal.SIGTERM)
+        self.service.on_signal(signal.SIGTERM)
         self.thread.join(DEADLINE)
         assert not self.thread.is_alive()
 

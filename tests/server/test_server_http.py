@@ -527,7 +527,7 @@ def test_sigterm_drain_finishes_running_503s_queued_exits_0(serve):
     assert eng.busy.wait(5)
     t2 = _background_post(s, chat_body(max_tokens=2), results, "queued")
     wait_until(lambda: s.service.scheduler.depth >= 1, what="a request in the queue")
-    s.service._on_signal(signal.SIGTERM)
+    s.service.on_signal(signal.SIGTERM)
     t1.join(10), t2.join(10)
     s.thread.join(10)
     assert not s.thread.is_alive() and s.rc == 0
@@ -542,7 +542,7 @@ def test_sigterm_drain_cancels_running_request_at_the_deadline(serve):
     results = {}
     t1 = _background_post(s, chat_body(max_tokens=60), results, "running")
     assert eng.busy.wait(5)
-    s.service._on_signal(signal.SIGTERM)
+    s.service.on_signal(signal.SIGTERM)
     t1.join(10)
     s.thread.join(10)
     assert not s.thread.is_alive() and s.rc == 0
