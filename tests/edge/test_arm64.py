@@ -56,6 +56,8 @@ def test_runtime_tests_pass_on_emulated_aarch64():
         env={**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)},
     )
     out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-4000:]
+    # the tiny bundles' quantizer logs a line per matrix: left out, so a failure's own lines fit the message
+    said = "\n".join(x for x in out.splitlines() if "matmul_nbits_quantizer" not in x)
+    assert p.returncode == 0, said[-6000:]
     assert " passed" in out and " failed" not in out
     assert "only inside scripts/test-arm64.sh" not in out  # the aarch64 check ran, it did not skip
