@@ -317,7 +317,9 @@ def test_greedy_docs_drafter_equals_target_alone(engines, tiny_bundle, tmp_path)
     deng = _docs_engine(eng, tiny_bundle, prompts, tmp_path, 256, max_new_tokens=48)
     check_greedy_lossless(deng, seed, 2, (1, 3, 8), modes=["docs", "auto"])
     r = deng.generate(prompts[0], max_new_tokens=48, draft="docs")
-    assert r.stats.accepted_by_source.get("docs", 0) > 10  # it copied the documents
+    # it copied the documents: 16 of 48 tokens on x86_64, 10 on emulated aarch64 (the random model's answers
+    # differ there; their text does not always encode back to the same tokens, so not all of it copies)
+    assert r.stats.accepted_by_source.get("docs", 0) >= 8, r.stats
     deng.close()
 
 

@@ -281,7 +281,9 @@ def _real_bundles():
 @pytest.mark.realmodel
 @pytest.mark.parametrize("draft", [True, False], ids=["with-draft", "target-only"])
 def test_predicted_vs_measured_rss_real_bundles(draft):
-    """The issue's bar: within 15 % on the real bundles, caches filled to max_len (2048)."""
+    """Never under the measured peak, at most 15 % over, on the real bundles, caches filled to max_len
+    (2048): a plan under the peak lets a budget be exceeded (the default Qwen target was 6.6 % under
+    before its weights were counted at 1.45x)."""
     bundles = _real_bundles()
     if not bundles:
         pytest.skip(f"no real bundles under {REAL_BUNDLES} (`edgespec quickstart` or `edgespec export` makes one)")
@@ -294,7 +296,7 @@ def test_predicted_vs_measured_rss_real_bundles(draft):
         rss = measure.measure_fresh(b, max_len=p.max_len, load_draft=p.load_draft)
         check = memcheck.compare(p, rss["peak"])
         print(f"{b.name} draft={draft}: {check.describe()}")
-        if abs(check.error) > 0.15:
+        if not -0.15 <= check.error <= 0.0:
             failures.append(f"{b.name}: {check.describe()}")
     assert not failures, failures
 

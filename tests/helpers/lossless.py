@@ -99,3 +99,22 @@ def check_heads_sampling(eng, drafter_cls, monkeypatch, lie: bool, n: int = 1200
     assert accepted > n // 2  # the acceptance path really ran
     p = chi2_gof(counts, exact, n)
     assert (p < 1e-6) if lie else (p > 1e-3)
+
+
+def flip_margin(eng, prompt_ids: list[int], spoken: str, alone: str) -> tuple[int, float]:
+    """Where a speculative answer (`spoken`) first leaves the target-alone answer (`alone`) of the same
+    prompt: (token position, how far the target alone prefers its own token there, in logits).
+
+    Both texts are encoded again (the server returns text), so the position is in those tokens. A
+    verify step that scores k+1 positions at once may round a near-tie the other way than one step
+    does (int8 activations, docs/graph-contract.md); the margin says whether that is all that
+    happened: a speculative bug makes tokens the target does not nearly prefer. (-1, 0.0): the same."""
+    a = eng.tokenizer.encode(spoken, add_special_tokens=False).ids
+    b = eng.tokenizer.encode(alone, add_special_tokens=False).ids
+    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if i is None:
+        return -1, 0.0
+    eng.reset_cache()  # the target's cache holds nothing the step below would skip
+    logits = eng.target.step(prompt_ids + b[:i], 1)[0]
+    eng.reset_cache()
+    return i, float(logits[b[i]] - logits[a[i]])

@@ -9,6 +9,7 @@ openai = pytest.importorskip("openai", reason="the test extra is not installed (
 pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
 
 from edgespec.engine import Engine  # noqa: E402
+from helpers.lossless import flip_margin  # noqa: E402
 from helpers.running import RunningServer  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "Sort a list of pairs by the second item."}]
@@ -173,12 +174,20 @@ def test_smollm2_streams_real_text(smollm2_export):
         alone = r.client.chat.completions.create(
             model="smollm2", messages=[{"role": "user", "content": "Name three colours."}], max_tokens=32,
             extra_body={"draft": "none"})
-        # int8 with accuracy level 4: the verify kernel may flip a near-tie (docs/graph-contract.md), so
-        # token identity is not demanded; but both runs share the prompt's prefill, so the first word
-        # is the same, and a flip changes the text from some point on, not all of it
+        # int8 with accuracy level 4: a verify step may round a near-tie the other way than a single step
+        # (docs/graph-contract.md), so token identity is not demanded. What is: both share the prompt's
+        # prefill (the same first word), and where they part, the target alone prefers its own token by
+        # less than a logit (seen: 0.14; a speculative bug makes tokens the target does not nearly prefer)
         other = alone.choices[0].message.content
-        agree = sum(a == b for a, b in zip(text, other)) / max(1, len(text))
         assert text.split()[0] == other.split()[0], (text, other)
-        assert agree >= 0.25, f"speculative and target-alone answers agree on only {agree:.0%}: {text!r} vs {other!r}"
+        eng = Engine.open(bundle, draft="none")
+        try:
+            prompt = eng.encode(messages=[{"role": "user", "content": "Name three colours."}])
+            at, margin = flip_margin(eng, prompt, text, other)
+            # the negative control: an answer the target would not give parts from it by far more
+            assert flip_margin(eng, prompt, "Zebra " + other, other)[1] > 3.0
+        finally:
+            eng.close()
+        assert margin < 1.0, f"token {at}: the target alone prefers its own by {margin:.2f}: {text!r} vs {other!r}"
     finally:
         r.stop()
