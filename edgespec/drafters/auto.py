@@ -8,7 +8,8 @@ model cost and score every lookup against what the target then wrote, so they qu
 rate for this round's lookup (Drafter.quote). A source that costs model steps (draft model, heads)
 is priced before it drafts (Drafter.cost): its measured step seconds, a one-off catch-up (feeding
 the draft text it has not seen, e.g. the prompt) spread over the tokens it is expected to serve in
-this reply (`served`: its share of recent rounds times the reply left), and `a` from
+this reply (`served`: its share of recent rounds times the reply left, against the mean length of this
+service's replies), and `a` from
 a Beta posterior per source: its prior plus every verdict on its proposals in this request, with
 earlier requests' evidence kept at REQUEST_KEEP; a round where it drafted and then proposed nothing
 counts as a miss (the step was paid for no token). `a` is read optimistically, the posterior mean plus
@@ -124,9 +125,12 @@ class AutoDrafter(DrafterBase):
             self._prompt = None
 
     def forget(self) -> None:
+        """Forgets what it learned of texts (acceptance, shares). Not the replies' mean length: like the
+        measured step costs it describes the service (a kiosk's answers run a dozen tokens, an editor's
+        hundreds), and relearning it after every reset_cache would price each catch-up as if replies ran
+        REPLY_PRIOR tokens (a 300-token docs prompt's catch-up took ~1 s of a 5-token answer's decode)."""
         self.posteriors.clear()
         self.share.clear()
-        self.reply = REPLY_PRIOR
         for s in self.sources:
             s.forget()
 
