@@ -323,22 +323,46 @@ def report_json(rows: list[Row], samples: list[Sample], meta: dict) -> dict:
 
 # --- the engine behind the seam -------------------------------------------------------------------------
 class EngineAsker:
-    """Asks an Engine (greedy), from an empty cache each time (bench/run.py fresh_cache: the drafters' learned
-    tables are forgotten too, as in the prompt bench). The plain and by-hand conditions run with the engine's
+    """Asks an Engine (greedy). Each ask starts as a kiosk's next visitor does: the cache holds what this
+    prompt shares with the previous question's under the same condition (the system prompt, the
+    template's instructions: the engine reuses that prefix between requests), and nothing of this
+    question (bench/run.py fresh_cache first: the drafters' learned tables are forgotten too, as in the
+    prompt bench, and no mode gets a free prefill from the mode before). The first question of a
+    condition prefills its whole prompt. The plain and by-hand conditions run with the engine's
     documents set aside for the call, so retrieval does not rewrite their prompt."""
 
     def __init__(self, engine):
         self.engine = engine
+        # docs or not -> the prompt ids of the question being asked, and of the one before it
+        self._current: dict[bool, list[int]] = {}
+        self._previous: dict[bool, list[int]] = {}
 
     def ask(self, messages: list[dict], *, draft: str, docs: bool, max_new_tokens: int) -> Answer:
+        from ..core.proposal import common_prefix
         from .run import fresh_cache
 
-        fresh_cache(self.engine)  # every mode prefills its whole prompt: no free prefill from the mode before
+        fresh_cache(self.engine)
         with self._documents(docs):
+            ids = self._prompt_ids(messages, docs)
+            if ids and ids != self._current.get(docs):  # a new question (every mode of it sees the same head)
+                self._previous[docs], self._current[docs] = self._current.get(docs, []), ids
+            if ids and self._previous.get(docs):
+                self.engine.hold(ids[: common_prefix(self._previous[docs], ids)])
             r = self.engine.generate(messages=messages, draft=draft, max_new_tokens=max_new_tokens, temperature=0.0)
         d = getattr(r, "docs", None) or {}
         files = [s.get("file", "") for s in d.get("sources", [])]
         return Answer(r.text, r.stats, files, bool(d.get("declined")) if docs else None)
+
+    def _prompt_ids(self, messages: list[dict], docs: bool) -> list[int]:
+        """The tokens the target will prefill for these messages (with docs: the turn retrieval writes;
+        [] for a turn retrieval declines, which runs no model)."""
+        kn = getattr(self.engine, "knowledge", None)
+        if docs and kn is not None:
+            turn = kn.turn(messages)
+            if turn.declined:
+                return []
+            messages = turn.messages
+        return self.engine.encode(messages=messages)
 
     @contextmanager
     def _documents(self, on: bool) -> Iterator[None]:

@@ -128,27 +128,63 @@ def test_a_condition_may_name_its_own_modes():
     assert len(samples) == 3 * 3
 
 
+class _Knowledge:
+    """Retrieval that quotes one fixed passage (or declines questions that say so)."""
+
+    def turn(self, messages):
+        q = messages[-1]["content"]
+        quoted = [{"role": "user", "content": "PASSAGES " + q}]
+        return type("T", (), {"declined": "decline" in q, "messages": quoted})()
+
+
+class _Engine:
+    """What EngineAsker calls: prompts encode to their characters' codes; hold and generate are recorded."""
+
+    def __init__(self):
+        self.knowledge = _Knowledge()
+        self.seen, self.held, self.resets = [], [], 0
+
+    def reset_cache(self):
+        self.resets += 1
+
+    def encode(self, messages):
+        return [ord(c) for c in messages[-1]["content"]]
+
+    def hold(self, tokens):
+        self.held.append("".join(map(chr, tokens)))
+
+    def generate(self, messages, **kw):
+        self.seen.append(self.knowledge)
+        return type("R", (), {"text": "x", "stats": Stats(2, 0.1, 0.2), "docs": None})()
+
+
 def test_plain_and_by_hand_set_the_documents_aside_for_the_call():
-    class Engine:
-        knowledge = "index"
-        seen = []
-        resets = 0
-
-        def reset_cache(self):
-            self.resets += 1
-
-        def generate(self, messages, **kw):
-            self.seen.append(self.knowledge)
-            return type("R", (), {"text": "x", "stats": Stats(2, 0.1, 0.2), "docs": None})()
-
-    e = Engine()
+    e = _Engine()
+    kn = e.knowledge
     asker = qs.EngineAsker(e)
     asker.ask([{"role": "user", "content": "q"}], draft="none", docs=False, max_new_tokens=4)
     asker.ask([{"role": "user", "content": "q"}], draft="none", docs=True, max_new_tokens=4)
-    assert e.seen == [None, "index"] and e.knowledge == "index" and e.resets == 2
+    assert e.seen == [None, kn] and e.knowledge is kn and e.resets == 2
     e.knowledge = None
     with pytest.raises(InvalidRequest, match="needs --docs INDEX"):
         asker.ask([{"role": "user", "content": "q"}], draft="none", docs=True, max_new_tokens=4)
+
+
+def test_each_question_starts_with_what_it_shares_with_the_one_before_cached():
+    """A kiosk's cache holds the previous visitor's prompt: its head (system prompt, the template's
+    instructions) is reused, nothing of this question. Every mode of a question starts alike."""
+    e = _Engine()
+    asker = qs.EngineAsker(e)
+    ask = lambda q, docs: asker.ask([{"role": "user", "content": q}], draft="none", docs=docs, max_new_tokens=4)
+    ask("Q: when open?", True)
+    ask("Q: when open?", True)  # the second mode of the first question: nothing before it
+    assert e.held == [] and e.resets == 2
+    ask("Q: what price?", True)
+    ask("Q: what price?", True)  # the second mode of the same question holds the same head, not its own prompt
+    assert e.held == ["PASSAGES Q: wh", "PASSAGES Q: wh"]
+    ask("Q: where?", False)  # conditions keep their own previous question: the first plain one has none
+    ask("decline this", True)  # a turn retrieval declines runs no model: nothing held
+    assert e.held == ["PASSAGES Q: wh", "PASSAGES Q: wh"] and e.resets == 6
 
 
 def test_the_command_runs_plain_and_by_hand_on_a_tiny_bundle(tiny_bundle, tmp_path, capsys):
