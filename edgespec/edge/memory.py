@@ -46,11 +46,9 @@ TOKENIZER_FACTOR = 9  # a loaded `tokenizers.Tokenizer` holds ~9x its tokenizer.
 # Q6_K matmuls repack larger, measured 1.43x on Qwen2.5-Coder 1.5B (6 Dec); 1.45 keeps the plan over
 WEIGHT_FACTOR = {"int4": 1.32, "int8": 1.32, "mixed": 1.45, "fp16": 1.05, "fp32": 1.05}
 SESSION_OVERHEAD = 2 << 20  # per onnxruntime session: graph, kernels, arena bookkeeping
-# Measured peak RSS minus the terms above, on the four real plans of docs/edge.md before this term
-# existed: 46 MiB (SmolLM2 int4), 30 MiB (SmolLM2 int8), 41 MiB (Qwen 1.5B alone), 3 MiB (Qwen pair),
-# all under. Roughly constant, not proportional (the small models showed it as 7-12 %): glibc
-# arenas and onnxruntime's per-run buffers. Re-measured 6 Dec: 59 MiB (SmolLM2) here and 66 MiB in a CI
-# run (the plan then 0.6 % under); 80 MiB covers both with 14 MiB to spare.
+# Measured peak RSS minus the terms above (docs/edge.md, "The margin"): roughly constant, not
+# proportional: glibc arenas and onnxruntime's per-run buffers. 59 MiB for SmolLM2 on the dev VM and
+# 66 MiB in a CI run (6 Dec); 80 MiB covers both with 14 MiB to spare.
 UNACCOUNTED = 80 << 20
 # Device side of a cuda-flavored graph. Estimates from NVIDIA's documentation, NOT measured here
 # (no GPU): `plan --measure` on a GPU measures the context first (gpumem.py, a fresh process) and
