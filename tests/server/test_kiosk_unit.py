@@ -127,6 +127,16 @@ def user_dir():
         shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture
+def launcher(user_dir) -> Path:
+    """kiosk-browser.sh copied where its user can read it: a clone inside a folder only its owner can
+    enter (as /root is, and as `mktemp -d` makes) keeps nobody from opening the one in systemd/."""
+    copy = user_dir(name="launcher") / LAUNCHER.name
+    shutil.copy(LAUNCHER, copy)
+    copy.chmod(0o755)
+    return copy
+
+
 def launcher_env(home: Path, **extra: str) -> dict[str, str]:
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_RUNTIME_DIR": str(home),
            "EDGESPEC_PYTHON": sys.executable}
@@ -141,9 +151,9 @@ def launcher_env(home: Path, **extra: str) -> dict[str, str]:
     ({"EDGESPEC_KIOSK_BROWSER": "true", "EDGESPEC_KIOSK_COMPOSITOR": "no-such-compositor --"},
      "no graphical session and no 'no-such-compositor'"),
 ])
-def test_launcher_setup_errors_exit_78_with_the_reason(user_dir, env, message):
+def test_launcher_setup_errors_exit_78_with_the_reason(user_dir, launcher, env, message):
     home = user_dir()
-    r = subprocess.run(as_nobody(["sh", str(LAUNCHER)]), env=launcher_env(home, **env),
+    r = subprocess.run(as_nobody(["sh", str(launcher)]), env=launcher_env(home, **env),
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 78, (r.returncode, r.stderr)
     assert message in r.stderr
@@ -166,7 +176,7 @@ exec sleep 30
 """
 
 
-def test_launcher_waits_for_the_page_then_starts_the_browser_with_a_fresh_profile(user_dir):
+def test_launcher_waits_for_the_page_then_starts_the_browser_with_a_fresh_profile(user_dir, launcher):
     home = user_dir()
     record = home / "args"
     fake = home / "fake-chromium"
@@ -185,7 +195,7 @@ def test_launcher_waits_for_the_page_then_starts_the_browser_with_a_fresh_profil
     url = f"http://127.0.0.1:{port}/?max_turns=3"
     env = launcher_env(home, DISPLAY=":99", EDGESPEC_KIOSK_URL=url, EDGESPEC_KIOSK_BROWSER=str(fake),
                        EDGESPEC_KIOSK_PROFILE=str(profile), EDGESPEC_KIOSK_FLAGS="--force-device-scale-factor=1.5")
-    proc = subprocess.Popen(as_nobody(["sh", str(LAUNCHER)]), env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(as_nobody(["sh", str(launcher)]), env=env, stderr=subprocess.PIPE, text=True)
     try:
         # two refused probes seen by the server: the launcher is waiting, and it starts the browser only
         # after a probe succeeds, so the browser cannot have started yet
@@ -208,21 +218,21 @@ def test_launcher_waits_for_the_page_then_starts_the_browser_with_a_fresh_profil
     assert f"waiting for {url}" in err
 
 
-def test_launcher_gives_up_after_the_configured_wait(user_dir):
+def test_launcher_gives_up_after_the_configured_wait(user_dir, launcher):
     home = user_dir()
     server = FakeServer().start()
     port = server.port
     server.stop()
     env = launcher_env(home, DISPLAY=":99", EDGESPEC_KIOSK_URL=f"http://127.0.0.1:{port}/",
                        EDGESPEC_KIOSK_BROWSER="true", EDGESPEC_KIOSK_WAIT="2")
-    r = subprocess.run(as_nobody(["sh", str(LAUNCHER)]), env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(as_nobody(["sh", str(launcher)]), env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "did not answer within 2 s" in r.stderr
 
 
 # ------------------------------------------------------------------------------ for real: cage + Chromium
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_kiosk_in_cage_shows_the_page_and_exits_when_the_browser_dies(user_dir):
+def test_kiosk_in_cage_shows_the_page_and_exits_when_the_browser_dies(user_dir, launcher):
     """What the unit runs on a board, with cage's headless backend instead of a screen. (No screenshot:
     wlroots' headless output with software rendering captures only part of the window; the proof that
     the page runs is that its script polls the server.)"""
@@ -240,7 +250,7 @@ def test_kiosk_in_cage_shows_the_page_and_exits_when_the_browser_dies(user_dir):
                        EDGESPEC_KIOSK_BROWSER=chromium_path(), EDGESPEC_KIOSK_FLAGS="--disable-gpu",
                        # no screen here: wlroots' headless backend and software rendering
                        WLR_BACKENDS="headless", WLR_LIBINPUT_NO_DEVICES="1", WLR_RENDERER="pixman")
-    proc = subprocess.Popen(as_nobody(["sh", str(LAUNCHER)]), env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(as_nobody(["sh", str(launcher)]), env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         # the page ran in the kiosk browser: its script asked for /ready and the model
