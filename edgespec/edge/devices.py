@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import InvalidRequest
 from ..limits import DEFAULT_MAX_LEN
+from . import releases
 from .memcheck import meminfo
 from .providers import ProfileOrder
 
@@ -51,7 +52,9 @@ class DeviceProfile:
     default_max_len: int
     gpu: str | None = None
     memory_shared_with_gpu: bool = False
-    power_modes: list[dict] = field(default_factory=list)
+    # nvpmodel modes by set ("standard"; "super": JetPack 6.2's Super flash config), each {"id", "name", "watts"};
+    # which sets a JetPack release can have is the release table's (edge/releases.py)
+    power_modes: dict[str, list[dict]] = field(default_factory=dict)
     supply_w: float | None = None
     default_power_budget_w: float | None = None
     max_temp_c: float | None = None
@@ -81,7 +84,7 @@ class DeviceProfile:
             providers=list(d.get("providers") or ["cpu"]), draft_providers=list(d.get("draft_providers") or ["cpu"]),
             default_threads=d.get("default_threads"), default_max_len=int(d.get("default_max_len") or DEFAULT_MAX_LEN),
             gpu=d.get("gpu"), memory_shared_with_gpu=bool(d.get("memory_shared_with_gpu")),
-            power_modes=list(d.get("power_modes") or []), supply_w=d.get("supply_w"),
+            power_modes=dict(d.get("power_modes") or {}), supply_w=d.get("supply_w"),
             default_power_budget_w=d.get("default_power_budget_w"), max_temp_c=d.get("max_temp_c"),
             trt=d.get("trt"), sensors=dict(d.get("sensors") or {}), detect=dict(d.get("detect") or {}),
             install=dict(d.get("install") or {}), aliases=list(d.get("aliases") or []), notes=list(d.get("notes") or []),
@@ -100,10 +103,11 @@ class DeviceProfile:
 
 
 def profile_files() -> list:
-    """The board profiles, one JSON resource per board, sorted by name. A runtime installed without its
+    """The board profiles, one JSON resource per board, sorted by name (a name starting with "_" is other data). A runtime installed without its
     package data is broken, not merely unconfigured: say so instead of detecting nothing."""
     folder = resources.files("edgespec") / "devices"
-    found = sorted((f for f in folder.iterdir() if f.name.endswith(".json")), key=lambda f: f.name) if folder.is_dir() else []
+    found = sorted((f for f in folder.iterdir() if f.name.endswith(".json") and not f.name.startswith("_")),
+                   key=lambda f: f.name) if folder.is_dir() else []  # "_releases.json": the release table
     if not found:
         raise FileNotFoundError(f"no device profiles found in {folder} (the package data edgespec/devices)")
     return found
@@ -172,7 +176,9 @@ def read_board(root: str | os.PathLike = "/") -> dict[str, Any]:
         m = re.search(r"R(\d+)\s*\(release\),\s*REVISION:\s*([0-9.]+)", tegra)
         l4t = f"{m.group(1)}.{m.group(2)}" if m else tegra.strip().splitlines()[0] if tegra.strip() else "unknown"
         facts["tegra_release"] = l4t
-        facts["jetpack"] = _jetpack(l4t)
+        row = releases.jetpack_row(l4t)
+        facts["jetpack"] = row["jetpack"] if row else None
+        facts["jetpack_exact"] = bool(row and row["exact"])
     cpuinfo = _read(root, "proc/cpuinfo") or ""
     procs = re.findall(r"^processor\s*:", cpuinfo, flags=re.M)
     facts["cpu_count"] = len(procs) or (os.cpu_count() if str(root) == "/" else None)
@@ -231,36 +237,6 @@ def _warn_once(msg: str) -> None:
     if msg not in _warned:
         _warned.add(msg)
         log.warning("%s", msg)
-
-
-def _l4t_parts(l4t: str) -> tuple[int, int, int]:
-    nums = [int(x) for x in re.findall(r"\d+", l4t)[:3]]
-    return tuple(nums + [0] * (3 - len(nums)))  # type: ignore[return-value]
-
-
-def _jetpack(l4t: str) -> str | None:
-    """L4T release -> JetPack version, as precise as NVIDIA's wheels need it: 36.3 is JetPack 6.0 (CUDA 12.2),
-    36.4 is 6.1 (36.4.0) or 6.2 (36.4.3 on, CUDA 12.6); 38 and 39 are JetPack 7 (Thor, CUDA 13)."""
-    try:
-        major, minor, patch = _l4t_parts(l4t)
-    except ValueError:
-        return None
-    if major == 36:
-        if minor < 4:
-            return "6.0" + (" DP" if minor < 3 else "")
-        return "6.1" if patch < 3 else "6.2"
-    return {32: "4", 34: "5", 35: "5", 38: "7", 39: "7"}.get(major)
-
-
-def jetpack_cuda(l4t: str) -> str | None:
-    """The CUDA version an L4T release ships (what an onnxruntime-gpu wheel is built against), None if unknown."""
-    try:
-        major, minor, _ = _l4t_parts(l4t)
-    except ValueError:
-        return None
-    if major == 36:
-        return "12.2" if minor < 4 else "12.6"
-    return {32: "10.2", 35: "11.4", 38: "13.0", 39: "13.0"}.get(major)
 
 
 def _matches(p: DeviceProfile, facts: dict) -> tuple[bool, bool]:

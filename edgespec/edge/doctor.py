@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import devices, providers, sensors
+from . import boardstate, devices, providers, releases, sensors
 from ..models.kernels import ORT_FLOORS, floor_problem
 from ..units import format_size
 
@@ -23,27 +23,47 @@ GPU_LIB_GLOBS = {
 }
 
 
-JETSON_INDEX = "https://pypi.jetson-ai-lab.io/jp6/cu126"  # NVIDIA's onnxruntime-gpu for JetPack 6.1/6.2 (CUDA 12.6)
-
-
 def onnxruntime_install(profile, board: dict[str, Any]) -> str:
-    """The line that installs the onnxruntime this board should have, where none is importable: NVIDIA's
-    onnxruntime-gpu on a Jetson whose JetPack has a wheel at the cuda flavor's floor, the CPU wheel elsewhere
-    (never the CPU wheel on a Jetson that could take the GPU one: both own the `onnxruntime` module)."""
+    """The line that installs the onnxruntime this board should have: on a Jetson, what its JetPack release's row
+    in devices/_releases.json says (NVIDIA's onnxruntime-gpu fetched alone from its index, or the CPU wheel with the
+    reason there is no GPU one); the CPU wheel elsewhere (never the CPU wheel on a Jetson that could take the GPU
+    one: both own the `onnxruntime` module)."""
     cpu = "pip install 'edgespec[cpu]'"
     l4t = board.get("tegra_release")
     if profile.family != "jetson" and not l4t:
         return cpu
-    gpu = (f"pip download --no-deps -d /tmp/ort-gpu 'onnxruntime-gpu>={ORT_FLOORS['cuda']}' --index-url {JETSON_INDEX}"
-           " && pip install /tmp/ort-gpu/onnxruntime_gpu-*.whl")
-    cuda = devices.jetpack_cuda(l4t) if l4t else None
-    if l4t is None or cuda == "12.6":
-        return gpu + "   (JetPack 6.1/6.2; docs/jetson.md)"
-    if cuda == "12.2":
-        return (f"{cpu}   (JetPack 6.0, L4T {l4t}, has CUDA 12.2: NVIDIA's onnxruntime-gpu >= {ORT_FLOORS['cuda']} "
-                f"is built for CUDA 12.6, so upgrade to JetPack 6.1 or 6.2 (L4T 36.4) and then: {gpu}; docs/jetson.md)")
-    return (f"{cpu}   (L4T {l4t}: edgespec knows no onnxruntime-gpu wheel for this JetPack; the CPU provider runs "
-            "meanwhile; docs/jetson.md)")
+    if l4t is None:  # a Jetson profile named on another machine: the supported JetPack 6 line
+        sid, src = "jp6-cu126", releases.table()["onnxruntime"]["jp6-cu126"]
+        return releases.gpu_install_line(src) + "   (JetPack 6.1 to 6.2.2; docs/jetson.md)"
+    sid, src = releases.onnxruntime_source(l4t)
+    name = releases.jetpack_name(l4t) or "a JetPack edgespec does not know"
+    if sid == "jp6-cu126":
+        return releases.gpu_install_line(src) + f"   ({name}, L4T {l4t}; docs/jetson.md)"
+    return f"{cpu}   ({name}, L4T {l4t}: {src['what']}; docs/jetson.md)"
+
+
+def release_info(profile, board: dict[str, Any], root: Path) -> dict[str, Any]:
+    """The board's software release from the release table: a Jetson's JetPack row (by L4T), a Pi's OS row."""
+    l4t = board.get("tegra_release")
+    if l4t:
+        row = releases.jetpack_row(l4t)
+        sid, src = releases.onnxruntime_source(l4t)
+        return {"kind": "jetpack", "l4t": l4t, "name": releases.jetpack_name(l4t), "row": row,
+                "onnxruntime_source": sid, "onnxruntime_what": src["what"]}
+    osr = boardstate.os_release(root)
+    row = releases.pi_os(osr.get("VERSION_CODENAME")) if profile.family == "raspberrypi" else None
+    return {"kind": "os", "name": osr.get("PRETTY_NAME"), "codename": osr.get("VERSION_CODENAME"), "row": row}
+
+
+def system_state(profile, root: Path, codename: str | None) -> dict[str, Any]:
+    """Swap and zram, the CPU governor and a running desktop, each with the command that changes it."""
+    desk = boardstate.desktop(root)
+    advice = boardstate.swap_advice(profile.family, codename)
+    return {"swap": boardstate.swaps(root), "zram": boardstate.zram_devices(root), "swap_setup": advice["swap"],
+            "swap_persist": advice["swap_persist"], "zram_off": advice.get("zram_off"),
+            "governors": boardstate.governors(root), "governor_command": boardstate.GOVERNOR_FAST,
+            "desktop": desk, "desktop_rss_bytes": sum(p["rss_bytes"] for p in desk),
+            "desktop_command": boardstate.DESKTOP_OFF}
 
 
 def _nvidia_gpu(root: Path, profile) -> bool:
@@ -110,7 +130,12 @@ def collect(root: str | os.PathLike = "/", *, device=None, path: str | None = No
     found = sensors.discover(root, profile=profile, path=path)
     reading = found.read()
     report["sensors"] = {**found.describe(), "reading": reading.to_dict()}
-    report["power_mode"] = found.power_mode()
+    report["power_mode"] = _current_mode(found, root, profile)
+    report["release"] = release_info(profile, board, root)
+    report["install"] = onnxruntime_install(profile, board)
+    if profile.family == "jetson":
+        report["power_modes"] = boardstate.power_modes(profile, root, board.get("tegra_release"))
+    report["system"] = system_state(profile, root, report["release"].get("codename"))
     report["throttling"] = _throttling(reading, found)
 
     report["missing"] = _missing(root, profile, results, ort_info)
@@ -118,6 +143,20 @@ def collect(root: str | os.PathLike = "/", *, device=None, path: str | None = No
     report["recommended"] = _recommend(profile, results, board)
     report["notes"] = list(profile.notes)
     return report
+
+
+def _current_mode(found: sensors.Sensors, root: Path, profile) -> dict[str, Any] | None:
+    """The nvpmodel mode now: `nvpmodel -q`, else the mode nvpmodel last set (its status file), named from the
+    board's /etc/nvpmodel.conf."""
+    mode = found.power_mode()
+    if mode and mode.get("name"):
+        return mode
+    pid = boardstate.nvpmodel_status(root)
+    if pid is None:
+        return mode
+    conf = boardstate.nvpmodel_conf(root) or {"modes": []}
+    name = next((m["name"] for m in conf["modes"] if m["id"] == pid), None)
+    return {"name": name or f"mode {pid}", "id": pid, "from": boardstate.NVPMODEL_STATUS}
 
 
 def tensorrt_report(bundle_path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -162,6 +201,9 @@ def _missing(root: Path, profile, results, ort_info: dict[str, Any]) -> list[dic
             continue
         if not r["in_build"]:
             how = profile.install.get("onnxruntime-gpu") or "pip install onnxruntime-gpu"
+            l4t = devices.read_board(root).get("tegra_release")
+            if l4t and releases.onnxruntime_source(l4t)[0] != "jp6-cu126":
+                how = f"{releases.jetpack_name(l4t) or 'L4T ' + l4t}: {releases.onnxruntime_source(l4t)[1]['what']}"
             if short == "tensorrt" and not _libs(root)["tensorrt"]:
                 how = profile.install.get("tensorrt", how)
             out.append({"what": short, "why": "this onnxruntime has no " + short.upper() + " provider "
@@ -235,8 +277,14 @@ def render(report: dict[str, Any]) -> str:
     b = report["board"]
     det = b.get("detected", {})
     row("board", f"{b['name']} ({b['id']})\ndetected by {det.get('how', '?')}")
-    if det.get("tegra_release"):
-        row("", f"L4T {det['tegra_release']}" + (f" (JetPack {det['jetpack']})" if det.get("jetpack") else ""))
+    rel = report.get("release") or {}
+    if rel.get("kind") == "jetpack":
+        r = rel.get("row")
+        facts = f": Ubuntu {r['ubuntu']}, Python {r['python']}, CUDA {r['cuda']}" if r else ""
+        row("", f"L4T {rel['l4t']} ({rel.get('name') or 'a JetPack edgespec does not know'}{facts})")
+    elif rel.get("name"):
+        r = rel.get("row")
+        row("os", rel["name"] + (f" (Python {r['python']}, glibc {r['glibc']})" if r else ""))
     c = report["cpu"]
     usable = f", {c['usable_cores']} usable" if c.get("usable_cores") and c["usable_cores"] != c.get("cores") else ""
     row("cpu", f"{c.get('cores') or '?'} x {c.get('model') or 'unknown'} ({c.get('arch') or '?'}){usable}")
@@ -302,6 +350,34 @@ def render(report: dict[str, Any]) -> str:
         row("power mode", f"{pm.get('name')} (nvpmodel mode {pm.get('id')})" if pm.get("name") else f"unknown ({pm.get('error')})")
     elif b.get("power_modes"):
         row("power mode", "unknown: nvpmodel not found")
+    modes = report.get("power_modes")
+    if modes:
+        lines_ = []
+        for name, ms in modes["sets"].items():
+            lines_.append(f"{name}: " + ", ".join(f"{m['id']} = {m['name']}" for m in ms))
+            best = modes["fastest"].get(name)
+            if best:
+                lines_.append(f"  fastest: {best['command']} ({best['name']})" + (f"; {best['needs']}" if best.get("needs") else ""))
+        row("modes", "\n".join(lines_) + f"\n(from {modes['source']})")
+    sysinfo = report.get("system")
+    if sysinfo:
+        sw = sysinfo["swap"]
+        text = ", ".join(f"{s_['name']} {format_size(s_['size_bytes'])}" + (" (zram)" if s_["zram"] else "")
+                         + (f", {format_size(s_['used_bytes'])} used" if s_["used_bytes"] else "") for s_ in sw) or "none"
+        row("swap", f"{text}; set up by {sysinfo['swap_setup']}\nto add swap that survives a reboot: {sysinfo['swap_persist']}"
+            + (f"\nzram off: {sysinfo['zram_off']}" if sysinfo.get("zram_off") and any(s_["zram"] for s_ in sw) else ""))
+        gov = sysinfo["governors"]
+        if gov:
+            row("governor", ", ".join(f"{g} ({n} cores)" for g, n in gov.items())
+                + ("" if set(gov) == {"performance"} else f"\nsteadier step times: {sysinfo['governor_command']}"))
+        desk = sysinfo["desktop"]
+        if desk:
+            row("desktop", ", ".join(p["name"] for p in desk) + f" running: {format_size(sysinfo['desktop_rss_bytes'])}"
+                f" resident\nfor a service: {sysinfo['desktop_command']}")
+        else:
+            row("desktop", "none running")
+    if report.get("install"):
+        row("install", f"onnxruntime for this board: {report['install']}")
     t = report["throttling"]
     if t["known"]:
         now = ", ".join(t["now"]) or "none"

@@ -53,7 +53,7 @@ def test_fake_jetson(board):
     rec = r["recommended"]
     assert rec["providers"] == "cpu" and rec["threads"] == 6 and rec["memory_budget"] == "4.75GiB"
     text = doctor.render(r)
-    for want in ("Jetson Orin Nano 8GB", "L4T 36.4.3 (JetPack 6.2)", "cpu       works", "missing: not in this onnxruntime build",
+    for want in ("Jetson Orin Nano 8GB", "L4T 36.4.3 (JetPack 6.2: Ubuntu 22.04, Python 3.10, CUDA 12.6)", "cpu       works", "missing: not in this onnxruntime build",
                  "power 5.23 W", "15W (nvpmodel mode 0)", "--providers cpu", f"how: pip download --no-deps -d /tmp/ort-gpu 'onnxruntime-gpu>={ORT_FLOORS['cuda']}' --index-url"):
         assert want in text, want
 
