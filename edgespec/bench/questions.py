@@ -340,6 +340,12 @@ class EngineAsker:
 
     def __init__(self, engine):
         self.engine = engine
+        kn = getattr(engine, "knowledge", None)
+        if kn is not None and kn.venue is not None:  # the venue's system turn, pinned as `serve` pins it
+            from ..engine.pinned import pin_system_prompt
+            from ..models.files import edgespec_home
+
+            pin_system_prompt(engine, None, save_dir=edgespec_home() / "pinned")
         # docs or not -> the prompt ids of the question being asked, and of the one before it
         self._current: dict[bool, list[int]] = {}
         self._previous: dict[bool, list[int]] = {}

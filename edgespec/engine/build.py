@@ -12,7 +12,7 @@ from typing import Any
 
 from ..core.batch_runner import BatchRunner
 from ..core.runner import ModelRunner
-from ..edge import devices, flavor, memcheck, memory, providers as prov
+from ..edge import cache_length, devices, flavor, memcheck, memory, providers as prov
 from ..edge import governor as gov
 from ..models.bundle import Bundle
 from ..models.manifest import ModelFacts
@@ -152,7 +152,7 @@ def plan(settings: Settings, bundle) -> Plan:
 
         raise DraftUnavailable(NO_HEADS.format(name=b.name), param="draft")
     want_draft = "draft" in row.loads and b.draft is not None  # batched: a slot per request (engine/draft_batch.py)
-    mem = memory_plan(b, max_len=settings.max_len, want_draft=want_draft, profile=profile,
+    mem = memory_plan(b, max_len=venue_max_len(settings, b, profile), want_draft=want_draft, profile=profile,
                       budget=settings.memory_budget, providers=d["providers"], docs=settings.docs)
     for note in mem.notes:  # what a budget changed matters; the rest is detail
         log.log(logging.INFO if mem.budget_bytes is not None else logging.DEBUG, "memory plan: %s", note)
@@ -165,6 +165,18 @@ def plan(settings: Settings, bundle) -> Plan:
     if "heads" in row.loads and b.manifest.heads is not None and not settings.batched:
         runners.add("heads")
     return Plan(settings, b, profile, d["providers"], d["draft_providers"], d["threads"], mem, frozenset(runners))
+
+
+def venue_max_len(settings: Settings, b: Bundle, profile) -> int | None:
+    """The cache length asked for; when none is and the documents' whole venue goes in the cache
+    (knowledge/answer.py), the default grown to hold it with a conversation beside it."""
+    if settings.max_len is not None or settings.docs is None:
+        return settings.max_len
+    from ..knowledge.answer import TURN_ROOM, venue_tokens_estimate
+
+    venue = venue_tokens_estimate(settings.docs)
+    default = cache_length.default_max_len(b, profile)
+    return default if venue is None else max(default, venue + TURN_ROOM)
 
 
 def memory_plan(b: Bundle, *, max_len, want_draft: bool, profile, budget: int | None,
@@ -180,9 +192,18 @@ def memory_plan(b: Bundle, *, max_len, want_draft: bool, profile, budget: int | 
     available = ort.get_available_providers()
     first = flavor.first_usable(prov.normalize(providers), available)
     graph = flavor.planned(b.target, providers, available).graph_flavor()
+    device = prov.device_of(first) if first and graph == "cuda" else "cpu"
+    knowledge = None
+    if docs:
+        knowledge = memory.knowledge_lines(*files_bytes(docs=docs))
+        if device == "cpu":  # the whole venue's rows, pinned: a host copy of its part of the cache (engine/pinned.py)
+            from ..knowledge.answer import venue_tokens_estimate
+
+            venue = venue_tokens_estimate(docs)
+            if venue is not None:
+                knowledge["venue_rows"] = venue * b.target.kv_bytes_per_token()
     return memory.plan(b, max_len=max_len, want_draft=want_draft, budget_bytes=budget, profile=profile,
-                       flavor=graph, device=prov.device_of(first) if first and graph == "cuda" else "cpu",
-                       knowledge=memory.knowledge_lines(*files_bytes(docs=docs)) if docs else None)
+                       flavor=graph, device=device, knowledge=knowledge)
 
 
 def sessions_spin(load_draft: bool) -> bool:

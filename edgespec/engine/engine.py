@@ -67,7 +67,7 @@ class Engine:
         self.vocab = Vocabulary.of(bundle, bundle.load_tokenizer(), target.vocab_size)
         self.tokenizer = self.vocab.tokenizer
         self.usable, self.eos_ids = self.vocab.usable, self.vocab.eos_ids
-        self.knowledge = _knowledge(s, bundle, self.tokenizer)  # docs=INDEX: answers from documents, else None
+        self.knowledge = _knowledge(s, bundle, self.tokenizer, self.max_len)  # docs=INDEX: answers from documents, else None
         draft = self.draft_runner
         self.costs = CostModel(target.times, draft.times if draft is not None else None)
         # every mode the table can build with what is loaded (drafters/modes.py); the free drafters
@@ -177,6 +177,8 @@ class Engine:
             if rows is not None:
                 target.restore(rows)
             else:
+                if self.pinned is not None:  # a prefix of the pinned one is a memory copy away
+                    self.pinned.restore(tokens, target, self._cache, past=False)
                 reuse = min(common_prefix(self._cache.tokens[: target.length], tokens), target.length)
                 target.rewind(reuse)
                 for i in range(reuse, len(tokens), self.prefill_chunk):
@@ -307,10 +309,10 @@ class Engine:
                 raise
 
 
-def _knowledge(s: Settings, bundle, tokenizer):
+def _knowledge(s: Settings, bundle, tokenizer, max_len: int):
     """The documents an engine opened with docs=INDEX answers from (None without)."""
     if s.docs is None:
         return None
     from ..knowledge.answer import Knowledge
 
-    return Knowledge.open(s.docs, bundle, tokenizer)
+    return Knowledge.open(s.docs, bundle, tokenizer, max_len=max_len)

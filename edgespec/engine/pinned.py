@@ -50,11 +50,11 @@ class PinnedPrefix:
         in the shape prefix_tokens rendered it (the server's warm-up is one)."""
         return visit(self.text, user, self.chat)
 
-    def restore(self, ids: Sequence[int], target, cache) -> bool:
-        """Before a request: if it starts with the prefix (and goes on past it) and the target cache
-        lost it, writes the rows back so the request reuses them. True when it did."""
+    def restore(self, ids: Sequence[int], target, cache, *, past: bool = True) -> bool:
+        """Before a request: if it starts with the prefix (and goes on past it, unless not `past`) and
+        the target cache lost it, writes the rows back so the request reuses them. True when it did."""
         n = len(self.tokens)
-        if self.rows is None or len(ids) <= n or list(ids[:n]) != self.tokens:
+        if self.rows is None or len(ids) < n + past or list(ids[:n]) != self.tokens:
             return False
         if common_prefix(cache.tokens[: target.length], self.tokens) >= n:
             return False  # still there
@@ -129,10 +129,23 @@ def load(path: Path, tokens: Sequence[int]) -> list[np.ndarray]:
     return rows
 
 
-def pin_system_prompt(engine, system: str, *, save_dir: str | os.PathLike | None = None) -> PinnedPrefix | None:
+def pin_system_prompt(engine, system: str | None, *, save_dir: str | os.PathLike | None = None) -> PinnedPrefix | None:
     """Prefills (or loads) the system prompt's prefix into the engine's target cache and pins it:
-    sets `engine.pinned`, returns it. None (and a log line) when the prompt does not fit the cache."""
-    tokens, chat = prefix_tokens(engine, system)
+    sets `engine.pinned`, returns it. None (and a log line) when the prompt does not fit the cache.
+    An engine whose documents put the whole venue in the cache (knowledge/answer.py) pins the system
+    turn its requests get, the venue in it (`system` None: the default system prompt's), and pins
+    it again after every reload of the documents."""
+    kn = getattr(engine, "knowledge", None)
+    venue = kn is not None and kn.venue is not None
+    if kn is not None and not getattr(engine, "_repin_on_reload", False):
+        engine._repin_on_reload = True
+        kn.on_reload.append(lambda: pin_system_prompt(engine, engine.pinned.text if engine.pinned else system,
+                                                      save_dir=save_dir))
+    rendered = kn.system(system) if venue else system
+    if not rendered:
+        engine.pinned = None
+        return None
+    tokens, chat = prefix_tokens(engine, rendered)
     if not tokens:
         return None
     if len(tokens) >= engine.max_len - 1:
@@ -156,7 +169,8 @@ def pin_system_prompt(engine, system: str, *, save_dir: str | os.PathLike | None
                 save(path, tokens, pin.rows)
             except OSError as e:
                 log.warning("pinned prefix: cannot save %s: %s", path, e)
-    pin.text, pin.chat = system, chat
+    pin.text, pin.chat = system or "", chat
     engine.pinned = pin
-    log.info("pinned prefix: %d tokens of system prompt (%s)", len(tokens), pin.source)
+    log.info("pinned prefix: %d tokens of system prompt%s (%s)", len(tokens),
+             " and the venue's documents" if venue else "", pin.source)
     return pin
