@@ -13,8 +13,9 @@
 # A GPU board (a Jetson: /etc/nv_tegra_release, or a $PYTHON whose onnxruntime has the CUDA provider) never gets
 # PyPI's CPU onnxruntime: it owns the same `onnxruntime` module as NVIDIA's onnxruntime-gpu and would replace it.
 # There the `cpu` extra is left out (`all` means server,plot,test), a $PYTHON with a GPU onnxruntime gets a venv
-# that sees it (--system-site-packages), and a venv without one gets NVIDIA's wheel for JetPack 6.1/6.2 (or the
-# line to run). Every such choice is said on stderr.
+# that sees it (--system-site-packages), and a venv without one gets the onnxruntime-gpu its JetPack release's row in
+# devices/_releases.json names (NVIDIA's index for JetPack 6.1 to 6.2.2, L4T r36.4/r36.5 and later r36.x), or the
+# reason there is none. Every such choice is said on stderr. A Python older than 3.10 is refused in one line first.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${EDGESPEC_VENV:-$ROOT/.venv}
@@ -23,9 +24,16 @@ EXTRAS=${EXTRAS:-all}
 EXPORT=${EXPORT:-1}
 ORT_GPU=${ORT_GPU:-auto}
 TEGRA_RELEASE=${EDGESPEC_TEGRA_RELEASE:-/etc/nv_tegra_release}  # tests point this at a fake board's file
-JETSON_INDEX=https://pypi.jetson-ai-lab.io/jp6/cu126  # NVIDIA's onnxruntime-gpu for JetPack 6.1/6.2 (CUDA 12.6)
 STAMP=$VENV/.edgespec-installed
 setup_say() { echo "[setup] $*" >&2; }
+
+# --- Python 3.10 or newer, before pip builds anything (JetPack 5 ships 3.8, where pip fails on setuptools>=77) ------
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1; then
+  py_found=$("$PYTHON" -c 'import sys; print("Python %d.%d" % sys.version_info[:2])' 2>/dev/null || echo "not found")
+  setup_say "edgespec needs Python 3.10 or newer; $PYTHON is $py_found (JetPack 5 and older ship 3.8: flash JetPack 6.2.2; or PYTHON=python3.11 names another)"
+  # shellcheck disable=SC2317  # sourced: return; run as a script: exit
+  return 1 2>/dev/null || exit 1
+fi
 
 # --- what kind of board this is ----------------------------------------------------------------------------------
 cuda_ort() {  # $1: a python; true when its onnxruntime has the CUDA provider
@@ -36,6 +44,13 @@ l4t=""
 if [ -r "$TEGRA_RELEASE" ]; then
   l4t=$(sed -n 's/^# R\([0-9]*\) (release), REVISION: \([0-9.]*\).*/\1.\2/p' "$TEGRA_RELEASE" | head -n1)
   l4t=${l4t:-unknown}
+fi
+# the board's JetPack row in devices/_releases.json: where its onnxruntime-gpu comes from (read by the same module
+# `edgespec doctor` uses, run as a plain script: no venv yet)
+jetpack="" ort_source="" ort_index="" ort_req="" ort_what=""
+if [ -n "$l4t" ]; then
+  IFS=$'\t' read -r jetpack ort_source ort_index ort_req ort_what \
+    <<<"$("$PYTHON" "$ROOT/edgespec/edge/releases.py" setup "$l4t" || true)"
 fi
 system_gpu_ort=0
 if command -v "$PYTHON" >/dev/null 2>&1 && cuda_ort "$PYTHON"; then system_gpu_ort=1; fi
@@ -60,7 +75,8 @@ want=$( (cat "$ROOT/pyproject.toml" "$ROOT/export/pyproject.toml"; echo "$EXTRAS
   | sha256sum | cut -c1-16)
 
 if [ "${EDGESPEC_SETUP_PLAN:-0}" = 1 ]; then  # what would be installed, for tests and the curious
-  echo "gpu_board=$gpu_board l4t=${l4t:-none} system_gpu_onnxruntime=$system_gpu_ort venv=${venv_flags[*]:-plain}"
+  echo "gpu_board=$gpu_board l4t=${l4t:-none} jetpack=${jetpack:-none} onnxruntime=${ort_source:-pypi-cpu}" \
+    "system_gpu_onnxruntime=$system_gpu_ort venv=${venv_flags[*]:-plain}"
   echo "-e $ROOT${extras:+[$extras]}"
   if [ "$EXPORT" = torch ]; then echo "torch==2.13.0"; echo "-e $ROOT/export[torch]"; fi
   if [ "$EXPORT" = 1 ]; then echo "-e $ROOT/export"; fi
@@ -91,20 +107,20 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
     "$VENV/bin/python" -m pip install -q -e "$ROOT/export"
   fi
   if [ "$gpu_board" = 1 ] && [ "$ORT_GPU" != 0 ] && ! cuda_ort "$VENV/bin/python"; then
-    fetch="pip download --no-deps -d /tmp/ort-gpu 'onnxruntime-gpu>=1.23.0' --index-url $JETSON_INDEX && pip install /tmp/ort-gpu/onnxruntime_gpu-*.whl"
-    if [[ "$l4t" == 36.4* ]]; then
-      setup_say "no onnxruntime with CUDA in $VENV: fetching NVIDIA's onnxruntime-gpu for JetPack 6.1/6.2 ($JETSON_INDEX)"
+    fetch="pip download --no-deps -d /tmp/ort-gpu '$ort_req' --index-url $ort_index && pip install /tmp/ort-gpu/onnxruntime_gpu-*.whl"
+    if [ "$ort_source" = jp6-cu126 ]; then
+      setup_say "no onnxruntime with CUDA in $VENV: fetching NVIDIA's onnxruntime-gpu for JetPack $jetpack ($ort_index)"
       rm -rf /tmp/ort-gpu
-      if "$VENV/bin/python" -m pip download -q --no-deps -d /tmp/ort-gpu 'onnxruntime-gpu>=1.23.0' --index-url "$JETSON_INDEX" \
+      if "$VENV/bin/python" -m pip download -q --no-deps -d /tmp/ort-gpu "$ort_req" --index-url "$ort_index" \
         && "$VENV/bin/python" -m pip install -q /tmp/ort-gpu/onnxruntime_gpu-*.whl; then
         setup_say "installed $(cd /tmp/ort-gpu && ls onnxruntime_gpu-*.whl)"
       else
         setup_say "could not fetch it (offline?): run later in the venv: $fetch"
       fi
     else
-      setup_say "no onnxruntime with CUDA in $VENV, and L4T ${l4t:-unknown} is not JetPack 6.1/6.2 (r36.4), the one" \
-        "NVIDIA's onnxruntime-gpu >= 1.23 is built for: nothing installed; \`edgespec doctor\` says what this board takes" \
-        "(docs/jetson.md); the CPU wheel, if you want it: pip install 'edgespec[cpu]'"
+      setup_say "no onnxruntime with CUDA in $VENV, and L4T ${l4t:-unknown} (JetPack ${jetpack:-unknown}): ${ort_what:-no" \
+        "onnxruntime-gpu known for it}; nothing installed; \`edgespec doctor\` says what this board takes (docs/jetson.md);" \
+        "the CPU wheel, if you want it: pip install 'edgespec[cpu]'"
     fi
   fi
   echo "$want" > "$STAMP"

@@ -5,6 +5,7 @@ module, scripts/setup-env.sh runs this very file with the system python3 before 
 library only, no package imports), and tests/edge/test_releases.py checks the docs' tables against it.
 
     python3 edgespec/edge/releases.py setup 36.5.0   ->  JETPACK<TAB>SOURCE<TAB>INDEX<TAB>REQUIREMENT<TAB>WHAT
+    (JETPACK "6.2.2", "6.2.2+" for a later release read as that row, "unknown"; INDEX, REQUIREMENT "-" if none)
 """
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def main(argv: list[str]) -> int:
         return 2
     row = jetpack_row(argv[1])
     sid, src = onnxruntime_source(argv[1])
-    fields = [jetpack_name(argv[1]) or "unknown JetPack", sid, src.get("index", "-"), src.get("requirement", "-"),
+    fields = [(row["jetpack"] + ("" if row["exact"] else "+")) if row else "unknown", sid, src.get("index", "-"), src.get("requirement", "-"),
               src["what"]]
     print("\t".join(f.replace("\t", " ") for f in fields))
     return 0 if row is not None else 1

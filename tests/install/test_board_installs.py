@@ -31,22 +31,101 @@ def _plan(tmp_path, tegra: str | None, **env) -> list[str]:
     return r.stdout.splitlines()
 
 
-def test_the_export_half_requires_edgespec_without_its_cpu_extra():
+def test_the_export_half_requires_neither_a_pypi_edgespec_nor_an_onnxruntime():
+    """`pip install ./export` must resolve alone: no requirement on the PyPI name `edgespec` (not this project's)."""
     tomllib = pytest.importorskip("tomllib")
     deps = tomllib.loads((ROOT / "export/pyproject.toml").read_text())["project"]["dependencies"]
-    assert "edgespec" in deps and not [d for d in deps if "onnxruntime" in d or "[cpu]" in d], deps
+    names = [d.split(";")[0].split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip().lower() for d in deps]
+    assert "edgespec" not in names and not [n for n in names if n.startswith("onnxruntime")], names
+    assert "onnx" in names and "gguf" in names
+
+
+def test_the_export_half_without_the_runtime_is_one_line_at_import():
+    # -S and a path holding only the export half: no runtime anywhere
+    r = subprocess.run([sys.executable, "-S", "-c", "import edgespec_export"], capture_output=True, text=True,
+                       timeout=60, env={"PYTHONPATH": str(ROOT / "export"), "PATH": os.environ.get("PATH", "")},
+                       cwd=str(ROOT / "export"))
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "ImportError: edgespec-export needs the edgespec runtime from the same checkout: pip install . ./export (from "
+        "the repository root; on a Jetson add '[server]' to '.', never '[cpu]': docs/jetson.md)")
 
 
 def test_setup_env_on_a_jetson_leaves_the_cpu_onnxruntime_out_and_says_so(tmp_path):
     lines = _plan(tmp_path, JETPACK_6)
-    assert lines[0].startswith("gpu_board=1 l4t=36.4.3 ")
+    assert lines[0].startswith("gpu_board=1 l4t=36.4.3 jetpack=6.2 onnxruntime=jp6-cu126 ")
     assert lines[1:] == [f"-e {ROOT}[server,plot,test]", f"-e {ROOT}/export"]
     assert _plan(tmp_path, JETPACK_6, EXTRAS="server,cpu")[1] == f"-e {ROOT}[server]"
 
 
 def test_setup_env_elsewhere_keeps_all_extras(tmp_path):
     lines = _plan(tmp_path, None)
-    assert lines[0].startswith("gpu_board=0 l4t=none ") and lines[1] == f"-e {ROOT}[all]"
+    assert lines[0].startswith("gpu_board=0 l4t=none jetpack=none onnxruntime=pypi-cpu ")
+    assert lines[1] == f"-e {ROOT}[all]"
+
+
+def _release(major: int, revision: str) -> str:
+    return f"# R{major} (release), REVISION: {revision}, GCID: 1, BOARD: generic, EABI: aarch64, DATE: x\n"
+
+
+@pytest.mark.parametrize("tegra, l4t, jetpack, source", [
+    (_release(36, "3.0"), "36.3.0", "6.0", "upgrade"),      # CUDA 12.2: no wheel at the floor
+    (_release(36, "4.4"), "36.4.4", "6.2.1", "jp6-cu126"),
+    (_release(36, "5.0"), "36.5.0", "6.2.2", "jp6-cu126"),  # JetPack 6.2.2
+    (_release(36, "6.1"), "36.6.1", "6.2.2+", "jp6-cu126"),  # any later r36.x: read as r36.5.0's row
+    (_release(39, "2"), "39.2", "7.2", "none"),             # JetPack 7.2 on Orin: no wheel with sm_87 kernels known
+    (_release(35, "6.1"), "35.6.1", "5", "unsupported"),
+])
+def test_setup_env_takes_the_onnxruntime_source_of_the_boards_jetpack_row(tmp_path, tegra, l4t, jetpack, source):
+    lines = _plan(tmp_path, tegra)
+    assert lines[0].startswith(f"gpu_board=1 l4t={l4t} jetpack={jetpack} onnxruntime={source} "), lines[0]
+    assert lines[1] == f"-e {ROOT}[server,plot,test]"  # never the CPU onnxruntime on a Jetson
+
+
+def test_setup_env_fetches_nvidias_wheel_only_where_the_row_says_and_says_why_not_elsewhere(tmp_path):
+    """The install step itself, with pip replaced by a recorder (nothing is fetched): r36.5.0 fetches the wheel from
+    NVIDIA's index alone; r39.2 installs nothing and says why in its line."""
+    from edgespec.edge import releases
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "pip.log"
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin/python").write_text(f"#!/bin/sh\necho \"$@\" >> {log}\ncase \"$*\" in *onnxruntime*get_available*) exit 1;; esac\nexit 0\n")
+    (venv / "bin/python").chmod(0o755)
+    src = releases.table()["onnxruntime"]["jp6-cu126"]
+    for revision, major, want in (("5.0", 36, f"download -q --no-deps -d /tmp/ort-gpu {src['requirement']} --index-url {src['index']}"),
+                                  ("2", 39, None)):
+        log.write_text("")
+        release = tmp_path / "nv_tegra_release"
+        release.write_text(_release(major, revision))
+        r = subprocess.run(["bash", str(ROOT / "scripts/setup-env.sh")], capture_output=True, text=True, timeout=60,
+                           env=os.environ | {"EDGESPEC_TEGRA_RELEASE": str(release), "EDGESPEC_VENV": str(venv),
+                                             "PYTHON": sys.executable, "EXPORT": "0", "EXTRAS": "server"})
+        assert r.returncode == 0, r.stderr
+        calls = log.read_text()
+        if want:
+            assert want in calls and "NVIDIA's onnxruntime-gpu for JetPack 6.2.2" in r.stderr, (calls, r.stderr)
+        else:
+            assert "ort-gpu" not in calls and "--index-url" not in calls, calls
+            assert "L4T 39.2 (JetPack 7.2): no onnxruntime-gpu checked for this release" in r.stderr, r.stderr
+            assert "sm_87" in r.stderr
+        (venv / ".edgespec-installed").unlink()
+
+
+def test_setup_env_refuses_python_3_8_in_one_line_before_pip_runs(tmp_path):
+    py38 = tmp_path / "python3.8"  # answers as JetPack 5's Python would: too old, "3.8"
+    py38.write_text('#!/bin/sh\ncase "$2" in *print*) echo "Python 3.8"; exit 0;; esac\nexit 1\n')
+    py38.chmod(0o755)
+    for plan in ("1", "0"):
+        r = subprocess.run(["bash", str(ROOT / "scripts/setup-env.sh")], capture_output=True, text=True, timeout=60,
+                           env=os.environ | {"EDGESPEC_SETUP_PLAN": plan, "EDGESPEC_VENV": str(tmp_path / "venv"),
+                                             "PYTHON": str(py38)})
+        assert r.returncode == 1 and r.stdout == "", r.stdout
+        assert r.stderr == (f"[setup] edgespec needs Python 3.10 or newer; {py38} is Python 3.8 (JetPack 5 and older "
+                            "ship 3.8: flash JetPack 6.2.2; or PYTHON=python3.11 names another)\n"), r.stderr
+        assert not (tmp_path / "venv").exists()
 
 
 def test_setup_env_refuses_the_torch_extra_on_a_jetson_in_one_line(tmp_path):
@@ -80,6 +159,13 @@ def _resolve(*reqs: str) -> dict[str, str]:
         if "NewConnectionError" in str(e) or "Could not fetch URL" in str(e):
             pytest.skip(f"no package registry: {str(e)[:200]}")
         raise
+
+
+@pytest.mark.slow
+def test_the_export_half_alone_resolves_without_the_runtime_or_onnxruntime(wheels):
+    found = _resolve(str(wheels["edgespec-export"]))  # pip install ./export, nothing else named
+    assert "edgespec-export" in found and "gguf" in found and "edgespec" not in found, found
+    assert not [n for n in found if n.startswith("onnxruntime")], found
 
 
 @pytest.mark.slow
