@@ -212,7 +212,8 @@ def _missing(root: Path, profile, results, ort_info: dict[str, Any]) -> list[dic
             out.append({"what": short, "why": f"the provider is in this onnxruntime but failed: {r['error']}",
                         "how": "check the CUDA/TensorRT libraries match this onnxruntime-gpu build "
                                "(JetPack version); run with -v for onnxruntime's own message"})
-    if not _works(results, "cpu"):
+    # not tried (--no-probe) is not known to be broken
+    if not _works(results, "cpu") and not any(r["provider"] == "cpu" and r["works"] is None for r in results):
         out.append({"what": "cpu", "why": "onnxruntime cannot run even the CPU probe",
                     "how": "pip install --force-reinstall onnxruntime"})
     return out

@@ -79,7 +79,9 @@ def test_doctor_without_onnxruntime_prints_its_report_and_the_install_line_witho
 
 @pytest.mark.parametrize("release, want, not_want", [
     ("# R36 (release), REVISION: 4.3, GCID: 1", "--index-url https://pypi.jetson-ai-lab.io/jp6/cu126", "edgespec[cpu]"),
-    ("# R36 (release), REVISION: 3.0, GCID: 1", "JetPack 6.0, L4T 36.3.0, has CUDA 12.2", None),
+    ("# R36 (release), REVISION: 3.0, GCID: 1", "JetPack 6.0, L4T 36.3.0: no onnxruntime-gpu at edgespec's floor for CUDA 12.2", None),
+    ("# R36 (release), REVISION: 5.0, GCID: 1", "--index-url https://pypi.jetson-ai-lab.io/jp6/cu126", "edgespec[cpu]"),
+    ("# R39 (release), REVISION: 2, GCID: 1", "JetPack 7.2, L4T 39.2: no onnxruntime-gpu checked for this release", None),
 ])
 def test_doctor_without_onnxruntime_on_a_jetson_names_nvidias_wheel_for_its_jetpack(tmp_path, release, want, not_want):
     root = tmp_path / "jetson"
