@@ -1,34 +1,38 @@
 """A venue's documents read from disk and cut into passages.
 
-    docs = read_documents(["pages/", "menu.html"])   # -> Reading: documents, skipped (each with why)
+    docs = read_documents(["pages/", "menu.pdf"])   # -> Reading: documents, skipped (each with why)
     chunks = chunk_all(docs.documents, max_chars=900)
 
-Plain text (.txt), Markdown (.md, .markdown) and HTML (.html, .htm) are read; anything else is a
-reported skip. PDF is refused with the line that converts it (no PDF library is carried: a kiosk's
-pages are usually web pages or text). Every problem with one file is a skip that says why (binary,
-not UTF-8 text with the byte, over MAX_DOC_BYTES, empty, a duplicate of another file); problems
-with the whole set raise one line (nothing to index, a file that changed while it was read).
+Text (.txt), Markdown (.md), HTML, PDF (its text layer) and Word (.docx) are read (readers.py: which
+library reads what, and text encodings detected, not refused); anything else is a reported skip. The
+folders given are walked without ever leaving them: a link (to a file or a folder) that resolves
+outside every folder and file given is refused, as are files that are not regular files (a FIFO
+would block the build). Every problem with one file or folder is a skip that says why (unreadable,
+link out, encoding, size, type, empty, hidden, a duplicate of another file's text once line endings
+are normalised); problems with the whole set raise one line (nothing to index, a file that changed
+while it was read).
 
 A chunk is a run of whole paragraphs under one heading, at most `max_chars` characters (a paragraph
-longer than that is cut at sentence ends, then at spaces). Its offsets are character offsets into
-the document's text as read (for HTML: into its extracted text, headings as `#` lines), so a source
-can be shown and found again.
+longer than that is cut at line or sentence ends, then at spaces). Its offsets are character offsets
+into the document's text as read (HTML, PDF, Word: into the extracted text, headings as `#` lines), so
+a source can be shown and found again. Its title is the document's title and the path of headings
+above it ("Museum › Tickets › Groups"; a PDF's page is a heading: "Leaflet › page 2").
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import re
+import stat
 from dataclasses import dataclass, field
-from html.parser import HTMLParser
 from pathlib import Path
 
 from ..errors import InvalidRequest
+from .readers import KINDS, REFUSED, Unread, html_text, normalise_newlines, read_bytes
 
-MAX_DOC_BYTES = 8 << 20  # a page of a venue is kB; a file past this is a skip, not a memory spike
-TEXT_SUFFIXES = {".txt": "text", ".text": "text", ".md": "markdown", ".markdown": "markdown",
-                 ".html": "html", ".htm": "html"}
-PDF_LINE = "PDF is not read: convert it to text first (`pdftotext FILE FILE.txt`, poppler-utils) and index that"
+MAX_DOC_BYTES = 8 << 20  # a page of a venue is kB, a leaflet PDF a few MB; past this is a skip, not a memory spike
+__all__ = ["MAX_DOC_BYTES", "IndexInputError", "Document", "Chunk", "Reading", "read_documents", "check_unchanged",
+           "chunk_document", "chunk_all", "html_text"]
 
 
 class IndexInputError(InvalidRequest):
@@ -41,17 +45,18 @@ class IndexInputError(InvalidRequest):
 @dataclass(frozen=True)
 class Document:
     source: str  # the path as given or found (shown to visitors as the passage's file)
-    title: str  # the first heading, else the file name without its suffix
-    text: str  # what chunks' offsets index (HTML: its extracted text)
+    title: str  # the document's own title, else its first heading, else the file name without its suffix
+    text: str  # what chunks' offsets index (the extracted text for HTML, PDF, Word)
     sha256: str  # of the file's bytes
     size: int  # bytes
     mtime_ns: int
+    note: str = ""  # what was read: format and encoding, or pages ("markdown, utf-8", "pdf, 3 of 3 page(s) with text")
 
 
 @dataclass(frozen=True)
 class Chunk:
     source: str
-    title: str  # "document title › section heading" (the document's title alone before its first heading)
+    title: str  # "document title › heading › subheading" (the document's title alone before its first heading)
     start: int  # character offsets into the document's text: text[start:end] is the passage
     end: int
     text: str
@@ -63,61 +68,114 @@ class Reading:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why), in the order met
 
 
-def _files(paths) -> list[Path]:
-    """Files named, and the files under folders named (sorted, hidden ones and links out left out)."""
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file() and not any(x.startswith(".") for x in
-                                                                              f.relative_to(p).parts))
-            if not found:
-                raise IndexInputError(f"{p}: an empty folder (no documents in it)")
-            out.extend(found)
-        elif p.is_file():
-            out.append(p)
-        else:
+def _inside(real: str, roots: list[str]) -> bool:
+    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+def _walk(folder: Path, roots: list[str], found: list[Path], skipped: list[tuple[str, str]]) -> None:
+    """Files under `folder`, sorted, depth first; links followed only where they stay inside `roots`
+    (a link to a folder inside them is not followed: that folder is read where it is)."""
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as e:
+        skipped.append((str(folder), f"unreadable folder ({e.strerror or type(e).__name__})"))
+        return
+    for e in entries:
+        path = Path(e.path)
+        if e.name.startswith("."):
+            skipped.append((str(path), "hidden (its name starts with '.'): left out"))
+            continue
+        try:
+            if e.is_symlink():
+                real = os.path.realpath(path)
+                if not _inside(real, roots):
+                    skipped.append((str(path), f"a link out of the given folders (to {real}): refused"))
+                elif os.path.isdir(real):
+                    skipped.append((str(path), f"a link to a folder inside the given ones ({real}): read there"))
+                else:
+                    found.append(path)
+            elif e.is_dir():
+                _walk(path, roots, found, skipped)
+            else:
+                found.append(path)
+        except OSError as err:
+            skipped.append((str(path), f"unreadable ({err.strerror or type(err).__name__})"))
+
+
+def _files(paths) -> tuple[list[Path], list[tuple[str, str]]]:
+    """(files named and found under the folders named, skips met while walking); see the module docstring."""
+    paths = [Path(p) for p in paths]
+    for p in paths:
+        if not os.path.lexists(p):
             raise IndexInputError(f"{p}: no such file or folder")
-    return out
+    roots = [os.path.realpath(p) for p in paths]
+    out: list[Path] = []
+    skipped: list[tuple[str, str]] = []
+    for p in paths:
+        if p.is_dir():
+            before = len(out) + len(skipped)
+            _walk(p, roots, out, skipped)
+            if len(out) + len(skipped) == before:
+                raise IndexInputError(f"{p}: an empty folder (no documents in it)")
+        else:
+            out.append(p)
+    return out, skipped
+
+
+def _read(path: Path, roots: list[str]) -> tuple[bytes, os.stat_result]:
+    """The file's bytes, opened without following a link swapped in since the walk (O_NOFOLLOW on the
+    resolved path, checked inside the roots again) and only when it is a regular file under MAX_DOC_BYTES."""
+    real = os.path.realpath(path)
+    if not _inside(real, roots):
+        raise Unread(f"a link out of the given folders (to {real}): refused")
+    try:
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise Unread(f"unreadable ({e.strerror or type(e).__name__})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise Unread("not a regular file (a device, FIFO or socket)")
+        if st.st_size > MAX_DOC_BYTES:
+            raise Unread(f"size: {st.st_size:,} bytes, over the {MAX_DOC_BYTES:,} a document may be")
+        try:
+            return f.read(MAX_DOC_BYTES + 1), st
+        except OSError as e:
+            raise Unread(f"unreadable ({e.strerror or type(e).__name__})") from None
 
 
 def read_documents(paths) -> Reading:
     """Reads every file (see the module docstring). Raises IndexInputError when none is usable."""
     if not paths:
         raise IndexInputError("no documents given: `edgespec index DOCS... -o INDEX`")
-    r = Reading()
-    seen: dict[str, str] = {}  # sha256 -> the first file with those bytes
-    for f in _files(paths):
+    files, skipped = _files(paths)
+    roots = [os.path.realpath(p) for p in paths]
+    r = Reading(skipped=skipped)
+    seen: dict[str, str] = {}  # sha256 of the text, line endings normalised -> the first file with it
+    for f in files:
         name = str(f)
-        kind = TEXT_SUFFIXES.get(f.suffix.lower())
-        if f.suffix.lower() == ".pdf":
-            r.skipped.append((name, PDF_LINE))
-            continue
+        suffix = f.suffix.lower()
+        kind = KINDS.get(suffix)
         if kind is None:
-            r.skipped.append((name, f"not a document type read here ({', '.join(sorted(TEXT_SUFFIXES))})"))
-            continue
-        st = f.stat()
-        if st.st_size > MAX_DOC_BYTES:
-            r.skipped.append((name, f"{st.st_size:,} bytes, over the {MAX_DOC_BYTES:,} a document may be"))
-            continue
-        raw = f.read_bytes()
-        if b"\0" in raw[:8192]:
-            r.skipped.append((name, "binary (NUL bytes): not a text document"))
+            r.skipped.append((name, f"type: {REFUSED.get(suffix) or 'not a document type read here'} "
+                                    f"({', '.join(sorted(KINDS))} are)"))
             continue
         try:
-            text = raw.decode("utf-8-sig")
-        except UnicodeDecodeError as e:
-            r.skipped.append((name, f"not UTF-8 text (byte {e.start}): save it as UTF-8"))
+            raw, st = _read(f, roots)
+            got = read_bytes(kind, raw)
+        except Unread as e:
+            r.skipped.append((name, str(e)))
             continue
-        digest = hashlib.sha256(raw).hexdigest()
-        if digest in seen:
-            r.skipped.append((name, f"a duplicate of {seen[digest]} (same bytes)"))
-            continue
-        text = html_text(text) if kind == "html" else text.replace("\r\n", "\n")
-        if not text.strip():
+        if not got.text.strip():
             r.skipped.append((name, "empty (no text)"))
             continue
-        seen[digest] = name
-        r.documents.append(Document(name, _title(text, f), text, digest, len(raw), st.st_mtime_ns))
+        same = hashlib.sha256(normalise_newlines(got.text).encode("utf-8")).hexdigest()
+        if same in seen:
+            r.skipped.append((name, f"a duplicate of {seen[same]} (the same text)"))
+            continue
+        seen[same] = name
+        r.documents.append(Document(name, got.title or _title(got.text, f), got.text, hashlib.sha256(raw).hexdigest(),
+                                    len(raw), st.st_mtime_ns, got.note))
     if not r.documents:
         why = "; ".join(f"{p}: {w}" for p, w in r.skipped[:3])
         raise IndexInputError(f"no readable documents{f' ({why})' if why else ''}")
@@ -150,53 +208,6 @@ def _title(text: str, path: Path) -> str:
     return path.stem
 
 
-class _HTMLText(HTMLParser):
-    """HTML -> text: headings as `#` lines, block elements as paragraphs, script/style dropped."""
-
-    BLOCKS = {"p", "div", "section", "article", "li", "tr", "br", "table", "ul", "ol", "dl", "dt", "dd",
-              "blockquote", "pre", "header", "footer", "main", "nav", "aside", "figure", "figcaption"}
-    SKIP = {"script", "style", "head", "template", "noscript"}
-
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.out: list[str] = []
-        self.skip = 0
-        self.heading = 0
-
-    def handle_starttag(self, tag, attrs):
-        if tag in self.SKIP:
-            self.skip += 1
-        elif re.fullmatch(r"h[1-6]", tag):
-            self.heading = int(tag[1])
-            self.out.append("\n\n" + "#" * self.heading + " ")
-        elif tag in self.BLOCKS:
-            self.out.append("\n\n" if tag != "li" else "\n\n- ")
-
-    def handle_endtag(self, tag):
-        if tag in self.SKIP:
-            self.skip = max(0, self.skip - 1)
-        elif re.fullmatch(r"h[1-6]", tag):
-            self.heading = 0
-            self.out.append("\n\n")
-        elif tag in self.BLOCKS:
-            self.out.append("\n\n")
-
-    def handle_data(self, data):
-        if self.skip:
-            return
-        data = re.sub(r"\s+", " ", data)
-        self.out.append(data)
-
-
-def html_text(html: str) -> str:
-    p = _HTMLText()
-    p.feed(html)
-    p.close()
-    text = "".join(p.out)
-    lines = [ln.strip() for ln in text.split("\n")]
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
-
-
 # -- chunking ----------------------------------------------------------------------------------------
 _PARA = re.compile(r"\n\s*\n")
 
@@ -221,7 +232,7 @@ def _split_long(text: str, s: int, e: int, max_chars: int) -> list[tuple[int, in
     out = []
     while e - s > max_chars:
         window = text[s : s + max_chars]
-        cut = max(window.rfind(". "), window.rfind("。"), window.rfind("! "), window.rfind("? "))
+        cut = max(window.rfind("\n"), window.rfind(". "), window.rfind("。"), window.rfind("! "), window.rfind("? "))
         if cut < max_chars // 3:
             cut = window.rfind(" ")
         cut = cut + 1 if cut >= max_chars // 3 else max_chars
@@ -237,21 +248,24 @@ def _split_long(text: str, s: int, e: int, max_chars: int) -> list[tuple[int, in
 def chunk_document(doc: Document, max_chars: int) -> list[Chunk]:
     """Runs of whole paragraphs under one heading, each at most max_chars (see the module docstring)."""
     chunks: list[Chunk] = []
-    heading = ""
+    path: list[tuple[int, str]] = []  # (level, heading) of the headings above, outermost first
     cur: list[tuple[int, int]] = []
 
     def flush():
         if cur:
             s, e = cur[0][0], cur[-1][1]
-            title = f"{doc.title} › {heading}" if heading and heading != doc.title else doc.title
-            chunks.append(Chunk(doc.source, title, s, e, doc.text[s:e]))
+            names = [h for _, h in path if h]
+            if names and names[0] == doc.title:
+                names = names[1:]
+            chunks.append(Chunk(doc.source, " › ".join([doc.title, *names]), s, e, doc.text[s:e]))
             cur.clear()
 
     for s, e in _paragraphs(doc.text):
         m = _HEADING.match(doc.text[s:e].split("\n", 1)[0])
         if m:
             flush()
-            heading = m.group(2)
+            level = len(m.group(1))
+            path[:] = [x for x in path if x[0] < level] + [(level, m.group(2))]
             if "\n" not in doc.text[s:e]:  # a heading alone: it starts the next chunk's text
                 cur.append((s, e))
                 continue

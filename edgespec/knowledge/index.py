@@ -22,6 +22,12 @@ that (and that the arrays agree with the counts) and refuses with one line what 
 is written into a temporary folder beside the target and renamed into place, so a reader sees the
 old index or the new one, never half of one (a reader checks every file against its manifest too).
 
+Rebuilding over an index reuses its vectors: a passage whose embedded text (title and passage) is
+exactly one the old index holds, built by the same embedding model, keeps its vector, so after one
+page changed only that page's passages go through the model. The old index is used only when it
+checks out against its manifest (sizes and sha256), else every passage is embedded and `Built.reuse`
+says why.
+
 Files (n chunks, T tokens in all):
     chunks.jsonl      n lines {source, title, start, end, text}
     lex.npy           int32 (T_lex,)  the lowercased chunks' token ids, concatenated (BM25)
@@ -36,7 +42,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +51,7 @@ from ..errors import InvalidRequest
 from ..models.bundlefiles import file_problems, read_json, stray_problems
 from ..models.files import sha256_file
 from .documents import Chunk, Reading, check_unchanged, chunk_all, read_documents
+from .normalize import for_matching
 
 FORMAT = "edgespec-index"
 VERSION = 1
@@ -86,6 +93,10 @@ class Built:
     tokens: int
     skipped: list[tuple[str, str]]
     seconds: float
+    embedded: int = 0  # passages that went through the embedding model
+    reused: int = 0  # passages whose vector came from the old index at `path`
+    reuse: str = ""  # why the old index's vectors were not used ("" when they were, or nothing was embedded)
+    documents_read: list = field(default_factory=list)  # the Documents indexed (notes: what was read, which encoding)
 
 
 # -- building -----------------------------------------------------------------------------------------
@@ -105,23 +116,34 @@ def _concat(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 def build_index(paths, out, tokenizer, tokenizer_sha256: str, embedder=None, *,
                 max_chars: int = DEFAULT_MAX_CHARS, tokenizer_from: str = "") -> Built:
     """Reads, chunks, tokenizes and embeds the documents and writes the index folder `out`
-    atomically (see the module docstring). Raises IndexInputError (documents.py) for documents that
-    cannot make an index; skipped files are in the result."""
+    atomically (see the module docstring). `paths`: files and folders, or a Reading already made
+    (the CLI reads first, so a folder's own error comes before any notice about the embedding model).
+    Raises IndexInputError (documents.py) for documents that cannot make an index; skipped files are
+    in the result."""
     if isinstance(max_chars, bool) or not isinstance(max_chars, int) or not 100 <= max_chars <= 20000:
         raise IndexUnusable(f"chunk size must be 100 to 20000 characters, got {max_chars!r}")
     t0 = time.monotonic()
     out = Path(out)
-    reading: Reading = read_documents(paths)
+    reading: Reading = paths if isinstance(paths, Reading) else read_documents(paths)
     chunks = chunk_all(reading.documents, max_chars)
-    texts = [f"{c.title}\n{c.text}" for c in chunks]
+    texts = [for_matching(f"{c.title}\n{c.text}") for c in chunks]  # as matching reads them (normalize.py)
     lex = [lex_tokens(tokenizer, t) for t in texts]
     ids = [tokenizer.encode(c.text, add_special_tokens=False).ids for c in chunks]
-    vectors = None
+    vectors, reused, why = None, 0, ""
     if embedder is not None:
-        vectors = np.asarray(embedder.embed(texts), dtype=np.float32)
-        if vectors.shape != (len(chunks), embedder.dim):
-            raise IndexUnusable(f"embedding model {embedder.model_id} returned shape {vectors.shape}, "
-                              f"expected ({len(chunks)}, {embedder.dim})")
+        vectors = np.zeros((len(texts), embedder.dim), np.float32)
+        old, why = old_vectors(out, embedder)
+        todo = [i for i, t in enumerate(texts) if t not in old]
+        for i, t in enumerate(texts):
+            if t in old:
+                vectors[i] = old[t]
+        reused = len(texts) - len(todo)
+        if todo:
+            got = np.asarray(embedder.embed([texts[i] for i in todo]), dtype=np.float32)
+            if got.shape != (len(todo), embedder.dim):
+                raise IndexUnusable(f"embedding model {embedder.model_id} returned shape {got.shape}, "
+                                    f"expected ({len(todo)}, {embedder.dim})")
+            vectors[todo] = got
     check_unchanged(reading.documents)  # after the slow part: a file edited meanwhile is caught
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +167,7 @@ def build_index(paths, out, tokenizer, tokenizer_sha256: str, embedder=None, *,
             "tokenizer": {"sha256": tokenizer_sha256, "from": tokenizer_from},
             "chunking": {"max_chars": max_chars},
             "counts": {"documents": len(reading.documents), "chunks": len(chunks), "tokens": int(sum(map(len, ids)))},
-            "documents": [{"source": d.source, "title": d.title, "size": d.size, "sha256": d.sha256}
+            "documents": [{"source": d.source, "title": d.title, "size": d.size, "sha256": d.sha256, "read": d.note}
                           for d in reading.documents],
             "skipped": [{"source": p, "why": w} for p, w in reading.skipped],
             "files": files,
@@ -156,7 +178,29 @@ def build_index(paths, out, tokenizer, tokenizer_sha256: str, embedder=None, *,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return Built(out, len(reading.documents), len(chunks), manifest["counts"]["tokens"], reading.skipped,
-                 time.monotonic() - t0)
+                 time.monotonic() - t0, 0 if vectors is None else len(chunks) - reused, reused, why,
+                 reading.documents)
+
+
+def old_vectors(path: Path, embedder) -> tuple[dict[str, np.ndarray], str]:
+    """({embedded text: its vector} from the index at `path`, "") when it was built by this embedding model
+    and checks out against its manifest, else ({}, why not; "" when there is no index there)."""
+    if not (path / "manifest.json").is_file():
+        return {}, ""
+    try:
+        m = read_manifest(path)
+        if (m.get("embedder") or {}).get("model_id") != embedder.model_id:
+            return {}, f"the old index was built with {(m.get('embedder') or {}).get('model_id') or 'no embedding model'}"
+        problems = file_problems(path, m["files"], True, sha256_file)
+        if problems:
+            return {}, f"the old index does not match its manifest ({problems[0]})"
+        rows = [json.loads(line) for line in (path / "chunks.jsonl").read_text("utf-8").splitlines()]
+        v = np.load(path / "vectors.npy", allow_pickle=False)
+    except (IndexUnusable, ValueError, TypeError, OSError, KeyError, AttributeError) as e:
+        return {}, f"the old index is unreadable ({str(e)[:120]})"
+    if v.shape != (len(rows), embedder.dim) or v.dtype != np.float32:
+        return {}, f"the old index's vectors are {v.shape}, not one per passage of {embedder.dim}"
+    return {f"{r['title']}\n{r['text']}": v[i] for i, r in enumerate(rows)}, ""
 
 
 def _replace_dir(new: Path, dest: Path) -> None:
@@ -286,6 +330,7 @@ class Index:
         n = len(self.chunks)
         if n == 0 or not query.strip():
             return []
+        query = for_matching(query)  # look-alike forms match as the plain text does (normalize.py)
         lex, coverage = self.bm25(query)
         fused = lex / lex.max() if lex.max() > 0 else lex
         cos = None

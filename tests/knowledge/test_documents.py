@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from edgespec.knowledge.documents import (MAX_DOC_BYTES, PDF_LINE, IndexInputError, check_unchanged, chunk_all,
-                                          html_text, read_documents)
+from edgespec.knowledge.documents import (MAX_DOC_BYTES, IndexInputError, check_unchanged, chunk_all, html_text,
+                                          read_documents)
 
 from helpers.venue import VENUE
 
@@ -46,22 +46,26 @@ def test_bad_files_are_reported_skips_each_with_why(tmp_path):
     (tmp_path / "good.md").write_text("# Good\n\nText.\n")
     (tmp_path / "copy.md").write_text("# Good\n\nText.\n")
     (tmp_path / "image.txt").write_bytes(b"\x89PNG\r\n\x00\x00\x00")
-    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (tmp_path / "crlf.md").write_bytes(b"# Good\r\n\r\nText.\r\n")
     (tmp_path / "menu.pdf").write_bytes(b"%PDF-1.4")
     (tmp_path / "photo.jpg").write_bytes(b"\xff\xd8")
+    (tmp_path / "old.doc").write_bytes(b"\xd0\xcf")
     (tmp_path / "empty.md").write_text("  \n")
     with open(tmp_path / "huge.txt", "wb") as f:  # 100 MB, sparse: never read
         f.truncate(100 << 20)
     r = read_documents([tmp_path])
     why = {os.path.basename(p): w for p, w in r.skipped}
     assert [os.path.basename(d.source) for d in r.documents] == ["copy.md"]  # sorted: copy.md comes first
-    assert why["good.md"] == f"a duplicate of {tmp_path / 'copy.md'} (same bytes)"
-    assert why["image.txt"] == "binary (NUL bytes): not a text document"
-    assert why["latin1.txt"] == "not UTF-8 text (byte 3): save it as UTF-8"
-    assert why["menu.pdf"] == PDF_LINE
-    assert why["photo.jpg"].startswith("not a document type read here")
+    assert why["good.md"] == f"a duplicate of {tmp_path / 'copy.md'} (the same text)"
+    assert why["crlf.md"] == f"a duplicate of {tmp_path / 'copy.md'} (the same text)"  # CRLF line ends: the same
+    assert why["image.txt"] == "binary (NUL bytes and no byte-order mark): not a text document"
+    assert why["menu.pdf"].startswith("PDF: unreadable (")
+    assert why["photo.jpg"] == "type: not a document type read here (.docx, .htm, .html, .markdown, .md, .pdf, " \
+                               ".text, .txt are)"
+    assert why["old.doc"].startswith("type: a Word 97-2003 file: save it as .docx")
     assert why["empty.md"] == "empty (no text)"
-    assert why["huge.txt"] == f"{100 << 20:,} bytes, over the {MAX_DOC_BYTES:,} a document may be"
+    assert why["huge.txt"] == f"size: {100 << 20:,} bytes, over the {MAX_DOC_BYTES:,} a document may be"
+    assert len(r.skipped) == 8
 
 
 def test_nothing_to_index_is_one_line(tmp_path):
@@ -71,7 +75,7 @@ def test_nothing_to_index_is_one_line(tmp_path):
     with pytest.raises(IndexInputError, match="no such file or folder"):
         read_documents([tmp_path / "absent"])
     (tmp_path / "x.pdf").write_bytes(b"%PDF")
-    with pytest.raises(IndexInputError, match="no readable documents .*PDF is not read"):
+    with pytest.raises(IndexInputError, match="no readable documents .*PDF: unreadable"):
         read_documents([tmp_path / "x.pdf"])
 
 

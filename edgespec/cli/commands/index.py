@@ -1,20 +1,26 @@
 """`edgespec index DOCS... -o INDEX`: a venue's documents made into an index a kiosk answers from
-(knowledge/index.py; docs/kiosk.md). Skipped files are listed, one line each, with why."""
+(knowledge/index.py; docs/kiosk.md). Every file's fate is one line on stderr: what was read (format,
+encoding, pages) or why it was skipped; the exit code is EXIT_SKIPPED when the index was built but some
+file or folder was skipped, so a script that refreshes a kiosk's pages can tell."""
 from __future__ import annotations
 
 import argparse
 import sys
+
+EXIT_SKIPPED = 3  # the index was built (and replaced the old one) but at least one file or folder was skipped
 
 
 def register(sub) -> None:
     from ...models.catalog import DEFAULT_BUNDLE
 
     p = sub.add_parser(
-        "index", help="index a venue's documents (text, Markdown, HTML) for `serve --docs` / `chat --docs`",
+        "index", help="index a venue's documents (PDF, Word, HTML, Markdown, text) for `serve --docs` / `chat --docs`",
         description="Build a document index: passages by headings and paragraphs, BM25 over the bundle "
                     "tokenizer's tokens and (with --embedder) sentence vectors. The folder is replaced "
-                    "atomically; a running server picks it up on SIGHUP or POST /v1/docs/reload.")
-    p.add_argument("docs", nargs="+", metavar="DOCS", help="files or folders (.txt, .md, .html)")
+                    "atomically; a running server picks it up on SIGHUP or POST /v1/docs/reload. Passages of "
+                    "files unchanged since the last build keep their vectors. Exit 0: every file read; "
+                    f"{EXIT_SKIPPED}: built, some skipped (each on stderr, with why); 1: nothing built.")
+    p.add_argument("docs", nargs="+", metavar="DOCS", help="files or folders (.pdf, .docx, .html, .md, .txt)")
     p.add_argument("-o", "--output", required=True, metavar="INDEX", help="the index folder to write")
     p.add_argument("--bundle", default=DEFAULT_BUNDLE,
                    help=f"the bundle that will serve it (its tokenizer; default {DEFAULT_BUNDLE})")
@@ -30,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ...errors import BundleNotFound
     from ...knowledge.answer import tokenizer_sha256
+    from ...knowledge.documents import read_documents
     from ...knowledge.index import DEFAULT_MAX_CHARS, build_index
     from ...models.bundle import not_found_message, resolve_bundle
 
@@ -39,14 +46,20 @@ def run(args: argparse.Namespace) -> int:
     if not (root / "tokenizer.json").is_file():
         raise BundleNotFound(not_found_message(args.bundle))
     tok = Tokenizer.from_file(str(root / "tokenizer.json"))
-    emb = _embedder(args.embedder)
-    b = build_index(args.docs, args.output, tok, tokenizer_sha256(root), emb,
-                    max_chars=args.max_chars or DEFAULT_MAX_CHARS, tokenizer_from=root.resolve().name)
-    for path, why in b.skipped:
+    reading = read_documents(args.docs)  # the documents' own errors first, before any word about the embedder
+    for d in reading.documents:
+        print(f"read {d.source}: {d.note}", file=sys.stderr)
+    for path, why in reading.skipped:
         print(f"skipped {path}: {why}", file=sys.stderr)
-    print(f"indexed {b.documents} document(s) into {b.path}: {b.chunks} passages, {b.tokens} tokens, "
+    emb = _embedder(args.embedder)
+    b = build_index(reading, args.output, tok, tokenizer_sha256(root), emb,
+                    max_chars=args.max_chars or DEFAULT_MAX_CHARS, tokenizer_from=root.resolve().name)
+    if b.reuse:
+        print(f"edgespec index: every passage embedded anew: {b.reuse}", file=sys.stderr)
+    vectors = f", {b.embedded} embedded ({b.reused} kept from the old index)" if emb is not None else ""
+    print(f"indexed {b.documents} document(s) into {b.path}: {b.chunks} passages, {b.tokens} tokens{vectors}, "
           f"{len(b.skipped)} skipped, {b.seconds:.1f} s")
-    return 0
+    return EXIT_SKIPPED if b.skipped else 0
 
 
 def _embedder(spec: str):
