@@ -27,15 +27,15 @@ DRAIN_BODY_LIMIT = 16 << 20  # an oversized body up to this is read and dropped 
 SESSION_COOKIE = "edgespec_session"
 
 
-def check_auth(state: Any, headers: Any, peer: str | None = None) -> None:
-    """Admits a request with the API key (or none configured), or the kiosk page's session from
-    `peer`, the client's address (see the module docstring)."""
+def check_auth(state: Any, headers: Any, peer: str | None = None, *, session: bool = True) -> None:
+    """Admits a request with the API key (or none configured), or (`session`) the kiosk page's session
+    from `peer`, the client's address (see the module docstring)."""
     if not state.api_key:
         return
     scheme, _, token = headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), state.api_key.encode()):
         return
-    if not kiosk_session(state, headers, peer):
+    if not (session and kiosk_session(state, headers, peer)):
         raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
                        code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 

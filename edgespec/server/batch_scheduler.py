@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from .scheduler import Job, Scheduler
+from .slices import SLICE_EVERY
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,8 @@ class _Running:
 
 
 class BatchScheduler(Scheduler):
-    def __init__(self, max_queue: int = 8, *, token_delay: float = 0.0):
-        super().__init__(max_queue, token_delay=token_delay)
+    def __init__(self, max_queue: int = 8, *, token_delay: float = 0.0, embed_queue: int = 2):
+        super().__init__(max_queue, token_delay=token_delay, embed_queue=embed_queue)
         self._jobs: dict[Any, Job] = {}  # ticket -> job, for every job holding (or about to hold) a slot
         self.last_batch = 0
 
@@ -70,14 +71,18 @@ class BatchScheduler(Scheduler):
     # -- worker -------------------------------------------------------------------------------------
     def _loop(self) -> None:
         be = self.engine
+        rounds = 0
         while True:
             with self._cv:
                 self._admit_locked(be)
-                while not self._jobs and not (self._stopping and not self._queue):
+                while not self._jobs and not self.embeddings.pending and not (self._stopping and not self._queue):
                     self._cv.wait()
                     self._admit_locked(be)
                 if self._stopping and not self._queue and not self._jobs:
                     return
+            if not self._jobs:  # nothing generating: a slice of the other work, then look again
+                self.embeddings.run_one()
+                continue
             self._last_round = time.monotonic()
             try:
                 be.round()
@@ -103,6 +108,9 @@ class BatchScheduler(Scheduler):
                     self._job_seconds = 0.8 * self._job_seconds + 0.2 * (job.finished - (job.started or job.finished))
             if self._token_delay:
                 time.sleep(self._token_delay)
+            rounds += 1
+            if rounds % SLICE_EVERY == 0:  # the other work's share: one round in SLICE_EVERY (slices.py)
+                self.embeddings.run_one()
 
     def _admit_locked(self, be) -> None:
         """Queued jobs go to the engine while it has free slots (held: self._cv)."""

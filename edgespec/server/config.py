@@ -44,6 +44,13 @@ class ServerConfig:
     body_timeout: float = 30.0  # seconds for a request's body, from its headers; then 408
     max_connections: int = 0  # open connections at most; 0: max(64, 4 x queue size)
     max_connections_per_client: int = 0  # from one address; 0: half of max_connections
+    # POST /v1/embeddings: requests waiting while one runs (beyond: 429), and the tokens one request may
+    # embed (beyond: 413): 32 texts of all-MiniLM-L6-v2's 256 tokens, or 2,048 short ones. Both share the
+    # engine's worker with generation, in slices (slices.py)
+    embed_queue_size: int = 2
+    embed_max_tokens: int = 8192
+    # POST /v1/docs/reload (and SIGHUP): one reload at a time, at most one per this many seconds
+    reload_interval: float = 2.0
 
     def connection_limits(self) -> tuple[int, int]:
         """(total, per client address): one address may take half the slots, leaving the rest to others."""
@@ -56,6 +63,12 @@ class ServerConfig:
             problems.append(f"port must be 0..65535, got {self.port}")
         if self.queue_size < 0:
             problems.append(f"queue size must be >= 0, got {self.queue_size}")
+        if self.embed_queue_size < 0:
+            problems.append(f"embeddings queue size must be >= 0, got {self.embed_queue_size}")
+        if self.embed_max_tokens < 1:
+            problems.append(f"embeddings token budget must be >= 1, got {self.embed_max_tokens}")
+        if self.reload_interval < 0:
+            problems.append(f"reload interval must be >= 0 seconds, got {self.reload_interval}")
         for name in ("request_timeout", "drain_timeout", "header_timeout", "body_timeout"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name.replace('_', ' ')} must be > 0 seconds, got {getattr(self, name)}")

@@ -11,25 +11,32 @@ Response: {"object": "list", "model", "data": [{"object": "embedding", "index", 
 Token ids are the embedding model's own vocabulary (not the LLM's); OpenAI's clients send their own ids only
 when asked to. Inputs longer than the model's max_tokens are truncated to their head, not refused (OpenAI
 refuses over 8192): the indices cut are listed under "edgespec".
+
+Bounded like generation: a request waits in a queue of `embed_queue_size` (429 past it, before its body is
+read), may hold `embed_max_tokens` tokens after truncation (413 naming the budget), and runs on the engine's
+worker thread in slices between generation's rounds (slices.py), so a streaming chat keeps its pace.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
-from typing import Any
+from typing import Any, Generator
 
 import numpy as np
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ..errors import InvalidRequest
-from .access import check_auth, read_body
+from . import shapes
+from .access import check_auth, check_ready, read_body
 from .apierror import APIError, bad_request, echo
-from .responses import json_response
+from .slices import SliceJob
 from .state import ServerState
 from .validate import parse_json
 
 MAX_INPUTS = 2048  # OpenAI's limit on the items of one request
+SLICE_CHARS = 20_000  # characters tokenized per slice (~2-4 ms)
+SLICE_TOKENS = 256  # padded tokens embedded per slice: one longest text of all-MiniLM-L6-v2
 FIELDS = ("model", "input", "encoding_format", "dimensions", "user")
 
 
@@ -87,6 +94,9 @@ class EmbeddingsEndpoint:
         if emb is None:
             raise APIError(404, "this server has no embedding model: start it with `serve --embedder NAME` "
                            "(e.g. all-minilm-l6-v2, after `edgespec pull minilm`)", code="model_not_found")
+        check_ready(state)  # the engine's worker runs the embeddings (slices.py)
+        queue = state.scheduler.embeddings
+        queue.check_room()  # a full queue answers before the body is read
         cfg = state.config
         body = parse_json(await read_body(request.receive, request.headers, cfg.max_body_bytes, cfg.body_timeout))
         if not isinstance(body, dict):
@@ -111,22 +121,82 @@ class EmbeddingsEndpoint:
             raise bad_request(f"'dimensions' must be {emb.dim} (this model's; it cannot shorten its vectors), "
                               f"got {echo(dims)}", param="dimensions")
         kind, items = parse_input(body.get("input"))
+        if kind == "ids":  # counted without the model: refused before it waits
+            check_budget(sum(_held(emb, len(x)) for x in items), cfg.embed_max_tokens)
+        loop = asyncio.get_running_loop()
+        job = SliceJob(embed_work(emb, kind, items, fmt, model, cfg.embed_max_tokens), loop, loop.create_future())
+        queue.submit(job)
         try:
-            out = await run_in_threadpool(emb.encode if kind == "texts" else emb.encode_ids, items)
+            raw = await asyncio.wait_for(asyncio.shield(job.future), cfg.request_timeout)
+        except asyncio.TimeoutError:
+            raise APIError(504, f"the embeddings did not finish within the server's request timeout of "
+                                f"{cfg.request_timeout:g} s; retry later", code="timeout") from None
         except InvalidRequest as e:
             raise bad_request(str(e), param="input") from None
-        data = [{"object": "embedding", "index": i, "embedding": _encode(v, fmt)} for i, v in enumerate(out.vectors)]
-        n = int(sum(out.tokens))
-        return json_response({
-            "object": "list", "model": model, "data": data, "usage": {"prompt_tokens": n, "total_tokens": n},
-            "edgespec": {"max_tokens": emb.max_tokens, "truncated": [i for i, t in enumerate(out.truncated) if t]},
-        })
+        finally:
+            job.cancelled = True  # done, or nobody waits for it any longer: its slices stop
+        return Response(raw, media_type="application/json")
+
+
+def check_budget(tokens: int, budget: int) -> None:
+    if tokens > budget:
+        raise APIError(413, f"'input' holds {tokens} tokens after truncation; at most {budget} per request "
+                            "(the server's embeddings budget): split it into several requests",
+                       param="input", code="too_many_tokens")
+
+
+def _held(emb, n: int) -> int:
+    """Tokens a text of n token ids is embedded with: its head within max_tokens, with the special tokens."""
+    specials = sum(t is not None for t in getattr(emb, "specials", ()))
+    return min(n, emb.max_tokens - specials) + specials
+
+
+def embed_work(emb, kind: str, items: list, fmt: str, model: str, budget: int) -> Generator[None, None, bytes]:
+    """The request's work in slices (slices.py), each a few ms to a few tens of ms on a 2-core board:
+    tokenizing (SLICE_CHARS characters a slice), the budget's check, then embedding (SLICE_TOKENS padded
+    tokens a slice, texts of like length together) and writing each vector's JSON at once. Returns the
+    response body."""
+    if kind == "texts":
+        ids: list[list[int]] = []
+        done = 0
+        for i, text in enumerate(items):
+            ids.append(emb.tokenize(text))  # truncated to max_tokens by the embedder's tokenizer
+            done += len(text)
+            if done >= SLICE_CHARS:
+                done = 0
+                yield
+        yield
+    else:
+        ids = items
+    held = [_held(emb, len(x)) for x in ids]
+    check_budget(sum(held), budget)
+    pieces: list[bytes] = [b""] * len(ids)
+    truncated: list[int] = []
+    order = sorted(range(len(ids)), key=lambda i: held[i])
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and (end - start + 1) * held[order[end]] <= SLICE_TOKENS:
+            end += 1
+        rows = order[start:end]
+        out = emb.encode_ids([ids[i] for i in rows])
+        for r, i in enumerate(rows):
+            pieces[i] = shapes.dumps({"object": "embedding", "index": i, "embedding": _encode(out.vectors[r], fmt)})
+            if out.truncated[r]:
+                truncated.append(i)
+        start = end
+        yield
+    n = sum(held)
+    head = shapes.dumps({"object": "list", "model": model})[:-1]
+    tail = shapes.dumps({"usage": {"prompt_tokens": n, "total_tokens": n},
+                         "edgespec": {"max_tokens": emb.max_tokens, "truncated": sorted(truncated)}})[1:]
+    return head + b',"data":[' + b",".join(pieces) + b"]," + tail
 
 
 def _encode(v: np.ndarray, fmt: str) -> Any:
     """float: a JSON array; base64: the little-endian float32 bytes, as OpenAI's clients decode them."""
     if fmt == "float":
-        return [float(x) for x in v]
+        return v.tolist()
     le = v.astype("<f4", copy=False)
     return base64.b64encode(le.tobytes()).decode("ascii")
 

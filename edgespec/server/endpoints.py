@@ -85,6 +85,14 @@ class Endpoints:
             "edgespec_queue_depth": ("requests waiting for the engine", sched.depth),
             "edgespec_queue_capacity": ("requests that may wait before 429", sched.max_queue),
             "edgespec_busy": ("1 while a request is generating", int(sched.running is not None)),
+            # every endpoint that queues: embeddings (slices.py) and the coalesced docs reload (reload.py)
+            "edgespec_embeddings_queue_depth": ("embeddings requests waiting", sched.embeddings.depth),
+            "edgespec_embeddings_queue_capacity": ("embeddings requests that may wait before 429",
+                                                   sched.embeddings.max_queue),
+            "edgespec_embeddings_busy": ("1 while an embeddings request runs", int(sched.embeddings.current is not None)),
+            "edgespec_docs_reload_waiting": ("docs reload calls waiting for the pending or running reload",
+                                             state.reloads.waiting),
+            "edgespec_docs_reload_running": ("1 while the document index is being read again", int(state.reloads.reading)),
         }
         if hasattr(sched, "gauges"):  # --parallel N: slots, active requests, batch size of the last round
             gauges.update(sched.gauges())
@@ -95,16 +103,19 @@ class Endpoints:
 
     async def docs_reload(self, request: Request) -> Response:
         """POST /v1/docs/reload: read the document index again (after `edgespec index` rebuilt it), as
-        SIGHUP does; a bad index is refused and the one in use stays (knowledge/answer.py)."""
-        check_auth(self.state, request.headers, _peer(request))
-        import asyncio
-
+        SIGHUP does; a bad index is refused and the one in use stays (knowledge/answer.py). Coalesced
+        (reload.py): concurrent calls share one reload, at most one per --reload-interval. An admin's
+        action: with an API key set, the kiosk page's session does not admit it."""
+        check_auth(self.state, request.headers, _peer(request), session=False)
+        if getattr(self.state.engine, "knowledge", None) is None:
+            raise APIError(404, "this server has no documents: serve it with --docs INDEX", code="no_documents")
         try:
-            return json_response(await asyncio.to_thread(reload_docs, self.state.engine))
+            body, joined = await self.state.reloads.reload(self.state.engine)
         except LookupError as e:
             raise APIError(404, str(e), code="no_documents") from None
         except InvalidRequest as e:
             raise APIError(409, f"the index was not reloaded, the one in use stays: {e}", code="index_unusable") from None
+        return json_response({**body, "joined": joined})
 
     async def index(self, request: Request) -> Response:
         state = self.state
@@ -138,17 +149,6 @@ class Endpoints:
     def _model_card(self) -> dict[str, Any]:
         s = self.state
         return {"id": s.model_id, "object": "model", "created": s.created, "owned_by": "edgespec"}
-
-
-def reload_docs(engine) -> dict[str, Any]:
-    """The engine's documents read again (SIGHUP, POST /v1/docs/reload). LookupError: it has none;
-    InvalidRequest: the index cannot be used (the one in use stays)."""
-    kn = getattr(engine, "knowledge", None)
-    if kn is None:
-        raise LookupError("this server has no documents: serve it with --docs INDEX")
-    idx = kn.reload()
-    return {"object": "docs.reload", "index": str(kn.path), "documents": idx.manifest["counts"]["documents"],
-            "passages": len(idx.chunks), "generation": kn.generation}
 
 
 def _peer(request: Request) -> str | None:

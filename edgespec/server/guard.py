@@ -10,8 +10,8 @@ So every request must pass, in this order (each refusal is an OpenAI-style JSON 
     as ours to one check and as another name to whatever reads it next. Origin too: at most one.
  1. Host: the bound address, a loopback name, an IP literal when bound to every interface, or a
     name from --allowed-hosts ("*" turns the check off). Rebinding needs a foreign name: refused (403).
- 2. Origin, when the browser sends one: the server's own origin (the kiosk page), or one listed in
-    --cors-origin ("*": any). Anything else is refused (403); allowed origins get CORS headers and
+ 2. Origin, when the browser sends one: the server's own origin (the kiosk page: the same scheme, host
+    and port, as a browser compares them; origin_key), or one listed in --cors-origin ("*": any). Anything else is refused (403); allowed origins get CORS headers and
     their preflights (OPTIONS) answered.
  3. POST bodies must be Content-Type application/json (415): the one type no form or simple
     cross-origin request can send without a preflight.
@@ -59,6 +59,23 @@ def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_key(value: str) -> tuple[str, str, int] | None:
+    """An origin as a browser compares it: (scheme, host, port), the scheme's default port filled in:
+    'http://127.0.0.1' and 'http://127.0.0.1:80' are one origin, 'https://127.0.0.1:8000' another than
+    'http://127.0.0.1:8000', as is 'http://127.0.0.1:8001'. None for 'null' or anything not scheme://host[:port]."""
+    scheme, sep, rest = value.strip().rstrip("/").lower().partition("://")
+    if not sep or scheme not in _DEFAULT_PORTS:
+        return None
+    host = parse_host(rest)
+    if host is None:
+        return None
+    port = rest.rpartition(":")[2] if not rest.endswith("]") and ":" in rest.split("]")[-1] else ""
+    return scheme, host, int(port) if port else _DEFAULT_PORTS[scheme]
+
+
 def _is_wildcard(host: str) -> bool:
     return host in ("", "0.0.0.0", "::")
 
@@ -95,6 +112,7 @@ class Guard:
         cfg = state.config
         self.hosts = HostPolicy(cfg.host, list(cfg.allowed_hosts))
         self.origins = {o.rstrip("/").lower() for o in cfg.cors_origins}
+        self.origin_keys = {k for k in map(origin_key, self.origins) if k is not None}
         self.any_origin = "*" in self.origins
 
     async def __call__(self, scope, receive, send) -> None:
@@ -143,9 +161,10 @@ class Guard:
         cors = None
         if origin is not None:
             o = origin.rstrip("/").lower()
-            same = o in (f"http://{(host or '').lower()}", f"https://{(host or '').lower()}")
+            own = origin_key(f"{scope.get('scheme', 'http')}://{host}") if host else None
+            same = own is not None and origin_key(o) == own
             if not same:
-                if not (self.any_origin or o in self.origins):
+                if not (self.any_origin or o in self.origins or origin_key(o) in self.origin_keys):
                     raise APIError(403, f"cross-origin request from {echo(origin)} refused; allow the origin "
                                         "with --cors-origin", code="origin_not_allowed")
                 cors = origin

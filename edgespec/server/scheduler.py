@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .apierror import APIError
+from .slices import SLICE_EVERY, SliceQueue
 from .validate import GenRequest
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, max_queue: int = 8, *, token_delay: float = 0.0):
+    def __init__(self, max_queue: int = 8, *, token_delay: float = 0.0, embed_queue: int = 2):
         self.max_queue = max_queue
         self.engine: Any = None
         self._cv = threading.Condition()
@@ -84,6 +85,8 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._job_seconds = 5.0  # moving average of a job's run time, for Retry-After
         self._token_delay = token_delay  # test hook: slows the worker so tests can act mid-request
+        # POST /v1/embeddings: run by this worker in slices between generation's rounds (slices.py)
+        self.embeddings = SliceQueue("embeddings", embed_queue, self._cv)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self, engine: Any) -> None:
@@ -97,6 +100,7 @@ class Scheduler:
             self._stopping = True
             self._accepting = False
             self._cv.notify_all()
+        self.embeddings.drain()
         if self._thread is not None:
             self._thread.join(timeout)
             return not self._thread.is_alive()
@@ -146,6 +150,7 @@ class Scheduler:
             self._accepting = False
             waiting = list(self._queue)
             self._queue.clear()
+        self.embeddings.drain()
         for job in waiting:
             job.cancel(SHUTDOWN)
             job.post("error", APIError(503, "the server is shutting down before this request could start; retry",
@@ -164,14 +169,18 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._queue and not self._stopping:
+                while not self._queue and not self.embeddings.pending and not self._stopping:
                     self._cv.wait()
                 if self._stopping and not self._queue:
                     return
-                job = self._queue.popleft()
-                if job.cancelled:  # gone while waiting; its handler has already answered
-                    continue
-                self._running = job
+                job = self._queue.popleft() if self._queue else None
+                if job is None or job.cancelled:  # gone while waiting; its handler has already answered
+                    job = None
+                else:
+                    self._running = job
+            if job is None:  # no generation waiting: a slice of the other work, then look again
+                self.embeddings.run_one()
+                continue
             try:
                 self._run(job)
             except Exception:  # noqa: BLE001 - a bug here must not kill the only worker
@@ -187,13 +196,15 @@ class Scheduler:
         job.post("start")
         try:
             stream = self.engine.stream(**job.request.engine_kwargs(), cancel=job.should_stop)
-            for delta in stream:
+            for n, delta in enumerate(stream, 1):
                 if delta:
                     if job.first_delta is None:
                         job.first_delta = time.monotonic()
                     job.post("delta", delta)
                 if self._token_delay:
                     time.sleep(self._token_delay)
+                if n % SLICE_EVERY == 0:  # the other work's share: one gap in SLICE_EVERY (slices.py)
+                    self.embeddings.run_one()
             result = stream.result
         except Exception as e:  # noqa: BLE001 - every failure goes back to its request, the worker lives on
             if not isinstance(e, ValueError):  # ValueErrors are the caller's fault; anything else is ours

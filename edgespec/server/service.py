@@ -133,9 +133,11 @@ class Service:
         if config.parallel > 1:  # several requests at once: continuous batching
             from .batch_scheduler import BatchScheduler
 
-            self.scheduler = BatchScheduler(config.queue_size, token_delay=self.hooks.token_delay)
+            self.scheduler = BatchScheduler(config.queue_size, token_delay=self.hooks.token_delay,
+                                            embed_queue=config.embed_queue_size)
         else:
-            self.scheduler = Scheduler(config.queue_size, token_delay=self.hooks.token_delay)
+            self.scheduler = Scheduler(config.queue_size, token_delay=self.hooks.token_delay,
+                                       embed_queue=config.embed_queue_size)
         self.state = ServerState(config, self.scheduler, default_name=default_name, api_key=api_key)
         if config.ui and "/" not in self.state.static:
             raise ConfigError("--ui: the kiosk page is not installed (edgespec/static/index.html is missing)")
@@ -342,19 +344,21 @@ class Service:
                 pass
 
     def _on_hup(self) -> None:
-        """SIGHUP: the API key and (serve --docs) the document index read again."""
+        """SIGHUP: the API key and (serve --docs) the document index read again (in the loop)."""
         self.reload_api_key()
         if getattr(self.state.engine, "knowledge", None) is not None:
-            threading.Thread(target=self.reload_docs, name="edgespec-docs-reload", daemon=True).start()
+            asyncio.ensure_future(self._reload_docs())
 
-    def reload_docs(self) -> None:
-        from .endpoints import reload_docs
-
+    async def _reload_docs(self) -> None:
         try:
-            r = reload_docs(self.state.engine)
+            r, _ = await self.state.reloads.reload(self.state.engine)
             log.info("SIGHUP: documents reloaded from %s (%d passages)", r["index"], r["passages"])
         except Exception as e:  # noqa: BLE001 - whatever the folder holds, the index in use stays
             log.error("SIGHUP: the documents were not reloaded, the index in use stays: %s", e)
+
+    def reload_docs(self, timeout: float = 60.0) -> None:
+        """SIGHUP's reload from another thread (an embedding program, the tests): returns once it is done."""
+        asyncio.run_coroutine_threadsafe(self._reload_docs(), self.loop).result(timeout)
 
     def reload_api_key(self) -> bool:
         """SIGHUP: read the API key again from where it was read at start. A key cannot be added or

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .config import ServerConfig
 from .metrics import Metrics
+from .reload import ReloadGate
 from .scheduler import Scheduler
 from .served import ServedEngine
 from .validate import Limits
@@ -23,6 +24,7 @@ class ServerState:
         self.config = config
         self.scheduler = scheduler
         self.metrics = Metrics()
+        self.reloads = ReloadGate(config.reload_interval)  # POST /v1/docs/reload and SIGHUP, coalesced
         self.api_key = api_key
         self.engine: ServedEngine | None = None
         self.embedder = None  # an OnnxEmbedder when `serve --embedder` loaded one: POST /v1/embeddings

@@ -119,6 +119,24 @@ def test_same_origin_kiosk_page_works_and_cors_origins_get_headers(serve):
     assert raw_post(s.port, {"Origin": "https://other.example", "Content-Type": "application/json"})[0] == 403
 
 
+@pytest.mark.parametrize("origin", ["https://127.0.0.1:{port}", "http://127.0.0.1:{other}", "https://127.0.0.1:{other}",
+                                    "http://localhost:{port}", "http://127.0.0.1"])
+def test_another_scheme_or_port_or_host_is_another_origin(serve, origin):
+    s = serve()
+    o = origin.format(port=s.port, other=s.port + 1 if s.port < 65535 else s.port - 1)
+    status, _, body = raw_post(s.port, {"Origin": o, "Content-Type": "application/json"})
+    assert status == 403 and body["error"]["code"] == "origin_not_allowed", (o, body)
+    assert raw_post(s.port, {"Origin": f"http://127.0.0.1:{s.port}/", "Content-Type": "application/json"})[0] == 200
+
+
+def test_origin_key_compares_as_a_browser_does():
+    from edgespec.server.guard import origin_key
+
+    assert origin_key("http://127.0.0.1") == origin_key("HTTP://127.0.0.1:80/") == ("http", "127.0.0.1", 80)
+    assert origin_key("https://[::1]:8443") == ("https", "::1", 8443)
+    assert [origin_key(v) for v in ("null", "ftp://x", "http://x:y", "http://a@b")] == [None] * 4
+
+
 def test_kiosk_page_and_its_fetches_pass_the_guard(serve):
     s = serve(ui=True)
     assert s.get("/")[0] == 200 and s.get("/app.js")[0] == 200
