@@ -7,6 +7,7 @@ Used by scripts/ci-ort.sh and tests/install/test_board_installs.py; nothing is i
 
     python scripts/board_resolve.py PYTHON_VERSION GLIBC_MINOR REQUIREMENT...   ->  name==version, one a line
     python scripts/board_resolve.py 3.10 35 'dist/edgespec-0.1.0-py3-none-any.whl[server]'
+    python scripts/board_resolve.py --boards   ->  PYTHON GLIBC_MINOR NAME, one board system a line
 """
 from __future__ import annotations
 
@@ -16,9 +17,31 @@ import sys
 import tempfile
 from pathlib import Path
 
-# the boards edgespec is installed on: (name, Python, glibc minor)
-BOARDS = (("JetPack 6 (Ubuntu 22.04)", "3.10", 35), ("Raspberry Pi OS Bookworm", "3.11", 36),
-          ("JetPack 7 / Ubuntu 24.04", "3.12", 39), ("Raspberry Pi OS Trixie", "3.13", 41))
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def boards() -> tuple[tuple[str, str, int], ...]:
+    """The board systems edgespec is installed on, (name, Python, glibc minor), one per Python: the supported
+    JetPack releases and Raspberry Pi OS releases of devices/_releases.json (edgespec/edge/releases.py, read as a
+    plain module: no install needed), oldest Python first."""
+    sys.path.insert(0, str(ROOT / "edgespec" / "edge"))
+    try:
+        import releases
+    finally:
+        sys.path.pop(0)
+    t = releases.table()
+    found: dict[tuple[str, int], list[str]] = {}
+    for r in t["jetpack"]:
+        if r["onnxruntime"] != "unsupported":
+            found.setdefault((r["python"], int(r["glibc"].split(".")[1])), []).append(f"JetPack {r['jetpack']}")
+    for r in t["raspberry_pi_os"]:
+        found.setdefault((r["python"], int(r["glibc"].split(".")[1])), []).append(f"Raspberry Pi OS {r['codename']}")
+    key = lambda item: tuple(int(x) for x in item[0][0].split("."))  # noqa: E731
+    return tuple((f"{names[0]}..{names[-1].removeprefix('JetPack ')}" if len(names) > 1 else names[0], py, glibc)
+                 for (py, glibc), names in sorted(found.items(), key=key))
+
+
+BOARDS = boards()
 
 
 def platforms(glibc_minor: int, arch: str = "aarch64") -> list[str]:
@@ -71,8 +94,12 @@ def build_wheels(root: Path, out: Path, *, python: str = sys.executable) -> dict
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["--boards"]:
+        for name, py, glibc in BOARDS:
+            print(py, glibc, name.replace(" ", "-"))
+        return 0
     if len(argv) < 3:
-        print(__doc__.strip().splitlines()[-2].strip(), file=sys.stderr)
+        print(__doc__.strip().splitlines()[-3].strip(), file=sys.stderr)
         return 2
     try:
         found = resolve(argv[0], int(argv[1]), argv[2:])

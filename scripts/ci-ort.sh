@@ -2,7 +2,8 @@
 # The runtime on the oldest onnxruntime each flavor claims, and its wheel on the boards' Pythons (scripts/test.sh
 # runs this after the suite; about three minutes).
 #   1. the runtime's wheel and the export half's resolve for each board's Python and glibc (JetPack 6: 3.10, glibc
-#      2.35; Bookworm: 3.11, 2.36; Ubuntu 24.04 / JetPack 7: 3.12, 2.39; Trixie: 3.13, 2.41) from binary wheels only,
+#      2.35; Bookworm: 3.11, 2.36; JetPack 7.2 on Orin, Ubuntu 24.04: 3.12, 2.39; Trixie: 3.13, 2.41; the rows come
+#      from devices/_releases.json through scripts/board_resolve.py --boards) from binary wheels only,
 #      pulling no onnxruntime of their own, and the resolved versions are printed; with [cpu] it resolves too,
 #      onnxruntime included (pip install --dry-run: nothing is installed)
 #   1b. the runtime's wheel pip-installed into a fresh venv (no onnxruntime), and `edgespec doctor` there: a report
@@ -41,12 +42,18 @@ EXPORT_WHEEL=$(ls "$DIR"/wheels/edgespec_export-*.whl)
 resolve() {  # python version, glibc minor, requirement... -> name==version pip would install, one a line
   "$PY" "$ROOT/scripts/board_resolve.py" "$@"
 }
-for board in "3.10 35 JetPack-6" "3.11 36 Bookworm" "3.12 39 Ubuntu-24.04" "3.13 41 Trixie"; do
+# the rows: every supported release of devices/_releases.json, one per Python (JetPack 6: 3.10/2.35; Bookworm:
+# 3.11/2.36; JetPack 7.0 to 7.2, Ubuntu 24.04: 3.12/2.39; Trixie: 3.13/2.41)
+mapfile -t BOARD_ROWS < <("$PY" "$ROOT/scripts/board_resolve.py" --boards)
+[ "${#BOARD_ROWS[@]}" -ge 4 ] || die "scripts/board_resolve.py --boards listed ${#BOARD_ROWS[@]} board systems"
+for board in "${BOARD_ROWS[@]}"; do
   read -r pyv glibc name <<<"$board"
   at="cp${pyv/./} aarch64 glibc 2.$glibc ($name)"
   names=$(resolve "$pyv" "$glibc" "${WHEEL}[server]" "$EXPORT_WHEEL") || die "edgespec[server] + ./export does not resolve for $at"
   if grep -q '^onnxruntime' <<<"$names"; then die "edgespec[server] + ./export pulls an onnxruntime for $at"; fi
   say "$at: edgespec[server] + ./export, no onnxruntime: $(paste -sd' ' <<<"$names")"
+  names=$(resolve "$pyv" "$glibc" "$EXPORT_WHEEL") || die "./export alone does not resolve for $at"
+  if grep -q '^edgespec==' <<<"$names"; then die "./export alone pulls a PyPI edgespec for $at"; fi
   names=$(resolve "$pyv" "$glibc" "${WHEEL}[server,cpu]") || die "edgespec[server,cpu] does not resolve for $at"
   grep -q '^onnxruntime==' <<<"$names" || die "edgespec[cpu] resolved without onnxruntime for $at"
   say "$at: [server,cpu] takes $(grep '^onnxruntime==' <<<"$names")"

@@ -142,6 +142,9 @@ def test_platforms_cover_the_board_glibc_down_to_manylinux2014():
     assert tags[0] == "manylinux_2_35_aarch64" and "manylinux_2_28_aarch64" in tags
     assert tags[-2:] == ["manylinux_2_17_aarch64", "manylinux2014_aarch64"] and len(tags) == 35 - 17 + 2
     assert [b[1:] for b in board_resolve.BOARDS] == [("3.10", 35), ("3.11", 36), ("3.12", 39), ("3.13", 41)]
+    # from the release table: JetPack 7.2 (Orin, Ubuntu 24.04) is the 3.12 row, JetPack 5 (3.8) is none
+    assert [b[0] for b in board_resolve.BOARDS] == ["JetPack 6.0..6.2.2", "Raspberry Pi OS bookworm", "JetPack 7.0..7.2",
+                                                     "Raspberry Pi OS trixie"]
 
 
 @pytest.fixture(scope="module")
@@ -152,9 +155,9 @@ def wheels(tmp_path_factory):
         pytest.skip(f"cannot build the wheels here (no package registry for setuptools?): {e.stderr[-300:]}")
 
 
-def _resolve(*reqs: str) -> dict[str, str]:
+def _resolve(*reqs: str, python: str = "3.10", glibc: int = 35) -> dict[str, str]:
     try:
-        return board_resolve.resolve("3.10", 35, list(reqs))
+        return board_resolve.resolve(python, glibc, list(reqs))
     except board_resolve.ResolveError as e:
         if "NewConnectionError" in str(e) or "Could not fetch URL" in str(e):
             pytest.skip(f"no package registry: {str(e)[:200]}")
@@ -165,6 +168,13 @@ def _resolve(*reqs: str) -> dict[str, str]:
 def test_the_export_half_alone_resolves_without_the_runtime_or_onnxruntime(wheels):
     found = _resolve(str(wheels["edgespec-export"]))  # pip install ./export, nothing else named
     assert "edgespec-export" in found and "gguf" in found and "edgespec" not in found, found
+    assert not [n for n in found if n.startswith("onnxruntime")], found
+
+
+@pytest.mark.slow
+def test_jetpack_7_2_python_3_12_resolves_the_runtime_and_the_export_half_without_onnxruntime(wheels):
+    found = _resolve(f"{wheels['edgespec']}[server]", str(wheels["edgespec-export"]), python="3.12", glibc=39)
+    assert "edgespec" in found and "edgespec-export" in found and "starlette" in found
     assert not [n for n in found if n.startswith("onnxruntime")], found
 
 
