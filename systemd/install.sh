@@ -5,10 +5,12 @@
 #   sudo ./systemd/install.sh --kiosk BUNDLE         # also the chat page full screen (edgespec-kiosk.service)
 #   sudo ./systemd/install.sh --api-key-file /etc/edgespec/api-key BUNDLE    # require a bearer token
 #   sudo ./systemd/install.sh --system-site-packages BUNDLE   # a Jetson whose system python has onnxruntime-gpu
+#   sudo ./systemd/install.sh --jetson-clocks BUNDLE  # a Jetson: clocks pinned at the power mode's maximum first
 #
 # What it writes: /opt/edgespec/{venv,bundles/NAME}, /etc/edgespec/edgespec.env (kept if present: only the
 # options given here are changed in it), /etc/systemd/system/edgespec.service and drop-ins in
-# /etc/systemd/system/edgespec.service.d/ (api-key.conf, network.conf). Run it again to update.
+# /etc/systemd/system/edgespec.service.d/ (api-key.conf, network.conf; on a Jetson memory.conf, the board's
+# memory budget as the cap, and jetson-clocks.conf with --jetson-clocks). Run it again to update.
 # Uninstall: systemctl disable --now edgespec; rm -r /etc/systemd/system/edgespec.service* /opt/edgespec
 set -euo pipefail
 
@@ -26,6 +28,7 @@ START=1
 ROOT=
 BUNDLE=
 PRINT_PIP=0
+JETSON_CLOCKS=
 
 usage() { sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; cat <<'EOF'
 Options:
@@ -43,6 +46,9 @@ Options:
   --no-start               install and enable, but do not (re)start now
   --root DIR               write into the file tree DIR (an image being built); no systemctl, no pip
   --print-pip              print the pip install line this venv would get (which extras) and exit
+  --jetson-clocks          a Jetson: run jetson_clocks (as root) before each start, pinning CPU, GPU and memory
+                           clocks at the power mode's maximum: steadier step times, more power (--no-jetson-clocks
+                           removes it)
 
 The venv gets edgespec[server], plus the CPU onnxruntime (edgespec[server,cpu]) only where it sees no
 onnxruntime at all and this is not a Jetson: a Jetson's onnxruntime-gpu (seen with --system-site-packages,
@@ -68,6 +74,8 @@ while [ $# -gt 0 ]; do
     --no-start) START=0; shift ;;
     --root) ROOT=${2:?}; PIP=0; START=0; shift 2 ;;
     --print-pip) PRINT_PIP=1; shift ;;
+    --jetson-clocks) JETSON_CLOCKS=1; shift ;;
+    --no-jetson-clocks) JETSON_CLOCKS=0; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) die "unknown option $1 (see --help)" ;;
     *) [ -z "$BUNDLE" ] || die "one bundle only (got '$BUNDLE' and '$1')"; BUNDLE=$1; shift ;;
@@ -75,7 +83,6 @@ while [ $# -gt 0 ]; do
 done
 
 TEGRA_RELEASE=${EDGESPEC_TEGRA_RELEASE:-/etc/nv_tegra_release}  # a Jetson's (tests point it at a fake file)
-JETSON_INDEX=https://pypi.jetson-ai-lab.io/jp6/cu126
 # A venv's python sees an onnxruntime: a module with a file (a leftover onnxruntime/ folder of a removed wheel
 # is none).
 has_ort() {
@@ -115,6 +122,9 @@ if [ -n "$API_KEY_FILE" ]; then
   [ -s "$ROOT$API_KEY_FILE" ] || die "API key file $API_KEY_FILE does not exist or is empty (e.g. 'openssl rand -hex 32 > $API_KEY_FILE; chmod 600 $API_KEY_FILE')"
   case "$(stat -c %a "$ROOT$API_KEY_FILE")" in *00) ;; *) say "warning: $API_KEY_FILE is readable by others: chmod 600 $API_KEY_FILE" ;; esac
 fi
+if [ "$JETSON_CLOCKS" = 1 ] && [ ! -r "$TEGRA_RELEASE" ]; then
+  die "--jetson-clocks: this is not a Jetson (no $TEGRA_RELEASE)"
+fi
 if [ "$KIOSK" = 1 ]; then
   for f in edgespec-kiosk.service kiosk-browser.sh; do
     [ -f "$SRC/systemd/$f" ] || die "--kiosk: $SRC/systemd/$f is missing from this checkout"
@@ -133,10 +143,17 @@ if [ "$PIP" = 1 ]; then
     "$PYTHON" -m venv $SYSTEM_SITE "$VENV" || die "could not create a venv (Debian/Ubuntu: apt install python3-venv)"
   fi
   if [ -r "$TEGRA_RELEASE" ] && ! has_ort "$VENV/bin/python3"; then
-    die "a Jetson, and $VENV sees no onnxruntime: install NVIDIA's onnxruntime-gpu into it first (JetPack 6.1/6.2):
-  $VENV/bin/pip download --no-deps -d /tmp/ort-gpu 'onnxruntime-gpu>=1.23.0' --index-url $JETSON_INDEX
+    # the board's JetPack row (devices/_releases.json): where its onnxruntime-gpu comes from
+    l4t=$(sed -n 's/^# R\([0-9]*\) (release), REVISION: \([0-9.]*\).*/\1.\2/p' "$TEGRA_RELEASE" | head -n1)
+    IFS=$'\t' read -r jetpack ort_source ort_index ort_req ort_what \
+      <<<"$("$PYTHON" "$SRC/edgespec/edge/releases.py" setup "${l4t:-unknown}" || true)"
+    if [ "$ort_source" = jp6-cu126 ]; then
+      die "a Jetson, and $VENV sees no onnxruntime: install NVIDIA's onnxruntime-gpu into it first (JetPack $jetpack):
+  $VENV/bin/pip download --no-deps -d /tmp/ort-gpu '$ort_req' --index-url $ort_index
   $VENV/bin/pip install /tmp/ort-gpu/onnxruntime_gpu-*.whl
 then run this again (never the CPU wheel here: it would take the GPU one's place; docs/jetson.md)"
+    fi
+    die "a Jetson (L4T ${l4t:-unknown}, JetPack ${jetpack:-unknown}), and $VENV sees no onnxruntime: ${ort_what:-no onnxruntime-gpu is known for it}. To run on the CPU meanwhile: $VENV/bin/pip install onnxruntime, then run this again"
   fi
   EXTRAS=$(extras_for "$VENV/bin/python3")
   [ "$EXTRAS" = server ] && say "$VENV sees an onnxruntime already (a Jetson's onnxruntime-gpu): not adding the CPU one"
@@ -224,6 +241,42 @@ if [ -n "$HOST" ]; then
        [ -n "$API_KEY_FILE" ] || [ -f "$UNITDIR/edgespec.service.d/api-key.conf" ] \
          || say "warning: listening on $HOST without an API key: anyone on the network can use the model" ;;
   esac
+fi
+# the board: where the GPU shares the RAM (a Jetson), CUDA's memory is not what the unit's percentages of RAM
+# were sized for, so the cap is the board's memory budget (memory less the profile's reserve for the OS and the
+# CUDA context: the number the engine's plan keeps CPU and GPU memory within), read by edgespec's own detection
+py=$PYTHON
+[ -x "$VENV/bin/python3" ] && py=$VENV/bin/python3
+budget=$(PYTHONPATH=$SRC "$py" - "${EDGESPEC_BOARD_ROOT:-/}" 2>/dev/null <<'EOF' || true
+import sys
+from edgespec.edge import devices
+p = devices.detect(sys.argv[1])
+if p.memory_shared_with_gpu and p.memory_budget_bytes:
+    print(p.memory_budget_bytes)
+EOF
+)
+if [ -n "$budget" ]; then
+  cat > "$UNITDIR/edgespec.service.d/memory.conf" <<EOF
+[Service]
+# the GPU shares this board's RAM: the cap is the board's memory budget (edgespec doctor, "default budget"),
+# not a share of RAM sized without CUDA's allocations
+MemoryHigh=$((budget / 10 * 9))
+MemoryMax=$budget
+EOF
+  say "the GPU shares the memory: MemoryMax=$budget bytes, the board's budget (memory.conf)"
+else
+  rm -f "$UNITDIR/edgespec.service.d/memory.conf"
+fi
+if [ "$JETSON_CLOCKS" = 1 ]; then
+  cat > "$UNITDIR/edgespec.service.d/jetson-clocks.conf" <<'EOF'
+[Service]
+# install.sh --jetson-clocks: CPU, GPU and memory clocks pinned at the power mode's maximum before the model
+# loads (as root: "+"; a board without jetson_clocks still starts the service: "-")
+ExecStartPre=-+/usr/bin/jetson_clocks
+EOF
+  say "jetson_clocks runs before each start (jetson-clocks.conf; --no-jetson-clocks removes it)"
+elif [ "$JETSON_CLOCKS" = 0 ]; then
+  rm -f "$UNITDIR/edgespec.service.d/jetson-clocks.conf"
 fi
 if [ "$KIOSK" = 1 ]; then
   # the browser script the kiosk unit runs, and the unprivileged user it runs as
