@@ -28,6 +28,8 @@ def register(sub) -> None:
                    help="sentence-embedding model for dense retrieval (a pulled name or an embedder folder), or "
                         "'none' for BM25 alone; default auto: all-MiniLM-L6-v2 when pulled (`edgespec pull minilm`)")
     p.add_argument("--max-chars", type=int, default=None, metavar="N", help="characters a passage holds at most")
+    p.add_argument("--strict", action="store_true", help="leave out the lines that address an assistant instead of a "
+                   "visitor (each is a warning either way: knowledge/injection.py)")
     p.set_defaults(func=run)
 
 
@@ -51,6 +53,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"read {d.source}: {d.note}", file=sys.stderr)
     for path, why in reading.skipped:
         print(f"skipped {path}: {why}", file=sys.stderr)
+    from ...knowledge.injection import screen
+
+    reading, flags = screen(reading, strict=args.strict)  # a page's orders to the model: warned, --strict drops them
+    for f in flags:
+        print(f"warning: {f.message()}{' (left out: --strict)' if args.strict else ''}", file=sys.stderr)
     emb = _embedder(args.embedder)
     b = build_index(reading, args.output, tok, tokenizer_sha256(root), emb,
                     max_chars=args.max_chars or DEFAULT_MAX_CHARS, tokenizer_from=root.resolve().name)
