@@ -197,3 +197,16 @@ def test_the_quickstart_install_on_a_jetson_resolves_without_onnxruntime(wheels,
     assert not [n for n in found if n.startswith("onnxruntime")], found
     # and what the old requirement did: the CPU wheel, pulled for the same board
     assert "onnxruntime" in _resolve(f"{wheels['edgespec']}[cpu]")
+
+
+def test_the_readmes_board_line_installs_the_right_onnxruntime_on_each_board(tmp_path):
+    """README "2. On the board": one line for every board, never PyPI's CPU onnxruntime on a Jetson."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("**2. On the board**"):].split("```")[1]
+    line = next(ln for ln in block.splitlines() if "setup-env.sh" in ln).split("#")[0].split()
+    env = dict(kv.split("=", 1) for kv in line if "=" in kv)
+    assert line[-1] == "./scripts/setup-env.sh" and "pip install '.[cpu" not in block, block
+    (tmp_path / "jetson").mkdir()
+    (tmp_path / "pi").mkdir()
+    assert _plan(tmp_path / "jetson", JETPACK_6, **env)[1] == f"-e {ROOT}[server]"  # a Jetson: no cpu extra
+    assert _plan(tmp_path / "pi", None, **env)[1] == f"-e {ROOT}[cpu,server]"  # a Pi: the CPU wheel
