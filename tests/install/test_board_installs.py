@@ -114,12 +114,12 @@ def test_setup_env_fetches_nvidias_wheel_only_where_the_row_says_and_says_why_no
         (venv / ".edgespec-installed").unlink()
 
 
-def test_setup_env_refuses_python_3_8_in_one_line_before_pip_runs(tmp_path):
+def test_setup_env_and_quickstart_refuse_python_3_8_in_one_line_before_pip_runs(tmp_path):
     py38 = tmp_path / "python3.8"  # answers as JetPack 5's Python would: too old, "3.8"
     py38.write_text('#!/bin/sh\ncase "$2" in *print*) echo "Python 3.8"; exit 0;; esac\nexit 1\n')
     py38.chmod(0o755)
-    for plan in ("1", "0"):
-        r = subprocess.run(["bash", str(ROOT / "scripts/setup-env.sh")], capture_output=True, text=True, timeout=60,
+    for script, plan in (("setup-env.sh", "1"), ("setup-env.sh", "0"), ("quickstart.sh", "0")):
+        r = subprocess.run(["bash", str(ROOT / "scripts" / script)], capture_output=True, text=True, timeout=60,
                            env=os.environ | {"EDGESPEC_SETUP_PLAN": plan, "EDGESPEC_VENV": str(tmp_path / "venv"),
                                              "PYTHON": str(py38)})
         assert r.returncode == 1 and r.stdout == "", r.stdout
