@@ -226,3 +226,19 @@ def test_the_soak_script_shows_rss_flat_once_everything_is_full(tiny_bundle):
     curve = [x for x in r.stdout.splitlines() if " req  rss " in x]
     assert len(curve) >= 15 and sum("[full]" in x for x in curve) >= 10, r.stdout
     assert r.stdout.splitlines()[-1].startswith("soak: OK: RSS flat after capacity"), r.stdout
+
+
+def test_the_soak_verdict_reads_the_last_thirds_slope():
+    """A leak too slow for the halves' peaks (7 MiB over the run) is caught by the last third's slope; a flat
+    run with allocator noise passes, and its line says the slope and its bound."""
+    from edgespec.bench.soak import Sample, verdict
+
+    def run(rss_of):
+        full = {"suffix_index_evicted_tokens": 1, "conversation_cache_entries": 16, "conversation_cache_capacity": 16,
+                "suffix_index_bytes": 1 << 20}
+        return [Sample(i * 10.0, i * 100, {**full, "resident_memory_bytes": rss_of(i) * (1 << 20)}) for i in range(60)]
+
+    ok, said = verdict(run(lambda i: 300 + (1.5 if i % 3 else 0)))
+    assert ok and said.startswith("RSS flat after capacity") and "(bound 1)" in said, said
+    ok, said = verdict(run(lambda i: 300 + 7 * i / 59))
+    assert not ok and said.startswith("RSS climbing steadily") and "+1.19 MiB per 1,000 requests" in said, said
