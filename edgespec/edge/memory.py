@@ -69,8 +69,10 @@ GRAMMAR_BASE = 20 << 20
 GRAMMAR_BYTES_PER_TOKEN = 480
 # A sentence-embedding model (knowledge/onnx_embedder.py), measured on all-MiniLM-L6-v2 int8 (26 MB of files,
 # 6 Dec, onnxruntime 1.32, CPU): +47-51 MB RSS once loaded, +132 MB more after embedding 32 texts of 256 tokens
-# in runs of BATCH_TOKENS (2048) padded tokens: the arena keeps its largest run's activations
-EMBEDDER_FILE_FACTOR = 2.0
+# in runs of BATCH_TOKENS (2048) padded tokens: the arena keeps its largest run's activations. multilingual-e5-small
+# int8 (135 MB of files, 7 Dec): +458 MB once loaded (its tokenizer's 250,002 SentencePiece pieces alone 288 MB in
+# the tokenizers library), +122 MB more after the same texts: 3.4x its files loaded, hence 3.5 (MiniLM: 227 MB planned)
+EMBEDDER_FILE_FACTOR = 3.5
 EMBEDDER_WORKING = 140 << 20
 # A document index is read whole into memory (passages' text, token arrays, vectors): its files' bytes,
 # x INDEX_FACTOR for Python's objects around the passages (an estimate: not yet measured on a real index)

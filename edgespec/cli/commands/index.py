@@ -26,7 +26,8 @@ def register(sub) -> None:
                    help=f"the bundle that will serve it (its tokenizer; default {DEFAULT_BUNDLE})")
     p.add_argument("--embedder", default="auto", metavar="MODEL|DIR",
                    help="sentence-embedding model for dense retrieval (a pulled name or an embedder folder), or "
-                        "'none' for BM25 alone; default auto: all-MiniLM-L6-v2 when pulled (`edgespec pull minilm`)")
+                        "'none' for BM25 alone; default auto: all-MiniLM-L6-v2 when pulled (`edgespec pull minilm`); "
+                        "pages or visitors in several languages: multilingual-e5-small (`edgespec pull multilingual-e5-small`)")
     p.add_argument("--max-chars", type=int, default=None, metavar="N", help="characters a passage holds at most")
     p.add_argument("--strict", action="store_true", help="leave out the lines that address an assistant instead of a "
                    "visitor (each is a warning either way: knowledge/injection.py)")
