@@ -127,7 +127,7 @@ def build_index(paths, out, tokenizer, tokenizer_sha256: str, embedder=None, *,
     out = Path(out)
     reading: Reading = paths if isinstance(paths, Reading) else read_documents(paths)
     chunks = chunk_all(reading.documents, max_chars)
-    texts = [for_matching(f"{c.title}\n{c.text}") for c in chunks]  # as matching reads them (normalize.py)
+    texts = [embedded_text(c.title, c.text) for c in chunks]
     lex = [lex_tokens(tokenizer, t) for t in texts]
     ids = [tokenizer.encode(c.text, add_special_tokens=False).ids for c in chunks]
     vectors, reused, why = None, 0, ""
@@ -201,7 +201,13 @@ def old_vectors(path: Path, embedder) -> tuple[dict[str, np.ndarray], str]:
         return {}, f"the old index is unreadable ({str(e)[:120]})"
     if v.shape != (len(rows), embedder.dim) or v.dtype != np.float32:
         return {}, f"the old index's vectors are {v.shape}, not one per passage of {embedder.dim}"
-    return {f"{r['title']}\n{r['text']}": v[i] for i, r in enumerate(rows)}, ""
+    return {embedded_text(r["title"], r["text"]): v[i] for i, r in enumerate(rows)}, ""
+
+
+def embedded_text(title: str, text: str) -> str:
+    """What a passage's vector and lexical tokens are made from: its title and text, as matching reads them
+    (normalize.py); the key by which a rebuild finds a passage's vector in the old index."""
+    return for_matching(f"{title}\n{text}")
 
 
 def _replace_dir(new: Path, dest: Path) -> None:

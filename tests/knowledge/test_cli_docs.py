@@ -134,6 +134,7 @@ def test_reindexing_after_one_page_changed_embeds_only_its_passages(tiny_bundle,
     docs.mkdir()
     for f in VENUE.iterdir():
         (docs / f.name).write_bytes(f.read_bytes())
+    (docs / "access.md").write_text("# アクセス\n\n京都駅から（バス）２０５番：３５分。\n", encoding="utf-8")  # NFKC folds it
     emb = FakeEmbedder()
     seen: list[int] = []
     embed = emb.embed
