@@ -42,7 +42,7 @@ def test_a_turn_quotes_numbered_passages_before_the_question(knowledge):
     assert t.passage_tokens <= knowledge.budget
     d = t.docs()
     assert d["declined"] is False and d["sources"][s.id - 1]["file"].endswith("cafes.md") and set(d["sources"][0]) == {
-        "id", "title", "file", "start", "end", "score"}
+        "id", "title", "file", "start", "end", "score", "text"}
 
 
 def test_the_budget_bounds_the_passages(knowledge):

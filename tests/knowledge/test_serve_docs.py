@@ -52,7 +52,7 @@ def test_the_answer_carries_its_sources_plain_and_streamed(served):
     ex = resp.model_extra["edgespec"]
     src = ex["sources"][0]
     assert ex["declined"] is False and src["file"].endswith("tickets.md") and src["title"].startswith("Tickets")
-    assert set(src) == {"id", "title", "file", "start", "end", "score"} and src["id"] == 1
+    assert set(src) == {"id", "title", "file", "start", "end", "score", "text"} and src["id"] == 1
     chunks = list(server.client.chat.completions.create(model=server.bundle.name, messages=msgs, max_tokens=6,
                                                         stream=True))
     assert chunks[-1].model_extra["edgespec"]["sources"] == ex["sources"]
