@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Generator
 
 from ..errors import InvalidRequest
+from ..models.bundlefiles import read_json
 from .index import Hit, Index, IndexUnusable, read_manifest
 
 log = logging.getLogger("edgespec.knowledge")
@@ -68,7 +69,7 @@ PREAMBLE = ("Answer from the numbered passages, quoted from the venue's document
             "answer, say you cannot find it in the documents.")
 # The whole venue in the cache (module docstring): at most this many tokens of quoted passages (their
 # one-off prefill at start, and the attention over their rows at every step, docs/kiosk.md's table)
-VENUE_LIMIT = 6144
+VENUE_LIMIT = 8192
 TURN_ROOM = 1024  # tokens the cache keeps beside the venue for the conversation and the answer
 VENUE_MIN_COVERAGE = 0.25
 DEFAULT_SYSTEM = "You are the information kiosk of this venue, answering visitors."
@@ -155,8 +156,11 @@ def venue_tokens_estimate(path) -> int | None:
     """The venue's quoted passages' tokens, from the index's manifest (before any tokenizer loads: the
     memory plan sizes the cache with it): its passages' tokens, and ~24 for each one's number, title and
     quote marks. None when the venue is larger than VENUE_LIMIT (its passages are quoted per turn)."""
-    counts = read_manifest(Path(path)).get("counts") or {}
-    n = int(counts.get("tokens", 0)) + 24 * int(counts.get("chunks", 0)) + 200
+    m, _ = read_json(Path(path) / "manifest.json")  # the index is checked where it is opened, not here
+    counts = m.get("counts") if isinstance(m, dict) else None
+    if not isinstance(counts, dict) or not all(isinstance(counts.get(k), int) for k in ("tokens", "chunks")):
+        return None
+    n = counts["tokens"] + 24 * counts["chunks"] + 200
     return n if n <= VENUE_LIMIT else None
 
 

@@ -352,7 +352,8 @@
 
   /**
    * Under an answer from the venue's documents (`serve --docs`): the passages it was given, numbered as
-   * the answer cites them, with the page each comes from. Text only, never HTML.
+   * the answer cites them, with the page each comes from and the passage's own words quoted below it (a
+   * touch screen has no hover). Text only, never HTML.
    */
   function showSources(turn, sources) {
     const old = turn.boxEl.querySelector(".sources");
@@ -369,8 +370,17 @@
       if (!s || typeof s !== "object") continue;
       const item = document.createElement("li");
       const file = String(s.file || "").split(/[\\/]/).pop();
-      item.textContent = `[${s.id}] ${s.title || file}` + (file ? ` — ${file}` : "");
+      const name = document.createElement("span");
+      name.textContent = `[${s.id}] ${s.title || file}` + (file ? ` — ${file}` : "");
+      item.append(name);
       item.title = `${s.file || ""}, characters ${s.start}–${s.end}`;
+      if (typeof s.text === "string" && s.text.trim()) {
+        const quote = document.createElement("blockquote");
+        quote.className = "source-text";
+        const text = s.text.trim();
+        quote.textContent = text.length > 400 ? text.slice(0, 400) + "…" : text;
+        item.append(quote);
+      }
       list.append(item);
     }
     box.append(head, list);

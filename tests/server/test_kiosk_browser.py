@@ -113,14 +113,19 @@ def test_an_answer_from_documents_lists_its_sources_under_it(open_page, server):
     server.behaviour.pieces = ["Adults pay ", "£12 ", "[1]."]
     server.behaviour.stats = {**server.behaviour.stats, "declined": False, "sources": [
         {"id": 1, "title": "Tickets › Day tickets", "file": "/srv/venue/pages/tickets.html", "start": 10, "end": 200,
-         "score": 1.0},
-        {"id": 2, "title": "<b>Cafe</b>", "file": "pages/cafe.md", "start": 0, "end": 90, "score": 0.5}]}
+         "score": 1.0, "text": "Adult day ticket: £12.00\nChild: £6.00"},
+        {"id": 2, "title": "<b>Cafe</b>", "file": "pages/cafe.md", "start": 0, "end": 90, "score": 0.5,
+         "text": "<i>Open</i> " + "daily " * 100}]}
     page, log = open_page()
     ask(page, "How much is an adult ticket?")
     wait_turn_state(page, "done")
-    items = page.locator(".turn .assistant .sources li")
+    items = page.locator(".turn .assistant .sources li > span")
     assert items.all_inner_texts() == ["[1] Tickets › Day tickets — tickets.html", "[2] <b>Cafe</b> — cafe.md"]
-    assert page.locator(".turn .assistant .sources b").count() == 0
+    quotes = page.locator(".turn .assistant .sources .source-text")  # each passage's words, shown, as text
+    assert quotes.all_inner_texts()[0] == "Adult day ticket: £12.00\nChild: £6.00"
+    assert quotes.all_inner_texts()[1].startswith("<i>Open</i> daily") and quotes.all_inner_texts()[1].endswith("…")
+    assert len(quotes.all_inner_texts()[1]) == 401 and page.is_visible(".turn .assistant .source-text >> nth=0")
+    assert page.locator(".turn .assistant .sources b, .turn .assistant .sources i").count() == 0
     assert page.get_attribute(".turn .assistant .sources li >> nth=0", "title") == \
         "/srv/venue/pages/tickets.html, characters 10–200"
     assert page.is_visible(".turn .assistant .sources")
