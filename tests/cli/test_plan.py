@@ -252,7 +252,7 @@ def test_plan_counts_the_embedder_and_the_document_index(tiny_bundle, tiny_embed
     files = sum(p.stat().st_size for p in tiny_embedder_dir.iterdir() if p.name != "manifest.json")
     rc = cli.main(["plan", str(tiny_bundle), "--embedder", str(tiny_embedder_dir), "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert rc == 0 and out["breakdown"]["embedder"] == int(2.0 * files) + memory.EMBEDDER_WORKING
+    assert rc == 0 and out["breakdown"]["embedder"] == int(memory.EMBEDDER_FILE_FACTOR * files) + memory.EMBEDDER_WORKING
     assert out["predicted_bytes"] == sum(out["breakdown"].values())
     index = tmp_path / "index"  # an index names the embedding model that built it; plan finds it by model_id
     index.mkdir()
@@ -266,7 +266,7 @@ def test_plan_counts_the_embedder_and_the_document_index(tiny_bundle, tiny_embed
     size = (index / "manifest.json").stat().st_size + 1000
     assert rc == 0 and "embedder" in text and "doc_index" in text
     p = memory.plan(tiny_bundle, max_len=None, want_draft=True, budget_bytes=None,
-                    knowledge={"embedder": int(2.0 * files) + memory.EMBEDDER_WORKING, "doc_index": int(2.0 * size)})
+                    knowledge={"embedder": int(memory.EMBEDDER_FILE_FACTOR * files) + memory.EMBEDDER_WORKING, "doc_index": int(2.0 * size)})
     assert units.format_size(p.predicted_bytes) in text
 
 
@@ -291,6 +291,6 @@ def test_the_engines_memory_plan_counts_a_docs_index_and_its_embedder(tiny_bundl
     with_docs = build.memory_plan(b, max_len=300, want_draft=True, profile=None, budget=None, docs=index)
     alone = build.memory_plan(b, max_len=300, want_draft=True, profile=None, budget=None)
     files = sum(p.stat().st_size for p in tiny_embedder_dir.iterdir() if p.name != "manifest.json")
-    assert with_docs.breakdown["embedder"] == int(2.0 * files) + memory.EMBEDDER_WORKING
+    assert with_docs.breakdown["embedder"] == int(memory.EMBEDDER_FILE_FACTOR * files) + memory.EMBEDDER_WORKING
     assert with_docs.breakdown["doc_index"] == int(2.0 * (index / "manifest.json").stat().st_size)
     assert with_docs.predicted_bytes - alone.predicted_bytes == with_docs.breakdown["embedder"] + with_docs.breakdown["doc_index"]
