@@ -214,4 +214,4 @@ class AutoDrafter(DrafterBase):
         if best is None:
             return EMPTY
         self._used = best
-        return prop if prop is not None else best.propose(ctx, k, params, rng)
+        return prop if prop is not None else best.propose_now(ctx, k, params, rng)

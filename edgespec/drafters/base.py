@@ -3,6 +3,8 @@
     begin(ctx)                                 a new request starts (may share a prefix with the last)
     prefill(ctx)                               prompt processing the drafter wants before decoding
     propose(ctx, k, params, rng) -> Proposal   at most k tokens that may follow ctx
+    propose_now(ctx, k, params, rng)           the same, skipping any gate of its own on whether
+                                               drafting pays (`auto` priced the round itself)
     feedback(proposal, accepted, valid_len)    learn from the verdict; forget cache rows past valid_len
     observe(rows, tokens)                      the target's verified logits rows (free candidates to keep)
     set_adaptive(on)                           choose k per round from measured costs, or use k as given
@@ -80,6 +82,9 @@ class Drafter(Protocol):
     def propose(self, ctx: Sequence[int], k: int, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal: ...
 
+    def propose_now(self, ctx: Sequence[int], k: int, params: SamplingParams,
+                    rng: np.random.Generator) -> Proposal: ...
+
     def feedback(self, proposal: Proposal, accepted: int, valid_len: int) -> None: ...
 
     def observe(self, rows: np.ndarray, tokens: Sequence[int]) -> None: ...
@@ -126,6 +131,11 @@ class DrafterBase:
 
     def propose(self, ctx: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Proposal:
         return EMPTY
+
+    def propose_now(self, ctx: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Proposal:
+        """propose() without a drafter's own gate on whether drafting pays (the draft model's skip
+        gate): for `auto`, which priced the round before choosing this drafter."""
+        return self.propose(ctx, k, params, rng)
 
     def feedback(self, proposal: Proposal, accepted: int, valid_len: int) -> None:
         """`accepted` of proposal.tokens were accepted; the first `valid_len` tokens of the context

@@ -32,6 +32,13 @@ CATCH_UP_WINDOW = 256
 # rows), so only those within it are exponentiated: one comparison pass over the row, not an exp of it
 CONF_WINDOW = 20.0
 CONF_PRIOR_SCALE = 1.0  # a confidence bin's acceptance before evidence: this times the bin's middle
+# A draft that does not draft costs nothing (the policy: ModelDrafter's docstring). Probes: the skipped
+# rounds' target time pays for a probe's catch-up at this share (3 %: under the 5 % a mode may lose to
+# the target alone); a probe reads at most PROBE_WINDOW tokens afresh, and the evidence before it is cut
+# to Beta.fade's floor, one verdict's worth (PROBE_KEEP 0), so one probe's verdict decides.
+PROBE_SHARE = 0.03
+PROBE_WINDOW = 32
+PROBE_KEEP = 0.0
 
 
 def conf_bin(c: float) -> int:
@@ -44,7 +51,25 @@ class ModelDrafter(DrafterBase):
     Its cache holds a prefix of the context; `_sync` feeds whatever is missing in one step (the
     target's last token, or a whole new prompt), so rewinding after a rejection is free. With
     `adaptive`, it stops drafting as soon as its own confidence says one more token is not worth
-    its cost."""
+    its cost.
+
+    A draft that does not draft costs nothing. With `adaptive`, before it feeds its cache anything,
+    each round asks whether drafting pays with the cache in step: the best chain of 1..k tokens at its
+    per-round acceptance `rounds` (accepted tokens are hits; a rejection, or a round it synced and then
+    withdrew, is a miss, as `auto` counts it), each costing a measured draft step plus the verify of
+    j + 1 tokens, against the target alone's one-token step. When it does not pay, the round proposes
+    nothing and the draft's cache is left as it is: no catch-up, no draft step; the text it missed is
+    read later, in one step within its window, by the round that drafts again. It still learns: after
+    enough skipped rounds that their target time times PROBE_SHARE (3 %) covers the measured catch-up
+    step of at most PROBE_WINDOW (32) tokens, a round probes: it syncs and proposes one token at
+    least, and the evidence before it is cut to one verdict's worth, so a probe whose token is
+    accepted brings the draft back (0.5 then, over the ~0.4 a chain needs on the dev CPU) and one
+    that is rejected keeps it out. On the dev CPU (draft step 0.3 of a target step, a 32-token draft
+    step ~1.5) that is a probe every ~50 skipped rounds, costing ~3 % of their time plus the probe's
+    one-token proposal (a 2-token verify instead of 1: ~0.1 step). Before, every round paid a
+    catch-up and a draft step to decide, which on a loaded run was 945 one-token draft steps of 20 ms
+    for rounds that proposed nothing (`model` at 0.58x the target alone). `auto` prices the draft
+    itself and calls `propose_now`, which drafts without this gate."""
 
     name = "model"
     uses_model = True
@@ -80,6 +105,9 @@ class ModelDrafter(DrafterBase):
         # its long-run acceptance starts from the export's measured agreement of this pair when the
         # bundle records one (Manifest.draft_agreement), else from a middling 0.6
         self.mean = Beta(PRIOR_ACCEPTANCE if prior is None else prior, weight=8.0)
+        # per-round acceptance for the skip gate: like `mean`, plus a miss for each withdrawn round
+        self.rounds = Beta(PRIOR_ACCEPTANCE if prior is None else prior, weight=8.0)
+        self.skipped = 0  # rounds skipped since it last synced
 
     # -- the interface ----------------------------------------------------------------------------
     def begin(self, ctx) -> None:
@@ -138,6 +166,17 @@ class ModelDrafter(DrafterBase):
         held = self._held(ctx)
         return min(len(ctx) - (self.start + held if held else 0), self.window)
 
+    def pays(self, k: int) -> bool:
+        """Whether drafting 1..k tokens beats the target alone with the cache in step, at the
+        per-round acceptance: the skip gate's test, a few multiplications, no model step."""
+        return self.costs.best_k(self.rounds.mean, k)[0] > 0
+
+    def probe_due(self, ctx: Sequence[int]) -> bool:
+        """Whether the rounds skipped since it last synced have earned a probe: their target time
+        times PROBE_SHARE covers the probe's catch-up step (at most PROBE_WINDOW tokens)."""
+        catch = self.costs.draft_step(max(1, min(self.catch_up(ctx), PROBE_WINDOW)))
+        return self.skipped * self.costs.verify(1) * PROBE_SHARE >= catch
+
     def cost(self, ctx: Sequence[int]) -> DraftCost | None:
         """Its measured draft steps: the first one feeds whatever of ctx its cache lacks."""
         if self.costs is None:
@@ -147,14 +186,16 @@ class ModelDrafter(DrafterBase):
         return DraftCost(self.costs.draft_step(pending) if pending > 1 else one, one, self.mean.mean)
 
     # -- drafting ---------------------------------------------------------------------------------
-    def _sync(self, ctx: Sequence[int]) -> np.ndarray:
-        """Makes the draft cache hold ctx (its last `window` tokens at least) and returns the logits
-        row predicting the next token. Shapes: the fed chunks [<= PREFILL_CHUNK] -> row [vocab rows]."""
+    def _sync(self, ctx: Sequence[int], window: int | None = None) -> np.ndarray:
+        """Makes the draft cache hold ctx (its last `window` tokens at least; default self.window)
+        and returns the logits row predicting the next token. Shapes: the fed chunks
+        [<= PREFILL_CHUNK] -> row [vocab rows]."""
+        window = self.window if window is None else window
         n = min(self._held(ctx), len(ctx) - self.start - 1)
         if n <= 0:  # nothing of the cache is of use: it starts at the context's beginning again
             self.start, n = 0, 0
-        if len(ctx) - self.start - n > self.window:  # cheaper to read the window's tokens afresh
-            self.start, n = len(ctx) - self.window, 0
+        if len(ctx) - self.start - n > window:  # cheaper to read the window's tokens afresh
+            self.start, n = len(ctx) - window, 0
         self.runner.rewind(n)
         del self.tokens[n:]
         row = None
@@ -168,11 +209,36 @@ class ModelDrafter(DrafterBase):
         return row
 
     def propose(self, ctx, k, params, rng) -> Proposal:
+        """This round's proposal, or EMPTY without a model step when drafting does not pay (the
+        class docstring's skip gate; adaptive only)."""
         self.last_sizes = []
-        alts: list[list[tuple[int, float]]] = []
         if k <= 0 or len(ctx) + k - 1 > self.runner.max_len:
             return EMPTY
-        row = self._sync(ctx)
+        if not self.adaptive or self.pays(k):
+            return self._draft(ctx, k, params, rng, None, probe=False)
+        if not self.probe_due(ctx):
+            self.skipped += 1
+            return EMPTY
+        # a probe: its verdict outweighs the misses before it, in the gate's estimate and in the
+        # confidence bins (which learn only from proposals: without it they would keep it out for good)
+        for b in (self.rounds, *self.by_conf):
+            b.fade(PROBE_KEEP)
+        window = PROBE_WINDOW if self.catch_up(ctx) > PROBE_WINDOW else None
+        return self._draft(ctx, k, params, rng, window, probe=True)
+
+    def propose_now(self, ctx, k, params, rng) -> Proposal:
+        """Drafts this round whatever the skip gate says: `auto` priced the round itself."""
+        self.last_sizes = []
+        if k <= 0 or len(ctx) + k - 1 > self.runner.max_len:
+            return EMPTY
+        return self._draft(ctx, k, params, rng, None, probe=False)
+
+    def _draft(self, ctx, k, params, rng, window: int | None, *, probe: bool) -> Proposal:
+        """Syncs (reading at most `window` tokens afresh) and drafts; a probe proposes one token at
+        least, whatever its confidence says: it is there to be judged."""
+        self.skipped = 0
+        alts: list[list[tuple[int, float]]] = []
+        row = self._sync(ctx) if window is None else self._sync(ctx, window)
         tokens: list[int] = []
         confs: list[float] = []
         qs: list[np.ndarray] = []
@@ -209,8 +275,10 @@ class ModelDrafter(DrafterBase):
                 break
             row = self._step(t)
         if self.adaptive:
+            best_j = max(best_j, 1) if probe else best_j
             del tokens[best_j:], confs[best_j:], qs[best_j:]
         if not tokens:
+            self.rounds.add(0, 1)  # withdrawn (or nothing drafted): its steps bought no token
             return EMPTY
         # per-token acceptance estimates (a batched round's width, a tree's pricing read them) and
         # the seconds its draft steps cost (a tree's pricing)
@@ -238,6 +306,7 @@ class ModelDrafter(DrafterBase):
         if proposal.source != self.name or not proposal.tokens:
             return
         judged = proposal.conf[: accepted + 1]  # tokens after the first rejection were never judged
+        self.rounds.add(accepted, 0 if accepted == len(proposal.tokens) else 1)
         for i, c in enumerate(judged):
             ok = i < accepted
             self.by_conf[conf_bin(c)].add(ok, not ok)

@@ -190,9 +190,8 @@ def test_adaptive_model_drafter_stops_when_unsure(draft_runner):
     d.mean.add(0, 50)
     assert d.propose([5, 17, 42, 8], 6, GREEDY, None).tokens == []
     d = ModelDrafter(runner, usable, cm, adaptive=True)
-    for b in d.by_conf:  # a draft that is always right
+    for b in (*d.by_conf, d.mean, d.rounds):  # a draft that is always right
         b.add(500, 0)
-    d.mean.add(500, 0)
     assert len(d.propose([5, 17, 42, 8], 6, GREEDY, None).tokens) >= 3
 
 
