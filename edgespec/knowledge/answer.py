@@ -28,7 +28,9 @@ finds the ticket prices. Declining from retrieval alone (the model does not run)
 passage holds under `min_coverage` of the question's IDF weight (index.py): a 1.5B model asked to
 decline when the documents do not hold the answer still invents one (with the whole venue in the
 cache too: on the museum venue, a gate at 0.25 let three unanswerable questions through and the
-model answered all three with values from other pages).
+model answered all three with values from other pages). A question written in another script than
+the passages its vectors found (a Japanese visitor, English pages) has no words to cover: the model
+decides it.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from typing import Any, Generator
 from ..errors import InvalidRequest
 from ..models.bundlefiles import read_json
 from .index import Hit, Index, IndexUnusable, read_manifest
+from .scripts import script_of
 
 log = logging.getLogger("edgespec.knowledge")
 
@@ -241,7 +244,7 @@ class Knowledge:
             hits = _merged(hits, idx.search(question, 2 * MAX_PASSAGES))
         best_cov = max((h.coverage for h in hits), default=0.0)
         best_cos = max((h.cosine for h in hits if h.cosine is not None), default=None)
-        if best_cov < self.min_coverage:
+        if best_cov < self.min_coverage and not _across_scripts(question, idx, hits):
             return Turn(list(messages), [], True, best_cov, best_cos, time.monotonic() - t0)
         if venue is not None:
             return self._venue_turn(messages, last, question, idx, venue, hits, best_cov, best_cos, t0)
@@ -289,6 +292,15 @@ class Knowledge:
     def _frame(self) -> int:
         """Tokens of the template without passages (the preamble, "Question: ")."""
         return len(self.tokenizer.encode(quote([], ""), add_special_tokens=False).ids)
+
+
+def _across_scripts(question: str, idx: Index, hits: list[Hit]) -> bool:
+    """A question in another script than every passage the vectors found for it (a Japanese visitor,
+    English pages): its words cannot be in them, so coverage says nothing, and the model decides."""
+    if not hits or any(h.cosine is None for h in hits):
+        return False
+    mine = script_of(question)
+    return bool(mine) and all(script_of(idx.chunks[h.chunk].text) != mine for h in hits[:MAX_PASSAGES])
 
 
 def _merged(a: list[Hit], b: list[Hit]) -> list[Hit]:

@@ -157,3 +157,29 @@ def test_a_reload_pins_the_new_venue(venue_engine, tmp_path):
         build_index([eng.test_pages], kn.path, tok, kn.tokenizer_sha256)
         kn.reload()
         eng.pinned = None
+
+
+class _Bilingual:
+    """Texts about tickets, in English or Japanese, point one way; everything else another."""
+
+    model_id, dim = "fake/bilingual", 2
+
+    def embed(self, texts):
+        import numpy as np
+
+        return np.array([[1.0, 0.0] if ("ticket" in t.lower() or "入園料" in t) else [0.0, 1.0] for t in texts],
+                        dtype=np.float32)
+
+
+def test_a_question_in_another_script_is_left_to_the_model(tmp_path, words):
+    tok, sha = words
+    build_index([VENUE], tmp_path / "v.idx", tok, sha, _Bilingual())
+    kn = Knowledge(tmp_path / "v.idx", tok, sha, _Bilingual())
+    t = kn.turn([{"role": "user", "content": "大人の入園料はいくらですか？"}])  # no word of it is in the pages
+    assert t.match < kn.min_coverage and not t.declined
+    assert t.sources[0].file.endswith("tickets.md")
+    bare = Knowledge(tmp_path / "v.idx", tok, sha, _Bilingual())
+    bare.index.vectors = None  # without vectors nothing says where it belongs: declined, as before
+    assert bare.turn([{"role": "user", "content": "大人の入園料はいくらですか？"}]).declined
+    # a question in the pages' own script is gated by its words as before
+    assert kn.turn([{"role": "user", "content": "Is there a swimming pool?"}]).declined
