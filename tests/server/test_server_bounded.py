@@ -164,12 +164,14 @@ class _BatchRecorder:
 
 
 class FakeKnowledge:
-    def __init__(self, seconds):
-        self.seconds, self.calls, self.generation, self.path = seconds, [], 0, "venue.idx"
+    """Its reloads wait for `gate` (the test holds the first one while others arrive)."""
+
+    def __init__(self):
+        self.calls, self.generation, self.path, self.gate = [], 0, "venue.idx", threading.Event()
 
     def reload(self):
         t0 = time.monotonic()
-        time.sleep(self.seconds)
+        assert self.gate.wait(10), "the test never opened the gate"
         self.generation += 1
         self.calls.append((t0, time.monotonic()))
         return type("I", (), {"manifest": {"counts": {"documents": 1}}, "chunks": [1, 2]})()
@@ -177,19 +179,22 @@ class FakeKnowledge:
 
 def test_docs_reloads_are_coalesced_and_spaced(serve):  # noqa: F811
     s = serve(reload_interval=0.5)
-    kn = s.service.state.engine.knowledge = FakeKnowledge(0.3)
+    kn = s.service.state.engine.knowledge = FakeKnowledge()
+    gate = s.service.state.reloads
     out: list = []
     first = threading.Thread(target=lambda: out.append(s.post("/v1/docs/reload", {})))
     first.start()
-    wait_until(lambda: len(kn.calls) == 0 and s.service.state.reloads.reading, what="the first reload reading")
+    wait_until(lambda: gate.reading, what="the first reload reading")
     rest = [threading.Thread(target=lambda: out.append(s.post("/v1/docs/reload", {}))) for _ in range(5)]
-    for t in [*rest]:
+    for t in rest:
         t.start()
+    wait_until(lambda: gate.waiting == 6, what="five calls waiting beside the first")
+    kn.gate.set()
     for t in [first, *rest]:
         t.join(15)
     assert [o[0] for o in out] == [200] * 6
     # the first call read alone; the five that came while it read share one reload, begun interval after it
-    assert len(kn.calls) == 2 and kn.calls[1][0] - kn.calls[0][1] >= 0.5
+    assert len(kn.calls) == 2 and kn.calls[1][0] - kn.calls[0][1] >= 0.45  # interval 0.5 s (clock rounding aside)
     assert sorted(o[2]["joined"] for o in out) == [False, False, True, True, True, True]
     assert sorted(o[2]["generation"] for o in out) == [1, 2, 2, 2, 2, 2]
 
