@@ -153,35 +153,37 @@ def _held(emb, n: int) -> int:
 
 def embed_work(emb, kind: str, items: list, fmt: str, model: str, budget: int) -> Generator[None, None, bytes]:
     """The request's work in slices (slices.py), each a few ms to a few tens of ms on a 2-core board:
-    tokenizing (SLICE_CHARS characters a slice), the budget's check, then embedding (SLICE_TOKENS padded
-    tokens a slice, texts of like length together) and writing each vector's JSON at once. Returns the
-    response body."""
+    counting texts' tokens (SLICE_CHARS characters a slice), the budget's check, then embedding (SLICE_TOKENS
+    padded tokens a slice, inputs of like length together) and writing each vector's JSON at once. Texts go
+    through the embedder's own `encode` (its passage prefix, E5's "passage: ", included), as before slicing.
+    Returns the response body."""
     if kind == "texts":
-        ids: list[list[int]] = []
-        done = 0
-        for i, text in enumerate(items):
-            ids.append(emb.tokenize(text))  # truncated to max_tokens by the embedder's tokenizer
+        prefix = getattr(emb, "passage_prefix", "")
+        held, done = [], 0
+        for text in items:  # the tokens `encode` will embed: the prefixed text's head within max_tokens
+            held.append(_held(emb, len(emb.tokenize(prefix + text))))
             done += len(text)
             if done >= SLICE_CHARS:
                 done = 0
                 yield
         yield
     else:
-        ids = items
-    held = [_held(emb, len(x)) for x in ids]
+        held = [_held(emb, len(x)) for x in items]
     check_budget(sum(held), budget)
-    pieces: list[bytes] = [b""] * len(ids)
+    pieces: list[bytes] = [b""] * len(items)
     truncated: list[int] = []
-    order = sorted(range(len(ids)), key=lambda i: held[i])
+    order = sorted(range(len(items)), key=lambda i: held[i])
     start = 0
     while start < len(order):
         end = start + 1
         while end < len(order) and (end - start + 1) * held[order[end]] <= SLICE_TOKENS:
             end += 1
         rows = order[start:end]
-        out = emb.encode_ids([ids[i] for i in rows])
+        batch = [items[i] for i in rows]
+        out = emb.encode(batch) if kind == "texts" else emb.encode_ids(batch)
         for r, i in enumerate(rows):
             pieces[i] = shapes.dumps({"object": "embedding", "index": i, "embedding": _encode(out.vectors[r], fmt)})
+            held[i] = int(out.tokens[r])
             if out.truncated[r]:
                 truncated.append(i)
         start = end

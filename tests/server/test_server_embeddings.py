@@ -90,3 +90,15 @@ def test_the_embedder_of_the_docs_index_answers_when_none_was_given(serve, tiny_
     s.service.state.engine.knowledge = type("K", (), {"embedder": load_embedder(tiny_embedder_dir)})()
     status, _, body = s.post(EMB, {"model": "tiny-bert", "input": "the museum"})
     assert status == 200 and len(body["data"][0]["embedding"]) == 32
+
+
+def test_texts_are_embedded_as_the_embedders_own_encode_embeds_them(server, tiny_embedder_dir):
+    """In slices, texts still go through the embedder's encode (its passage prefix: E5's "passage: "), one
+    request's texts across several slices of unlike lengths, each vector at its own index."""
+    e = load_embedder(tiny_embedder_dir)
+    texts = ["museum " * n + "opens" for n in (1, 40, 3, 90, 2, 17)]  # 90 words: cut at the model's 64 tokens
+    want = e.encode(texts)
+    status, _, body = server.post(EMB, {"model": "tiny-bert", "input": texts})
+    assert status == 200 and [d["index"] for d in body["data"]] == list(range(6))
+    assert np.allclose(np.array([d["embedding"] for d in body["data"]]), want.vectors, atol=1e-6)
+    assert body["usage"]["prompt_tokens"] == sum(want.tokens) and body["edgespec"]["truncated"] == [3]
