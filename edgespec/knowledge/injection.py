@@ -1,5 +1,5 @@
 """Lines of a venue's pages that speak to the assistant instead of to a visitor: flagged when the index is
-built (`edgespec index` warns, naming the file and line; `--strict` drops them).
+built (`edgespec index` warns, naming the file and line, and leaves them out unless `--keep-flagged`).
 
 A venue's pages include text its owner did not write: visitor reviews, a supplier's menu, a scraped event
 listing. The prompt quotes passages as data, but a small model still obeys an order it reads there ("IGNORE

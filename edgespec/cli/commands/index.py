@@ -29,8 +29,9 @@ def register(sub) -> None:
                         "'none' for BM25 alone; default auto: all-MiniLM-L6-v2 when pulled (`edgespec pull minilm`); "
                         "pages or visitors in several languages: multilingual-e5-small (`edgespec pull multilingual-e5-small`)")
     p.add_argument("--max-chars", type=int, default=None, metavar="N", help="characters a passage holds at most")
-    p.add_argument("--strict", action="store_true", help="leave out the lines that address an assistant instead of a "
-                   "visitor (each is a warning either way: knowledge/injection.py)")
+    p.add_argument("--keep-flagged", action="store_true", help="keep the lines that address an assistant instead of "
+                   "a visitor (by default they are left out of the index; each is a warning either way: "
+                   "knowledge/injection.py)")
     p.set_defaults(func=run)
 
 
@@ -56,9 +57,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"skipped {path}: {why}", file=sys.stderr)
     from ...knowledge.injection import screen
 
-    reading, flags = screen(reading, strict=args.strict)  # a page's orders to the model: warned, --strict drops them
+    # a page's orders to the model: warned about, and left out unless --keep-flagged
+    reading, flags = screen(reading, strict=not args.keep_flagged)
     for f in flags:
-        print(f"warning: {f.message()}{' (left out: --strict)' if args.strict else ''}", file=sys.stderr)
+        print(f"warning: {f.message()}{' (kept: --keep-flagged)' if args.keep_flagged else ' (left out)'}",
+              file=sys.stderr)
     emb = _embedder(args.embedder)
     b = build_index(reading, args.output, tok, tokenizer_sha256(root), emb,
                     max_chars=args.max_chars or DEFAULT_MAX_CHARS, tokenizer_from=root.resolve().name)
