@@ -129,18 +129,19 @@ def load(path: Path, tokens: Sequence[int]) -> list[np.ndarray]:
     return rows
 
 
-def pin_system_prompt(engine, system: str | None, *, save_dir: str | os.PathLike | None = None) -> PinnedPrefix | None:
+def pin_system_prompt(engine, system: str | None, *, save_dir: str | os.PathLike | None = None,
+                      keep_same: bool = False) -> PinnedPrefix | None:
     """Prefills (or loads) the system prompt's prefix into the engine's target cache and pins it:
     sets `engine.pinned`, returns it. None (and a log line) when the prompt does not fit the cache.
     An engine whose documents put the whole venue in the cache (knowledge/answer.py) pins the system
     turn its requests get, the venue in it (`system` None: the default system prompt's), and pins
-    it again after every reload of the documents."""
+    it again after every reload of the documents (`keep_same`: a pin of the same tokens is kept as it is)."""
     kn = getattr(engine, "knowledge", None)
     venue = kn is not None and kn.venue is not None
     if kn is not None and not getattr(engine, "_repin_on_reload", False):
         engine._repin_on_reload = True
         kn.on_reload.append(lambda: pin_system_prompt(engine, engine.pinned.text if engine.pinned else system,
-                                                      save_dir=save_dir))
+                                                      save_dir=save_dir, keep_same=True))
     rendered = kn.system(system) if venue else system
     if not rendered:
         engine.pinned = None
@@ -148,6 +149,9 @@ def pin_system_prompt(engine, system: str | None, *, save_dir: str | os.PathLike
     tokens, chat = prefix_tokens(engine, rendered)
     if not tokens:
         return None
+    kept = getattr(engine, "pinned", None)
+    if keep_same and kept is not None and kept.tokens == list(tokens) and kept.text == (system or ""):
+        return kept  # a reload that changed nothing a turn reads: nothing to do
     if len(tokens) >= engine.max_len - 1:
         log.warning("pinned prefix: the system prompt's %d tokens do not fit the cache (%d): not pinned",
                     len(tokens), engine.max_len)

@@ -183,3 +183,13 @@ def test_a_question_in_another_script_is_left_to_the_model(tmp_path, words):
     assert bare.turn([{"role": "user", "content": "大人の入園料はいくらですか？"}]).declined
     # a question in the pages' own script is gated by its words as before
     assert kn.turn([{"role": "user", "content": "Is there a swimming pool?"}]).declined
+
+
+def test_a_reload_that_changes_nothing_keeps_the_pin(venue_engine):
+    eng = venue_engine
+    pin = pin_system_prompt(eng, None)
+    try:
+        eng.knowledge.reload()
+        assert eng.pinned is pin  # no prefill, no copy: the same tokens are pinned already
+    finally:
+        eng.pinned = None
