@@ -5,19 +5,23 @@ the model reads, and the reply carries them as its sources.
     turn = kn.turn(messages)            # -> Turn: the messages to generate from, sources, declined
     Engine.stream(messages=...)         # does this itself, and puts turn.sources on the result's `docs`
 
-Two ways the passages reach the model, chosen by the venue's size:
+Two ways the passages reach the model, chosen when the index is built (`edgespec index --whole-venue`,
+the manifest's "reading"):
 
-- **The whole venue in the cache** (when its passages, quoted, fit VENUE_LIMIT tokens and the engine's
-  cache with TURN_ROOM to spare: every venue measured here, 4-5k tokens): the system turn holds the
+- **The whole venue in the cache** ("whole", when its passages, quoted, fit VENUE_LIMIT tokens and the
+  engine's cache with TURN_ROOM to spare: the museum venue quotes to 6,094 tokens): the system turn holds the
   system prompt, then every passage of the venue, numbered in the index's order, then the rules. It is
   the same for every visitor, so the engine prefills it once, pins its rows and saves them beside the
   bundle's cache (engine/pinned.py: keyed by the bundle, the template and these tokens, so a rebuilt
   index makes a new file); a turn prefills only the visitor's question and a line naming the passages
   retrieval ranked first. The model reads the whole venue (the page beside the right one included), and
   a reload re-pins it (`on_reload`). Its price is attention over the venue's rows at every step.
-- **Passages quoted into the turn** (a venue too large for that, or a Knowledge built without the
-  engine's cache length): the best passages, within `budget` tokens, go into the last user turn, and
-  are prefilled with the question (TTFT on a 2-core board is mostly this prefill).
+- **Passages quoted into the turn** ("passages", the default; a venue too large to read whole; a
+  Knowledge built without the engine's cache length): the best passages, within `budget` tokens, go
+  into the last user turn, and are prefilled with the question (TTFT on a 2-core board is mostly this
+  prefill). The default because it held more facts: on the museum venue 17 of 24 and 5 of 6
+  unanswerable declined, against 15 and 3 read whole, where the 1.5B quoted the right page's
+  neighbour (docs/kiosk.md's table); read whole, the first token came three times sooner.
 
 Either way the passages are quoted data: each numbered with its title and file, every line prefixed
 with "> ", introduced as information and not instructions; never a system or user message of their
@@ -156,9 +160,12 @@ def question_of(messages: list[dict]) -> tuple[int | None, str | None, str]:
 def venue_tokens_estimate(path) -> int | None:
     """The venue's quoted passages' tokens, from the index's manifest (before any tokenizer loads: the
     memory plan sizes the cache with it): its passages' tokens, and ~24 for each one's number, title and
-    quote marks. None when the venue is larger than VENUE_LIMIT (its passages are quoted per turn)."""
+    quote marks. None when the index was not built to be read whole, or the venue is larger than
+    VENUE_LIMIT (its passages are then quoted per turn)."""
     m, _ = read_json(Path(path) / "manifest.json")  # the index is checked where it is opened, not here
-    counts = m.get("counts") if isinstance(m, dict) else None
+    if not isinstance(m, dict) or m.get("reading") != "whole":
+        return None
+    counts = m.get("counts")
     if not isinstance(counts, dict) or not all(isinstance(counts.get(k), int) for k in ("tokens", "chunks")):
         return None
     n = counts["tokens"] + 24 * counts["chunks"] + 200
@@ -204,7 +211,7 @@ class Knowledge:
 
     def _venue(self, idx: Index) -> str | None:
         """The venue quoted whole when it fits VENUE_LIMIT and the cache with TURN_ROOM to spare."""
-        if self.max_len is None or not idx.chunks:
+        if self.max_len is None or not idx.chunks or idx.manifest.get("reading") != "whole":
             return None
         text = venue_text(idx)
         n = len(self.tokenizer.encode(self.system(None, text), add_special_tokens=False).ids)

@@ -21,7 +21,7 @@ SYSTEM = {"role": "system", "content": "You are the museum's kiosk."}
 @pytest.fixture()
 def venue(tmp_path, words):
     tok, sha = words
-    build_index([VENUE], tmp_path / "venue.idx", tok, sha)
+    build_index([VENUE], tmp_path / "venue.idx", tok, sha, whole_venue=True)
     return Knowledge(tmp_path / "venue.idx", tok, sha, max_len=8192)
 
 
@@ -62,11 +62,14 @@ def test_a_follow_up_is_searched_with_the_question_before_it(venue):
 
 def test_a_venue_too_large_for_the_cache_is_quoted_per_turn(tmp_path, words):
     tok, sha = words
-    build_index([VENUE], tmp_path / "v.idx", tok, sha)
+    build_index([VENUE], tmp_path / "v.idx", tok, sha, whole_venue=True)
     small = Knowledge(tmp_path / "v.idx", tok, sha, max_len=TURN_ROOM + 16)
     t = small.turn([SYSTEM, {"role": "user", "content": "How much is a child ticket?"}])
     assert small.venue is None and t.messages[0] == SYSTEM and "> " in t.messages[1]["content"]
     assert Knowledge(tmp_path / "v.idx", tok, sha).venue is None  # no cache length given: quoted
+    build_index([VENUE], tmp_path / "p.idx", tok, sha)  # the default reading: passages quoted per turn
+    assert Knowledge(tmp_path / "p.idx", tok, sha, max_len=8192).venue is None
+    assert venue_tokens_estimate(tmp_path / "p.idx") is None
 
 
 def test_the_estimate_covers_the_venue_and_refuses_a_huge_one(venue, words, tmp_path):
@@ -77,7 +80,7 @@ def test_the_estimate_covers_the_venue_and_refuses_a_huge_one(venue, words, tmp_
     big.mkdir()
     for i in range(VENUE_LIMIT // 100 + 1):
         (big / f"p{i}.md").write_text(f"# Page {i}\n\n" + " ".join(["ticket"] * 120) + f" {i}\n")
-    build_index([big], tmp_path / "big.idx", *words)
+    build_index([big], tmp_path / "big.idx", *words, whole_venue=True)
     assert venue_tokens_estimate(tmp_path / "big.idx") is None
 
 
@@ -92,7 +95,7 @@ def venue_engine(tiny_bundle, tmp_path_factory):
     (pages / "hours.md").write_text("# Hours\n\nOpen daily from 10 to 6.\n")
     out = tmp_path_factory.mktemp("venue") / "venue.idx"
     tok = Tokenizer.from_file(str(tiny_bundle / "tokenizer.json"))
-    build_index([pages], out, tok, tokenizer_sha256(tiny_bundle))
+    build_index([pages], out, tok, tokenizer_sha256(tiny_bundle), whole_venue=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(answer, "TURN_ROOM", 96)
         for name, short in (("VENUE_HEAD", "Documents:"), ("VENUE_RULES", "Answer from them."),
@@ -146,7 +149,7 @@ def test_a_reload_pins_the_new_venue(venue_engine, tmp_path):
     more.mkdir()
     (more / "shop.md").write_text("# Shop\n\nIt sells lighthouse postcards.\n")
     tok = Tokenizer.from_file(str(eng.bundle.root / "tokenizer.json"))
-    build_index([eng.test_pages, more], kn.path, tok, kn.tokenizer_sha256)
+    build_index([eng.test_pages, more], kn.path, tok, kn.tokenizer_sha256, whole_venue=True)
     try:
         kn.reload()
         assert "lighthouse postcards" in kn.venue and eng.pinned is not pin
@@ -154,7 +157,7 @@ def test_a_reload_pins_the_new_venue(venue_engine, tmp_path):
                                                          {"role": "user", "content": "x"}])[: len(eng.pinned.tokens)]
         assert len(eng.pinned.tokens) > len(pin.tokens)
     finally:
-        build_index([eng.test_pages], kn.path, tok, kn.tokenizer_sha256)
+        build_index([eng.test_pages], kn.path, tok, kn.tokenizer_sha256, whole_venue=True)
         kn.reload()
         eng.pinned = None
 
@@ -193,3 +196,16 @@ def test_a_reload_that_changes_nothing_keeps_the_pin(venue_engine):
         assert eng.pinned is pin  # no prefill, no copy: the same tokens are pinned already
     finally:
         eng.pinned = None
+
+
+def test_index_whole_venue_is_written_in_the_manifest(tiny_bundle, tmp_path, monkeypatch):
+    import json
+
+    from edgespec.cli.main import main
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    for flags, reading in (([], "passages"), (["--whole-venue"], "whole")):
+        out = tmp_path / f"{reading}.idx"
+        assert main(["index", str(VENUE), "-o", str(out), "--bundle", str(tiny_bundle), "--embedder", "none",
+                     *flags]) == 0
+        assert json.loads((out / "manifest.json").read_text())["reading"] == reading

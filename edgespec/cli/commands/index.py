@@ -29,6 +29,9 @@ def register(sub) -> None:
                         "'none' for BM25 alone; default auto: all-MiniLM-L6-v2 when pulled (`edgespec pull minilm`); "
                         "pages or visitors in several languages: multilingual-e5-small (`edgespec pull multilingual-e5-small`)")
     p.add_argument("--max-chars", type=int, default=None, metavar="N", help="characters a passage holds at most")
+    p.add_argument("--whole-venue", action="store_true", help="answer with every passage in the cache: prefilled "
+                   "once when the server starts, a visitor's turn prefills only the question (fast first token; "
+                   "needs the venue under 8,192 tokens; docs/kiosk.md compares the two)")
     p.add_argument("--keep-flagged", action="store_true", help="keep the lines that address an assistant instead of "
                    "a visitor (by default they are left out of the index; each is a warning either way: "
                    "knowledge/injection.py)")
@@ -64,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     emb = _embedder(args.embedder)
     b = build_index(reading, args.output, tok, tokenizer_sha256(root), emb,
-                    max_chars=args.max_chars or DEFAULT_MAX_CHARS, tokenizer_from=root.resolve().name)
+                    max_chars=args.max_chars or DEFAULT_MAX_CHARS, tokenizer_from=root.resolve().name,
+                    whole_venue=args.whole_venue)
     if b.reuse:
         print(f"edgespec index: every passage embedded anew: {b.reuse}", file=sys.stderr)
     vectors = f", {b.embedded} embedded ({b.reused} kept from the old index)" if emb is not None else ""
