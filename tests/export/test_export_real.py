@@ -147,6 +147,8 @@ def test_smollm2_cuda_flavor_int8(tmp_path, real_gguf):
         eng.target.reset()
         row = np.sort(np.asarray(eng.target.step(eng.encode(text) + ref.token_ids[:i], 1)[-1][:usable], dtype=np.float64))
         eng._invalidate()
-        assert row[-1] - row[-2] < 0.25, (text, i, row[-1] - row[-2])
+        # a near-tie: 0.09-0.19 apart on an Intel Xeon (AVX-512), 0.34 on an AMD EPYC (AVX2), where float16
+        # is rounded in other kernels; a bug parts where the target is sure (logits several apart)
+        assert row[-1] - row[-2] < 0.5, (text, i, row[-1] - row[-2])
     print(f"speculative == target-alone on {same}/{len(prompts)} prompts; the others diverge at a near-tie")
     assert same >= 1
