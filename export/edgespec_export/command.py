@@ -100,11 +100,17 @@ def register(sub) -> None:
                    help=f"lm_head rows the heads score (default {d.vocab}; 0 = all)")
     p.add_argument("--heads-ffn", type=int, default=d.ffn, metavar="N",
                    help="feature drafter: its feed-forward block's intermediate size (default: the target's hidden size)")
+    p.add_argument("--tune", action="store_true",
+                   help="then time the target's candidate forms here and keep the fastest within the quality budget "
+                   "(a .gguf target; `edgespec tune` after copying; docs/export.md, \"Tuning on the device\")")
     p.add_argument("--in-process", action="store_true",
                    help="build the models in this process instead of one child each (uses more memory)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
+    from .tune import register as register_tune
+
+    register_tune(sub)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         raise ExportError(f"two targets given ({args.source} and --target {args.target_opt}): pass one")
     if not target:
         raise ExportError("no target: pass a Hugging Face folder, a .gguf file or a hub id (--target SRC)")
+    if args.tune and not str(target).lower().endswith(".gguf"):
+        raise ExportError(f"--tune: the target must be a .gguf file (the candidate forms are built from it), not {target}")
     _check_installed(args.via, [target, draft])
     from edgespec_export.heads import HeadsOptions
     from edgespec_export.pipeline import ExportOptions, run_export
@@ -139,6 +147,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary_dict(summary), indent=2))
     else:
         print_summary(summary, sys.stdout)
+    if args.tune:
+        from .tune import HEADER, tune
+
+        print(HEADER)
+        tune(Path(args.out), Path(target), progress=progress, out=sys.stdout)
     return 0
 
 

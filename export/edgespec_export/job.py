@@ -52,6 +52,8 @@ class ModelJob:
     ep: str = "cpu"  # graph flavor (contract.graph_flavor)
     primary: bool = True  # the role's first flavor (model.onnx) or another one (model.<flavor>.onnx)
     via: str = "torch"  # "native": a GGUF read and written without torch (native/job.py)
+    gguf_body_block: int = 0  # native, the tuner's forms (native/plan.py Plan.body_block, q6k_bits)
+    gguf_q6k_bits: int = 8
 
 
 class GraphSource(Protocol):

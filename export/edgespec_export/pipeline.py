@@ -70,6 +70,8 @@ class ExportOptions:
     keep_gguf_quant: bool = True  # native: keep the GGUF's own blocks where they map (no --quant given)
     gguf_minimum: str = DEFAULT_MINIMUM  # native: minimums exact as integers / a float offset, or rounded (native/plan.py)
     gguf_q6k_block: int = DEFAULT_Q6K_BLOCK  # native: Q6_K rounded to 8 bits in blocks of this, 0 keeps them (native/plan.py)
+    gguf_body_block: int = 0  # native, set by the tuner (tune.py): 4-bit bodies rounded in blocks of this (0: kept)
+    gguf_q6k_bits: int = 8  # native, set by the tuner: Q6_K rounded to 8 or 4 bits
 
 
 @dataclass
@@ -243,7 +245,9 @@ def _export_into(tmp: Path, work: Path, out: Path, sources: dict[str, Source], q
                            block_size=o.block_size, accuracy_level=o.accuracy_level, parity_ids=ids,
                            usable_vocab=check.usable_vocab, head_bits=o.head_bits, ep=flavor, primary=n == 0,
                            via=vias[role], gguf_minimum=o.gguf_minimum, gguf_q6k_block=o.gguf_q6k_block,
-                           keep_gguf_quant=o.keep_gguf_quant and role == "target")  # the draft: its own form
+                           keep_gguf_quant=o.keep_gguf_quant and role == "target",  # the draft: its own form
+                           gguf_body_block=o.gguf_body_block if role == "target" else 0,
+                           gguf_q6k_bits=o.gguf_q6k_bits if role == "target" else 8)
             stats: dict = {}
             what = f"{role} export" + (f" ({flavor} flavor)" if len(o.eps) > 1 or flavor != "cpu" else "")
             # the child's job folder lives in <out>.partial/.work: a killed export leaves nothing in /tmp

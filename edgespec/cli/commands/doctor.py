@@ -27,9 +27,15 @@ def run(args) -> int:
     report = collect(args.root, device=args.device, probe=not args.no_probe)
     if args.bundle:
         report["tensorrt_nodes"] = tensorrt_report(args.bundle)
+        from ...edge.tuned import bundle_note
+        from ...models.bundle import resolve_bundle
+
+        report["tuned_elsewhere"] = bundle_note(resolve_bundle(args.bundle))
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
         print(render(report))
+        if report.get("tuned_elsewhere"):
+            print(f"{'bundle':<12} {report['tuned_elsewhere']}")
     cpu = [r for r in report["providers"] if r["provider"] == "cpu"]
     return 1 if cpu and cpu[0]["works"] is False else 0

@@ -105,4 +105,9 @@ def run(args: argparse.Namespace) -> int:
         extra += (f"; format {manifest.format_version}: chain-only, re-export with this edgespec for tree "
                   "verification")
     print(f"{path}: OK ({len(files)} files, {format_bytes(size)}, {how}; {models}{extra})")
+    from ...edge.tuned import tuned_elsewhere
+
+    note = tuned_elsewhere(manifest.extra)  # correct anywhere, fastest where tuned: a note, not a problem
+    if note:
+        print(f"{path}: note: {note}")
     return 0

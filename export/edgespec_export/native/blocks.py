@@ -210,6 +210,25 @@ def round_to_nearest(w: np.ndarray, bits: int, block: int) -> Encoded:
     return Encoded(bits, block, q, scale.astype(np.float32), None, False)
 
 
+def round_min_max(w: np.ndarray, bits: int, block: int) -> Encoded:
+    """Float W [N, K] -> asymmetric blocks: each block's range (widened to hold 0) mapped onto 0..2^bits-1
+    with a uint8 zero point per block (prepacked by the CPU kernel). The tuner's re-quantized forms
+    (tune.py): at blocks of 64 or 128 a one-sided block keeps all 16 levels, where the symmetric scheme
+    spends half of them on values the block does not hold."""
+    w = np.asarray(w, dtype=np.float32)
+    n, k = w.shape
+    if k % block:
+        raise ValueError(f"a row of {k} values is not a whole number of blocks of {block}")
+    blocks = w.reshape(n, k // block, block)
+    lo, hi = np.minimum(blocks.min(axis=2), 0.0), np.maximum(blocks.max(axis=2), 0.0)
+    top = (1 << bits) - 1
+    scale = (hi - lo) / top
+    safe = np.where(scale == 0, 1.0, scale)
+    zp = np.clip(np.rint(-lo / safe), 0, top)
+    q = np.clip(np.rint(blocks / safe[..., None]) + zp[..., None], 0, top).astype(np.uint8).reshape(n, k)
+    return Encoded(bits, block, q, scale.astype(np.float32), None, False, zp.astype(np.uint8))
+
+
 def offset_to_zero_points(e: Encoded) -> Encoded:
     """The block minimum as an integer zero point (MatMulNBits' uint8 zero points, prepacked by the CPU
     kernel) instead of the float offset term: z = round(zp - offset / scale), one rounding of the

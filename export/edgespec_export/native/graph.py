@@ -17,7 +17,7 @@ import numpy as np
 from onnx import TensorProto
 
 from .blocks import (MIN_HI, OFFSET_BLOCK, Encoded, decode, offset_to_integer, offset_to_zero_points, pack,
-                     pack_minimums, pack_zero_points, round_to_nearest)
+                     pack_minimums, pack_zero_points, round_min_max, round_to_nearest)
 from .gguf_model import GGUFModel, layer_names
 from .onnx_writer import OnnxWriter
 from .plan import Form, Plan
@@ -67,7 +67,8 @@ class GraphBuilder:
         w = self.gg.floats(name, lo, hi)
         if form.kind == "float":
             return w
-        return round_to_nearest(w, form.bits, form.block or self.plan.settings.block_size)
+        rounding = round_min_max if form.zero_points else round_to_nearest
+        return rounding(w, form.bits, form.block or self.plan.settings.block_size)
 
     def _rows(self, name: str) -> list[tuple[int, int]]:
         n, k = self.gg.shape(name)
@@ -224,7 +225,7 @@ class GraphBuilder:
         from .plan import DECODED_BITS, INTEGER_MINIMUM_TYPES, OFFSET_TYPES
 
         if form.kind != "exact":
-            return (form.kind, form.bits, form.block)
+            return (form.kind, form.bits, form.block, form.zero_points)
         t = self.gg.type_name(p)
         return ("exact", DECODED_BITS[t], 16 if t == "Q6_K" else 32, t in OFFSET_TYPES,
                 self.plan.minimum == "integer" and t in INTEGER_MINIMUM_TYPES)

@@ -44,7 +44,8 @@ class GGUFGraph:
         block_size = job.block_size or default_block_size(c.hidden, c.ffn, c.heads * c.head_dim, role=job.role)
         plan = Plan(quant=None if keep and job.quant in ("int4", "int8") else job.quant,
                     settings=settings_for(job.quant, block_size, job.accuracy_level, job.head_bits),
-                    minimum=job.gguf_minimum, q6k_block=job.gguf_q6k_block or None)
+                    minimum=job.gguf_minimum, q6k_block=job.gguf_q6k_block or None,
+                    body_block=job.gguf_body_block, q6k_bits=job.gguf_q6k_bits)
         job.out_dir.mkdir(parents=True, exist_ok=True)
         name = graph_file(flavor, primary=job.primary)
         onnx_path = job.out_dir / name

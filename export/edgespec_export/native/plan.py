@@ -29,6 +29,7 @@ class Form:
     kind: str  # "exact" (the GGUF's blocks), "round" (dequantized, rounded to nearest), "float"
     bits: int = 0  # "round": 4 or 8
     block: int = 0  # "round": the block size (0: the plan's settings.block_size)
+    zero_points: bool = False  # "round": min-max with uint8 zero points (blocks.round_min_max), else symmetric
 
     def label(self, type_name: str, minimum: str = "offset") -> str:
         if self.kind == "exact" and minimum == "zero-point" and type_name in OFFSET_TYPES:
@@ -38,7 +39,8 @@ class Form:
         if self.kind == "exact":
             return f"{type_name} kept ({DECODED_BITS[type_name]}-bit blocks)"
         if self.kind == "round":
-            return f"{type_name} re-quantized to {self.bits}-bit" + (f", block {self.block}" if self.block else "")
+            return (f"{type_name} re-quantized to {self.bits}-bit" + (f", block {self.block}" if self.block else "")
+                    + (", zero points" if self.zero_points else ""))
         return f"{type_name} as float"
 
 
@@ -55,6 +57,10 @@ class Plan:
     minimum: str = DEFAULT_MINIMUM
     q6k_block: int | None = DEFAULT_Q6K_BLOCK
     fuse: bool = True  # q/k/v and gate/up of one form as one MatMulNBits each (graph.py)
+    # the tuner's forms (tune.py): 4-bit GGUF bodies (Q4_K, ...) rounded from their dequantized values to 4
+    # bits in blocks of body_block with zero points (0: kept); Q6_K rounded to q6k_bits (8, or 4 with zero points)
+    body_block: int = 0
+    q6k_bits: int = 8
 
     def form(self, type_name: str, place: str, tied: bool = False) -> Form:
         """place: "body" (a decoder MatMul), "embed" (token embedding), "head" (lm_head)."""
@@ -69,6 +75,8 @@ class Plan:
                 return self._q6k(type_name)
             return Form("round", head_bits)
         bits = s.bits if place == "body" else (head_bits if tied else (s.embed_bits or s.bits))
+        if place == "body" and self.body_block and DECODED_BITS.get(type_name) == 4:
+            return Form("round", 4, self.body_block, True)
         if type_name in DECODERS and self._keeps(type_name, bits):
             return self._q6k(type_name) if place == "body" else Form("exact")
         if type_name in FLOAT_TYPES or self.quant is not None:
@@ -78,7 +86,7 @@ class Plan:
     def _q6k(self, type_name: str) -> Form:
         """A kept block type in a product; Q6_K at 8 bits in blocks of q6k_block unless that is None."""
         if type_name == "Q6_K" and self.q6k_block:
-            return Form("round", 8, self.q6k_block)
+            return Form("round", self.q6k_bits, self.q6k_block, self.q6k_bits == 4)
         return Form("exact")
 
     def _keeps(self, type_name: str, bits: int) -> bool:
