@@ -9,24 +9,13 @@ estimates, and `auto` priced the draft's prompt prefill against the `model` mode
 every token of a reply, paying a 190-token prefill for one model round on a prompt the suffix
 index then copied. A server runs one mode; so does each lineage here.
 
-A snapshot is a deep copy of every drafter's attributes with what is not learned kept shared (the
-runners and their caches, the suffix index, step times, sessions, the other drafters), taken right
-after the engine's caches were reset, so nothing in it describes a cache's content.
+A snapshot is every drafter's `state()` (drafters/base.py: what it has learnt, with what is not learnt
+kept shared: the runners and their caches, the suffix index, step times, sessions, the other drafters),
+taken right after the engine's caches were reset, so nothing in it describes a cache's content.
 """
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable
-
-from ..core.costmodel import CostModel
-from ..core.runner import ModelRunner, StepTimes
-from ..drafters.suffix_index import SuffixIndex
-
-_SHARED = (ModelRunner, SuffixIndex, CostModel, StepTimes)
-
-
-def _shared(v: Any) -> bool:
-    return isinstance(v, _SHARED) or type(v).__module__.startswith("onnxruntime")
 
 
 class Lineages:
@@ -38,27 +27,18 @@ class Lineages:
 
     def __init__(self, engine, reset: Callable[[Any], None]) -> None:
         self.engine, self.reset = engine, reset
-        self.drafters = list(getattr(engine, "_drafters", {}).values())
+        self.drafters = list(engine.drafters.values())
         reset(engine)
         self.start = self._snapshot()
         self.saved: dict[str, list[dict]] = {}
 
-    def _memo(self) -> dict[int, Any]:
-        memo: dict[int, Any] = {id(d): d for d in self.drafters}
-        for d in self.drafters:
-            for v in vars(d).values():
-                if _shared(v):
-                    memo[id(v)] = v
-        return memo
-
     def _snapshot(self) -> list[dict]:
-        return copy.deepcopy([vars(d) for d in self.drafters], self._memo())
+        return [d.state() for d in self.drafters]
 
     def enter(self, mode: str) -> None:
         self.reset(self.engine)
-        state = copy.deepcopy(self.saved.get(mode, self.start), self._memo())
-        for d, attrs in zip(self.drafters, state):
-            vars(d).update(attrs)
+        for d, state in zip(self.drafters, self.saved.get(mode, self.start)):
+            d.load_state(state)
 
     def leave(self, mode: str) -> None:
         self.reset(self.engine)

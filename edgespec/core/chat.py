@@ -150,6 +150,12 @@ def encode_chat(tokenizer: Any, template: str | None, messages: Sequence[dict], 
     return ids
 
 
+def conversations_remembered() -> int:
+    """Conversations encode_chat remembers now, at most ENCODED_KEEP (/metrics' memory gauges)."""
+    with _encoded_lock:
+        return len(_encoded)
+
+
 def encode_chat_once(tokenizer: Any, template: str | None, messages: Sequence[dict], **render_kw: Any) -> list[int]:
     """Token ids of the chat prompt, in which no message content can produce a special token.
 

@@ -71,6 +71,12 @@ class AutoDrafter(DrafterBase):
         return any(s.uses_model for s in self.sources)
 
     # -- the interface: passed on to every source -------------------------------------------------------
+    def stats(self) -> dict:
+        """Its own learnt numbers (each source reports its own): the model-step sources' acceptance
+        and share of recent rounds, and the mean length of its replies."""
+        return {"acceptance": {n: b.mean for n, b in self.posteriors.items()}, "share": dict(self.share),
+                "reply_tokens": self.reply}
+
     def evidence(self) -> dict[str, Beta]:
         """Its posteriors, for the next request's auto (a batched engine builds one per request)."""
         return self.posteriors

@@ -24,6 +24,9 @@
                                                engine builds drafters per request: drafters/modes.py)
     attach(constraint) -> bool                 the request's grammar; True: it drafts under it itself,
                                                False: its proposals get the forced tokens in front
+    stats() -> dict                            its learnt numbers, plain values (/metrics, the bench)
+    state() -> dict / load_state(state)        what it has learnt, copied out and put back (the bench
+                                               runs each mode as if it were the engine's only one)
 
 Proposals are lossless whatever they contain: the target accepts only what it would have produced
 (greedy) or corrects the distribution (rejection sampling, core/speculative.py). Drafters only
@@ -31,8 +34,9 @@ decide speed. `DrafterBase` gives the no-op defaults, so a drafter writes only w
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -116,6 +120,12 @@ class Drafter(Protocol):
 
     def attach(self, constraint) -> bool: ...
 
+    def stats(self) -> dict: ...
+
+    def state(self) -> dict: ...
+
+    def load_state(self, state: dict) -> None: ...
+
 
 class DrafterBase:
     """No-op defaults for every method of the interface: proposes nothing, learns nothing."""
@@ -196,6 +206,46 @@ class DrafterBase:
         drafter drafts under it by itself (or drafts nothing); False: its proposals need the
         grammar's forced tokens in front (drafters/grammar.with_grammar wraps it)."""
         return False
+
+    def stats(self) -> dict:
+        """What this drafter has learnt, as plain numbers keyed by name (/metrics and the bench read
+        these, never its attributes). Nothing by default: a drafter that learns says what."""
+        return {}
+
+    def state(self) -> dict:
+        """A copy of what this drafter has learnt, for `load_state` later: every attribute deep-copied
+        except what is not learnt, which stays the same object (module `shared`: runners and their
+        sessions, suffix indexes, cost models, step times, documents, the other drafters)."""
+        return copy.deepcopy(vars(self), _memo(self))
+
+    def load_state(self, state: dict) -> None:
+        """Back to what `state()` returned (copied again, so one state can be loaded many times)."""
+        vars(self).update(copy.deepcopy(state, _memo(self)))
+
+
+def shared(v: Any) -> bool:
+    """Whether a drafter's attribute is kept as the same object by state()/load_state(): it is not
+    learnt (a model runner and its onnxruntime session, a suffix index whose text is the engine's,
+    a cost model and its step times, documents) or it is another drafter, with a state of its own."""
+    from ..core.costmodel import CostModel
+    from ..core.runner import ModelRunner, StepTimes
+    from .suffix_index import SuffixIndex
+
+    mod = type(v).__module__
+    return (isinstance(v, (DrafterBase, ModelRunner, SuffixIndex, CostModel, StepTimes))
+            or mod.startswith("onnxruntime") or mod.startswith("edgespec.knowledge"))
+
+
+def _memo(d: DrafterBase) -> dict[int, Any]:
+    """deepcopy's memo that keeps `d`, and what `shared` names among its attributes (and one level
+    into their lists, tuples and dicts: `auto`'s sources), as the same objects."""
+    memo: dict[int, Any] = {id(d): d}
+    for v in vars(d).values():
+        inner = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else (v,)
+        for x in inner:
+            if shared(x):
+                memo[id(x)] = x
+    return memo
 
 
 class NoDrafter(DrafterBase):

@@ -142,6 +142,12 @@ class ModelDrafter(DrafterBase):
         self.tokens.clear()
         self.start = 0
 
+    def stats(self) -> dict:
+        """Its acceptance per drafted token, per round (withdrawn rounds count as misses: the skip
+        gate's figure) and per confidence bin."""
+        return {"acceptance": self.mean.mean, "round_acceptance": self.rounds.mean,
+                "acceptance_by_confidence": [b.mean for b in self.by_conf]}
+
     def set_adaptive(self, on: bool) -> None:
         self.adaptive = on and self.costs is not None
 

@@ -116,6 +116,11 @@ class SuffixDrafter(FreeLookupDrafter):
     def set_adaptive(self, on: bool) -> None:
         self.adaptive = on and self.costs is not None
 
+    def stats(self) -> dict:
+        """Its index's figures (`index_figures`: /metrics' memory gauges) and its mean acceptance
+        per matched-length bin (rows) and frequency bin (columns)."""
+        return {**index_figures(self.index), "acceptance": [[b.mean for b in row] for row in self.acc]}
+
     def evidence(self) -> list[list[Beta]]:
         """Its acceptance table (per matched length and frequency bin)."""
         return self.acc
@@ -162,3 +167,10 @@ class SuffixDrafter(FreeLookupDrafter):
             return EMPTY
         accept = [b.mean for b in self.betas(chain)[:k]]  # per token, given the ones before
         return Proposal(chain.tokens[:k], None, self.name, ngram=chain.matched, accept=accept)
+
+
+def index_figures(index: SuffixIndex) -> dict[str, int]:
+    """A suffix index's size as stats() reports it: tokens held, capacity, tokens evicted to stay
+    within it, bytes of its buffers. Read without locks (plain integers)."""
+    return {"index_tokens": len(index), "index_capacity": index.capacity, "index_evicted": index.evicted,
+            "index_bytes": index.nbytes}

@@ -195,6 +195,22 @@ class BatchEngine:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    # what the server reads of every engine (server/served.ServedEngine) that this one does not run:
+    # documents and a pinned system prompt are the serial engine's (serve --docs needs --parallel 1)
+    knowledge = None
+    pinned = None
+
+    def drafter_stats(self) -> dict[str, dict]:
+        """The shared history's index figures and each active request's drafter's stats() (as
+        Engine.drafter_stats: /metrics sums the suffix indexes' figures); read without the lock."""
+        from ..drafters.suffix import index_figures
+
+        out: dict[str, dict] = {"history": index_figures(self._drafters.history)}
+        for slot, a in list(self._active.items()):
+            if a.built is not None:
+                out[f"slot {slot}"] = a.built.stats()
+        return out
+
     # -- requests ---------------------------------------------------------------------------------
     def submit(self, prompt: str | None = None, *, on_delta: Callable[[str], None] | None = None,
                on_start: Callable[[], None] | None = None, **options) -> Ticket:

@@ -161,6 +161,18 @@ class Engine:
     def has_draft(self) -> bool:
         return self.draft_runner is not None
 
+    slots = 1  # requests generating at once (server/served.ServedEngine): one
+
+    @property
+    def drafters(self) -> dict[str, Drafter]:
+        """Every mode's drafter by name, as built at open (bench/lineage.py keeps their state())."""
+        return dict(self._drafters)
+
+    def drafter_stats(self) -> dict[str, dict]:
+        """Each mode's drafter's stats() (server/served.ServedEngine: /metrics sums the suffix indexes'
+        figures); read without the lock, as plain numbers."""
+        return {name: d.stats() for name, d in list(self._drafters.items())}
+
     def cached(self) -> list[int]:
         """The tokens whose K/V the target cache holds now (what the next request can reuse)."""
         with self._lock:

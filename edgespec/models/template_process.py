@@ -350,6 +350,12 @@ _pool = _Pool()
 _costs = _Costs()
 
 
+def templates_priced() -> int:
+    """Templates whose render price is remembered now, at most _Costs.KEEP (/metrics' memory gauges)."""
+    with _costs.lock:
+        return len(_costs.per_message)
+
+
 def render(template: str, n_messages: int, **variables: Any) -> str:
     """The rendered text, in a child process under template.py's budgets and a deadline that kills
     it, priced first (see the module docstring). Raises TemplateRefused (a budget, the deadline, the

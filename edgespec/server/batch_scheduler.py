@@ -41,7 +41,7 @@ class BatchScheduler(Scheduler):
 
     @property
     def slots(self) -> int:
-        return getattr(self.engine, "slots", 1)
+        return self.engine.slots if self.engine is not None else 1
 
     @property
     def running(self):

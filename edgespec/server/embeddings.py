@@ -79,7 +79,7 @@ def served_embedder(state: ServerState):
     the model /v1/embeddings answers with, or None."""
     if state.embedder is not None:
         return state.embedder
-    emb = getattr(getattr(state.engine, "knowledge", None), "embedder", None)
+    emb = state.knowledge.embedder if state.knowledge is not None else None
     return emb if hasattr(emb, "encode_ids") else None
 
 

@@ -49,7 +49,7 @@ class Endpoints:
         state = self.state
         if state.phase == "ready":
             ready: dict[str, Any] = {"status": "ready", "model": state.model_id}
-            pinned = getattr(state.engine, "pinned", None)
+            pinned = state.engine.pinned
             if "/" in state.static and pinned is not None and pinned.text:  # the kiosk page sends it back
                 ready["system_prompt"] = pinned.text
             return json_response(ready)
@@ -98,7 +98,7 @@ class Endpoints:
             gauges.update(sched.gauges())
         gauges.update(memory_gauges(state.engine))  # resident memory, suffix indexes, caches: scripts/soak.sh
         text = state.metrics.render(gauges, {"version": __version__, "model": state.model_id},
-                                    governor=getattr(state.engine, "governor", None))
+                                    governor=state.engine.governor if state.engine is not None else None)
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def docs_reload(self, request: Request) -> Response:
@@ -107,7 +107,7 @@ class Endpoints:
         (reload.py): concurrent calls share one reload, at most one per --reload-interval. An admin's
         action: with an API key set, the kiosk page's session does not admit it."""
         check_auth(self.state, request.headers, _peer(request), session=False)
-        if getattr(self.state.engine, "knowledge", None) is None:
+        if self.state.knowledge is None:
             raise APIError(404, "this server has no documents: serve it with --docs INDEX", code="no_documents")
         try:
             body, joined = await self.state.reloads.reload(self.state.engine)

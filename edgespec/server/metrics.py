@@ -211,10 +211,10 @@ def memory_gauges(engine: Any) -> dict[str, tuple[str, float | int]]:
         "edgespec_suffix_index_evicted_tokens": ("tokens the suffix indexes have evicted to stay within capacity",
                                                  evicted),
         "edgespec_suffix_index_bytes": ("bytes of the suffix indexes' buffers and automata", nbytes),
-        "edgespec_conversation_cache_entries": ("encoded conversations remembered (count -> run)", len(chat._encoded)),
+        "edgespec_conversation_cache_entries": ("encoded conversations remembered (count -> run)", chat.conversations_remembered()),
         "edgespec_conversation_cache_capacity": ("encoded conversations remembered at most", chat.ENCODED_KEEP),
         "edgespec_template_cache_entries": ("compiled chat templates and their prices remembered",
-                                            max(compiled.currsize, len(template_process._costs.per_message))),
+                                            max(compiled.currsize, template_process.templates_priced())),
         "edgespec_template_cache_capacity": ("compiled chat templates remembered at most", compiled.maxsize or 0),
     }
     rss = resident_bytes()
@@ -224,16 +224,20 @@ def memory_gauges(engine: Any) -> dict[str, tuple[str, float | int]]:
 
 
 def _suffix_figures(engine: Any) -> tuple[int, int, int, int]:
-    """(tokens, capacity, evicted, bytes) summed over the engine's suffix indexes. They are read while the
-    engine's thread may change them (a dict resized under the walk is a RuntimeError): tried three
-    times, then zeros - a scrape never fails because of them."""
+    """(tokens, capacity, evicted, bytes) summed over the suffix indexes the engine's drafters report
+    (ServedEngine.drafter_stats; none before an engine is loaded). They are read while the engine's
+    thread may change them (a dict resized under the read is a RuntimeError): tried three times, then
+    zeros - a scrape never fails because of them."""
+    if engine is None:
+        return 0, 0, 0, 0
+    keys = ("index_tokens", "index_capacity", "index_evicted", "index_bytes")
     for _ in range(3):
         try:
-            indexes = suffix_indexes(engine)
-            return (sum(len(i) for i in indexes), sum(i.capacity for i in indexes), sum(i.evicted for i in indexes),
-                    sum(i.nbytes for i in indexes))
+            stats = list(engine.drafter_stats().values())
         except RuntimeError:
             continue
+        t, c, e, b = (sum(int(st.get(k, 0)) for st in stats) for k in keys)
+        return t, c, e, b
     return 0, 0, 0, 0
 
 
@@ -244,34 +248,3 @@ def resident_bytes() -> int | None:
             return next((int(x.split()[1]) * 1024 for x in f if x.startswith("VmRSS:")), None)
     except (OSError, ValueError, IndexError):
         return None
-
-
-def suffix_indexes(root: Any, depth: int = 4) -> list:
-    """The suffix indexes an engine keeps, found by walking its attributes (edgespec's own objects, dicts,
-    lists and tuples, `depth` levels down): the serial engine's drafters share one, the batched engine
-    keeps a shared history and one per slot. Read without locks: sizes are plain integers."""
-    from ..drafters.suffix_index import SuffixIndex
-
-    found: list = []
-    seen: set[int] = set()
-    todo: list[tuple[Any, int]] = [(root, 0)]
-    while todo:
-        x, level = todo.pop()
-        if id(x) in seen:
-            continue
-        seen.add(id(x))
-        if isinstance(x, SuffixIndex):
-            found.append(x)
-            continue
-        if level >= depth:
-            continue
-        if isinstance(x, dict):
-            inner = list(x.values())
-        elif isinstance(x, (list, tuple)):
-            inner = list(x)
-        elif type(x).__module__.startswith("edgespec.") and hasattr(x, "__dict__"):
-            inner = list(vars(x).values())
-        else:
-            continue
-        todo.extend((y, level + 1) for y in inner)
-    return found

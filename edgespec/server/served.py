@@ -1,12 +1,14 @@
 """What the server asks of an engine: the seam its tests fake.
 
-`edgespec.engine.Engine` is the real one (and BatchEngine's serving side); the server tests' fake
-engine implements this same Protocol and returns the real result types, so a fake cannot drift from
-what the handlers read.
+`edgespec.engine.Engine` and `edgespec.engine.BatchEngine` both provide every member below with the
+same meaning, so the handlers read them directly (no getattr, no private name); what a scheduler
+drives beyond them is its own engine's (Engine.stream for scheduler.py, BatchEngine.submit and round
+for batch_scheduler.py). The server tests' fake engine implements this same Protocol and returns the
+real result types, so a fake cannot drift from what the handlers read.
 """
 from __future__ import annotations
 
-from typing import Iterator, Protocol
+from typing import Any, Iterator, Protocol
 
 from ..engine.results import GenerationResult
 
@@ -23,6 +25,13 @@ class ServedStream(Protocol):
 class ServedEngine(Protocol):
     model_name: str
     max_len: int
+    slots: int  # requests that generate at once (1: the serial engine; BatchEngine: --parallel)
+    knowledge: Any  # knowledge.answer.Knowledge: the documents it answers from (--docs), else None
+    pinned: Any  # engine.pinned.PinnedPrefix: the pinned system prompt (--system-prompt), else None
+    governor: Any  # edge.governor.Governor: the power/thermal governor, else None
+
+    def drafter_stats(self) -> dict[str, dict]:
+        """Each drafter's stats() by name (drafters/base.py): plain numbers, read without locks."""
 
     def count_tokens(self, prompt: str | None = None, *, messages=None) -> int: ...
 

@@ -86,7 +86,7 @@ def warm_up(engine: Any) -> None:
     visitor reuses them exactly as the second does. A warm-up that shares nothing with the prompt
     overwrote them: on the CPU provider the first visitor then paid the copy back (11-14 ms for 923
     tokens, measured), and on a GPU provider, where no copy is kept, the whole prompt's prefill."""
-    pin = getattr(engine, "pinned", None)
+    pin = engine.pinned
     if pin is not None:
         engine.generate(**pin.request("Hi"), max_new_tokens=2)
         return
@@ -346,7 +346,7 @@ class Service:
     def _on_hup(self) -> None:
         """SIGHUP: the API key and (serve --docs) the document index read again (in the loop)."""
         self.reload_api_key()
-        if getattr(self.state.engine, "knowledge", None) is not None:
+        if self.state.knowledge is not None:
             asyncio.ensure_future(self._reload_docs())
 
     async def _reload_docs(self) -> None:

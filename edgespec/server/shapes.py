@@ -6,11 +6,12 @@ reaches the stats without any client change.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
 from typing import Any
+
+from ..engine.results import GenerationStats
 
 # engine finish reasons -> OpenAI's; a full cache is a length limit from the client's point of view
 FINISH = {"stop": "stop", "length": "length", "cache_full": "length"}
@@ -38,13 +39,8 @@ def sse(obj: Any) -> bytes:
     return b"data: " + dumps(obj) + b"\n\n"
 
 
-def stats_dict(stats: Any, *, finish_reason: str, queue_s: float | None) -> dict[str, Any]:
-    if hasattr(stats, "to_dict"):
-        d = dict(stats.to_dict())
-    elif dataclasses.is_dataclass(stats):
-        d = dataclasses.asdict(stats)
-    else:
-        d = {k: v for k, v in vars(stats).items() if not k.startswith("_")} if stats is not None else {}
+def stats_dict(stats: GenerationStats | None, *, finish_reason: str, queue_s: float | None) -> dict[str, Any]:
+    d = dict(stats.to_dict()) if stats is not None else {}
     d["finish_reason"] = finish_reason
     d["queue_s"] = None if queue_s is None else round(queue_s, 4)
     return d

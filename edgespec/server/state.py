@@ -38,10 +38,15 @@ class ServerState:
         # the kiosk page's session when an API key is set (access.py): new with every process
         self.session = secrets.token_urlsafe(32) if config.ui and api_key else None
 
+    @property
+    def knowledge(self):
+        """The loaded engine's documents (serve --docs): None before an engine is loaded, or without."""
+        return self.engine.knowledge if self.engine is not None else None
+
     def set_engine(self, engine: ServedEngine) -> None:
         """Called once the engine is loaded and warm; from then on /ready is 200."""
         self.engine = engine
-        name = getattr(engine, "model_name", None)
+        name = engine.model_name
         if name:
             self.names = tuple(dict.fromkeys([*self.names, name]))
         # max_tokens is not capped by the cache: a request that outgrows it ends with finish_reason

@@ -546,19 +546,19 @@ def test_each_mode_learns_as_if_it_ran_alone():
     own mode runs again; what is not learned (step times, the other drafters) stays the same object."""
     from edgespec.bench.lineage import Lineages
     from edgespec.core.runner import StepTimes
-    from edgespec.drafters.base import Beta
+    from edgespec.drafters.base import Beta, DrafterBase
 
-    class Learner:
+    class Learner(DrafterBase):
         def __init__(self, times):
             self.acc, self.seen, self.times = Beta(0.5), [], times
 
-    class Mixer:
+    class Mixer(DrafterBase):
         def __init__(self, source):
             self.sources, self.rounds = [source], 0
 
     times = StepTimes()
     learner = Learner(times)
-    engine = types.SimpleNamespace(_drafters={"model": learner, "auto": Mixer(learner)})
+    engine = types.SimpleNamespace(drafters={"model": learner, "auto": Mixer(learner)})
     lines = Lineages(engine, lambda e: None)
     lines.enter("model")
     for _ in range(20):
@@ -567,11 +567,11 @@ def test_each_mode_learns_as_if_it_ran_alone():
     lines.leave("model")
     lines.enter("auto")
     assert learner.acc.mean == pytest.approx(0.5) and learner.seen == []  # the engine's start, not model's run
-    engine._drafters["auto"].rounds += 1
+    engine.drafters["auto"].rounds += 1
     learner.seen.append("auto")
     lines.leave("auto")
     lines.enter("model")
-    assert learner.acc.mean > 0.9 and learner.seen == ["model"] and engine._drafters["auto"].rounds == 0
-    assert learner.times is times and engine._drafters["auto"].sources[0] is learner
+    assert learner.acc.mean > 0.9 and learner.seen == ["model"] and engine.drafters["auto"].rounds == 0
+    assert learner.times is times and engine.drafters["auto"].sources[0] is learner
     lines.enter("auto")
-    assert learner.seen == ["auto"] and engine._drafters["auto"].rounds == 1
+    assert learner.seen == ["auto"] and engine.drafters["auto"].rounds == 1

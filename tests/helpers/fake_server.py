@@ -54,6 +54,13 @@ class FakeEngine(ServedEngine):
     fail_with: Exception | None = None
     runs: list = field(default_factory=list)  # (kwargs, finish_reason, tokens)
     busy: threading.Event = field(default_factory=threading.Event)
+    slots: int = 1
+    knowledge: object = None
+    pinned: object = None
+    governor: object = None
+
+    def drafter_stats(self):
+        return {}  # no drafters: no suffix index to report
 
     def count_tokens(self, prompt=None, *, messages=None):
         text = prompt if prompt is not None else " ".join(m["content"] for m in messages)
