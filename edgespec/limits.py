@@ -35,4 +35,10 @@ QUANTS = ("int4", "int8", "fp16", "fp32")  # weight precisions an export may be 
 # ... and a bundle's model may have: "mixed" is a GGUF's own blocks carried over (export/edgespec_export/native),
 # MatMulNBits of 4 and 8 bits side by side (Q4_K_M: 4-bit Q4_K, 8-bit Q6_K)
 MODEL_QUANTS = QUANTS + ("mixed",)
+# what one request may ask for: the engine's request parser (engine/requests.py, engine/settings.py)
+# and the HTTP layer (server/validate.py) read these, so a client gets the same bound either way
 STOP_LIMIT = 16  # stop strings per request
+TOP_K_LIMIT = 1 << 31  # beyond any vocabulary; keeps the engine's integer arithmetic in range
+SEED_LIMIT = 2**63 - 1  # largest seed (a seed is >= 0: numpy's generators refuse negative ones)
+TEMPERATURE_LIMIT = 2.0  # largest temperature the OpenAI API accepts (the HTTP layer's bound)
+JSON_DEPTH_LIMIT = 32  # JSON nesting of a request body: OpenAI bodies need 5 (messages[i].content[j].text)

@@ -18,16 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..drafters import modes
-from ..limits import K_LIMIT, TREE_MODES
+from ..limits import (JSON_DEPTH_LIMIT, K_LIMIT, SEED_LIMIT, STOP_LIMIT, TEMPERATURE_LIMIT, TOP_K_LIMIT,
+                      TREE_MODES)
 from .apierror import APIError, bad_request, clip, echo
 from .structured_fields import structured_fields, tool_message
 
 log = logging.getLogger("edgespec.server")
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-MAX_STOP = 4
-MAX_DEPTH = 32  # JSON nesting a request may have: OpenAI bodies need 5 (messages[i].content[j].text)
-MAX_TOP_K = 1 << 31  # beyond any vocabulary; keeps the engine's integer arithmetic in range
 
 
 @dataclass(frozen=True)
@@ -102,7 +100,7 @@ def _no_constants(name: str) -> Any:
 
 def parse_json(raw: bytes) -> Any:
     """Strict JSON: Python's json module would accept NaN and Infinity, which no OpenAI client sends.
-    Nesting deeper than MAX_DEPTH and strings that are not valid Unicode (a lone surrogate written as
+    Nesting deeper than JSON_DEPTH_LIMIT and strings that are not valid Unicode (a lone surrogate written as
     a \\ud800 escape) are refused here, so nothing after this point can recurse without bound or hand
     the tokenizer a string it cannot encode."""
     if not raw.strip():
@@ -114,7 +112,7 @@ def parse_json(raw: bytes) -> Any:
     try:
         body = json.loads(text, parse_constant=_no_constants)
     except RecursionError:
-        raise bad_request(f"request body is nested too deeply (at most {MAX_DEPTH} levels)", code="invalid_json") from None
+        raise bad_request(f"request body is nested too deeply (at most {JSON_DEPTH_LIMIT} levels)", code="invalid_json") from None
     except ValueError as e:
         raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from None
     check_structure(body, text)
@@ -126,7 +124,7 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def check_structure(body: Any, text: str | None = None) -> None:
-    """Walks the parsed body without recursion: depth <= MAX_DEPTH, every string (keys included)
+    """Walks the parsed body without recursion: depth <= JSON_DEPTH_LIMIT, every string (keys included)
     encodable as UTF-8. The error names the field as a path, e.g. messages[0].content. Given the
     body's `text`, strings are checked only when it holds a surrogate escape (the walk then costs a
     third as much: 30,000 messages are checked in tens of milliseconds)."""
@@ -134,8 +132,8 @@ def check_structure(body: Any, text: str | None = None) -> None:
     stack: list[tuple[Any, str, int]] = [(body, "", 0)]
     while stack:
         v, path, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise bad_request(f"request body is nested too deeply (at most {MAX_DEPTH} levels)",
+        if depth > JSON_DEPTH_LIMIT:
+            raise bad_request(f"request body is nested too deeply (at most {JSON_DEPTH_LIMIT} levels)",
                               param=path or None, code="invalid_json")
         if isinstance(v, dict):
             for k, x in v.items():
@@ -248,8 +246,8 @@ def _stop(body: dict) -> list[str] | None:
         v = [v]
     if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
         raise bad_request("'stop' must be a string or an array of strings", param="stop")
-    if len(v) > MAX_STOP:
-        raise bad_request(f"'stop' may hold at most {MAX_STOP} strings, got {len(v)}", param="stop")
+    if len(v) > STOP_LIMIT:
+        raise bad_request(f"'stop' may hold at most {STOP_LIMIT} strings, got {len(v)}", param="stop")
     if any(s == "" for s in v):
         raise bad_request("'stop' strings must not be empty", param="stop")
     return v or None
@@ -298,14 +296,14 @@ def _common(body: Any, kind: str, limits: Limits) -> GenRequest:
         raise bad_request(f"'tree' must be one of {', '.join(TREE_MODES)}, got {_show(tree)}", param="tree")
     seed = body.get("seed")
     if seed is not None:
-        seed = _int(body, "seed", lo=0, hi=2**63 - 1)
+        seed = _int(body, "seed", lo=0, hi=SEED_LIMIT)
     return GenRequest(
         kind=kind,  # type: ignore[arg-type]
         model=_model(body, limits),
         max_tokens=_max_tokens(body, limits),
-        temperature=_number(body, "temperature", lo=0.0, hi=2.0, default=limits.default_temperature),
+        temperature=_number(body, "temperature", lo=0.0, hi=TEMPERATURE_LIMIT, default=limits.default_temperature),
         top_p=_number(body, "top_p", lo=0.0, hi=1.0, lo_open=True, default=1.0),
-        top_k=_int(body, "top_k", lo=0, hi=MAX_TOP_K, default=0),
+        top_k=_int(body, "top_k", lo=0, hi=TOP_K_LIMIT, default=0),
         seed=seed,
         stop=_stop(body),
         stream=stream,

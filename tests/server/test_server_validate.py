@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from edgespec.limits import JSON_DEPTH_LIMIT, K_LIMIT, SEED_LIMIT, STOP_LIMIT, TEMPERATURE_LIMIT, TOP_K_LIMIT
 from edgespec.server.apierror import APIError
 from edgespec.server.validate import Limits, parse_chat, parse_completion, parse_json
 
@@ -129,7 +130,7 @@ def test_malformed_json(raw, contains):
     (chat(seed="x"), "seed", "integer"),
     (chat(stop=5), "stop", "string"),
     (chat(stop=["a", 1]), "stop", "string"),
-    (chat(stop=["a", "b", "c", "d", "e"]), "stop", "at most 4"),
+    (chat(stop=["a"] * 17), "stop", "at most 16 strings, got 17"),
     (chat(stop=[""]), "stop", "empty"),
     (chat(stream="yes"), "stream", "true or false"),
     (chat(stream_options=3), "stream_options", "object"),
@@ -156,6 +157,34 @@ def test_malformed_json(raw, contains):
 ])
 def test_bad_chat_fields(body, param, contains):
     bad(parse_chat, body, param, contains=contains)
+
+
+# every limit the HTTP layer checks is edgespec/limits.py's (the engine's own where it has one): at the
+# bound a request passes and reaches the engine's arguments; one past it is a 400 naming the field
+@pytest.mark.parametrize("field, at, past, kwarg", [
+    ("stop", ["x"] * STOP_LIMIT, ["x"] * (STOP_LIMIT + 1), "stop"),
+    ("top_k", TOP_K_LIMIT, TOP_K_LIMIT + 1, "top_k"),
+    ("seed", SEED_LIMIT, SEED_LIMIT + 1, "seed"),
+    ("temperature", TEMPERATURE_LIMIT, TEMPERATURE_LIMIT + 0.01, "temperature"),
+    ("draft_k", K_LIMIT, K_LIMIT + 1, "k"),
+    ("max_tokens", LIMITS.max_tokens_limit, LIMITS.max_tokens_limit + 1, "max_new_tokens"),
+    ("max_completion_tokens", LIMITS.max_tokens_limit, LIMITS.max_tokens_limit + 1, "max_new_tokens"),
+])
+def test_each_limit_at_its_bound_and_one_past(field, at, past, kwarg):
+    kw = parse_chat(chat(**{field: at}), LIMITS).engine_kwargs()
+    assert kw[kwarg] == at
+    bad(parse_chat, chat(**{field: past}), field)
+
+
+def test_the_http_layer_allows_as_many_stop_strings_as_the_engine():
+    from edgespec.engine.requests import check_stop
+    from edgespec.errors import InvalidRequest
+
+    assert STOP_LIMIT == 16  # the engine's, which its Python API and CLI users had (the server's was 4)
+    stop = parse_chat(chat(stop=["x"] * STOP_LIMIT), LIMITS).engine_kwargs()["stop"]
+    assert check_stop(stop) == ["x"] * STOP_LIMIT  # the engine takes what the server passes ...
+    with pytest.raises(InvalidRequest, match=f"at most {STOP_LIMIT} stop strings"):
+        check_stop(["x"] * (STOP_LIMIT + 1))  # ... and refuses one more, as the server does
 
 
 @pytest.mark.parametrize("body, param, contains", [
@@ -206,13 +235,13 @@ def test_whole_number_floats_are_integers():
 
 # --- the validation layer raises nothing but a 400 ---------------------------------------------------
 def test_nesting_is_limited_without_recursion():
-    from edgespec.server.validate import MAX_DEPTH
-
     ok = {"a": 1}
-    for _ in range(MAX_DEPTH - 1):
+    for _ in range(JSON_DEPTH_LIMIT):  # the limit's levels below the top-level object
         ok = {"a": ok}
     parse_json(json.dumps(ok).encode())
-    too_deep = b"[" * (MAX_DEPTH + 2) + b"]" * (MAX_DEPTH + 2)
+    with pytest.raises(APIError, match=f"at most {JSON_DEPTH_LIMIT} levels"):
+        parse_json(json.dumps({"a": ok}).encode())  # one level past the limit
+    too_deep = b"[" * (JSON_DEPTH_LIMIT + 2) + b"]" * (JSON_DEPTH_LIMIT + 2)
     with pytest.raises(APIError, match="nested too deeply") as e:
         parse_json(too_deep)
     assert e.value.status == 400
