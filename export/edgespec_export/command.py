@@ -143,15 +143,19 @@ def run(args: argparse.Namespace) -> int:
     )
     progress = TqdmProgress(enabled=not args.quiet and not args.json)
     summary = run_export(target, Path(args.out), draft=draft, options=options, progress=progress)
-    if args.json:
-        print(json.dumps(summary_dict(summary), indent=2))
-    else:
+    if not args.json:
         print_summary(summary, sys.stdout)
+    rows = None
     if args.tune:
         from .tune import HEADER, tune
 
-        print(HEADER)
-        tune(Path(args.out), Path(target), progress=progress, out=sys.stdout)
+        if not args.json:
+            print(HEADER)
+        rows = tune(Path(args.out), Path(target), progress=progress, out=None if args.json else sys.stdout)
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps(dict(summary_dict(summary), **({"tuned": [asdict(r) for r in rows]} if rows else {})), indent=2))
     return 0
 
 

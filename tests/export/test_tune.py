@@ -166,3 +166,27 @@ def test_min_max_rounding_is_within_half_a_step():
     step = np.repeat(e.scales, 128, axis=1)
     assert np.all(np.abs(e.dequantize() - w) <= step / 2 + 1e-6)
     assert e.zero_points.dtype == np.uint8 and e.zero_points.shape == (8, 2)
+
+
+def test_the_commands_print_the_table_and_record_the_choice(built, tmp_path, monkeypatch, capsys):
+    """`edgespec export X.gguf --tune` and `edgespec tune BUNDLE --gguf X.gguf`, their timer and candidates replaced."""
+    import edgespec_export.tune as tune_mod
+    from edgespec.cli.main import main
+
+    monkeypatch.setattr(tuned_mod, "machine", lambda root="/": dict(HERE))
+    monkeypatch.setattr(tune_mod, "CANDIDATES", (DEFAULT, ACC1))
+    monkeypatch.setattr(tune_mod, "time_steps", timer({(4, 32): 1.0, (1, 32): 4.0}))
+    assert main(["export", str(built / "m.gguf"), "-o", str(tmp_path / "e"), "--tune", "-q", "--in-process",
+                 "--force", "--parity-tokens", "96"]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("bytes/token"):].splitlines()[1:]
+    assert [ln.split()[0] for ln in table] == ["default", "acc1", "kept"]
+    # random tiny weights: both forms are over the default budget, so the default form is kept
+    assert table[2] == "kept default: no form is within mean KL <= 0.01 and top-1 >= 97%"
+    assert manifest(tmp_path / "e")["extra"]["tuned"]["chosen"] == "default"
+    shutil.copy(built / "m.gguf", tmp_path / "elsewhere.gguf")
+    assert main(["tune", str(tmp_path / "e"), "--gguf", str(tmp_path / "elsewhere.gguf"), "-q", "--budget-kl", "0.01",
+                 "--budget-top1", "0.9"]) == 0
+    out = capsys.readouterr().out
+    assert "kept acc1: the fastest 1-token step within mean KL <= 0.01 and top-1 >= 90%" in out  # the only one within
+    assert manifest(tmp_path / "e")["models"]["target"]["accuracy_level"] == 1
