@@ -204,8 +204,10 @@ def tune(bundle: Path, gguf: Path | None = None, *, budget_kl: float = BUDGET_KL
     try:
         rows, forms = [], {}
         base_bytes = manifest.extra.get("quant_map", {}).get("target", {}).get("weight_bytes_per_token", 0)
+        # a bundle tuned before into another form holds that form: every candidate is then built afresh
+        rebuilt = manifest.extra.get("tuned", {}).get("chosen", "default") != "default"
         for c in candidates:
-            if c.exported:
+            if c.exported or rebuilt:
                 facts, qmap = _export_form(gguf, work / c.name, c, progress, isolate)
                 tdir = work / c.name / "target"
             else:

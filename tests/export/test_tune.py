@@ -190,3 +190,8 @@ def test_the_commands_print_the_table_and_record_the_choice(built, tmp_path, mon
     out = capsys.readouterr().out
     assert "kept acc1: the fastest 1-token step within mean KL <= 0.01 and top-1 >= 90%" in out  # the only one within
     assert manifest(tmp_path / "e")["models"]["target"]["accuracy_level"] == 1
+    # tuned again: the bundle now holds acc1, so the default form is rebuilt from the GGUF, not read from it
+    monkeypatch.setattr(tune_mod, "time_steps", timer({(4, 32): 1.0, (1, 32): 4.0}))
+    rows = tune(tmp_path / "e", tmp_path / "elsewhere.gguf", budget_kl=50.0, min_top1=0.01, isolate=False)
+    assert [r.form for r in rows if r.chosen] == ["default"] and rows[0].mean_kl > 0.01  # level 4's int8 KL again
+    assert manifest(tmp_path / "e")["models"]["target"]["accuracy_level"] == 4
