@@ -103,11 +103,12 @@ def _runner_costs(runner, sizes, past: int, repeats: int, vocab: int, rng) -> di
 def _plain_costs(session, facts, sizes, past: int, max_len: int, repeats: int, rng) -> dict[int, float]:
     """The same steps through `session.run` with numpy feeds: every step copies the whole cache in and out
     (what I/O binding saves)."""
-    from ..core.runner import _NP_DTYPES, contract_inputs
+    from ..core.dtypes import NP_DTYPES
+    from ..core.runner import contract_inputs
 
     names = {i.name for i in session.get_inputs()}
     positions, bias = contract_inputs(facts, names)
-    kv_dtype = _NP_DTYPES[facts.kv_dtype]
+    kv_dtype = NP_DTYPES[facts.kv_dtype]
     kv = np.zeros((1, facts.kv_heads, max_len, facts.head_dim), dtype=kv_dtype)
     out: dict[int, float] = {}
     for n in sizes:
@@ -152,10 +153,11 @@ def _cuda_graph_costs(path: Path, facts, sizes, past: int, max_len: int, repeats
     one session per size). Raises what onnxruntime raises where a graph cannot be captured."""
     import onnxruntime as ort
 
-    from ..core.runner import _NP_DTYPES, contract_inputs
+    from ..core.dtypes import NP_DTYPES
+    from ..core.runner import contract_inputs
     from ..edge.providers import session_options
 
-    kv_dtype = _NP_DTYPES[facts.kv_dtype]
+    kv_dtype = NP_DTYPES[facts.kv_dtype]
     out: dict[int, float] = {}
     for n in sizes:
         sess = ort.InferenceSession(str(path), session_options(), providers=[
@@ -189,7 +191,7 @@ def _cuda_graph_costs(path: Path, facts, sizes, past: int, max_len: int, repeats
                 binding.bind_ortvalue_output(fmt_out % i, kv)
         logits_rows = n
         keep.append(ort.OrtValue.ortvalue_from_shape_and_type([1, logits_rows, facts.vocab_size],
-                                                              _NP_DTYPES[facts.logits_dtype], "cuda", 0))
+                                                              NP_DTYPES[facts.logits_dtype], "cuda", 0))
         binding.bind_ortvalue_output(facts.logits, keep[-1])
         sess.run_with_iobinding(binding)  # the capture
         out[n] = _median_time(lambda s=sess, b=binding: s.run_with_iobinding(b), repeats)

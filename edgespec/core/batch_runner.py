@@ -42,10 +42,10 @@ import numpy as np
 
 from ..models.manifest import ModelFacts
 from ..models.ortcompat import PADDED_QUERIES_KEY
+from .dtypes import NP_DTYPES
 from .runner import CacheFull, StepTimes, contract_inputs, step_rows
 
 log = logging.getLogger("edgespec.core.batch_runner")
-_NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
 def _why_per_row(facts: ModelFacts, version: str) -> str:
@@ -117,7 +117,7 @@ class BatchRunner:
         self._has_logits_to_keep = facts.logits_to_keep is not None and facts.logits_to_keep in {
             i.name for i in session.get_inputs()
         }
-        kv_dtype = _NP_DTYPES[facts.kv_dtype]
+        kv_dtype = NP_DTYPES[facts.kv_dtype]
         names = {i.name for i in session.get_inputs()}
         # graph contract v2 (tree verification) adds per-token positions and an attention bias; a
         # batched step feeds each row's positions (L_b + j) and a zero bias
@@ -137,7 +137,7 @@ class BatchRunner:
                 self._kv.append(ort.OrtValue.ortvalue_from_numpy(arr))
             else:
                 self._kv.append(ort.OrtValue.ortvalue_from_shape_and_type(list(shape), kv_dtype, device, device_id))
-        self._logits_dtype = _NP_DTYPES[facts.logits_dtype]
+        self._logits_dtype = NP_DTYPES[facts.logits_dtype]
         self._logits: dict[tuple[int, int], tuple[np.ndarray, object]] = {}
         self._binding = self._bind(self._kv)
         self._range_bindings: dict[tuple[int, int], object] = {}
@@ -159,7 +159,7 @@ class BatchRunner:
         f = self.facts
         b = self.session.io_binding()
         shape = [hi - lo, f.kv_heads, self._rows, f.head_dim]
-        dtype = _NP_DTYPES[f.kv_dtype]
+        dtype = NP_DTYPES[f.kv_dtype]
         per_slot = f.kv_heads * self._rows * f.head_dim * np.dtype(dtype).itemsize
         names = [(f.past_key, f.present_key), (f.past_value, f.present_value)]
         for i in range(f.layers):
@@ -359,7 +359,7 @@ class BatchRunner:
         return out
 
 
-class SlotRunner:
+class BatchSlot:
     """One slot of a BatchRunner behind ModelRunner's interface: lets an Engine (tokenizer,
     validation, the serial loop) sit on the batched cache. Use it only while no batch runs."""
 

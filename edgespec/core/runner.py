@@ -41,8 +41,8 @@ import numpy as np
 
 from ..errors import EdgespecError
 from ..models.manifest import ModelFacts
+from .dtypes import NP_DTYPES as _NP_DTYPES
 
-_NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 _ZERO_BIAS_CAP = 1 << 16  # elements of the reused zero bias (256 KB in fp32): decode/verify steps
 # deterministic mode: a step of s tokens with s % ROW_BLOCK == 1 gets a copy row. Measured with
 # onnxruntime 1.32 on the CPU, the attention computes the last row of a step apart when it is alone

@@ -43,7 +43,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..core.batch_runner import BatchRunner, SlotRunner
+from ..core.batch_runner import BatchRunner, BatchSlot
 from ..core.costmodel import CostModel
 from ..core.proposal import common_prefix
 from ..drafters import Drafter
@@ -126,7 +126,7 @@ class BatchEngine:
         self.vocab = Vocabulary.of(plan.bundle, plan.bundle.load_tokenizer(), runner.vocab_size)
         self._parse = RequestParser(self.vocab, runner.max_len, plan.settings, unavailable=self._unavailable)
         self._cached: list[list[int]] = [[] for _ in range(self.slots)]  # what each slot's cache holds
-        self._slots = [SlotRunner(runner, i) for i in range(self.slots)]  # each slot as a ModelRunner
+        self._slots = [BatchSlot(runner, i) for i in range(self.slots)]  # each slot as a ModelRunner
         self._waiting: deque[_Active] = deque()
         self._active: dict[int, _Active] = {}  # slot -> request
         self._cv = threading.Condition()

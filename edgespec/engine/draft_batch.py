@@ -26,7 +26,7 @@ from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
-from ..core.batch_runner import BatchRunner, SlotRunner
+from ..core.batch_runner import BatchRunner, BatchSlot
 
 SHORT_ROW = 4  # tokens: a catch-up longer than this (a prompt) runs alone rather than padding every row
 T = TypeVar("T")
@@ -117,7 +117,7 @@ class DraftBatch:
         return out
 
 
-class DraftSlot(SlotRunner):
+class DraftSlot(BatchSlot):
     """One slot of the draft BatchRunner behind ModelRunner's interface (what a ModelDrafter drafts
     on): inside `DraftBatch.run` its steps are gathered into batched ones, elsewhere (a warm-up) they
     run alone."""

@@ -40,9 +40,9 @@ from .round import Governor, Seq
 from .structured import tool_calls
 
 
-class SlotRunner(Protocol):
+class CacheSlot(Protocol):
     """The target's cache slot a request runs in: a ModelRunner (the serial engine) or one slot of
-    the batched runner (core/batch_runner.SlotRunner)."""
+    the batched runner (core/batch_runner.BatchSlot)."""
 
     max_len: int
 
@@ -98,7 +98,7 @@ class Sequence:
     """One request in its cache slot; see the module docstring. `part` is its part in every round
     (engine/round.Seq: its context, drafters, k, RNG and stats)."""
 
-    def __init__(self, req: Request, runner: SlotRunner, cached: Seq_[int], drafting: Drafting, vocab: Vocabulary,
+    def __init__(self, req: Request, runner: CacheSlot, cached: Seq_[int], drafting: Drafting, vocab: Vocabulary,
                  governor: Governor | None = None, *, slot: int = 0, tree=None, t0: float | None = None):
         """cached: the tokens whose K/V the slot holds (a prefix of them: runner.length); tree: the
         serial engine's TreeVerifier (engine/tree_round.py), which may verify this request's rounds
