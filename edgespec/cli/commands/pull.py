@@ -61,16 +61,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _export_half():
-    from ...errors import ExportError
+    """The export half's embedder exporter (cli/export_half.py: the runtime's one door to it)."""
+    from ..export_half import load
 
-    import importlib
-
-    try:
-        embedder = importlib.import_module("edgespec_export.embedder")
-    except ImportError as e:
-        raise ExportError(f"an embedding model is exported to ONNX once pulled, which needs the export half ({e.name} "
-                          "is missing): pip install ./export  (from the edgespec source tree; no torch needed)") from None
-    return embedder
+    return load("embedder", "exporting an embedding model to ONNX once pulled")
 
 
 def export_embedder(name: str, zip_path, *, form: str, force: bool) -> None:
@@ -112,19 +106,15 @@ def export_pulled(paths: dict, pair: tuple[str, str | None], out: str, *, quiet:
     """`edgespec export TARGET.gguf [--draft-model DRAFT.gguf] -o OUT` with the export half's defaults."""
     from pathlib import Path
 
-    from ...errors import ExportError
     from ...models import files
+    from ..export_half import load
 
-    try:
-        from edgespec_export.pipeline import ExportOptions, run_export
-        from edgespec_export.progress import TqdmProgress
-    except ImportError as e:
-        raise ExportError(f"--export needs the export half ({e.name} is missing): pip install ./export  (from the "
-                          "edgespec source tree; GGUF files export without torch)") from None
+    pipeline, progress = load("pipeline", "--export"), load("progress", "--export")
     target, draft = pair
     dest = Path(out).expanduser() if out else files.bundles_dir() / target
-    s = run_export(str(paths[target]), dest, draft=None if draft is None else str(paths[draft]),
-                   options=ExportOptions(overwrite=True), progress=TqdmProgress(enabled=not quiet))
+    s = pipeline.run_export(str(paths[target]), dest, draft=None if draft is None else str(paths[draft]),
+                            options=pipeline.ExportOptions(overwrite=True),
+                            progress=progress.TqdmProgress(enabled=not quiet))
     parity = s.manifest.models["target"].parity or {}
     print(f"bundle {dest}: exported in {s.seconds:.0f} s" + (f", target top-1 {parity['top1']:.1%} against its GGUF"
                                                                if parity else ""))

@@ -110,20 +110,15 @@ def _read_stamp(bundle: Path) -> dict | None:
 def export(target: Path, draft: Path | None, out: Path, quant: str, fingerprint: dict) -> None:
     """The export engineer's pipeline (edgespec_export), which builds each model in its own child
     process and writes the bundle atomically: an interrupted export leaves nothing that looks done."""
-    from ...errors import ExportError
+    from ..export_half import load
 
-    try:
-        from edgespec_export.pipeline import export_bundle
-        from edgespec_export.progress import TqdmProgress
-    except ImportError as e:
-        raise ExportError(f"exporting needs the export half ({e.name} is missing): pip install ./export "
-                          "(no torch: the GGUF pair is exported natively)") from None
+    pipeline, progress = load("pipeline", "exporting"), load("progress", "exporting")
     out.parent.mkdir(parents=True, exist_ok=True)
     say(f"exporting {target.name}" + (f" + {draft.name}" if draft else "") + f" -> {out} (once; a few minutes)")
     t0 = time.monotonic()
     _stamp_path(out).unlink(missing_ok=True)
-    export_bundle(str(target), out, draft=None if draft is None else str(draft), quant=quant, overwrite=True,
-                  progress=TqdmProgress())
+    pipeline.export_bundle(str(target), out, draft=None if draft is None else str(draft), quant=quant,
+                           overwrite=True, progress=progress.TqdmProgress())
     _stamp_path(out).write_text(json.dumps(fingerprint))
     say(f"exported in {time.monotonic() - t0:.0f} s")
 
