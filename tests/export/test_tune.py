@@ -105,6 +105,9 @@ def test_verify_says_when_the_bundle_was_tuned_on_another_cpu(bundle, monkeypatc
     note = [ln for ln in capsys.readouterr().out.splitlines() if "tuned on another kind of CPU" in ln]
     assert len(note) == 1 and "Test CPU 9000 (avx2)" in note[0] and "Other CPU (avx2 avx512f)" in note[0]
     assert "edgespec tune BUNDLE --gguf" in note[0] and tuned_mod.bundle_note(bundle) in note[0]
+    main(["doctor", "--bundle", str(bundle), "--no-probe"])
+    assert [ln for ln in capsys.readouterr().out.splitlines() if "tuned on another kind of CPU" in ln] == [
+        f"{'bundle':<12} {tuned_mod.bundle_note(bundle)}"]
 
 
 def test_flags_alone_make_another_kind_and_cores_do_not():
