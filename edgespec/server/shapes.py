@@ -11,7 +11,7 @@ import math
 import time
 from typing import Any
 
-from ..engine.results import GenerationStats
+from ..engine.results import GenerationResult, GenerationStats
 
 # engine finish reasons -> OpenAI's; a full cache is a length limit from the client's point of view
 FINISH = {"stop": "stop", "length": "length", "cache_full": "length"}
@@ -46,25 +46,24 @@ def stats_dict(stats: GenerationStats | None, *, finish_reason: str, queue_s: fl
     return d
 
 
-def edgespec_field(result: Any, queue_s: float | None) -> dict[str, Any]:
+def edgespec_field(result: GenerationResult, queue_s: float | None) -> dict[str, Any]:
     """The response's `edgespec` field: the stats, and an answer from documents' sources and whether
     it declined (engine results' `docs`, knowledge/answer.py)."""
     d = stats_dict(result.stats, finish_reason=result.finish_reason, queue_s=queue_s)
-    d.update(getattr(result, "docs", None) or {})
+    d.update(result.docs or {})
     return d
 
 
-def usage(stats: Any) -> dict[str, int]:
-    p = int(getattr(stats, "prompt_tokens", 0) or 0)
-    c = int(getattr(stats, "new_tokens", 0) or 0)
+def usage(stats: GenerationStats) -> dict[str, int]:
+    p, c = int(stats.prompt_tokens), int(stats.new_tokens)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
-def completion_body(kind: str, rid: str, model: str, text: str, result: Any, queue_s: float | None,
+def completion_body(kind: str, rid: str, model: str, text: str, result: GenerationResult, queue_s: float | None,
                     created: int | None = None) -> dict[str, Any]:
     created = int(time.time()) if created is None else created
     finish = FINISH.get(result.finish_reason, "stop")
-    calls = getattr(result, "tool_calls", None)
+    calls = result.tool_calls
     if kind == "chat" and calls:
         msg = {"role": "assistant", "content": None, "tool_calls": calls}
         choice = {"index": 0, "message": msg, "logprobs": None, "finish_reason": "tool_calls"}
@@ -150,11 +149,11 @@ class ChunkWriter:
                 out += sse(self._chunk(choice))
         return out
 
-    def final(self, result: Any, queue_s: float | None, include_usage: bool) -> bytes:
+    def final(self, result: GenerationResult, queue_s: float | None, include_usage: bool) -> bytes:
         """The finishing chunk carries usage and the edgespec stats; with stream_options.include_usage
         OpenAI's extra usage-only chunk (empty choices) follows."""
         finish = FINISH.get(result.finish_reason, "stop")
-        if getattr(result, "tool_calls", None) and self.kind == "chat":
+        if result.tool_calls and self.kind == "chat":
             finish = "tool_calls"
         if self.kind == "chat":
             choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}
