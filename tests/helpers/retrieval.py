@@ -10,7 +10,10 @@ Questions the pages do not answer (`expect` empty) are left out. Prints one line
 `--variants` prints instead, per venue and model, the top-1 page of each ranking tried against the index's
 own for cross-language questions (docs/kiosk.md, "Pages and visitors in different languages"): BM25 fused
 in, the question embedded as a passage, other ways of taking the language out, and sentence vectors
-(several per passage) with their aggregation. The ranking that ships is the index's search()."""
+(several per passage) with their aggregation; with `--translate`, also the question translated by the
+bundle's model into the other language of the venue (English for a Japanese question, else Japanese), ranked
+by the translation's cosines alone and summed with the question's. The ranking that ships is the index's
+search()."""
 from __future__ import annotations
 
 import argparse
@@ -78,7 +81,26 @@ def _by_script(x: np.ndarray, scripts: list[str], fn) -> np.ndarray:
     return out
 
 
-def variants(venue: Path, bundle: str, embedder: str) -> dict[str, tuple[int, int, list[str]]]:
+def translated(venue: Path, bundle: str) -> tuple[list[str], float]:
+    """The answerable questions translated by the bundle's model (greedy, 40 tokens at most), and the seconds
+    each took on average."""
+    from edgespec import Engine
+    from edgespec.knowledge.scripts import script_of
+
+    qs = [q for q in map(json.loads, (venue / "questions.jsonl").read_text("utf-8").splitlines()) if q.get("expect")]
+    eng, out, t0 = Engine.open(bundle), [], time.monotonic()
+    try:
+        for q in qs:
+            to = "English" if script_of(q["question"]) == "CJK" else "Japanese"
+            out.append(eng.generate(messages=[
+                {"role": "system", "content": f"Translate the visitor's question into {to}. Reply with the translation only."},
+                {"role": "user", "content": q["question"]}], max_new_tokens=40, temperature=0).text.strip())
+    finally:
+        eng.close()
+    return out, (time.monotonic() - t0) / max(len(qs), 1)
+
+
+def variants(venue: Path, bundle: str, embedder: str, translations: list[str] | None = None) -> dict[str, tuple[int, int, list[str]]]:
     """{variant: (hits, questions, ["id->page got", ...])}: each ranking's first passage against the page named."""
     from tokenizers import Tokenizer
 
@@ -152,6 +174,11 @@ def variants(venue: Path, bundle: str, embedder: str) -> dict[str, tuple[int, in
         "passage and best sentence, mean": lambda j: 0.5 * neutral_cos(V, scripts, Q[j]) + 0.5 * sentence_scores(j, "with titles", lambda x: x[-1]),
         "passage or best sentence, max": lambda j: np.maximum(neutral_cos(V, scripts, Q[j]), sentence_scores(j, "with titles", lambda x: x[-1])),
     }
+    if translations is not None:
+        T = emb.embed_query([for_matching(t) for t in translations])
+        ranks["question translated, its cosines alone"] = lambda j: neutral_cos(V, scripts, T[j])
+        ranks["question and translation, min-max cosines summed"] = (
+            lambda j: _minmax(neutral_cos(V, scripts, Q[j])) + _minmax(neutral_cos(V, scripts, T[j])))
     out = {}
     for name, rank in ranks.items():
         misses = []
@@ -176,11 +203,16 @@ def main(argv=None) -> int:
     p.add_argument("--bundle", default="qwen-coder")
     p.add_argument("--embedder", action="append", default=None)
     p.add_argument("--variants", action="store_true", help="each ranking tried for cross-language questions")
+    p.add_argument("--translate", action="store_true", help="with --variants: also rank the questions translated "
+                   "by the bundle's model (slow: a generation per question)")
     a = p.parse_args(argv)
     for venue in a.venues:
         for emb in a.embedder or ["multilingual-e5-small"]:
             if a.variants:
-                for name, (h, n, misses) in variants(venue, a.bundle, emb).items():
+                tr, each = translated(venue, a.bundle) if a.translate else (None, 0.0)
+                if a.translate:
+                    print(f"{venue.name}: translated by {a.bundle}, {each:.1f} s a question: {' | '.join(tr)}")
+                for name, (h, n, misses) in variants(venue, a.bundle, emb, tr).items():
                     print(f"{venue.name} {emb} {name}: {h}/{n} ({h / n:.0%})  {' '.join(misses)}")
                 continue
             r = top1(venue, a.bundle, emb)
