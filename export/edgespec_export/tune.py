@@ -200,39 +200,42 @@ def tune(bundle: Path, gguf: Path | None = None, *, budget_kl: float = BUDGET_KL
     del gg
     work = bundle.parent / f".{bundle.name}.tune"
     shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    try:
-        rows, forms = [], {}
-        base_bytes = manifest.extra.get("quant_map", {}).get("target", {}).get("weight_bytes_per_token", 0)
-        # a bundle tuned before into another form holds that form: every candidate is then built afresh
-        rebuilt = manifest.extra.get("tuned", {}).get("chosen", "default") != "default"
-        for c in candidates:
-            if c.exported or rebuilt:
-                facts, qmap = _export_form(gguf, work / c.name, c, progress, isolate)
-                tdir = work / c.name / "target"
-            else:
-                facts, qmap, tdir = base, manifest.extra.get("quant_map", {}).get("target"), bundle / "target"
-            if c.accuracy_level != facts.accuracy_level:
-                facts = _with_accuracy(tdir, work / f"{c.name}.acc", facts, c.accuracy_level)
-                tdir = work / f"{c.name}.acc"
-            path = tdir / Path(facts.path).name
-            got, _ = exported_logprobs(path, facts, ids, usable, progress, role=f"tune {c.name}")
-            score = compare(ref, got)
-            ms1, ms4 = time_step(path, facts, seconds)
-            rows.append(Row(c.name, int((qmap or {}).get("weight_bytes_per_token", base_bytes)), score["mean_kl"],
-                            score["top1"], round(ms1, 2), round(ms4, 2)))
-            forms[c.name] = (c, facts, qmap, tdir, score)
+    from . import writer
+
+    with writer.sigterm_cleans_up():  # SIGTERM unwinds like Ctrl-C: no work folder left behind
+        work.mkdir()
+        try:
+            rows, forms = [], {}
+            base_bytes = manifest.extra.get("quant_map", {}).get("target", {}).get("weight_bytes_per_token", 0)
+            # a bundle tuned before into another form holds that form: every candidate is then built afresh
+            rebuilt = manifest.extra.get("tuned", {}).get("chosen", "default") != "default"
+            for c in candidates:
+                if c.exported or rebuilt:
+                    facts, qmap = _export_form(gguf, work / c.name, c, progress, isolate)
+                    tdir = work / c.name / "target"
+                else:
+                    facts, qmap, tdir = base, manifest.extra.get("quant_map", {}).get("target"), bundle / "target"
+                if c.accuracy_level != facts.accuracy_level:
+                    facts = _with_accuracy(tdir, work / f"{c.name}.acc", facts, c.accuracy_level)
+                    tdir = work / f"{c.name}.acc"
+                path = tdir / Path(facts.path).name
+                got, _ = exported_logprobs(path, facts, ids, usable, progress, role=f"tune {c.name}")
+                score = compare(ref, got)
+                ms1, ms4 = time_step(path, facts, seconds)
+                rows.append(Row(c.name, int((qmap or {}).get("weight_bytes_per_token", base_bytes)), score["mean_kl"],
+                                score["top1"], round(ms1, 2), round(ms4, 2)))
+                forms[c.name] = (c, facts, qmap, tdir, score)
+                if out is not None:
+                    print(format_row(rows[-1]), file=out, flush=True)
+            chosen = choose(rows, budget_kl, min_top1)
+            chosen.chosen = True
             if out is not None:
-                print(format_row(rows[-1]), file=out, flush=True)
-        chosen = choose(rows, budget_kl, min_top1)
-        chosen.chosen = True
-        if out is not None:
-            within = chosen.mean_kl <= budget_kl and chosen.top1 >= min_top1
-            print(f"kept {chosen.form}: " + ("the fastest 1-token step" if within else "no form is") +
-                  f" within mean KL <= {budget_kl} and top-1 >= {min_top1:.0%}", file=out, flush=True)
-        _write(bundle, manifest, forms[chosen.form], rows, dict(mean_kl=budget_kl, top1=min_top1), seconds)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+                within = chosen.mean_kl <= budget_kl and chosen.top1 >= min_top1
+                print(f"kept {chosen.form}: " + ("the fastest 1-token step" if within else "no form is") +
+                      f" within mean KL <= {budget_kl} and top-1 >= {min_top1:.0%}", file=out, flush=True)
+            _write(bundle, manifest, forms[chosen.form], rows, dict(mean_kl=budget_kl, top1=min_top1), seconds)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return rows
 
 
@@ -280,7 +283,11 @@ def _write(bundle: Path, manifest, form, rows: list[Row], budget: dict, seconds:
         manifest.extra.setdefault("quant_map", {})["target"] = qmap
     manifest.extra["tuned"] = tuned_record(rows, budget, seconds)
     manifest.files = {}
-    writer.finish(manifest, tmp, bundle)
+    try:
+        writer.finish(manifest, tmp, bundle)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def format_row(r: Row) -> str:

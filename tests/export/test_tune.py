@@ -198,3 +198,15 @@ def test_the_commands_print_the_table_and_record_the_choice(built, tmp_path, mon
     rows = tune(tmp_path / "e", tmp_path / "elsewhere.gguf", budget_kl=50.0, min_top1=0.01, isolate=False)
     assert [r.form for r in rows if r.chosen] == ["default"] and rows[0].mean_kl > 0.01  # level 4's int8 KL again
     assert manifest(tmp_path / "e")["models"]["target"]["accuracy_level"] == 4
+
+
+def test_an_interrupted_tune_leaves_the_bundle_as_it_was_and_no_work_folder(bundle):
+    before = manifest(bundle)
+
+    def interrupted(path, facts, seconds):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tune(bundle, candidates=(DEFAULT, ACC1), seconds=0.01, time_step=interrupted, isolate=False)
+    assert manifest(bundle) == before and verify_bundle(bundle)[1] == []
+    assert sorted(p.name for p in bundle.parent.iterdir()) == ["b", "m.gguf"]
