@@ -341,7 +341,7 @@ class EngineAsker:
     def __init__(self, engine):
         self.engine = engine
         kn = getattr(engine, "knowledge", None)
-        if getattr(kn, "venue", None) is not None:  # the venue's system turn, pinned as `serve` pins it
+        if kn is not None and kn.in_cache:  # the venue's system turn, pinned as `serve` pins it
             from ..engine.pinned import pin_system_prompt
             from ..models.files import edgespec_home
 

@@ -154,6 +154,7 @@ class ModelRunner:
     _hidden: np.ndarray | None = None
     _last_tokens: Sequence[int] = ()
     deterministic = False  # class default: a subclass with its own __init__ (the self-draft) is not
+    _shifted = False  # rows at positions of their own (place): the self-draft's steps follow the positions array it shares
 
     def __init__(self, session, facts: ModelFacts, max_len: int, *, device: str = "cpu", device_id: int = 0,
                  deterministic: bool = False):
@@ -177,7 +178,8 @@ class ModelRunner:
         self.supports_tree = self._bind_positions and self._bind_bias
         kv_dtype = _NP_DTYPES[facts.kv_dtype]
         self._bias_dtype = kv_dtype  # GQA's attention_bias has the attention's float type (= the cache's)
-        self._positions = np.arange(rows, dtype=np.int64).reshape(1, rows)
+        self._positions = np.arange(rows, dtype=np.int64).reshape(1, rows)  # row i's rotary position
+        self._shifted = False  # True once rows sit at positions of their own (place / step(position=))
         self._zeros = np.zeros(0, dtype=kv_dtype)  # grown on demand up to _ZERO_BIAS_CAP elements
         self._kv_np: list[np.ndarray] | None = [] if device == "cpu" else None  # host views for compact()
         shape = (1, facts.kv_heads, rows, facts.head_dim)
@@ -256,10 +258,12 @@ class ModelRunner:
             return None
         return h[j]
 
-    def step(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
-        """Runs the graph on `tokens` placed at positions [length, length+S) and returns logits of the
+    def step(self, tokens: Sequence[int], n_logits: int = 1, *, position: int | None = None) -> np.ndarray:
+        """Runs the graph on `tokens` placed at cache rows [length, length+S) and returns logits of the
         last `n_logits` of them, shape [n_logits, vocab] (a view into a reused buffer: copy it if it
-        must outlive the next step). Raises CacheFull, writing nothing, if they do not fit."""
+        must outlive the next step). Raises CacheFull, writing nothing, if they do not fit. Their rotary
+        positions follow the last row's (rows = positions unless `place` or `position` moved them);
+        `position`: the first token's, for rows computed to be placed elsewhere (engine/venue_rows.py)."""
         s = len(tokens)
         if s == 0:
             raise ValueError("step needs at least one token")
@@ -279,7 +283,12 @@ class ModelRunner:
         b.bind_cpu_input(f.input_ids, ids.reshape(1, n))
         b.bind_cpu_input(f.attention_mask, self._ones[:, : self.length + n])
         if self._bind_positions:
-            b.bind_cpu_input(f.position_ids, self._positions[:, self.length : self.length + n])
+            L = self.length
+            if position is not None or self._shifted:
+                self._set_positions(L, n, position)
+            b.bind_cpu_input(f.position_ids, self._positions[:, L : L + n])
+        elif position is not None:
+            raise ValueError("this graph has no position_ids input: its rows sit at their own positions")
         if self._bind_bias:
             b.bind_cpu_input(f.attention_bias, self._zero_bias(n, self.length + n))
         return self._run(s, n_logits, t0, drop)
@@ -319,7 +328,7 @@ class ModelRunner:
         L = self.length
         bias = np.zeros((1, 1, s, L + s), dtype=self._bias_dtype)
         bias[0, 0, :, L:][~anc] = np.finfo(self._bias_dtype).min / 2  # finite: no inf - inf in the softmax
-        pos = (L + np.asarray(depths, dtype=np.int64)).reshape(1, s)
+        pos = (self._next_position(L) + np.asarray(depths, dtype=np.int64)).reshape(1, s)
         b = self._binding
         f = self.facts
         self._last_tokens = tokens
@@ -347,6 +356,62 @@ class ModelRunner:
         dst = np.array([m[1] for m in moves])
         for arr in self._kv_np:
             arr[0, :, dst] = arr[0, :, src]  # fancy indexing reads a copy first: overlaps are safe
+        if self._shifted:  # the path's positions follow the row before it, as a chain's would
+            self._set_positions(start, len(rows), None)
+
+    # -- rows at positions of their own (engine/venue_rows.py: a venue's passages computed once) --------
+    def _next_position(self, row: int) -> int:
+        return int(self._positions[0, row - 1]) + 1 if row and self._shifted else row
+
+    def _set_positions(self, row: int, n: int, first: int | None) -> None:
+        """Rows [row, row+n) at positions first.. (None: after row - 1's), and the runner remembers
+        that its rows and positions may differ from here on."""
+        p0 = self._next_position(row) if first is None else int(first)
+        self._positions[0, row : row + n] = np.arange(p0, p0 + n, dtype=np.int64)
+        self._shifted = True
+
+    @property
+    def can_place(self) -> bool:
+        """Whether rows can be copied in at positions of their own: the graph reads position_ids and
+        the cache is on the host."""
+        return self._bind_positions and self._kv_np is not None
+
+    def rows(self, start: int, end: int) -> tuple[list[np.ndarray], np.ndarray]:
+        """Copies of cache rows [start, end) of every buffer (each [1, kv_heads, end-start, head_dim])
+        and their positions [end-start]."""
+        if self._kv_np is None or not 0 <= start < end <= self.length:
+            raise ValueError(f"rows: [{start}, {end}) is not inside a host cache of {self.length} rows")
+        return [arr[:, :, start:end].copy() for arr in self._kv_np], self._positions[0, start:end].copy()
+
+    def place(self, rows: Sequence[np.ndarray], positions: np.ndarray) -> None:
+        """Appends rows computed elsewhere (`rows`) at their positions: the cache grows by their length,
+        and the next step's tokens follow the last of them."""
+        m = len(positions)
+        self.check_rows(rows, m)
+        if self.length + m > self.max_len:
+            raise CacheFull(f"{m} placed row(s) at row {self.length} do not fit a cache of {self.max_len}")
+        L = self.length
+        for arr, r in zip(self._kv_np, rows):
+            arr[:, :, L : L + m] = r
+        self._positions[0, L : L + m] = positions
+        self._shifted = True
+        self.length = L + m
+        self._hidden = None
+
+    def check_rows(self, rows: Sequence[np.ndarray], m: int) -> None:
+        """ValueError unless `rows` are m rows of every buffer of this cache (its heads, head size, dtype)."""
+        if not self.can_place or len(rows) != len(self._kv_np):
+            raise ValueError("these rows are not this cache's: it cannot take rows at their own positions, "
+                             "or they have another number of buffers")
+        for arr, r in zip(self._kv_np, rows):
+            want = (1, arr.shape[1], m, arr.shape[3])
+            if r.shape != want or r.dtype != arr.dtype:
+                raise ValueError(f"a row block {r.shape} {r.dtype} is not {want} {arr.dtype}")
+
+    def _unshift(self) -> None:
+        if self._shifted:
+            self._positions[0] = np.arange(self._positions.shape[1], dtype=np.int64)
+            self._shifted = False
 
     def snapshot(self, n: int) -> list[np.ndarray] | None:
         """Copies of the first n rows of every cache buffer (key_0, value_0, key_1, ...; each
@@ -366,6 +431,7 @@ class ModelRunner:
                 raise ValueError(f"restore: a snapshot row block {r.shape} {r.dtype} does not fit {arr.shape} {arr.dtype}")
         for arr, r in zip(self._kv_np, rows):
             arr[:, :, :n] = r
+        self._unshift()
         self.length = n
         self._hidden = None  # the rows it held belong to another context
 
@@ -411,6 +477,7 @@ class ModelRunner:
         self.length = length
 
     def reset(self) -> None:
+        self._unshift()
         self.length = 0
         self._hidden = None
 

@@ -196,10 +196,10 @@ def memory_plan(b: Bundle, *, max_len, want_draft: bool, profile, budget: int | 
     knowledge = None
     if docs:
         knowledge = memory.knowledge_lines(*files_bytes(docs=docs))
-        if device == "cpu":  # the whole venue's rows, pinned: a host copy of its part of the cache (engine/pinned.py)
-            from ..knowledge.answer import venue_tokens_estimate
+        if device == "cpu":  # the venue's rows kept on the host (pinned.py, venue_rows.py)
+            from ..knowledge.answer import venue_rows_estimate
 
-            venue = venue_tokens_estimate(docs)
+            venue = venue_rows_estimate(docs)
             if venue is not None:
                 knowledge["venue_rows"] = venue * b.target.kv_bytes_per_token()
     return memory.plan(b, max_len=max_len, want_draft=want_draft, budget_bytes=budget, profile=profile,

@@ -80,6 +80,7 @@ class Engine:
         self._tree = TreeVerifier(self.costs, target)
         self._cache = PrefixCache()
         self.pinned = None  # a PinnedPrefix (pinned.py): written back before a request that starts with it
+        self.venue_rows = None  # a VenueRows (venue_rows.py): the cached reading's passages, copied in per turn
         self._lock = threading.Lock()
         self._parse = RequestParser(self.vocab, self.max_len, s, unavailable=self._unavailable,
                                     tree_check=self._check_tree_possible)
@@ -199,6 +200,19 @@ class Engine:
             self._cache.tokens = list(tokens)
             return rows
 
+    def compute_venue_rows(self, rows) -> None:
+        """Computes a venue's passages' rows (venue_rows.py) after the base the target cache holds
+        (the pinned prefix). Waits for a running request."""
+        with self._lock:
+            if self.pinned is not None:
+                self.pinned.restore(rows.base, self.target, self._cache, past=False)
+            rows.compute(self.target, self.prefill_chunk)
+            self._cache.tokens = list(rows.base)
+
+    def check_rows(self, kv, n: int) -> None:
+        """ValueError unless `kv` are n rows of this target cache's buffers (a saved file's)."""
+        self.target.check_rows(kv, n)
+
     # -- the public calls -------------------------------------------------------------------------
     def generate(self, prompt: str | None = None, **options) -> GenerationResult:
         """The whole answer at once; options as stream's."""
@@ -224,8 +238,29 @@ class Engine:
                 return Stream(declined(turn, self.tokenizer, GenerationResult, GenerationStats), 0)
             o = dataclasses.replace(o, messages=turn.messages)
         req = self._parse(o)
-        gen = self._run(req)
+        blocks = self._venue_ids(turn, o.messages)
+        if blocks is not None:
+            req = dataclasses.replace(req, ids=blocks[1])
+        gen = self._run(req, blocks[0] if blocks is not None else ())
         return Stream(gen if turn is None else with_sources(gen, turn), len(req.ids))
+
+    def _venue_ids(self, turn, messages) -> tuple[tuple[int, ...], list[int]] | None:
+        """A turn of the cached reading (venue_rows.py): (its passages, the request's tokens assembled from
+        the rows' token lists), when it is a single question after the system prompt the rows were
+        computed with (none: the default one); None for anything else, which is quoted and prefilled."""
+        rows, pin = self.venue_rows, self.pinned
+        if rows is None or turn is None or not turn.blocks or pin is None or pin.tokens != rows.base:
+            return None
+        if self.knowledge is None or rows.index is not self.knowledge.index:
+            return None  # a reload's new passages: quoted until their rows are computed
+        system = messages[0].get("content") if messages and messages[0].get("role") == "system" else None
+        users = messages[1:] if system is not None else messages
+        if len(users) != 1 or (system if system is not None else rows.system) != rows.system:
+            return None
+        ids = rows.ids(turn.blocks, turn.question)
+        if ids is None or len(ids) >= self.max_len:
+            return None
+        return turn.blocks, ids
 
     def count_tokens(self, prompt: str | None = None, *, messages=None) -> int:
         return len(self.vocab.encode(prompt, messages))
@@ -301,13 +336,15 @@ class Engine:
             d.reset()
 
     # -- the loop ---------------------------------------------------------------------------------
-    def _run(self, req: Request) -> Generator[str, None, GenerationResult]:
+    def _run(self, req: Request, blocks: tuple[int, ...] = ()) -> Generator[str, None, GenerationResult]:
         with self._lock:
             if self.target is None:
                 raise InvalidRequest("this engine is closed", param=None)
             drafting = self._drafting(req)
             if self.pinned is not None:
                 self.pinned.restore(req.ids, self.target, self._cache)
+            if blocks:  # the cached reading: the passages' rows copied in after the pinned base
+                self.venue_rows.arrange(self.target, self._cache, req.ids, blocks)
             parts = Parts(self.target, self.vocab, self.prefill_chunk, governor=self.governor, tree=self._tree,
                           on_end=self._end)
             try:

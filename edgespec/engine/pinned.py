@@ -33,6 +33,7 @@ import numpy as np
 
 from ..core.proposal import common_prefix
 from ..errors import InvalidRequest
+from ..knowledge import answer as _answer
 
 log = logging.getLogger("edgespec.engine")
 
@@ -75,13 +76,22 @@ def prefix_tokens(engine, system: str) -> tuple[list[int], bool]:
     """The tokens every conversation with this system prompt starts with, whatever follows: the
     common prefix of two renderings that differ only in the user's turn (template-agnostic), and
     whether they were a chat's (False: a bundle without a chat template)."""
+    head, _, chat = turn_frame(engine, system)
+    return head, chat
+
+
+def turn_frame(engine, system: str) -> tuple[list[int], list[int], bool]:
+    """(the tokens before a single user turn's content, those after it, whether it is a chat): the
+    common prefix and suffix of two renderings that differ only in the user's turn."""
     chat = True
     try:
         a, b = engine.encode(**visit(system, "A")), engine.encode(**visit(system, "Z"))
     except InvalidRequest:
         chat = False
         a, b = engine.encode(**visit(system, "A", chat)), engine.encode(**visit(system, "Z", chat))
-    return a[: common_prefix(a, b)], chat
+    n = common_prefix(a, b)
+    m = common_prefix(a[n:][::-1], b[n:][::-1])
+    return a[:n], a[len(a) - m :] if m else [], chat
 
 
 def cache_key(engine, tokens: Sequence[int]) -> str:
@@ -143,15 +153,24 @@ def pin_system_prompt(engine, system: str | None, *, save_dir: str | os.PathLike
         kn.on_reload.append(lambda: pin_system_prompt(engine, engine.pinned.text if engine.pinned else system,
                                                       save_dir=save_dir, keep_same=True))
     rendered = kn.system(system) if venue else system
+    layout = None  # the cached reading's passages (venue_rows.py)
+    if kn is not None and kn.cached and engine.target.can_place:
+        layout = _venue_rows(engine, kn, system or _answer.DEFAULT_SYSTEM)
+        rendered = system or _answer.DEFAULT_SYSTEM
     if not rendered:
         engine.pinned = None
         return None
-    tokens, chat = prefix_tokens(engine, rendered)
+    tokens, chat = (layout.base, True) if layout is not None else prefix_tokens(engine, rendered)
     if not tokens:
         return None
     kept = getattr(engine, "pinned", None)
-    if keep_same and kept is not None and kept.tokens == list(tokens) and kept.text == (system or ""):
+    held = getattr(engine, "venue_rows", None)
+    same_rows = layout is None if held is None else layout is not None and held.all_tokens() == layout.all_tokens()
+    if keep_same and kept is not None and kept.tokens == list(tokens) and kept.text == (system or "") and same_rows:
+        if held is not None:
+            held.index = layout.index  # the same passages, the reloaded index's objects
         return kept  # a reload that changed nothing a turn reads: nothing to do
+    engine.venue_rows = None
     if len(tokens) >= engine.max_len - 1:
         log.warning("pinned prefix: the system prompt's %d tokens do not fit the cache (%d): not pinned",
                     len(tokens), engine.max_len)
@@ -177,4 +196,56 @@ def pin_system_prompt(engine, system: str | None, *, save_dir: str | os.PathLike
     engine.pinned = pin
     log.info("pinned prefix: %d tokens of system prompt%s (%s)", len(tokens),
              " and the venue's documents" if venue else "", pin.source)
+    if layout is not None and pin.rows is not None:
+        _fill_rows(engine, layout, save_dir)
     return pin
+
+
+def _venue_rows(engine, kn, system: str):
+    """The cached reading's layout for this system prompt (engine/venue_rows.py), or None (logged) when
+    the venue's positions do not fit the model's context."""
+    from . import venue_rows
+
+    head, tail, chat = turn_frame(engine, system)
+    if not chat:
+        return None
+
+    def encode(text: str) -> list[int] | None:
+        try:
+            return engine.encode(**visit(system, text))
+        except InvalidRequest:
+            return None
+
+    rows = venue_rows.plan(system, kn.index, encode, head, tail)
+    limit = engine.target.facts.max_context or engine.max_len
+    if rows is not None and rows.end() + _answer.TURN_ROOM > limit:
+        log.warning("venue rows: the venue's %d tokens do not fit the model's %d positions: passages are quoted",
+                    rows.tokens, limit)
+        return None
+    return rows
+
+
+def _fill_rows(engine, rows, save_dir) -> None:
+    """The passages' rows from the saved file, or computed (and saved); then the engine uses them."""
+    from . import venue_rows
+
+    path = venue_rows.cache_file(save_dir, cache_key(engine, rows.all_tokens()))
+    source = "computed"
+    if path is not None and path.exists():
+        try:
+            rows.unstack(load(path, rows.all_tokens()[len(rows.base) :]))
+            first = min(rows.rows)
+            engine.check_rows(rows.rows[first][0], len(rows.blocks[first]))
+            source = "file"
+        except Exception as e:  # noqa: BLE001 - a damaged or stale file is recomputed, never fatal
+            log.warning("venue rows: ignoring %s: %s", path, e)
+            rows.rows.clear()
+    if not rows.rows:
+        engine.compute_venue_rows(rows)
+        if path is not None:
+            try:
+                save(path, rows.all_tokens()[len(rows.base) :], rows.stacked())
+            except OSError as e:
+                log.warning("venue rows: cannot save %s: %s", path, e)
+    engine.venue_rows = rows
+    log.info("venue rows: %d passages, %d tokens in the cache's copy (%s)", len(rows.rows), rows.tokens, source)

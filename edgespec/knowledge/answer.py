@@ -61,6 +61,10 @@ log = logging.getLogger("edgespec.knowledge")
 BUDGET_TOKENS = 240
 MAX_PASSAGES = 4
 VENUE_SOURCES = 3  # sources named (and shown) for a turn when the whole venue is in the cache
+# The passages' rows computed once ("cached", engine/venue_rows.py): a turn's passages cost a memory copy,
+# not a prefill, so their budget is chosen by facts alone (docs/kiosk.md's table).
+CACHED_BUDGET = 480
+CACHED_PASSAGES = 6
 # Measured with Qwen2.5's tokenizer on tests/knowledge/venue (6 pages, 10 answerable and 6 unanswerable
 # questions) and tests/data/venues/museum (12 pages, 24 and 6): the answerable questions' best coverage
 # was 0.44-1.0, the unanswerable ones' 0.0-0.31 but for two, 0.48 and 0.54, that use only the venue's
@@ -110,6 +114,8 @@ class Turn:
     cosine: float | None
     retrieval_s: float
     passage_tokens: int = 0
+    blocks: tuple[int, ...] = ()  # the cached reading: the quoted passages' chunk numbers, in order
+    question: str = ""
 
     def docs(self) -> dict[str, Any]:
         """The result's `docs` (the response's `edgespec` field carries it)."""
@@ -131,6 +137,13 @@ def quote(passages: list[tuple[Source, str]], question: str) -> str:
         parts += quoted(s.id, s.title, s.file, text)
     parts.append(f"Question: {question}")
     return "\n".join(parts)
+
+
+def block_text(index: Index, chunk: int) -> str:
+    """One passage quoted, numbered as in the venue ([chunk + 1]), as quote() lays it out: a turn is
+    PREAMBLE + "\\n\\n", its blocks, then "Question: ...", the same text as quote() makes."""
+    c = index.chunks[chunk]
+    return "\n".join(quoted(chunk + 1, c.title, c.source, c.text)) + "\n"
 
 
 def venue_text(index: Index) -> str:
@@ -172,6 +185,19 @@ def venue_tokens_estimate(path) -> int | None:
     return n if n <= VENUE_LIMIT else None
 
 
+def venue_rows_estimate(path) -> int | None:
+    """Tokens whose cache rows the engine keeps for the venue: the whole venue's (venue_tokens_estimate),
+    or under the cached reading every passage quoted (its tokens and ~24 for its number, title and
+    quote marks); None for the quoted reading."""
+    m, _ = read_json(Path(path) / "manifest.json")
+    if isinstance(m, dict) and m.get("reading") == "cached":
+        counts = m.get("counts")
+        if isinstance(counts, dict) and all(isinstance(counts.get(k), int) for k in ("tokens", "chunks")):
+            return counts["tokens"] + 24 * counts["chunks"]
+        return None
+    return venue_tokens_estimate(path)
+
+
 @dataclass
 class Knowledge:
     """An index served by an engine (see the module docstring). `reload()` swaps in the index folder's
@@ -194,6 +220,18 @@ class Knowledge:
         self._lock = threading.Lock()
         self.index = self._load()
         self.venue = self._venue(self.index)
+
+    @property
+    def in_cache(self) -> bool:
+        """Whether the engine keeps the venue (read whole, or its passages' rows) beside a pinned system
+        turn: `serve` and `bench --questions` pin one for it."""
+        return self.venue is not None or self.cached
+
+    @property
+    def cached(self) -> bool:
+        """The passages' rows are computed once (the index built with --cached-passages): a turn
+        quotes more of them, numbered as in the venue, and the engine copies their rows."""
+        return self.index.manifest.get("reading") == "cached"
 
     @classmethod
     def open(cls, path, bundle, tokenizer, embedder=None, **kw) -> "Knowledge":
@@ -246,23 +284,27 @@ class Knowledge:
         last, question, query = question_of(messages)
         if last is None or not isinstance(question, str) or not question.strip():
             return Turn(list(messages), [], False, 0.0, None, time.monotonic() - t0)
-        hits = idx.search(query, 2 * MAX_PASSAGES)
+        wanted = 2 * (CACHED_PASSAGES if self.cached else MAX_PASSAGES)
+        hits = idx.search(query, wanted)
         if query != question:  # a follow-up's own words decide too: a new subject is not declined for the old one's
-            hits = _merged(hits, idx.search(question, 2 * MAX_PASSAGES))
+            hits = _merged(hits, idx.search(question, wanted))
         best_cov = max((h.coverage for h in hits), default=0.0)
         best_cos = max((h.cosine for h in hits if h.cosine is not None), default=None)
         if best_cov < self.min_coverage and not _across_scripts(question, idx, hits):
             return Turn(list(messages), [], True, best_cov, best_cos, time.monotonic() - t0)
         if venue is not None:
             return self._venue_turn(messages, last, question, idx, venue, hits, best_cov, best_cos, t0)
-        chosen, used = self._within_budget(idx, hits, None if room is None else room - self._frame)
+        cached = self.cached
+        budget, most = (CACHED_BUDGET, CACHED_PASSAGES) if cached else (self.budget, MAX_PASSAGES)
+        chosen, used = self._within_budget(idx, hits, None if room is None else room - self._frame, budget, most)
         if not chosen:
             return Turn(list(messages), [], True, best_cov, best_cos, time.monotonic() - t0)
-        sources = [self._source(idx, h, n + 1) for n, h in enumerate(chosen)]
+        sources = [self._source(idx, h, h.chunk + 1 if cached else n + 1) for n, h in enumerate(chosen)]
         content = quote([(s, idx.chunks[h.chunk].text) for s, h in zip(sources, chosen)], question)
         out = list(messages)
         out[last] = {**messages[last], "content": content}
-        return Turn(out, sources, False, best_cov, best_cos, time.monotonic() - t0, used)
+        return Turn(out, sources, False, best_cov, best_cos, time.monotonic() - t0, used,
+                    tuple(h.chunk for h in chosen) if cached else (), question)
 
     def _venue_turn(self, messages, last, question, idx, venue, hits, best_cov, best_cos, t0) -> Turn:
         """The venue already in the system turn: sources keep their venue numbers; the first
@@ -280,14 +322,15 @@ class Knowledge:
         c = idx.chunks[h.chunk]
         return Source(n, c.title, c.source, c.start, c.end, h.coverage, c.text)
 
-    def _within_budget(self, idx: Index, hits: list[Hit], room: int | None) -> tuple[list[Hit], int]:
+    def _within_budget(self, idx: Index, hits: list[Hit], room: int | None, budget: int,
+                       most: int) -> tuple[list[Hit], int]:
         """The best hits whose quoted blocks' tokens fit the budget (the first one always) and the room."""
         chosen, used = [], 0
         for h in hits:
             c = idx.chunks[h.chunk]
             block = quote([(Source(len(chosen) + 1, c.title, c.source, c.start, c.end, 0.0), c.text)], "")
             n = len(self.tokenizer.encode(block, add_special_tokens=False).ids) - self._frame
-            if chosen and (used + n > self.budget or len(chosen) >= MAX_PASSAGES):
+            if chosen and (used + n > budget or len(chosen) >= most):
                 continue
             if room is not None and used + n > room:
                 continue

@@ -114,7 +114,8 @@ def _concat(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def build_index(paths, out, tokenizer, tokenizer_sha256: str, embedder=None, *,
-                max_chars: int = DEFAULT_MAX_CHARS, tokenizer_from: str = "", whole_venue: bool = False) -> Built:
+                max_chars: int = DEFAULT_MAX_CHARS, tokenizer_from: str = "", whole_venue: bool = False,
+                cached: bool = False) -> Built:
     """Reads, chunks, tokenizes and embeds the documents and writes the index folder `out`
     atomically (see the module docstring). `paths`: files and folders, or a Reading already made
     (the CLI reads first, so a folder's own error comes before any notice about the embedding model).
@@ -166,7 +167,7 @@ def build_index(paths, out, tokenizer, tokenizer_sha256: str, embedder=None, *,
             "embedder": None if embedder is None else {"model_id": embedder.model_id, "dim": int(embedder.dim)},
             "tokenizer": {"sha256": tokenizer_sha256, "from": tokenizer_from},
             "chunking": {"max_chars": max_chars},
-            "reading": "whole" if whole_venue else "passages",  # how a turn reads the venue (knowledge/answer.py)
+            "reading": "whole" if whole_venue else "cached" if cached else "passages",  # how a turn reads the venue (knowledge/answer.py)
             "counts": {"documents": len(reading.documents), "chunks": len(chunks), "tokens": int(sum(map(len, ids)))},
             "documents": [{"source": d.source, "title": d.title, "size": d.size, "sha256": d.sha256, "read": d.note}
                           for d in reading.documents],

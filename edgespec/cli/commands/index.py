@@ -32,6 +32,9 @@ def register(sub) -> None:
     p.add_argument("--whole-venue", action="store_true", help="answer with every passage in the cache: prefilled "
                    "once when the server starts, a visitor's turn prefills only the question (fast first token; "
                    "needs the venue under 8,192 tokens; docs/kiosk.md compares the two)")
+    p.add_argument("--cached-passages", action="store_true", help="compute every passage's cache rows once when "
+                   "the server starts; a visitor's turn copies the ones retrieval picks and prefills only the question "
+                   "(fast first token, more passages a turn; docs/kiosk.md compares the three readings)")
     p.add_argument("--keep-flagged", action="store_true", help="keep the lines that address an assistant instead of "
                    "a visitor (by default they are left out of the index; each is a warning either way: "
                    "knowledge/injection.py)")
@@ -47,6 +50,11 @@ def run(args: argparse.Namespace) -> int:
     from ...knowledge.index import DEFAULT_MAX_CHARS, build_index
     from ...models.bundle import not_found_message, resolve_bundle
 
+    if args.whole_venue and args.cached_passages:
+        from ...errors import InvalidRequest
+
+        raise InvalidRequest("--whole-venue and --cached-passages are two ways to read the venue: choose one",
+                             param="cached-passages")
     root = resolve_bundle(args.bundle)
     if root.name == "manifest.json":
         root = root.parent
@@ -68,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     emb = _embedder(args.embedder)
     b = build_index(reading, args.output, tok, tokenizer_sha256(root), emb,
                     max_chars=args.max_chars or DEFAULT_MAX_CHARS, tokenizer_from=root.resolve().name,
-                    whole_venue=args.whole_venue)
+                    whole_venue=args.whole_venue, cached=args.cached_passages)
     if b.reuse:
         print(f"edgespec index: every passage embedded anew: {b.reuse}", file=sys.stderr)
     vectors = f", {b.embedded} embedded ({b.reused} kept from the old index)" if emb is not None else ""

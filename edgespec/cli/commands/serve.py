@@ -310,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
             from ...engine import Engine
 
             eng = Engine.open(path, settings)
-            if system is not None or (eng.knowledge is not None and eng.knowledge.venue is not None):
+            if system is not None or (eng.knowledge is not None and eng.knowledge.in_cache):
                 from ...engine.pinned import pin_system_prompt
                 from ...models.files import edgespec_home
 
