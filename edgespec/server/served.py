@@ -1,7 +1,7 @@
 """What the server asks of an engine: the seam its tests fake.
 
-`edgespec.engine.Engine` and `edgespec.engine.BatchEngine` both provide every member below with the
-same meaning, so the handlers read them directly (no getattr, no private name); what a scheduler
+`edgespec.engine.Engine` and `edgespec.engine.batch.BatchEngine` both provide every member below with the
+same meaning, so the handlers read them directly (never a private name); what a scheduler
 drives beyond them is its own engine's (Engine.stream for scheduler.py, BatchEngine.submit and round
 for batch_scheduler.py). The server tests' fake engine implements this same Protocol and returns the
 real result types, so a fake cannot drift from what the handlers read.
