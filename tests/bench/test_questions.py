@@ -133,6 +133,8 @@ def test_a_condition_may_name_its_own_modes():
 class _Knowledge:
     """Retrieval that quotes one fixed passage (or declines questions that say so)."""
 
+    in_cache = False  # passages quoted per turn: nothing for the asker to pin
+
     def turn(self, messages):
         q = messages[-1]["content"]
         quoted = [{"role": "user", "content": "PASSAGES " + q}]
