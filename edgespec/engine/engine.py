@@ -81,6 +81,7 @@ class Engine:
         self._cache = PrefixCache()
         self.pinned = None  # a PinnedPrefix (pinned.py): written back before a request that starts with it
         self.venue_rows = None  # a VenueRows (venue_rows.py): the cached reading's passages, copied in per turn
+        self.repins_on_reload = False  # pinned.py hooked a re-pin to the documents' reloads
         self._lock = threading.Lock()
         self._parse = RequestParser(self.vocab, self.max_len, s, unavailable=self._unavailable,
                                     tree_check=self._check_tree_possible)

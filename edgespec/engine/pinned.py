@@ -148,8 +148,8 @@ def pin_system_prompt(engine, system: str | None, *, save_dir: str | os.PathLike
     it again after every reload of the documents (`keep_same`: a pin of the same tokens is kept as it is)."""
     kn = getattr(engine, "knowledge", None)
     venue = kn is not None and kn.venue is not None
-    if kn is not None and not getattr(engine, "_repin_on_reload", False):
-        engine._repin_on_reload = True
+    if kn is not None and not engine.repins_on_reload:
+        engine.repins_on_reload = True
         kn.on_reload.append(lambda: pin_system_prompt(engine, engine.pinned.text if engine.pinned else system,
                                                       save_dir=save_dir, keep_same=True))
     rendered = kn.system(system) if venue else system
