@@ -5,6 +5,7 @@ the question) and differ only in how the passages' rows were computed:
     prefilled  the turn's passages prefilled together, after the base (what the quoted reading computes)
     turn       each passage after the base and the turn's passages before it, at the venue's positions
     alone      each passage after the base alone (what --cached-passages stores)
+    alone+     each passage after the base alone, at the positions it has in the turn (no gaps)
     venue      each passage after the base and every passage before it in the venue's order
 
     python tests/helpers/venue_rows_probe.py INDEX QUESTIONS.jsonl [ID,ID,...] [--bundle qwen-coder]
@@ -74,10 +75,20 @@ def main() -> None:
         ids = rows.ids(turn.blocks, turn.question)
         tail = ids[n0 + sum(len(rows.blocks[c]) for c in turn.blocks) :]
         print(f"{q['id']} {q['question']!r} expects {q['expect']}, passages {[c + 1 for c in turn.blocks]}")
-        for how in ("prefilled", "turn", "alone", "venue"):
+        for how in ("prefilled", "turn", "alone", "alone+", "venue"):
             fresh()
             if how == "prefilled":
                 prefill([x for c in turn.blocks for x in rows.blocks[c]])
+            elif how == "alone+":
+                kept, at = [], n0
+                for c in turn.blocks:
+                    t.rewind(n0)
+                    prefill(rows.blocks[c], at)
+                    kept.append(t.rows(n0, n0 + len(rows.blocks[c])))
+                    at += len(rows.blocks[c])
+                t.rewind(n0)
+                for kv, pos in kept:
+                    t.place(kv, pos)
             elif how == "turn":
                 for c in turn.blocks:
                     prefill(rows.blocks[c], layout[c])
