@@ -175,27 +175,33 @@ def venue_tokens_estimate(path) -> int | None:
     memory plan sizes the cache with it): its passages' tokens, and ~24 for each one's number, title and
     quote marks. None when the index was not built to be read whole, or the venue is larger than
     VENUE_LIMIT (its passages are then quoted per turn)."""
-    m, _ = read_json(Path(path) / "manifest.json")  # the index is checked where it is opened, not here
-    if not isinstance(m, dict) or m.get("reading") != "whole":
-        return None
-    counts = m.get("counts")
-    if not isinstance(counts, dict) or not all(isinstance(counts.get(k), int) for k in ("tokens", "chunks")):
-        return None
-    n = counts["tokens"] + 24 * counts["chunks"] + 200
-    return n if n <= VENUE_LIMIT else None
+    return _whole_venue(*_quoted_tokens(path))
 
 
 def venue_rows_estimate(path) -> int | None:
     """Tokens whose cache rows the engine keeps for the venue: the whole venue's (venue_tokens_estimate),
-    or under the cached reading every passage quoted (its tokens and ~24 for its number, title and
-    quote marks); None for the quoted reading."""
-    m, _ = read_json(Path(path) / "manifest.json")
-    if isinstance(m, dict) and m.get("reading") == "cached":
-        counts = m.get("counts")
-        if isinstance(counts, dict) and all(isinstance(counts.get(k), int) for k in ("tokens", "chunks")):
-            return counts["tokens"] + 24 * counts["chunks"]
+    or under the cached reading every passage quoted; None for the quoted reading."""
+    reading, quoted = _quoted_tokens(path)
+    return quoted if reading == "cached" else _whole_venue(reading, quoted)
+
+
+def _whole_venue(reading: str | None, quoted: int | None) -> int | None:
+    if reading != "whole" or quoted is None:
         return None
-    return venue_tokens_estimate(path)
+    n = quoted + 200  # the system prompt, the head and the rules around the passages
+    return n if n <= VENUE_LIMIT else None
+
+
+def _quoted_tokens(path) -> tuple[str | None, int | None]:
+    """(the index's reading, its passages' tokens quoted: ~24 more each for its number, title and quote
+    marks), from the manifest; None for what it does not say. The index is checked where it is opened."""
+    m, _ = read_json(Path(path) / "manifest.json")
+    if not isinstance(m, dict):
+        return None, None
+    counts = m.get("counts")
+    if not isinstance(counts, dict) or not all(isinstance(counts.get(k), int) for k in ("tokens", "chunks")):
+        return m.get("reading"), None
+    return m.get("reading"), counts["tokens"] + 24 * counts["chunks"]
 
 
 @dataclass
