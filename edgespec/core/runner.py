@@ -82,7 +82,9 @@ class ModelRunner:
     _hidden: np.ndarray | None = None
     _last_tokens: Sequence[int] = ()
     deterministic = False  # class default: a subclass with its own __init__ (the self-draft) is not
-    _shifted = False  # rows at positions of their own (place): the self-draft's steps follow the positions array it shares
+    # True once rows sit at positions of their own (place, step(position=)); reset() and restore() clear it.
+    # A class default: the self-draft's own __init__ sets none, and its steps follow the positions array it shares
+    _shifted = False
 
     def __init__(self, session, facts: ModelFacts, max_len: int, *, device: str = "cpu", device_id: int = 0,
                  deterministic: bool = False):
@@ -107,7 +109,6 @@ class ModelRunner:
         kv_dtype = _NP_DTYPES[facts.kv_dtype]
         self._bias_dtype = kv_dtype  # GQA's attention_bias has the attention's float type (= the cache's)
         self._positions = np.arange(rows, dtype=np.int64).reshape(1, rows)  # row i's rotary position
-        self._shifted = False  # True once rows sit at positions of their own (place / step(position=))
         self._zeros = np.zeros(0, dtype=kv_dtype)  # grown on demand up to _ZERO_BIAS_CAP elements
         self._kv_np: list[np.ndarray] | None = [] if device == "cpu" else None  # host views for compact()
         shape = (1, facts.kv_heads, rows, facts.head_dim)
@@ -315,6 +316,8 @@ class ModelRunner:
         """Appends rows computed elsewhere (`rows`) at their positions: the cache grows by their length,
         and the next step's tokens follow the last of them."""
         m = len(positions)
+        if not self.can_place:
+            raise ValueError("place: this graph has no position_ids input, or its cache is not on the host")
         self.check_rows(rows, m)
         if self.length + m > self.max_len:
             raise CacheFull(f"{m} placed row(s) at row {self.length} do not fit a cache of {self.max_len}")
@@ -327,10 +330,11 @@ class ModelRunner:
         self._hidden = None
 
     def check_rows(self, rows: Sequence[np.ndarray], m: int) -> None:
-        """ValueError unless `rows` are m rows of every buffer of this cache (its heads, head size, dtype)."""
-        if not self.can_place or len(rows) != len(self._kv_np):
-            raise ValueError("these rows are not this cache's: it cannot take rows at their own positions, "
-                             "or they have another number of buffers")
+        """ValueError unless `rows` are m rows of every buffer of this host cache (its heads, head size,
+        dtype): what restore and place write."""
+        if self._kv_np is None or len(rows) != len(self._kv_np):
+            raise ValueError("these rows are not this cache's: it is not on the host, or they have another "
+                             "number of buffers")
         for arr, r in zip(self._kv_np, rows):
             want = (1, arr.shape[1], m, arr.shape[3])
             if r.shape != want or r.dtype != arr.dtype:
@@ -347,16 +351,14 @@ class ModelRunner:
         is not on the host."""
         if self._kv_np is None or not 0 < n <= self.length:
             return None
-        return [arr[:, :, :n].copy() for arr in self._kv_np]
+        return self.rows(0, n)[0]
 
     def restore(self, rows: Sequence[np.ndarray]) -> None:
         """Writes a snapshot back as the cache's first rows; the cache then holds exactly them."""
-        if self._kv_np is None or len(rows) != len(self._kv_np):
-            raise ValueError("restore: the snapshot does not match this cache's buffers")
-        n = rows[0].shape[2]
-        for arr, r in zip(self._kv_np, rows):
-            if r.shape != arr[:, :, :n].shape or r.dtype != arr.dtype or n > self.max_len:
-                raise ValueError(f"restore: a snapshot row block {r.shape} {r.dtype} does not fit {arr.shape} {arr.dtype}")
+        n = rows[0].shape[2] if len(rows) else 0
+        self.check_rows(rows, n)
+        if n > self.max_len:
+            raise ValueError(f"restore: a snapshot of {n} rows does not fit a cache of {self.max_len}")
         for arr, r in zip(self._kv_np, rows):
             arr[:, :, :n] = r
         self._unshift()

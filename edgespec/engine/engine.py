@@ -210,10 +210,6 @@ class Engine:
             rows.compute(self.target, self.prefill_chunk)
             self._cache.tokens = list(rows.base)
 
-    def check_rows(self, kv, n: int) -> None:
-        """ValueError unless `kv` are n rows of this target cache's buffers (a saved file's)."""
-        self.target.check_rows(kv, n)
-
     # -- the public calls -------------------------------------------------------------------------
     def generate(self, prompt: str | None = None, **options) -> GenerationResult:
         """The whole answer at once; options as stream's."""

@@ -235,7 +235,7 @@ def _fill_rows(engine, rows, save_dir) -> None:
         try:
             rows.unstack(load(path, rows.all_tokens()[len(rows.base) :]))
             first = min(rows.rows)
-            engine.check_rows(rows.rows[first][0], len(rows.blocks[first]))
+            engine.target.check_rows(rows.rows[first][0], len(rows.blocks[first]))
             source = "file"
         except Exception as e:  # noqa: BLE001 - a damaged or stale file is recomputed, never fatal
             log.warning("venue rows: ignoring %s: %s", path, e)
