@@ -66,7 +66,8 @@ def test_concurrent_openai_streams_equal_target_alone(tiny_bundle, alone):
 def test_serve_parallel_2_draft_model_drafts_for_both_clients(tiny_bundle, alone):
     """`serve --parallel 2 --draft model --deterministic`: two clients at once, each drafted for by
     the draft model (its steps batched across them, engine/draft_batch.py), each getting exactly
-    what the target alone writes (greedy)."""
+    what the target alone writes (greedy). A fixed k: whether the tiny model's adaptive draft pays is
+    the machine's timing."""
     from edgespec.cli.commands.serve import engine_options
     from edgespec.cli.main import build_parser
 
@@ -78,7 +79,8 @@ def test_serve_parallel_2_draft_model_drafts_for_both_clients(tiny_bundle, alone
     try:
         assert r.service.state.engine._draft_batch is not None  # the draft model is loaded, a slot per client
         results = together([lambda i=i: r.client.chat.completions.create(model=r.bundle.name, messages=_msgs(ASKS[i]),
-                                                                         max_tokens=40) for i in range(2)])
+                                                                         max_tokens=40, extra_body={"draft_k": 3})
+                           for i in range(2)])
         for i in range(2):
             got = results[i]
             assert got.choices[0].message.content == _ref(alone, ASKS[i], 40).text, i

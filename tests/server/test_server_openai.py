@@ -39,7 +39,7 @@ def test_speculative_chat_equals_target_alone(server, engine_alone, draft):
     reference = engine_alone.generate(messages=MESSAGES, max_new_tokens=40)
     # a fixed k: with an adaptive one, whether the tiny model's draft pays is the machine's timing
     resp = server.client.chat.completions.create(model=server.bundle.name, messages=MESSAGES, max_tokens=40,
-                                                 temperature=0, extra_body={"draft": draft, "k": 3})
+                                                 temperature=0, extra_body={"draft": draft, "draft_k": 3})
     assert resp.choices[0].message.content == reference.text
     assert resp.choices[0].message.role == "assistant"
     assert resp.usage.completion_tokens == reference.stats.new_tokens
@@ -54,7 +54,7 @@ def test_speculative_chat_equals_target_alone(server, engine_alone, draft):
 def test_streamed_chat_matches_and_carries_stats(server, engine_alone):
     reference = engine_alone.generate(messages=MESSAGES, max_new_tokens=40)
     stream = server.client.chat.completions.create(model=server.bundle.name, messages=MESSAGES, max_tokens=40,
-                                                   stream=True, extra_body={"draft": "model", "k": 3})
+                                                   stream=True, extra_body={"draft": "model", "draft_k": 3})
     chunks = list(stream)
     assert len(chunks) > 3
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
