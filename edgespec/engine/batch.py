@@ -30,6 +30,11 @@ own text), "recycle" (one table of the target's candidates, every request's veri
 engine/draft_batch.py) and "auto" choosing between them. The self-draft and the draft heads need the
 target's own cache or hidden state: refused (drafters/modes.py check_batched), as tree="on" is.
 
+Documents (docs=INDEX) as the serial engine's: a chat turn gets its passages through the same
+engine.read_documents, a declined one is answered at submit, without a slot. The cached reading
+(venue_rows.py) is the serial engine's only: here its turns' passages are quoted and prefilled. A
+pinned system prompt (pin()) is prefilled into every slot, without a copy of its rows.
+
 Requests are parsed by the same RequestParser as the serial engine's, and each lives its life in its
 slot as the serial engine's does (sequence.py: prefix reuse, prefill, first token, next k, the
 stop/emit step, final stats); what is the batch's own is here: slots, admission, chunk order.
@@ -49,11 +54,14 @@ from ..core.proposal import common_prefix
 from ..drafters import Drafter
 from ..drafters.grammar import with_grammar
 from ..errors import InvalidRequest
+from ..knowledge.answer import Turn, declined, sourced
 from ..limits import PREFILL_CHUNK
 from . import build
 from .build import Plan
+from .engine import open_knowledge, read_documents
+from .pinned import PinnedPrefix, prefix_tokens
 from .requests import Options, Request, RequestParser, Vocabulary, not_loaded
-from .results import GenerationResult
+from .results import GenerationResult, GenerationStats, Stream
 from .batch_drafters import BatchDrafters, DraftModel
 from .draft_batch import DraftBatch
 from .round import Conditions, run_round
@@ -108,6 +116,7 @@ class _Active:
     seq: Sequence | None = None  # its life in the slot (engine/sequence.py), from admission on
     built: Drafter | None = None  # the drafter batch_drafters built for it (before a grammar wraps it)
     costs: CostModel | None = None
+    turn: Turn | None = None  # the documents' turn it answers (its result carries the sources)
 
 
 class BatchEngine:
@@ -124,6 +133,8 @@ class BatchEngine:
         self.model_name = plan.bundle.name
         self.prefill_chunk = max(1, min(prefill_chunk, plan.memory.prefill_chunk or PREFILL_CHUNK))
         self.vocab = Vocabulary.of(plan.bundle, plan.bundle.load_tokenizer(), runner.vocab_size)
+        self.knowledge = open_knowledge(plan.settings, plan.bundle, self.vocab.tokenizer, runner.max_len)  # docs=INDEX
+        self.pinned: PinnedPrefix | None = None  # serve --system-prompt: pin() prefilled it in every slot
         self._parse = RequestParser(self.vocab, runner.max_len, plan.settings, unavailable=self._unavailable)
         self._cached: list[list[int]] = [[] for _ in range(self.slots)]  # what each slot's cache holds
         self._slots = [BatchSlot(runner, i) for i in range(self.slots)]  # each slot as a ModelRunner
@@ -195,11 +206,6 @@ class BatchEngine:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    # what the server reads of every engine (server/served.ServedEngine) that this one does not run:
-    # documents and a pinned system prompt are the serial engine's (serve --docs needs --parallel 1)
-    knowledge = None
-    pinned = None
-
     def drafter_stats(self) -> dict[str, dict]:
         """The shared history's index figures and each active request's drafter's stats() (as
         Engine.drafter_stats: /metrics sums the suffix indexes' figures); read without the lock."""
@@ -217,14 +223,60 @@ class BatchEngine:
         """Validates and tokenizes now (bad input raises here); the request joins at the next round.
         The options are Engine.stream's (requests.Options); batched rounds are chains: tree "auto"
         and "off" run them, "on" is refused. on_delta(text) is called from the batch thread for each
-        text delta, on_start() when the request takes a slot."""
-        req = self._parse(Options(prompt=prompt, **options))
+        text delta, on_start() when the request takes a slot. With documents (docs=INDEX) a chat turn
+        reads its passages as the serial engine's does (engine.read_documents): a declined one is done
+        on return, without the model; the others' results carry their sources."""
+        o, turn = read_documents(self.knowledge, Options(prompt=prompt, **options), self.count_tokens, self.max_len)
+        if turn is not None and turn.declined:
+            return self._declined(turn, on_delta)
+        req = self._parse(o)
         with self._cv:
             self._ids += 1
             t = Ticket(self._ids, len(req.ids), on_delta, on_start)
-            self._waiting.append(_Active(t, req, time.perf_counter()))
+            self._waiting.append(_Active(t, req, time.perf_counter(), turn=turn))
             self._cv.notify_all()
         return t
+
+    def _declined(self, turn: Turn, on_delta) -> Ticket:
+        """A turn the documents decline: its answer streamed and its ticket done now (knowledge/answer.py)."""
+        s = Stream(declined(turn, self.vocab.tokenizer, GenerationResult, GenerationStats), 0)
+        for delta in s:
+            if on_delta is not None:
+                on_delta(delta)
+        with self._cv:
+            self._ids += 1
+            t = Ticket(self._ids, 0, on_delta, result=s.result)
+        t.done.set()
+        return t
+
+    def pin(self, system: str | None) -> PinnedPrefix | None:
+        """`serve --system-prompt` at --parallel N (and, with a whole venue read in the cache, its system
+        turn: knowledge/answer.py): the tokens every conversation with this prompt starts with, prefilled
+        now into every slot, so each slot's prefix reuse skips them from the first conversation on.
+        Requests are not changed: as with the serial engine's pin (pinned.py), a conversation starts with
+        the prompt when it sends it (the kiosk page does). No copy of the rows is kept: a slot a request
+        sharing nothing overwrote reads the prompt again. Only while no request is admitted or waiting."""
+        kn = self.knowledge
+        rendered = kn.system(system) if kn is not None and kn.venue is not None else system
+        tokens, chat = prefix_tokens(self, rendered) if rendered else ([], True)
+        if not tokens:
+            return None
+        if len(tokens) >= self.max_len - 1:
+            log.warning("pinned prefix: the system prompt's %d tokens do not fit the cache (%d): not pinned",
+                        len(tokens), self.max_len)
+            return None
+        with self._cv:
+            if self._active or self._waiting:
+                raise InvalidRequest("pin() while requests are running: pin before serving", param=None)
+            for slot in range(self.slots):
+                reuse = common_prefix(self._cached[slot][: self.runner.lengths[slot]], tokens)
+                self.runner.rewind(slot, reuse)
+                for i in range(reuse, len(tokens), self.prefill_chunk):
+                    self.runner.step_one(slot, tokens[i : i + self.prefill_chunk])
+                self._cached[slot] = list(tokens)
+        self.pinned = PinnedPrefix(list(tokens), None, text=system or "", chat=chat)
+        log.info("pinned prefix: %d tokens of system prompt in each of %d slots", len(tokens), self.slots)
+        return self.pinned
 
     def generate(self, prompt: str | None = None, **kw) -> GenerationResult:
         """One request, run to its end on this thread (only while no worker thread runs rounds)."""
@@ -377,7 +429,8 @@ class BatchEngine:
         if tail and a.ticket.on_delta is not None:
             a.ticket.on_delta(tail)
         self._drafters.finished(a.built, a.seq.ctx)  # later requests draft from its text and estimates
-        a.ticket.result = a.seq.result()
+        result = a.seq.result()
+        a.ticket.result = result if a.turn is None else sourced(result, a.turn)
         a.ticket.done.set()
 
     def _fail(self, a: _Active, e: BaseException) -> None:

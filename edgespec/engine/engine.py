@@ -25,7 +25,7 @@ from ..core.runner import ModelRunner
 from ..drafters import Drafter, modes
 from ..drafters.grammar import with_grammar
 from ..errors import InvalidRequest
-from ..knowledge.answer import declined, with_sources
+from ..knowledge.answer import Turn, declined, with_sources
 from ..limits import DEFAULT_K_CAP
 from ..models.bundle import Bundle
 from . import build, selfdraft
@@ -67,7 +67,7 @@ class Engine:
         self.vocab = Vocabulary.of(bundle, bundle.load_tokenizer(), target.vocab_size)
         self.tokenizer = self.vocab.tokenizer
         self.usable, self.eos_ids = self.vocab.usable, self.vocab.eos_ids
-        self.knowledge = _knowledge(s, bundle, self.tokenizer, self.max_len)  # docs=INDEX: answers from documents, else None
+        self.knowledge = open_knowledge(s, bundle, self.tokenizer, self.max_len)  # docs=INDEX: answers from documents, else None
         draft = self.draft_runner
         self.costs = CostModel(target.times, draft.times if draft is not None else None)
         # every mode the table can build with what is loaded (drafters/modes.py); the free drafters
@@ -225,15 +225,9 @@ class Engine:
         top_k, seed, stop, draft, k, cancel, tree, json_schema, grammar, tools, tool_choice, strict)
         are requests.Options': tree verification of the drafts (docs/runtime.md), structured output
         (docs/structured-output.md: the result's tool_calls holds a tool call)."""
-        o = Options(prompt=prompt, **options)
-        turn = None
-        if self.knowledge is not None and o.messages is not None and not o.tools:
-            # the passages into the last user turn (knowledge/answer.py), leaving room for some answer
-            turn = self.knowledge.turn(o.messages, self.max_len - self.count_tokens(messages=o.messages) -
-                                       min(o.max_new_tokens, 128))
-            if turn.declined:
-                return Stream(declined(turn, self.tokenizer, GenerationResult, GenerationStats), 0)
-            o = dataclasses.replace(o, messages=turn.messages)
+        o, turn = read_documents(self.knowledge, Options(prompt=prompt, **options), self.count_tokens, self.max_len)
+        if turn is not None and turn.declined:
+            return Stream(declined(turn, self.tokenizer, GenerationResult, GenerationStats), 0)
         req = self._parse(o)
         blocks = self._venue_ids(turn, o.messages)
         if blocks is not None:
@@ -355,10 +349,23 @@ class Engine:
                 raise
 
 
-def _knowledge(s: Settings, bundle, tokenizer, max_len: int):
-    """The documents an engine opened with docs=INDEX answers from (None without)."""
+def open_knowledge(s: Settings, bundle, tokenizer, max_len: int):
+    """The documents an engine opened with docs=INDEX answers from (None without): the serial engine
+    and the batched one (batch.py) open them alike."""
     if s.docs is None:
         return None
     from ..knowledge.answer import Knowledge
 
     return Knowledge.open(s.docs, bundle, tokenizer, max_len=max_len)
+
+
+def read_documents(knowledge, o: Options, count_tokens, max_len: int) -> tuple[Options, Turn | None]:
+    """A chat request without tools answered from documents (knowledge/answer.py): (the options to
+    generate from, with the passages in the last user turn; the Turn, None when the request does not
+    read documents). The room left for passages is the cache less the conversation and some answer.
+    Both engines prepare a request here, so it reads the same prompt at every --parallel. A declined
+    turn's options are the request's own: the caller answers it without the model."""
+    if knowledge is None or o.messages is None or o.tools:
+        return o, None
+    turn = knowledge.turn(o.messages, max_len - count_tokens(messages=o.messages) - min(o.max_new_tokens, 128))
+    return (o if turn.declined else dataclasses.replace(o, messages=turn.messages)), turn

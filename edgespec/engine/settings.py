@@ -101,9 +101,6 @@ class Settings:
             raise InvalidRequest(f"parallel must be an integer >= 1, got {p!r}", param="parallel")
         if p > 1:
             check_batched(self.draft, self.tree)
-            if self.docs is not None:
-                raise InvalidRequest("docs are answered one visitor at a time: serve them with --parallel 1",
-                                     param="docs")
 
     @property
     def batched(self) -> bool:

@@ -119,15 +119,13 @@ def test_a_stale_saved_prefix_is_ignored(eng, tmp_path, caplog):
 def test_system_prompt_option_is_checked_before_loading(tmp_path):
     f = tmp_path / "system.txt"
     f.write_text("  Be brief.\n", encoding="utf-8")
-    assert system_prompt(str(f), 1) == "Be brief."
-    assert system_prompt(None, 1) is None
+    assert system_prompt(str(f)) == "Be brief."
+    assert system_prompt(None) is None
     (tmp_path / "empty.txt").write_text(" \n", encoding="utf-8")
     with pytest.raises(ConfigError, match="empty"):
-        system_prompt(str(tmp_path / "empty.txt"), 1)
+        system_prompt(str(tmp_path / "empty.txt"))
     with pytest.raises(ConfigError, match="cannot be read"):
-        system_prompt(str(tmp_path / "missing.txt"), 1)
-    with pytest.raises(ConfigError, match="--parallel 1"):
-        system_prompt(str(f), 2)
+        system_prompt(str(tmp_path / "missing.txt"))
 
 
 def test_serve_pins_the_prompt_file_before_the_service_is_ready(tiny_bundle, tmp_path, monkeypatch, capsys):

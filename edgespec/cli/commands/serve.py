@@ -139,11 +139,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "a name `edgespec pull` exported (all-minilm-l6-v2) or its folder [EDGESPEC_EMBEDDER]")
     eng.add_argument("--system-prompt", metavar="FILE", help="a system prompt (UTF-8 text file) every "
                      "conversation starts with: prefilled before READY, kept in the cache across conversations and "
-                     "saved under $EDGESPEC_HOME/pinned so a restart starts warm; the kiosk page sends it when its "
-                     "URL sets none (--parallel 1 only) [EDGESPEC_SYSTEM_PROMPT]")
+                     "saved under $EDGESPEC_HOME/pinned so a restart starts warm (with --parallel N: prefilled in every "
+                     "slot); the kiosk page sends it when its URL sets none [EDGESPEC_SYSTEM_PROMPT]")
     eng.add_argument("--docs", metavar="INDEX", help="answer chat turns from this document index (`edgespec "
                      "index`), each reply with its sources; SIGHUP or POST /v1/docs/reload reads it again after "
-                     "a rebuild (--parallel 1 only; docs/kiosk.md) [EDGESPEC_DOCS]")
+                     "a rebuild (any --parallel; docs/kiosk.md) [EDGESPEC_DOCS]")
     eng.add_argument("--memory-budget", metavar="SIZE", help="memory the engine may use, e.g. 3GiB: shrinks the "
                      "cache or drops the draft [EDGESPEC_MEMORY_BUDGET]")
     eng.add_argument("--power-budget", metavar="WATTS", help="e.g. 10W (needs a power sensor) [EDGESPEC_POWER_BUDGET]")
@@ -251,15 +251,13 @@ def _parallel(value, path, settings) -> int:
     return n
 
 
-def system_prompt(value, parallel: int) -> str | None:
+def system_prompt(value) -> str | None:
     """--system-prompt FILE / EDGESPEC_SYSTEM_PROMPT: the file's text, checked before the bundle loads."""
     from ...server.config import ConfigError
 
     path = value if value is not None else _env("EDGESPEC_SYSTEM_PROMPT")
     if not path:
         return None
-    if parallel > 1:
-        raise ConfigError("--system-prompt pins one prefix in a single cache: use it with --parallel 1")
     try:
         text = open(path, encoding="utf-8").read()
     except (OSError, UnicodeDecodeError) as e:
@@ -267,6 +265,31 @@ def system_prompt(value, parallel: int) -> str | None:
     if not text.strip():
         raise ConfigError(f"--system-prompt {path} is empty")
     return text.strip()
+
+
+def engine_opener(path, settings, system: str | None) -> Callable[[], Any]:
+    """What the service calls to load its engine: the serial one (--parallel 1) or the batched one,
+    with the pinned system prompt (and a venue read in the cache) before it serves anyone."""
+
+    def open_engine():
+        if settings.batched:
+            from ...engine.batch import BatchEngine
+
+            eng = BatchEngine.open(path, settings)
+            if system is not None or (eng.knowledge is not None and eng.knowledge.venue is not None):
+                eng.pin(system)
+            return eng
+        from ...engine import Engine
+
+        eng = Engine.open(path, settings)
+        if system is not None or (eng.knowledge is not None and eng.knowledge.in_cache):
+            from ...engine.pinned import pin_system_prompt
+            from ...models.files import edgespec_home
+
+            pin_system_prompt(eng, system, save_dir=edgespec_home() / "pinned")
+        return eng
+
+    return open_engine
 
 
 def run(args: argparse.Namespace) -> int:
@@ -294,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
         config.parallel = parallel
         settings = settings.replace(parallel=parallel)  # a batched server's modes checked here
 
-        system = system_prompt(getattr(args, "system_prompt", None), parallel)
+        system = system_prompt(getattr(args, "system_prompt", None))
         embedder_spec = _pick(getattr(args, "embedder", None), "EDGESPEC_EMBEDDER")
         embedder = None
         if embedder_spec:  # small (26 MB) and checked like a bundle: loaded here, before the LLM, refused in one line
@@ -302,24 +325,9 @@ def run(args: argparse.Namespace) -> int:
 
             embedder = load_embedder(embedder_spec, threads=settings.threads)
 
-        def open_engine():
-            if parallel > 1:
-                from ...engine.batch import BatchEngine
-
-                return BatchEngine.open(path, settings)
-            from ...engine import Engine
-
-            eng = Engine.open(path, settings)
-            if system is not None or (eng.knowledge is not None and eng.knowledge.in_cache):
-                from ...engine.pinned import pin_system_prompt
-                from ...models.files import edgespec_home
-
-                pin_system_prompt(eng, system, save_dir=edgespec_home() / "pinned")
-            return eng
-
         from ...server.service import Service
 
-        service = Service(config, open_engine, default_name=path.resolve().name)
+        service = Service(config, engine_opener(path, settings, system), default_name=path.resolve().name)
         if embedder is not None:  # the state's default is None
             service.state.embedder = embedder
         return service.run()
