@@ -110,3 +110,46 @@ def test_pin_is_refused_while_requests_wait(batch):
     while batch.round():
         pass
     assert t.wait(0).docs["declined"] is False
+
+
+@pytest.fixture(scope="module")
+def whole_venue(tiny_bundle, tmp_path_factory):
+    """A two-page venue read whole (`index --whole-venue`), sized for the tiny model's 512 positions (the
+    system turn's texts shortened: its tokenizer spells most words letter by letter)."""
+    from tokenizers import Tokenizer
+
+    from edgespec.knowledge import answer
+
+    pages = tmp_path_factory.mktemp("pages")
+    (pages / "tickets.md").write_text("# Tickets\n\nA family ticket costs 35 euros.\n")
+    (pages / "hours.md").write_text("# Hours\n\nOpen daily from 10 to 6.\n")
+    out = tmp_path_factory.mktemp("venue") / "venue.idx"
+    build_index([pages], out, Tokenizer.from_file(str(tiny_bundle / "tokenizer.json")), tokenizer_sha256(tiny_bundle),
+                whole_venue=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(answer, "TURN_ROOM", 96)
+        for name, short in (("VENUE_HEAD", "Documents:"), ("VENUE_RULES", "Answer from them."),
+                            ("DEFAULT_SYSTEM", "Kiosk.")):
+            mp.setattr(answer, name, short)
+        opts = {**OPTS, "max_len": None}  # the plan sizes the cache for the venue
+        serial = Engine.open(tiny_bundle, docs=str(out), **opts)
+        batch = BatchEngine.open(tiny_bundle, parallel=2, docs=str(out), **opts)
+        yield serial, batch
+        serial.close()
+        batch.close()
+
+
+def test_the_whole_venue_is_prefilled_in_every_slot_and_answers_as_alone(whole_venue):
+    serial, batch = whole_venue
+    assert batch.knowledge.venue is not None
+    pin = batch.pin(None)  # serve pins the venue's system turn without --system-prompt too
+    assert pin.text == "" and batch.runner.lengths == [len(pin.tokens)] * 2 and len(pin.tokens) > 60
+    asks = ["How much is a family ticket?", "What are the hours? Is it open daily?"]
+    tickets = [batch.submit(messages=_msgs(q), max_new_tokens=N) for q in asks]
+    while batch.round():
+        pass
+    for q, t in zip(asks, tickets):
+        got, want = t.wait(0), _alone(serial, q)
+        assert got.token_ids == want.token_ids and _docs(got) == _docs(want), q
+        assert got.docs["declined"] is False and got.stats.cached_tokens == len(pin.tokens)  # read only the question
+    assert tickets[0].wait(0).docs["sources"][0]["file"].endswith("tickets.md")

@@ -148,3 +148,15 @@ def test_ready_names_the_pinned_prompt_for_the_kiosk_page(served):
     with urllib.request.urlopen(f"http://127.0.0.1:{service.port}/ready", timeout=DEADLINE) as r:
         body = json.loads(r.read())
     assert body["status"] == "ready" and body["system_prompt"] == SYSTEM
+
+
+def test_bad_documents_or_prompt_are_refused_before_loading_at_any_parallel(tiny_bundle, tmp_path, capsys):
+    from edgespec.cli.main import main
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text(" \n", encoding="utf-8")
+    for parallel in ("1", "3"):
+        assert main(["serve", str(tiny_bundle), "--parallel", parallel, "--system-prompt", str(empty)]) == 78
+        assert f"--system-prompt {empty} is empty" in capsys.readouterr().err
+        assert main(["serve", str(tiny_bundle), "--parallel", parallel, "--docs", str(tmp_path / "none.idx")]) == 78
+        assert "none.idx does not exist: build it" in capsys.readouterr().err
