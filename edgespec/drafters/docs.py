@@ -9,6 +9,11 @@ token's acceptance estimated per (matched length, frequency) and the chain cut w
 
 Unlike the suffix drafter it never writes: requests' own text stays in the suffix index (`auto`
 asks both, each quoting its rate), and Engine.reset_cache() forgets only what it learned.
+
+A batched engine builds a docs drafter per request (engine/batch_drafters.py), all of them over one
+`DocsStore`: the documents' index is built once per load of the documents, not per request, and is
+only read (a lookup writes nothing), so requests drafting side by side share it safely; each
+request's acceptance estimates are its own (seeded from the last finished request's).
 """
 from __future__ import annotations
 
@@ -20,23 +25,38 @@ from .suffix import SuffixDrafter
 from .suffix_index import Chain, SuffixIndex
 
 
+class DocsStore:
+    """The documents' suffix index, rebuilt when the documents are reloaded: one per engine, read by
+    every docs drafter over it (the serial engine's one, a batched engine's one per request)."""
+
+    def __init__(self, knowledge):
+        """knowledge: a knowledge.answer.Knowledge (its `index`, read again after a reload)."""
+        self.knowledge = knowledge
+        self.generation = knowledge.generation  # read before the index: a reload in between rebuilds again
+        self.index = store(knowledge.index)
+
+    def current(self) -> SuffixIndex:
+        """The index over the documents as they are now (a new object after a reload: drafters
+        still holding the old one keep reading it unchanged)."""
+        generation = self.knowledge.generation
+        if generation != self.generation:
+            self.generation, self.index = generation, store(self.knowledge.index)
+        return self.index
+
+
 class DocsDrafter(SuffixDrafter):
     name = "docs"
 
-    def __init__(self, knowledge, costs: CostModel | None = None, *, adaptive: bool = True):
-        """knowledge: a knowledge.answer.Knowledge (its `index`, read again after a reload)."""
-        super().__init__(store(knowledge.index), costs, adaptive=adaptive)
-        self.knowledge = knowledge
-        self._generation = knowledge.generation
+    def __init__(self, docs: DocsStore, costs: CostModel | None = None, *, adaptive: bool = True):
+        super().__init__(docs.current(), costs, adaptive=adaptive)
+        self.docs = docs
 
     def begin(self, ctx: Sequence[int]) -> None:
         self._scorer.forget()
         for row in self.acc:
             for b in row:
                 b.fade(NEW_REQUEST_KEEP)
-        if self.knowledge.generation != self._generation:  # a reload takes effect here, never mid-request
-            self._generation = self.knowledge.generation
-            self.index = store(self.knowledge.index)
+        self.index = self.docs.current()  # a reload takes effect here, never mid-request
 
     def sync(self, ctx: Sequence[int]) -> None:
         pass  # the documents only: requests' text is the suffix drafter's

@@ -34,6 +34,7 @@ class Kit:
     shared: Any = None  # a batched request's: the finished requests' SuffixIndex, read and never written
     recycle_table: Any = None  # a batched engine's recycle table, one for every request
     docs: Any = None  # knowledge.answer.Knowledge: the documents an engine answers from (the docs drafter's text)
+    docs_store: Any = None  # a batched engine's index over them (drafters/docs.DocsStore), one for every request
 
     def runner(self, name: str):
         return (self.runners or {}).get(name)
@@ -108,9 +109,11 @@ def _heads(kit: Kit):
 
 
 def _docs(kit: Kit):
-    from .docs import DocsDrafter
+    from .docs import DocsDrafter, DocsStore
 
-    return None if kit.docs is None else DocsDrafter(kit.docs, kit.costs)
+    if kit.docs is None:
+        return None
+    return DocsDrafter(kit.docs_store if kit.docs_store is not None else DocsStore(kit.docs), kit.costs)
 
 
 def _auto(kit: Kit):
@@ -144,8 +147,7 @@ MODES: tuple[DraftMode, ...] = (
     DraftMode("suffix", "the suffix index over this and earlier requests", batched=True, auto_rank=0,
               build=_suffix, fallback=True),
     DraftMode("docs", "the venue's documents (an engine opened with --docs INDEX): an answer quoting any "
-              "passage copies it", runner="docs", auto_rank=1, build=_docs,
-              unbatched="an engine with documents serves one visitor at a time"),
+              "passage copies it", runner="docs", batched=True, auto_rank=1, build=_docs),
     # not one of auto's sources: greedy, its first candidate is the token that followed the same token
     # last time, which the suffix index's lookups already hold. As a source of auto on the dev pair it
     # drafted 1, 5 and 7 rounds in three bench runs (at most 3 of 870 accepted tokens), while watching

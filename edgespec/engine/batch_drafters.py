@@ -15,15 +15,18 @@ fresh drafters, seeded from what finished requests left:
 - acceptance estimates (n-gram per matched length, suffix per length and frequency bin): a new
   request starts from the last finished request's, faded as the serial drafters fade them.
 
+- the documents (an engine opened with docs=INDEX): one index over them (drafters/docs.DocsStore,
+  rebuilt when they are reloaded), read by every request's docs drafter and written by none;
 - the draft model: one ModelDrafter per slot, kept across the slot's requests (its cache, its
   calibration), drafting through the batched draft step (engine/draft_batch.py);
 - `auto`'s acceptance evidence: a new request's auto starts from the last finished request's.
 
 Every request's drafters are built by the mode table (drafters/modes.py `build_all` over the rows of
 its mode): the same builds as the serial engine's, lent a Kit with the request's index size, the shared
-history and the recycle table. What a request inherits from the last finished one goes through the
-drafter interface (`evidence()` of the finished one's drafters, `seed` of the new one's, by mode name);
-the rows marked `per_slot` (the draft model, recycle) are built once per slot and kept.
+history, the recycle table and the documents' index. What a request inherits from the last finished
+one goes through the drafter interface (`evidence()` of the finished one's drafters, `seed` of the new
+one's, by mode name); the rows marked `per_slot` (the draft model, recycle) are built once per slot
+and kept.
 
 Modes: the rows drafters/modes.py marks batched, `auto` choosing among the batched sources it ranks.
 The self-draft and the draft heads are refused before a request is admitted (modes.check_batched).
@@ -36,6 +39,7 @@ from typing import Sequence
 from ..core.costmodel import CostModel
 from ..core.runner import StepTimes
 from ..drafters import Drafter, modes
+from ..drafters.docs import DocsStore
 from ..drafters.recycle import RecycleDrafter
 from ..drafters.suffix_index import SuffixIndex
 from ..limits import DEFAULT_K_CAP, DEFAULT_MAX_LEN, SUFFIX_CAPACITY
@@ -60,11 +64,14 @@ class DraftModel:
 
 class BatchDrafters:
     def __init__(self, suffix_capacity: int = SUFFIX_CAPACITY, max_len: int = DEFAULT_MAX_LEN, *,
-                 usable: int | None = None, draft: DraftModel | None = None):
+                 usable: int | None = None, draft: DraftModel | None = None, docs=None):
+        """docs: the engine's knowledge.answer.Knowledge (None: no documents, no "docs" mode)."""
         self.history = SuffixIndex(suffix_capacity)  # finished requests' text: read by all, written between rounds
         self.request_capacity = request_index_capacity(max_len)
         self.usable = usable
         self.draft = draft
+        self.docs = docs
+        self._docs_store = DocsStore(docs) if docs is not None else None  # built once, read by every request
         self._learned: dict[str, object] = {}  # mode -> evidence() of the last finished request's drafter
         # the recycle table is shared by every request (as the serial engine's learns across requests);
         # each slot keeps its own drafter over it (its estimates, its last lookup)
@@ -83,7 +90,9 @@ class BatchDrafters:
         return c
 
     def available(self, mode: str) -> bool:
-        return mode != "model" or self.draft is not None
+        """Whether what `mode` drafts with is here: the draft model, the documents."""
+        runner = modes.get(mode).runner
+        return {"draft": self.draft is not None, "docs": self.docs is not None}.get(runner, True)
 
     def for_request(self, mode: str, k: int | None, costs: CostModel, slot: int = 0) -> tuple[Drafter, Drafter, int]:
         """The request's drafter, its free fallback (what a limit forbidding model steps drafts with)
@@ -112,7 +121,7 @@ class BatchDrafters:
         return modes.Kit(costs, self.usable, runners=runners, suffix_capacity=self.request_capacity,
                          vocab_map=dm.vocab_map if dm is not None else None,
                          bundle=dm.bundle if dm is not None else None, shared=self.history,
-                         recycle_table=self._table)
+                         recycle_table=self._table, docs=self.docs, docs_store=self._docs_store)
 
     def _make(self, slot: int):
         """How a request in `slot` gets a row's drafter: a per_slot row's is the slot's, built once

@@ -1,5 +1,6 @@
 """Batched requests' suffix drafting: the shared history of finished requests read in place, each
-request's own text in an index of its own (engine/batch_drafters.py, drafters/suffix.py)."""
+request's own text in an index of its own (engine/batch_drafters.py, drafters/suffix.py); and their
+docs drafting: one index of the documents read by every request (drafters/docs.py)."""
 from __future__ import annotations
 
 from edgespec.core.costmodel import CostModel
@@ -105,3 +106,66 @@ def test_auto_starts_from_the_last_finished_requests_evidence_and_forget_drops_i
     bd.forget()
     third, _, _ = bd.for_request("auto", None, costs)
     assert third.evidence() == {}
+
+
+class _Docs:
+    """A knowledge.answer.Knowledge as the docs drafter reads it: an index of passages' token ids and
+    the generation a reload bumps."""
+
+    def __init__(self, passages: list[list[int]]):
+        self.generation = 0
+        self.index = self._index(passages)
+
+    @staticmethod
+    def _index(passages):
+        class Index:
+            chunks = passages
+            ids = [t for p in passages for t in p]
+
+            @staticmethod
+            def chunk_ids(i):
+                return passages[i]
+
+        return Index
+
+    def reload(self, passages: list[list[int]]) -> None:
+        self.index = self._index(passages)
+        self.generation += 1
+
+
+def test_docs_requests_share_one_index_of_the_documents_and_learn_apart():
+    """Three requests drafting from the documents at once read one index, built once (not per request),
+    which none writes; each has its own acceptance estimates, and the next request starts from the last
+    finished one's. A reload is read by the requests that begin after it, never mid-request."""
+    kn = _Docs([[10, 11, 12, 13, 14], [20, 21, 22, 23]])
+    bd = BatchDrafters(suffix_capacity=256, max_len=64, docs=kn)
+    assert bd.available("docs") and not BatchDrafters(max_len=64).available("docs")
+    ds = [bd.for_request("docs", 4, None, slot)[0] for slot in range(3)]
+    index = ds[0].index
+    assert all(d.index is index for d in ds) and len(index) == 5 + 1 + 4
+    for d, ctx in zip(ds, ([1, 10, 11], [2, 21], [3, 12])):
+        d.begin(ctx)
+    assert ds[0].lookup([1, 10, 11], 4).tokens == [12, 13, 14]
+    assert ds[1].lookup([2, 21], 4).tokens == [22, 23]
+    assert ds[2].lookup([3, 12], 2).tokens == [13, 14]
+    assert index.text.tolist() == [10, 11, 12, 13, 14, SEP, 20, 21, 22, 23]  # the requests' text never joins
+    assert len({id(d.acc) for d in ds}) == 3  # estimates per request
+    ds[0].acc[0][0].add(0, 30)  # the first request's lookups were all rejected ...
+    bd.finished(ds[0], [1, 10, 11, 99])
+    nxt = bd.for_request("docs", 4, None, 0)[0]
+    assert nxt.acc is not ds[0].acc and nxt.acc[0][0].mean == ds[0].acc[0][0].mean < 0.1  # ... the next starts there
+    kn.reload([[30, 31, 32]])
+    ds[1].begin([2, 21])  # (a request that begins again reads the reloaded documents)
+    assert ds[1].lookup([2, 30], 4).tokens == [31, 32]
+    assert ds[2].lookup([3, 12], 2).tokens == [13, 14]  # still running: the documents it began with
+    later = bd.for_request("docs", 4, None, 2)[0]
+    later.begin([5])
+    assert later.index is ds[1].index is not index and later.lookup([5, 31], 4).tokens == [32]
+
+
+def test_auto_drafts_from_the_documents_only_where_the_engine_has_them():
+    with_docs = BatchDrafters(max_len=64, docs=_Docs([[10, 11, 12]]))
+    names = [s.name for s in with_docs.for_request("auto", None, CostModel(times(s1=0.1)))[0].sources]
+    assert names == ["suffix", "docs", "grammar"]
+    bare = [s.name for s in BatchDrafters(max_len=64).for_request("auto", None, CostModel(times(s1=0.1)))[0].sources]
+    assert bare == ["suffix", "grammar"]

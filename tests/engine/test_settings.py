@@ -78,9 +78,9 @@ def test_the_server_the_bench_and_the_batch_read_the_table():
     assert e.value.param == "tree" and f"must be one of {', '.join(TREE_MODES)}, got" in e.value.message
     assert set(bench.MODES) == {"target", *modes.NAMES} - {"none"}
     assert set(bench.FIXED_K_MODES) == {m.name for m in modes.MODES if m.fixed_k}
-    assert modes.BATCHED == ("auto", "model", "suffix", "recycle", "ngram", "grammar", "none")
+    assert modes.BATCHED == ("auto", "model", "suffix", "docs", "recycle", "ngram", "grammar", "none")
     with pytest.raises(DraftUnavailable, match=r"draft='self' is not batched \(it drafts on the target's own cache.*\): "
-                                               r".* use auto, model, suffix, recycle, ngram, grammar, none"):
+                                               r".* use auto, model, suffix, docs, recycle, ngram, grammar, none"):
         modes.check_batched("self")
 
 
