@@ -75,11 +75,13 @@ class GraphBuilder:
         step = max(1, CHUNK_VALUES // k)
         return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
-    def _float(self, name: str, array: np.ndarray) -> str:
+    def float_tensor(self, name: str, array: np.ndarray) -> str:
+        """A float initializer in the graph's float type (float32, or float16 for cuda): its name."""
         return self.w.tensor(name, np.asarray(array, dtype=self.np_float))
 
-    def _norm(self, gguf_name: str, onnx_name: str) -> str:
-        out = self._float(onnx_name, self.gg.floats(gguf_name))
+    def norm_weight(self, gguf_name: str, onnx_name: str) -> str:
+        """A norm's weight from the GGUF, as a float initializer (the GGUF tensor is then released)."""
+        out = self.float_tensor(onnx_name, self.gg.floats(gguf_name))
         self.gg.done(gguf_name)
         return out
 
@@ -102,7 +104,7 @@ class GraphBuilder:
             r = self.w.node("Reshape", [x, shape], name=f"{prefix}/MinBlockReshape")[0]
             axes = self.w.const(f"{prefix}/MinBlockAxis", [-1])
             sums = self.w.node("ReduceSum", [r, axes], name=f"{prefix}/MinBlockSum", keepdims=1)[0]  # [B, S, K/32, 1]
-            both = self.w.node("Mul", [sums, self._float(f"{prefix}/MinSlots", np.array([1.0, MIN_HI]))],
+            both = self.w.node("Mul", [sums, self.float_tensor(f"{prefix}/MinSlots", np.array([1.0, MIN_HI]))],
                                name=f"{prefix}/MinSlots")[0]  # [B, S, K/32, 2]
             flat = self.w.const(f"{prefix}/MinSlotShape", [0, 0, 2 * k // OFFSET_BLOCK])
             self.blocksums[key] = self.w.node("Reshape", [both, flat], name=f"{prefix}/MinSlotReshape")[0]
@@ -126,7 +128,7 @@ class GraphBuilder:
             self.report.add(self.gg.type_name(p), f, self.gg.shape(p)[0] * k)
         if form.kind == "float":
             w = np.concatenate([self.gg.floats(p) for p in parts]).T
-            name = self._float(f"{base}.weight", w)
+            name = self.float_tensor(f"{base}.weight", w)
             self.report.bytes_read += w.size * np.dtype(self.np_float).itemsize
             for p in parts:
                 self._done(p)
@@ -189,7 +191,7 @@ class GraphBuilder:
                         K=k, N=n_total, bits=bits, block_size=block,
                         accuracy_level=self.plan.settings.accuracy_level)[0]
         if offsets:
-            off = self._float(f"{base}.weight_offset", offsets[0].T)  # [K/32, N]
+            off = self.float_tensor(f"{base}.weight_offset", offsets[0].T)  # [K/32, N]
             self.report.bytes_read += offsets[0].size * np.dtype(self.np_float).itemsize
             sums = self._blocksum(x, k, node.rsplit("/", 1)[0])
             corr = self.w.node("MatMul", [sums, off], name=f"{node}/Offset")[0]
@@ -243,7 +245,7 @@ class GraphBuilder:
         self.report.add(tname, form, v * h)
         if form.kind == "float":
             w = np.concatenate([self.gg.floats(name, lo, hi) for lo, hi in self._rows(name)])
-            init = self._float("model.embed_tokens.weight", w)
+            init = self.float_tensor("model.embed_tokens.weight", w)
             del w
             self._done(name)
             return self.w.node("Gather", [init, ids], [out], name="/model/embed_tokens/Gather")[0]
@@ -271,7 +273,7 @@ class GraphBuilder:
         self.w.node("GatherBlockQuantized", inputs, [gathered], name=f"/model/embed_tokens/Gather_Q{bits}",
                     domain="com.microsoft", bits=bits, block_size=block, gather_axis=0, quantize_axis=1)
         if offset_rows:
-            table = self._float("model.embed_tokens.weight_offset", np.concatenate(offset_rows))  # [V, H/32]
+            table = self.float_tensor("model.embed_tokens.weight_offset", np.concatenate(offset_rows))  # [V, H/32]
             p = "/model/embed_tokens"
             rows = self.w.node("Gather", [table, ids], name=f"{p}/OffsetGather")[0]  # [B, S, H/32]
             rows = self.w.node("Unsqueeze", [rows, self.w.const(f"{p}/OffsetAxis", [-1])], name=f"{p}/OffsetUnsqueeze")[0]

@@ -54,8 +54,8 @@ def _write(b: GraphBuilder, w: OnnxWriter, gg: GGUFModel) -> None:
 
     inv = gg.inv_freq()
     pos = np.arange(c.context, dtype=np.float64)[:, None] * inv[None, :]
-    cos = b._float("cos_cache", np.cos(pos))
-    sin = b._float("sin_cache", np.sin(pos))
+    cos = b.float_tensor("cos_cache", np.cos(pos))
+    sin = b.float_tensor("sin_cache", np.sin(pos))
     del pos
 
     x = b.embedding("input_ids")
@@ -64,7 +64,7 @@ def _write(b: GraphBuilder, w: OnnxWriter, gg: GGUFModel) -> None:
     for i in range(c.layers):
         n = layer_names(i)
         lp, ip = f"/model/layers.{i}", f"model.layers.{i}"
-        norm_w = b._norm(n["attn_norm"], f"{ip}.input_layernorm.weight")
+        norm_w = b.norm_weight(n["attn_norm"], f"{ip}.input_layernorm.weight")
         if prev is None:
             h = w.node("SimplifiedLayerNormalization", [x, norm_w], [f"{lp}/input_layernorm/output_0"],
                        name=f"{lp}/input_layernorm/LayerNorm", epsilon=c.eps, axis=-1, stash_type=1)[0]
@@ -79,7 +79,7 @@ def _write(b: GraphBuilder, w: OnnxWriter, gg: GGUFModel) -> None:
                                     for t in ("q", "k", "v")], name=f"{lp}/attn/qkv_proj/Concat", axis=-1)[0]
         biases = [n[k] for k in ("q_bias", "k_bias", "v_bias")]
         if all(gg.has(t) for t in biases):
-            bias = b._float(f"{ip}.attn.qkv_proj.Add.bias", np.concatenate([gg.floats(t) for t in biases]))
+            bias = b.float_tensor(f"{ip}.attn.qkv_proj.Add.bias", np.concatenate([gg.floats(t) for t in biases]))
             for t in biases:
                 gg.done(t)
             qkv = w.node("Add", [qkv, bias], name=f"{lp}/attn/qkv_proj/Add")[0]
@@ -92,7 +92,7 @@ def _write(b: GraphBuilder, w: OnnxWriter, gg: GGUFModel) -> None:
                       kv_num_heads=c.kv_heads, scale=float(1.0 / np.sqrt(c.head_dim)), softcap=0.0, do_rotary=1,
                       rotary_interleaved=0)[0]
         o = b.linear(attn, [n["o"]], f"{ip}.attn.o_proj.MatMul", f"{lp}/attn/o_proj/MatMul")
-        post_w = b._norm(n["ffn_norm"], f"{ip}.post_attention_layernorm.weight")
+        post_w = b.norm_weight(n["ffn_norm"], f"{ip}.post_attention_layernorm.weight")
         h2, _, _, residual = w.node("SkipSimplifiedLayerNormalization", [residual, o, post_w],
                                     [f"{lp}/post_attention_layernorm/output_0", "", "",
                                      f"{lp}/post_attention_layernorm/output_3"],
@@ -112,7 +112,7 @@ def _write(b: GraphBuilder, w: OnnxWriter, gg: GGUFModel) -> None:
         prev = (residual, down)
 
     lp = f"/model/layers.{c.layers}"
-    final_w = b._norm("output_norm.weight", f"model.layers.{c.layers}.final_norm_layernorm.weight")
+    final_w = b.norm_weight("output_norm.weight", f"model.layers.{c.layers}.final_norm_layernorm.weight")
     final = w.node("SkipSimplifiedLayerNormalization", [prev[0], prev[1], final_w],
                    [f"{lp}/final_norm_layernorm/output_0"], name=f"{lp}/final_norm_layernorm/SkipLayerNorm",
                    domain="com.microsoft", epsilon=c.eps)[0]
