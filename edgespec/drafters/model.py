@@ -39,6 +39,11 @@ CONF_PRIOR_SCALE = 1.0  # a confidence bin's acceptance before evidence: this ti
 PROBE_SHARE = 0.03
 PROBE_WINDOW = 32
 PROBE_KEEP = 0.0
+# The skip gate drafts only for a promised gain of at least this over the target alone: acceptance and
+# step costs are estimates (a warm-up's 2-token verify was 1.24x its 1-token step, the same step in a
+# run 1.37x), and a round drafted for a promised 1 % loses a draft step whenever they are a little off.
+# At the dev CPU's costs it asks ~0.51 acceptance of a 1-token chain where 0 asked ~0.44.
+MODEL_MIN_GAIN = 0.05
 
 
 def conf_bin(c: float) -> int:
@@ -57,8 +62,8 @@ class ModelDrafter(DrafterBase):
     each round asks whether drafting pays with the cache in step: the best chain of 1..k tokens at its
     per-round acceptance `rounds` (accepted tokens are hits; a rejection, or a round it synced and then
     withdrew, is a miss, as `auto` counts it), each costing a measured draft step plus the verify of
-    j + 1 tokens, against the target alone's one-token step. When it does not pay, the round proposes
-    nothing and the draft's cache is left as it is: no catch-up, no draft step; the text it missed is
+    j + 1 tokens, against the target alone's one-token step with MODEL_MIN_GAIN (5 %) to spare. When
+    it does not pay, the round proposes nothing and the draft's cache is left as it is: no catch-up, no draft step; the text it missed is
     read later, in one step within its window, by the round that drafts again. It still learns: after
     enough skipped rounds that their target time times PROBE_SHARE (3 %) covers the measured catch-up
     step of at most PROBE_WINDOW (32) tokens, a round probes: it syncs and proposes one token at
@@ -174,8 +179,9 @@ class ModelDrafter(DrafterBase):
 
     def pays(self, k: int) -> bool:
         """Whether drafting 1..k tokens beats the target alone with the cache in step, at the
-        per-round acceptance: the skip gate's test, a few multiplications, no model step."""
-        return self.costs.best_k(self.rounds.mean, k)[0] > 0
+        per-round acceptance by at least MODEL_MIN_GAIN: the skip gate's test, a few multiplications,
+        no model step."""
+        return self.costs.best_k(self.rounds.mean, k, min_gain=MODEL_MIN_GAIN)[0] > 0
 
     def probe_due(self, ctx: Sequence[int]) -> bool:
         """Whether the rounds skipped since it last synced have earned a probe: their target time

@@ -12,7 +12,7 @@ from edgespec.core.costmodel import CostModel
 from edgespec.core.sampling import SamplingParams
 from edgespec.drafters import AutoDrafter, Beta, ModelDrafter, Proposal, Quote
 from edgespec.drafters.base import DrafterBase
-from edgespec.drafters.model import CATCH_UP_WINDOW, PROBE_SHARE, PROBE_WINDOW
+from edgespec.drafters.model import CATCH_UP_WINDOW, MODEL_MIN_GAIN, PROBE_SHARE, PROBE_WINDOW
 
 from helpers.costs import times
 
@@ -95,6 +95,19 @@ def test_a_draft_whose_acceptance_recovers_drafts_again_after_a_probe():
     assert first <= math.ceil(0.149 / (0.1 * PROBE_SHARE))  # the next probe, at the latest
     assert all(p.tokens for p, _ in log[first:])  # from then on it drafts every round
     assert d.pays(4)
+
+
+@pytest.mark.parametrize("acceptance, drafts", [(0.48, False), (0.56, True)])
+def test_the_gate_drafts_only_for_a_gain_of_model_min_gain(acceptance, drafts):
+    """At these costs a 1-token chain is the best: (1 + a) tokens for a 0.035 s draft step and a
+    0.109 s verify against 0.1 s a token alone. At 0.48 it promises 2.8 % more, under MODEL_MIN_GAIN:
+    skipped; at 0.56, 8.3 %: drafted."""
+    d = drafter()
+    d.rounds = Beta(acceptance, weight=1000.0)
+    gain = (1 + acceptance) / (0.035 + 0.109) * 0.100 - 1
+    assert (gain >= MODEL_MIN_GAIN) is drafts and gain > 0
+    assert d.pays(4) is drafts
+    assert d.costs.best_k(acceptance, 4)[0] == 1  # without the margin both would draft
 
 
 def test_a_draft_that_pays_drafts_every_round_and_catches_up_one_token_a_round():
