@@ -140,7 +140,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     eng.add_argument("--system-prompt", metavar="FILE", help="a system prompt (UTF-8 text file) every "
                      "conversation starts with: prefilled before READY, kept in the cache across conversations and "
                      "saved under $EDGESPEC_HOME/pinned so a restart starts warm (with --parallel N: prefilled in every "
-                     "slot); the kiosk page sends it when its URL sets none [EDGESPEC_SYSTEM_PROMPT]")
+                     "slot, not saved); the kiosk page sends it when its URL sets none [EDGESPEC_SYSTEM_PROMPT]")
     eng.add_argument("--docs", metavar="INDEX", help="answer chat turns from this document index (`edgespec "
                      "index`), each reply with its sources; SIGHUP or POST /v1/docs/reload reads it again after "
                      "a rebuild (any --parallel; docs/kiosk.md) [EDGESPEC_DOCS]")
