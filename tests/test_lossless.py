@@ -195,51 +195,112 @@ def test_sampling_on_tiny_onnx_matches_exact_target_distribution(request, bundle
 
 
 # --- batch arrangements: batched == the batch of one == target alone ---------------------------------
-# every drafter a batched engine runs (the table's); `grammar` proposes only under a request's grammar,
-# which its own rows constrain (the structured-output tests)
-BATCH_MODES = [m for m in modes.BATCHED if m not in ("none", "grammar")]
+# every drafter a batched engine runs (the table's), at 1 slot and at 3: `grammar` proposes only under a
+# request's grammar (the structured-output tests below), `docs` only on an engine with documents (the docs
+# tests at the end)
+BATCH_MODES = [m for m in modes.BATCHED if m not in ("none", "grammar", "docs")]
 BATCH_BUNDLES = {"agree": "tiny_bundle", "disagree": "tiny_bundle_disagree", "llama": "tiny_llama_bundle"}
+SLOTS = (1, 3)
 
 
 @pytest.fixture(scope="module")
 def batch_engines(request):
-    """A batched engine per fp32 bundle, 3 slots, the draft model loaded (its `auto` loads it). The
-    cuda-flavored bundles cannot batch (core/batch_runner.check_batchable)."""
-    out = {name: BatchEngine.open(request.getfixturevalue(fx), parallel=3, draft="auto", max_len=256)
-           for name, fx in BATCH_BUNDLES.items()}
+    """A batched engine per fp32 bundle and slot count (1: the batch of one; 3), keyed (name, slots),
+    the draft model loaded (its `auto` loads it). The cuda-flavored bundles cannot batch
+    (core/batch_runner.check_batchable)."""
+    out = {(name, n): BatchEngine.open(request.getfixturevalue(fx), parallel=n, draft="auto", max_len=256)
+           for name, fx in BATCH_BUNDLES.items() for n in SLOTS}
     yield out
     for be in out.values():
         be.close()
 
 
-def check_batched_lossless(be, eng, seed: int, n_prompts: int, ks, modes_=BATCH_MODES) -> None:
-    """Every batched mode, adaptive and with each k: n_prompts requests at once on 3 slots (so some
-    join as others leave) give the tokens and finish the serial engine (the batch of one) gives
-    with that mode, and those are the target alone's; every mode really drafted in the batch."""
+def check_batched_lossless(be, eng, seed: int, n_prompts: int, ks, modes_=BATCH_MODES, form=None,
+                           max_new_tokens: int = 40) -> list:
+    """Every batched mode, adaptive and with each k: n_prompts requests at once (on 3 slots some join
+    as others leave; on 1 they queue) give the tokens, text and finish the serial engine gives with
+    that mode, and those are the target alone's; every mode really drafted in the batch. `form(prompt)`:
+    the request's fields (default: the prompt as is; a json_schema, a grammar or tools and messages:
+    the constrained target alone is the reference). Returns the batched results."""
     rng = np.random.default_rng(seed)
-    prompts = [random_prompt(eng, rng, int(rng.integers(2, 40))) for _ in range(n_prompts)]
-    refs = [eng.generate(p, max_new_tokens=40, draft="none") for p in prompts]
+    reqs = [(form or (lambda p: dict(prompt=p)))(random_prompt(eng, rng, int(rng.integers(2, 40))))
+            for _ in range(n_prompts)]
+    refs = [eng.generate(**r, max_new_tokens=max_new_tokens, draft="none") for r in reqs]
     drafted = dict.fromkeys(modes_, 0)
+    out = []
     for mode, k in itertools.chain(((m, None) for m in modes_), itertools.product(modes_, ks)):
-        got = generate_all(be, [dict(prompt=p, max_new_tokens=40, draft=mode, k=k) for p in prompts])
-        for p, ref, g in zip(prompts, refs, got):
-            one = eng.generate(p, max_new_tokens=40, draft=mode, k=k)
-            assert g.token_ids == one.token_ids == ref.token_ids, (mode, k, p)
-            assert g.finish_reason == one.finish_reason == ref.finish_reason
+        got = generate_all(be, [dict(r, max_new_tokens=max_new_tokens, draft=mode, k=k) for r in reqs])
+        for r, ref, g in zip(reqs, refs, got):
+            one = eng.generate(**r, max_new_tokens=max_new_tokens, draft=mode, k=k)
+            assert g.token_ids == one.token_ids == ref.token_ids, (be.slots, mode, k, r)
+            assert g.text == one.text == ref.text and g.finish_reason == one.finish_reason == ref.finish_reason
             drafted[mode] += g.stats.drafted
-        assert max(g.stats.batch_size_mean for g in got) > 1.0  # the requests did share rounds
+        # the requests did share rounds (3 slots), or ran one at a time (the batch of one)
+        assert max(g.stats.batch_size_mean for g in got) > 1.0 if be.slots > 1 else \
+            all(g.stats.batch_size_mean == 1.0 for g in got)
+        out += got
     assert all(drafted.values()), drafted  # speculation really ran in every mode
+    return out
 
 
+@pytest.mark.parametrize("slots", SLOTS)
 @pytest.mark.parametrize("name", list(BATCH_BUNDLES))
-def test_greedy_batched_equals_batch_of_one_equals_target_alone_quick(engines, batch_engines, name):
-    check_batched_lossless(batch_engines[name], engines[name], 30 + SEEDS[name], 4, (1, 3))
+def test_greedy_batched_equals_batch_of_one_equals_target_alone_quick(engines, batch_engines, name, slots):
+    check_batched_lossless(batch_engines[name, slots], engines[name], 30 + SEEDS[name], 4, (1, 3))
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("slots", SLOTS)
 @pytest.mark.parametrize("name", list(BATCH_BUNDLES))
-def test_greedy_batched_every_drafter_every_k_equals_target_alone(engines, batch_engines, name):
-    check_batched_lossless(batch_engines[name], engines[name], 40 + SEEDS[name], 6, range(1, 9))
+def test_greedy_batched_every_drafter_every_k_equals_target_alone(engines, batch_engines, name, slots):
+    check_batched_lossless(batch_engines[name, slots], engines[name], 40 + SEEDS[name], 6, range(1, 9))
+
+
+# a tool a tiny model's answer calls within 48 tokens (tool_choice="required": the answer is a call)
+TOOLS = [{"type": "function", "function": {"name": "valve", "parameters": {
+    "type": "object", "properties": {"v": {"type": "integer", "minimum": 1, "maximum": 9}, "on": {"type": "boolean"}},
+    "required": ["v", "on"], "additionalProperties": False}}}]
+STRUCTURED = {"json_schema": lambda p: dict(prompt=p, json_schema=SCHEMA), "grammar": lambda p: dict(prompt=p, grammar=LARK),
+              "tools": lambda p: dict(messages=[{"role": "user", "content": p}], tools=TOOLS, tool_choice="required")}
+
+
+@pytest.fixture(scope="module")
+def tools_engines(request):
+    """name -> (a serial engine, {slots: a batched engine}) with room for the tools' system turn (288
+    tokens with the tiny tokenizer)."""
+    out = {}
+    for name in ("agree", "llama"):
+        path = request.getfixturevalue(BATCH_BUNDLES[name])
+        out[name] = (Engine.open(path, draft="auto", max_len=448),
+                     {n: BatchEngine.open(path, parallel=n, draft="auto", max_len=448) for n in SLOTS})
+    yield out
+    for eng, bes in out.values():
+        eng.close()
+        for be in bes.values():
+            be.close()
+
+
+@pytest.mark.parametrize("slots", SLOTS)
+@pytest.mark.parametrize("kind", list(STRUCTURED))
+@pytest.mark.parametrize("name", ["agree", "llama"])
+def test_greedy_batched_under_a_grammar_equals_constrained_target_alone(request, engines, batch_engines, name,
+                                                                        kind, slots):
+    """Structured output in a batch: three constrained requests at once (or queued on the batch of one),
+    every batched mode and `grammar` (its forced tokens alone), adaptive and k 1 and 3, give the serial
+    engine's tokens with that mode, which are the constrained target alone's; and every mode's proposals
+    carry the grammar's forced tokens in front (with_grammar: sources "grammar" and "grammar+<mode>")."""
+    if kind == "tools":
+        eng, bes = request.getfixturevalue("tools_engines")[name]
+        be = bes[slots]
+    else:
+        eng, be = engines[name], batch_engines[name, slots]
+    got = check_batched_lossless(be, eng, 70 + SEEDS[name], 3, (1, 3),
+                                 modes_=[*BATCH_MODES, "grammar"], form=STRUCTURED[kind], max_new_tokens=48)
+    forced = sum(n for g in got for src, n in g.stats.accepted_by_source.items() if src.startswith("grammar"))
+    assert forced > 0, [g.stats.accepted_by_source for g in got]
+    if kind == "tools":  # every answer that ended is a call of a listed tool
+        ended = [g for g in got if g.finish_reason == "stop"]
+        assert ended and all(g.tool_calls[0]["function"]["name"] == "valve" for g in ended)
 
 
 def test_deterministic_sampling_batched_equals_batch_of_one(tiny_bundle):
@@ -250,7 +311,7 @@ def test_deterministic_sampling_batched_equals_batch_of_one(tiny_bundle):
     eng = Engine.open(tiny_bundle, draft="auto", max_len=256, deterministic=True)
     rng = np.random.default_rng(5)
     prompts = [random_prompt(eng, rng, int(rng.integers(2, 30))) for _ in range(4)]
-    for mode in modes.BATCHED:
+    for mode in BATCH_MODES + ["none", "grammar"]:
         reqs = [dict(prompt=p, max_new_tokens=24, temperature=0.9, top_p=0.95, seed=100 + i, draft=mode)
                 for i, p in enumerate(prompts)]
         for r, g in zip(reqs, generate_all(be, reqs)):
@@ -308,12 +369,17 @@ def _with_docs(bundle, texts, out, max_len):
     return Engine.open(bundle, max_len=max_len, docs=str(out / "docs.idx"))
 
 
+def _prompts(eng, seed: int, n: int) -> list[str]:
+    """The prompts the lossless checks draw from `seed` (check_greedy_lossless, check_batched_lossless)."""
+    rng = np.random.default_rng(seed)
+    return [random_prompt(eng, rng, int(rng.integers(2, 40))) for _ in range(n)]
+
+
 def test_greedy_docs_drafter_equals_target_alone(engines, tiny_bundle, tmp_path):
     """The docs drafter, alone and as a source of auto, every k: the documents hold the target's own
     answers to the check's prompts (check_greedy_lossless draws the same ones from the same seed)."""
     eng, seed = engines["agree"], 60
-    rng = np.random.default_rng(seed)
-    prompts = [random_prompt(eng, rng, int(rng.integers(2, 40))) for _ in range(2)]
+    prompts = _prompts(eng, seed, 2)
     deng = _docs_engine(eng, tiny_bundle, prompts, tmp_path, 256, max_new_tokens=48)
     check_greedy_lossless(deng, seed, 2, (1, 3, 8), modes=["docs", "auto"])
     r = deng.generate(prompts[0], max_new_tokens=48, draft="docs")
