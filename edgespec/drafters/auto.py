@@ -26,7 +26,7 @@ from typing import Sequence
 
 from ..core.costmodel import CostModel
 from ..core.proposal import EMPTY, Proposal
-from .base import Beta, DraftCost, Drafter, DrafterBase
+from .base import Beta, DraftCost, Drafter, DrafterBase, StepPlan, drive
 from .ngram import ngram_alternatives
 
 PRIOR_WEIGHT = 4.0  # tokens of evidence a source's prior acceptance is worth: a few verdicts outweigh it,
@@ -213,6 +213,11 @@ class AutoDrafter(DrafterBase):
         return best, best_prop
 
     def propose(self, ctx, k, params, rng) -> Proposal:
+        return drive(self.propose_steps(ctx, k, params, rng))
+
+    def propose_steps(self, ctx, k, params, rng, now: bool = False) -> StepPlan:
+        """The chosen source's proposal: a free one's quoted proposal, or a model-step one's plan
+        (its propose_now's: `auto` priced the round). It has no gate of its own, so `now` changes nothing."""
         self._used = None
         if k <= 0:
             return EMPTY
@@ -220,4 +225,4 @@ class AutoDrafter(DrafterBase):
         if best is None:
             return EMPTY
         self._used = best
-        return prop if prop is not None else best.propose_now(ctx, k, params, rng)
+        return prop if prop is not None else (yield from best.propose_steps(ctx, k, params, rng, now=True))

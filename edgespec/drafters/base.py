@@ -5,6 +5,8 @@
     propose(ctx, k, params, rng) -> Proposal   at most k tokens that may follow ctx
     propose_now(ctx, k, params, rng)           the same, skipping any gate of its own on whether
                                                drafting pays (`auto` priced the round itself)
+    propose_steps(ctx, k, params, rng, now)    propose (now: propose_now) as a step plan: a generator
+                                               that yields each model step it needs (`drive`)
     feedback(proposal, accepted, valid_len)    learn from the verdict; forget cache rows past valid_len
     observe(rows, tokens)                      the target's verified logits rows (free candidates to keep)
     set_adaptive(on)                           choose k per round from measured costs, or use k as given
@@ -31,12 +33,20 @@
 Proposals are lossless whatever they contain: the target accepts only what it would have produced
 (greedy) or corrects the distribution (rejection sampling, core/speculative.py). Drafters only
 decide speed. `DrafterBase` gives the no-op defaults, so a drafter writes only what it does.
+
+A step plan is how a proposal that steps a model is run by whoever owns the steps. It yields each
+step it needs as an ask, `(runner, tokens, n_logits)`: feed `tokens` to `runner` (ModelRunner's
+interface) and send back the logits of the last n_logits of them, [n_logits, V]; it returns the
+Proposal. Alone, `drive` runs each ask on its runner in turn (the serial engine, a warm-up); a
+batched engine runs the asks of every request drafting in a round together, one batched draft step
+per turn (engine/draft_batch.py). The free drafters run no model step: the default plan returns
+their proposal without yielding.
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Generator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -45,6 +55,26 @@ from ..core.sampling import SamplingParams
 
 NEW_REQUEST_KEEP = 0.25  # weight of past requests' evidence when a request starts
 MIN_EVIDENCE = 1.0  # fading stops at one observation's worth of evidence
+
+Ask = tuple[Any, list[int], int]  # a step plan's model step: (runner, tokens, n_logits)
+StepPlan = Generator[Ask, np.ndarray, Proposal]  # yields asks, is sent their logits, returns the proposal
+
+
+def drive(plan: Generator[Ask, np.ndarray, Any]) -> Any:
+    """Runs a step plan alone, each ask on the runner it names, and returns what the plan returns.
+    A step's exception is raised inside the plan, where the step was asked for."""
+    try:
+        ask = next(plan)
+        while True:
+            runner, tokens, n_logits = ask
+            try:
+                logits = runner.step(tokens, n_logits)
+            except BaseException as e:  # noqa: BLE001 - raised where the plan asked for the step
+                ask = plan.throw(e)
+            else:
+                ask = plan.send(logits)
+    except StopIteration as done:
+        return done.value
 
 
 @dataclass
@@ -88,6 +118,9 @@ class Drafter(Protocol):
 
     def propose_now(self, ctx: Sequence[int], k: int, params: SamplingParams,
                     rng: np.random.Generator) -> Proposal: ...
+
+    def propose_steps(self, ctx: Sequence[int], k: int, params: SamplingParams,
+                      rng: np.random.Generator, now: bool = False) -> StepPlan: ...
 
     def feedback(self, proposal: Proposal, accepted: int, valid_len: int) -> None: ...
 
@@ -146,6 +179,13 @@ class DrafterBase:
         """propose() without a drafter's own gate on whether drafting pays (the draft model's skip
         gate): for `auto`, which priced the round before choosing this drafter."""
         return self.propose(ctx, k, params, rng)
+
+    def propose_steps(self, ctx: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator,
+                      now: bool = False) -> StepPlan:
+        """propose() (now: propose_now()) as a step plan (the module docstring). This one steps no
+        model: it returns the proposal without yielding, so a free drafter writes only propose()."""
+        return (self.propose_now if now else self.propose)(ctx, k, params, rng)
+        yield  # never reached: it makes this a generator, a plan that asks for no step
 
     def feedback(self, proposal: Proposal, accepted: int, valid_len: int) -> None:
         """`accepted` of proposal.tokens were accepted; the first `valid_len` tokens of the context

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core.constraint import Constraint
 from ..core.proposal import EMPTY, Proposal
-from .base import Beta, DrafterBase, Drafter, Quote
+from .base import Beta, DrafterBase, Drafter, Quote, StepPlan, drive
 
 FORCED_PRIOR = 0.95  # a forced token is accepted unless the target picks another tokenization of its text
 MIN_GAIN = 0.02  # free and nearly certain: a small margin over a plain step is enough
@@ -113,9 +113,15 @@ class WithGrammar(DrafterBase):
         self.inner.observe(rows, tokens)
 
     def propose(self, ctx, k, params, rng) -> Proposal:
+        return drive(self.propose_steps(ctx, k, params, rng))
+
+    def propose_steps(self, ctx, k, params, rng, now: bool = False) -> StepPlan:
+        """The forced tokens, then inner's plan after them (its model steps, if any, are yielded)."""
         forced = self.grammar.propose(ctx, k, params, rng)
         f = forced.tokens
-        rest = self.inner.propose(list(ctx) + f, k - len(f), params, rng) if len(f) < k else EMPTY
+        rest = EMPTY
+        if len(f) < k:
+            rest = yield from self.inner.propose_steps(list(ctx) + f, k - len(f), params, rng, now=now)
         self._last = (forced, rest)
         if not f or not rest.tokens:
             return rest if not f else forced

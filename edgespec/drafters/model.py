@@ -13,7 +13,7 @@ from ..core.runner import ModelRunner
 from ..core.sampling import SamplingParams, probs, sample
 from ..errors import InvalidRequest
 from ..limits import PREFILL_CHUNK
-from .base import Beta, DraftCost, DrafterBase
+from .base import Beta, DraftCost, DrafterBase, StepPlan, drive
 
 # Acceptance is learned per bin of the draft's own probability for the token it proposed: a
 # confident draft is usually right, an unsure one usually wrong, and that is known *before* paying
@@ -54,7 +54,9 @@ class ModelDrafter(DrafterBase):
     """The small draft model on its own in-place KV cache (a ModelRunner).
 
     Its cache holds a prefix of the context; `_sync` feeds whatever is missing in one step (the
-    target's last token, or a whole new prompt), so rewinding after a rejection is free. With
+    target's last token, or a whole new prompt), so rewinding after a rejection is free. A proposal
+    is a step plan (drafters/base.py): `propose` drives it on its own runner, a batched engine runs
+    the plans of all its requests' drafters together (engine/draft_batch.py). With
     `adaptive`, it stops drafting as soon as its own confidence says one more token is not worth
     its cost.
 
@@ -140,7 +142,7 @@ class ModelDrafter(DrafterBase):
         the draft, so a request whose rounds never need it never pays for it, and the first token
         never waits for it."""
         if self.eager_prefill and len(ctx) <= self.runner.max_len:
-            self._sync(ctx)
+            drive(self._sync(ctx))
 
     def reset(self) -> None:
         self.runner.reset()
@@ -198,9 +200,9 @@ class ModelDrafter(DrafterBase):
         return DraftCost(self.costs.draft_step(pending) if pending > 1 else one, one, self.mean.mean)
 
     # -- drafting ---------------------------------------------------------------------------------
-    def _sync(self, ctx: Sequence[int], window: int | None = None) -> np.ndarray:
-        """Makes the draft cache hold ctx (its last `window` tokens at least; default self.window)
-        and returns the logits row predicting the next token. Shapes: the fed chunks
+    def _sync(self, ctx: Sequence[int], window: int | None = None):
+        """A plan that makes the draft cache hold ctx (its last `window` tokens at least; default
+        self.window) and returns the logits row predicting the next token. Shapes: the fed chunks
         [<= PREFILL_CHUNK] -> row [vocab rows]."""
         window = self.window if window is None else window
         n = min(self._held(ctx), len(ctx) - self.start - 1)
@@ -214,20 +216,27 @@ class ModelDrafter(DrafterBase):
         end = len(ctx) - self.start
         while n < end:
             chunk = list(ctx[self.start + n : self.start + min(n + PREFILL_CHUNK, end)])
-            row = self.runner.step(chunk, 1)[0]
+            row = (yield self.runner, chunk, 1)[0]
             self.last_sizes.append(len(chunk))
             self.tokens.extend(chunk)
             n += len(chunk)
         return row
 
     def propose(self, ctx, k, params, rng) -> Proposal:
+        return drive(self.propose_steps(ctx, k, params, rng))
+
+    def propose_now(self, ctx, k, params, rng) -> Proposal:
+        return drive(self.propose_steps(ctx, k, params, rng, now=True))
+
+    def propose_steps(self, ctx, k, params, rng, now: bool = False) -> StepPlan:
         """This round's proposal, or EMPTY without a model step when drafting does not pay (the
-        class docstring's skip gate; adaptive only)."""
+        class docstring's skip gate; adaptive only). now: drafts whatever the skip gate says
+        (`auto` priced the round itself)."""
         self.last_sizes = []
         if k <= 0 or len(ctx) + k - 1 > self.runner.max_len:
             return EMPTY
-        if not self.adaptive or self.pays(k):
-            return self._draft(ctx, k, params, rng, None, probe=False)
+        if now or not self.adaptive or self.pays(k):
+            return (yield from self._draft(ctx, k, params, rng, None, probe=False))
         if not self.probe_due(ctx):
             self.skipped += 1
             return EMPTY
@@ -236,21 +245,14 @@ class ModelDrafter(DrafterBase):
         for b in (self.rounds, *self.by_conf):
             b.fade(PROBE_KEEP)
         window = PROBE_WINDOW if self.catch_up(ctx) > PROBE_WINDOW else None
-        return self._draft(ctx, k, params, rng, window, probe=True)
+        return (yield from self._draft(ctx, k, params, rng, window, probe=True))
 
-    def propose_now(self, ctx, k, params, rng) -> Proposal:
-        """Drafts this round whatever the skip gate says: `auto` priced the round itself."""
-        self.last_sizes = []
-        if k <= 0 or len(ctx) + k - 1 > self.runner.max_len:
-            return EMPTY
-        return self._draft(ctx, k, params, rng, None, probe=False)
-
-    def _draft(self, ctx, k, params, rng, window: int | None, *, probe: bool) -> Proposal:
-        """Syncs (reading at most `window` tokens afresh) and drafts; a probe proposes one token at
-        least, whatever its confidence says: it is there to be judged."""
+    def _draft(self, ctx, k, params, rng, window: int | None, *, probe: bool) -> StepPlan:
+        """A plan that syncs (reading at most `window` tokens afresh) and drafts; a probe proposes
+        one token at least, whatever its confidence says: it is there to be judged."""
         self.skipped = 0
         alts: list[list[tuple[int, float]]] = []
-        row = self._sync(ctx) if window is None else self._sync(ctx, window)
+        row = yield from (self._sync(ctx) if window is None else self._sync(ctx, window))
         tokens: list[int] = []
         confs: list[float] = []
         qs: list[np.ndarray] = []
@@ -271,7 +273,7 @@ class ModelDrafter(DrafterBase):
             confs.append(c)
             if not self.adaptive:
                 if j + 1 < k:
-                    row = self._step(t)
+                    row = yield from self._step(t)
                 continue
             p_all *= self.acceptance(c)
             e_tok += p_all
@@ -285,7 +287,7 @@ class ModelDrafter(DrafterBase):
             more = (e_tok + p_all * self.mean.mean) / (spent + d + self.costs.verify(j + 3))
             if more <= best_rate:
                 break
-            row = self._step(t)
+            row = yield from self._step(t)
         if self.adaptive:
             best_j = max(best_j, 1) if probe else best_j
             del tokens[best_j:], confs[best_j:], qs[best_j:]
@@ -302,8 +304,9 @@ class ModelDrafter(DrafterBase):
         t, c, q, self._picked_row = pick(row, params, rng, self.scored, self.usable, self.vocab_map)
         return t, c, q
 
-    def _step(self, t: int) -> np.ndarray:
-        row = self.runner.step([t], 1)[0]
+    def _step(self, t: int):
+        """A plan of one draft step on token t; returns the row predicting the next token."""
+        row = (yield self.runner, [t], 1)[0]
         self.tokens.append(t)
         self.last_sizes.append(1)
         return row

@@ -11,8 +11,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import numpy as np
-
 from ..core.costmodel import CostModel
 from ..core.self_runner import SelfRunner
 from ..errors import DraftUnavailable
@@ -80,14 +78,14 @@ class SelfDrafter(ModelDrafter):
     def reset(self) -> None:
         self.tokens = []
 
-    def _sync(self, ctx: Sequence[int]) -> np.ndarray:
+    def _sync(self, ctx: Sequence[int]):  # a step plan, as ModelDrafter's (drafters/base.py)
         target = self.runner.target
         if target.length != len(ctx) - 1:
             raise RuntimeError(f"self-draft: the target cache holds {target.length} tokens, the context "
                                f"needs {len(ctx) - 1} (core/speculative.py's invariant broken)")
         self.runner.length = target.length
         self.tokens = list(ctx[:-1])
-        row = self.runner.step([ctx[-1]], 1)[0]
+        row = (yield self.runner, [ctx[-1]], 1)[0]
         self.tokens.append(ctx[-1])
         self.last_sizes.append(1)
         return row

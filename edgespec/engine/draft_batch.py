@@ -1,132 +1,104 @@
-"""The draft model drafting for several requests in one batched step.
+"""The draft model drafting for several requests in one batched step, on one thread.
 
 A batched engine loads the draft model as a BatchRunner with one cache slot per request slot
-(core/batch_runner.py). Each slot's ModelDrafter runs its ordinary drafting loop (drafters/model.py:
-catch up, then one token at a time until its own confidence says stop) on a `DraftSlot`, one slot of
-that runner behind ModelRunner's interface. In a round (engine/round.py) the proposals of every
-request whose drafter steps a model are run by `DraftBatch.run`, each on a worker thread: a
-DraftSlot's step then does not run alone but waits, and once every drafting request is waiting or
-done, one batched step of the draft runs all their rows together, and each gets its logits back.
+(core/batch_runner.py); each slot's ModelDrafter drafts on a BatchSlot, that slot behind
+ModelRunner's interface. A proposal is a step plan (drafters/base.py): a generator that yields each
+draft step it needs as an ask (runner, tokens, n_logits), is sent that step's logits, and returns
+the proposal. In a round (engine/round.py) `DraftBatch.run` takes the plans of every request whose
+drafter steps a model and drives them in lockstep on the caller's thread: a turn collects every
+live plan's next ask, runs them together, sends each plan its rows, and the next turn begins, until
+every plan has returned.
 
-    requests A, B, C propose           A: catch-up [t, u]   B: [v]   C: [w]      -> one draft step
-                                        A: [x1]  B: [y1]  (C stopped drafting)   -> one draft step
-                                        A: [x2]  (B stopped)                      -> one (one row)
+    turn 1   A: catch-up [t, u]   B: [v]   C: [w]      -> one draft step
+    turn 2   A: [x1]   B: [y1]   (C returned)           -> one draft step
+    turn 3   A: [x2]   (B returned)                     -> one draft step (one row)
 
-So a round costs as many draft steps as its longest proposal, not the sum of all of them. Which rows
-share a step is decided by who is waiting, never by timing: every step waits for all drafting
-requests to be waiting or done, so the grouping, and with the runners' deterministic mode every
-row's logits, are the same on every run. A row of more than SHORT_ROW tokens (a prompt's catch-up)
-runs alone: padding every other row to its length would make them all pay for it.
+So a round costs as many draft steps as its longest proposal, not the sum of all of them. A row of
+more than SHORT_ROW tokens (a prompt's catch-up) runs alone in its turn: padding every other row to
+its length would make them all pay for it. Which rows share a step follows from the plans alone (a
+turn is each live plan's next ask, in the order of the plans), so the grouping, and with the runners'
+deterministic mode every row's logits, are the same on every run. A plan that raises, or whose step
+raises (the step's exception is thrown into the plans of its rows), ends alone: the others run on,
+and `run` raises the first error, in the order of the plans, once every plan is done. Outside a round
+(a warm-up, a proposal driven alone) a drafter's BatchSlot steps its slot alone.
 """
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence, TypeVar
-
-import numpy as np
+from typing import Sequence
 
 from ..core.batch_runner import BatchRunner, BatchSlot
+from ..core.proposal import Proposal
+from ..drafters.base import Ask, StepPlan
 
 SHORT_ROW = 4  # tokens: a catch-up longer than this (a prompt) runs alone rather than padding every row
-T = TypeVar("T")
 
 
 class DraftBatch:
-    """Gathers the draft steps of concurrent proposal calls into batched steps (module docstring)."""
+    """Drives the proposals' step plans of a round in lockstep, batching their draft steps (module
+    docstring)."""
 
     def __init__(self, runner: BatchRunner):
         self.runner = runner
-        self._cv = threading.Condition()
-        self._local = threading.local()
-        self._asks: dict[int, tuple[list[int], int]] = {}  # slot -> (tokens, n_logits), waiting for a step
-        self._answers: dict[int, object] = {}  # slot -> logits [n_logits, V] or the step's exception
-        self._live = 0  # calls of the running batch not yet returned
-        self._pool: ThreadPoolExecutor | None = None
 
-    def slot(self, i: int) -> "DraftSlot":
-        return DraftSlot(self, i)
+    def slot(self, i: int) -> BatchSlot:
+        """Slot i of the draft runner behind ModelRunner's interface: what slot i's drafter drafts on."""
+        return BatchSlot(self.runner, i)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        """Nothing to release: the plans run on the caller's thread."""
 
-    def run(self, calls: Sequence[Callable[[], T]]) -> list[T]:
-        """Runs the calls (proposals), batching their draft steps; returns their results in order.
-        A call's exception is raised here once every call has returned."""
-        if len(calls) < 2:
-            return [c() for c in calls]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.runner.slots, thread_name_prefix="edgespec-draft")
-        with self._cv:
-            self._live = len(calls)
-        futures = [self._pool.submit(self._call, c) for c in calls]
-        while True:
-            with self._cv:
-                self._cv.wait_for(lambda: len(self._asks) == self._live)
-                if self._live == 0:
-                    break
-                asks, self._asks = self._asks, {}
-            answers = self._steps(asks)
-            with self._cv:
-                self._answers.update(answers)
-                self._cv.notify_all()
-        return [f.result() for f in futures]
+    def run(self, plans: Sequence[StepPlan]) -> list[Proposal]:
+        """Drives the plans to their end, one batched draft step a turn; returns what each returned,
+        in order. A plan's exception is raised here once every plan has returned or raised."""
+        done: list = [None] * len(plans)
+        failed: dict[int, Exception] = {}
+        resume: dict[int, object] = dict.fromkeys(range(len(plans)))  # plan -> what it is sent (None: start)
+        while resume:
+            asks: dict[int, Ask] = {}
+            for i, got in resume.items():
+                plan = plans[i]
+                try:
+                    if got is None:
+                        asks[i] = next(plan)
+                    elif isinstance(got, BaseException):
+                        asks[i] = plan.throw(got)
+                    else:
+                        asks[i] = plan.send(got)
+                except StopIteration as end:
+                    done[i] = end.value
+                except Exception as e:  # noqa: BLE001 - raised once the other plans are done
+                    failed[i] = e
+            resume = self._turn(asks) if asks else {}
+        if failed:
+            raise failed[min(failed)]
+        return done
 
-    def _call(self, c: Callable[[], T]) -> T:
-        self._local.gather = True
-        try:
-            return c()
-        finally:
-            self._local.gather = False
-            with self._cv:
-                self._live -= 1
-                self._cv.notify_all()
-
-    def gathering(self) -> bool:
-        """Whether this thread runs a call of a batch (its steps are gathered)."""
-        return getattr(self._local, "gather", False)
-
-    def ask(self, slot: int, tokens: Sequence[int], n_logits: int) -> np.ndarray:
-        """A call's draft step: waits for the batched step that runs it; logits [n_logits, V]."""
-        with self._cv:
-            self._asks[slot] = (list(tokens), n_logits)
-            self._cv.notify_all()
-            self._cv.wait_for(lambda: slot in self._answers)
-            got = self._answers.pop(slot)
-        if isinstance(got, BaseException):
-            raise got
-        return got
-
-    def _steps(self, asks: dict[int, tuple[list[int], int]]) -> dict[int, object]:
-        """The waiting rows: the short ones in one batched step, each long one alone."""
+    def _turn(self, asks: dict[int, Ask]) -> dict[int, object]:
+        """One turn's asks (plan -> ask): the short rows in one batched step, each long one alone;
+        plan -> its logits [n_logits, V], or the exception of its step."""
         out: dict[int, object] = {}
-        short = {s: t for s, (t, _) in asks.items() if len(t) <= SHORT_ROW}
-        groups = ([short] if short else []) + [{s: t} for s, (t, _) in asks.items() if len(t) > SHORT_ROW]
-        for rows in groups:
+        short: dict[int, tuple[int, list[int], int]] = {}
+        groups: list[dict[int, tuple[int, list[int], int]]] = []
+        taken: set[int] = set()
+        for i, (runner, tokens, n_logits) in asks.items():
+            if not isinstance(runner, BatchSlot) or runner.runner is not self.runner or runner.slot in taken:
+                out[i] = ValueError(f"a draft step asked of {runner!r}: not a slot of this draft batch's "
+                                    "runner that no other proposal of the turn steps")
+                continue
+            taken.add(runner.slot)
+            row = (runner.slot, list(tokens), n_logits)
+            if len(row[1]) <= SHORT_ROW:
+                short[i] = row
+            else:
+                groups.append({i: row})
+        for rows in ([short] if short else []) + groups:
             try:
                 if len(rows) == 1:
-                    ((s, t),) = rows.items()
-                    got = {s: self.runner.step_one(s, t, asks[s][1]).copy()}
+                    ((i, (s, t, n)),) = rows.items()
+                    out[i] = self.runner.step_one(s, t, n).copy()
                 else:
-                    got = {s: x[len(x) - asks[s][1]:] for s, x in self.runner.step(rows).items()}
-                out.update(got)
-            except BaseException as e:  # noqa: BLE001 - the asking calls raise it
+                    got = self.runner.step({s: t for s, t, _ in rows.values()})
+                    out.update({i: got[s][len(got[s]) - n:] for i, (s, _, n) in rows.items()})
+            except BaseException as e:  # noqa: BLE001 - thrown into the plans that asked for the step
                 out.update(dict.fromkeys(rows, e))
         return out
-
-
-class DraftSlot(BatchSlot):
-    """One slot of the draft BatchRunner behind ModelRunner's interface (what a ModelDrafter drafts
-    on): inside `DraftBatch.run` its steps are gathered into batched ones, elsewhere (a warm-up) they
-    run alone."""
-
-    def __init__(self, batch: DraftBatch, slot: int):
-        super().__init__(batch.runner, slot)
-        self.batch = batch
-
-    def step(self, tokens, n_logits: int = 1) -> np.ndarray:
-        if self.batch.gathering():
-            return self.batch.ask(self.slot, tokens, n_logits)
-        return super().step(tokens, n_logits)

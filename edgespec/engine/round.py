@@ -8,10 +8,11 @@ The serial engine (loop.decode) runs every round as a batch of one; the batched 
 1. limits: the governor's (max k, free drafts only, no drafts, pacing), read once per round; under
    "free drafts only" a sequence whose drafter uses a model drafts with its free fallback instead;
 2. propose: each sequence's drafter proposes at most its k tokens (`Seq.k`, already capped by the
-   cache and max_new_tokens), cut at the first id past the usable vocabulary. Drafters that step a
-   model draft through `Conditions.drafts` when given (engine/draft_batch.py: one batched draft
-   step for every sequence that wants one); a batch of one with a tree verifier may widen its
-   proposal into a tree (engine/tree_round.py);
+   cache and max_new_tokens), cut at the first id past the usable vocabulary. With
+   `Conditions.drafts` (the batched engine), the drafters that step a model propose as step plans
+   (drafters/base.py) driven together in lockstep (engine/draft_batch.py: one batched draft step a
+   turn for every sequence drafting); without (the serial engine), each proposes with a plain call.
+   A batch of one with a tree verifier may widen its proposal into a tree (engine/tree_round.py);
 3. width: in a batch of several, the pass is as wide as its longest row, so adaptive rows are cut
    to the width with the most expected tokens per second for the batch (round_shape.py);
 4. verify: one target pass over every chain row (`Target.step`); a tree is verified by its verifier;
@@ -41,7 +42,7 @@ from ..core.constraint import Constraint
 from ..core.proposal import EMPTY, Proposal
 from ..core.sampling import SamplingParams
 from ..core.speculative import Round, usable_draft
-from ..drafters.base import Drafter
+from ..drafters.base import Drafter, StepPlan
 from .results import GenerationStats
 from .round_shape import RowPlan, choose_width
 
@@ -90,9 +91,9 @@ class OneSlot:
 
 
 class Drafts(Protocol):
-    """Runs proposal calls whose model steps may be batched together (engine/draft_batch.py)."""
+    """Drives proposals' step plans together, batching their model steps (engine/draft_batch.py)."""
 
-    def run(self, calls: Sequence[Callable[[], Proposal]]) -> list[Proposal]: ...
+    def run(self, plans: Sequence[StepPlan]) -> list[Proposal]: ...
 
 
 @dataclass
@@ -150,15 +151,15 @@ def run_round(target: Target, seqs: Sequence[Seq], cond: Conditions) -> list[Rou
         prop, draft, trees[0] = tv.propose(drafters[0], s.ctx, ks[0], s.params, s.rng, usable, s.tree)
         props = [(prop, draft)]
     else:
-        calls = [_proposer(d, s, k) for d, s, k in zip(drafters, seqs, ks)]
         wants = [i for i, (d, k) in enumerate(zip(drafters, ks)) if k > 0 and d.uses_model]
         made = [None] * len(seqs)
         if cond.drafts is not None and len(wants) > 1:
-            for i, p in zip(wants, cond.drafts.run([calls[i] for i in wants])):
+            plans = [drafters[i].propose_steps(seqs[i].ctx, ks[i], seqs[i].params, seqs[i].rng) for i in wants]
+            for i, p in zip(wants, cond.drafts.run(plans)):
                 made[i] = p
         props = []
         for i, (s, k) in enumerate(zip(seqs, ks)):
-            prop = made[i] if made[i] is not None else calls[i]()
+            prop = made[i] if made[i] is not None else _propose(drafters[i], s, k)
             props.append((prop, usable_draft(prop, k, usable)))
     # a constrained row ends at its first token the grammar forbids (it could never be accepted);
     # cuts: that row's length and, for a sampled proposal, the forbidden token's draft distribution
@@ -191,10 +192,8 @@ def run_round(target: Target, seqs: Sequence[Seq], cond: Conditions) -> list[Rou
     return rounds
 
 
-def _proposer(d: Drafter, s: Seq, k: int) -> Callable[[], Proposal]:
-    if k <= 0:
-        return lambda: EMPTY
-    return lambda: d.propose(s.ctx, k, s.params, s.rng)
+def _propose(d: Drafter, s: Seq, k: int) -> Proposal:
+    return d.propose(s.ctx, k, s.params, s.rng) if k > 0 else EMPTY
 
 
 def _accept(target: Target, s: Seq, d: Drafter, prop: Proposal, draft: list[int], logits: np.ndarray,

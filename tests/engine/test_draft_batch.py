@@ -1,25 +1,30 @@
-"""The draft model's steps gathered across requests (engine/draft_batch.py), on a fake BatchRunner:
-which rows share a step is decided by who is waiting, never by timing, and a failing call fails
-alone."""
+"""The draft model's steps of a round's proposals run in lockstep (engine/draft_batch.py), on a fake
+BatchRunner: which rows share a step follows from the plans alone, a long catch-up runs alone, a
+failing plan or step fails alone, each plan gets what it would alone, and no thread is started."""
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pytest
 
-from edgespec.core.batch_runner import BatchTimes
+from edgespec.core.batch_runner import BatchSlot, BatchTimes
+from edgespec.drafters.base import drive
 from edgespec.engine.draft_batch import SHORT_ROW, DraftBatch
 
 V = 8
 
 
 class FakeRunner:
-    """A BatchRunner's public interface: logits row j of slot s after token t is one-hot at (t + s) % V."""
+    """A BatchRunner's public interface: logits row j of slot s after token t is one-hot at (t + s) % V.
+    on_step(rows) is called before each pass; it may raise (a failing step)."""
 
-    def __init__(self, slots: int):
+    def __init__(self, slots: int, on_step=None):
         self.slots, self.max_len, self.vocab_size, self.deterministic = slots, 64, V, False
         self.lengths = [0] * slots
         self.times = BatchTimes()
         self.passes: list[dict[int, int]] = []  # slot -> tokens, per pass
+        self.on_step = on_step
 
     def _rows(self, slot, tokens):
         out = np.zeros((len(tokens), V), dtype=np.float32)
@@ -28,6 +33,8 @@ class FakeRunner:
         return out
 
     def step(self, rows):
+        if self.on_step is not None:
+            self.on_step(rows)
         self.passes.append({s: len(t) for s, t in rows.items()})
         out = {}
         for s, t in rows.items():
@@ -36,9 +43,7 @@ class FakeRunner:
         return out
 
     def step_one(self, slot, tokens, n_logits=1):
-        self.passes.append({slot: len(tokens)})
-        self.lengths[slot] += len(tokens)
-        return self._rows(slot, tokens)[len(tokens) - n_logits:]
+        return self.step({slot: tokens})[slot][len(tokens) - n_logits:]
 
     def rewind(self, slot, length):
         self.lengths[slot] = length
@@ -51,56 +56,101 @@ class FakeRunner:
         return self.max_len - self.lengths[slot]
 
 
-def _drafting(slot, steps: int, first: list[int]):
-    """A drafter's loop: a catch-up of `first`, then `steps` one-token steps, each fed its last argmax."""
-    def call():
-        row = slot.step(first, 1)[0]
-        got = [int(np.argmax(row))]
-        for _ in range(steps):
-            got.append(int(np.argmax(slot.step([got[-1]], 1)[0])))
-        return got
-    return call
+def _drafting(runner, steps: int, first: list[int]):
+    """A drafter's plan: a catch-up of `first`, then `steps` one-token steps, each fed its last argmax."""
+    row = (yield runner, first, 1)[0]
+    got = [int(np.argmax(row))]
+    for _ in range(steps):
+        got.append(int(np.argmax((yield runner, [got[-1]], 1)[0])))
+    return got
 
 
-def test_steps_are_gathered_by_who_waits_and_each_call_gets_its_own_rows():
+def test_steps_are_grouped_by_turn_and_each_plan_gets_its_own_rows():
     runner = FakeRunner(3)
     db = DraftBatch(runner)
     slots = [db.slot(i) for i in range(3)]
-    calls = [_drafting(slots[0], 3, [1]), _drafting(slots[1], 1, [2, 3]), _drafting(slots[2], 0, [4])]
-    for _ in range(3):  # the same grouping every time, whatever the threads' timing
+    for _ in range(3):  # the same grouping every time
         runner.passes.clear()
-        got = db.run(calls)
+        got = db.run([_drafting(slots[0], 3, [1]), _drafting(slots[1], 1, [2, 3]), _drafting(slots[2], 0, [4])])
         assert runner.passes == [{0: 1, 1: 2, 2: 1}, {0: 1, 1: 1}, {0: 1}, {0: 1}]
-    # each call's tokens follow its own slot's rows, as if it ran alone
+    # each plan's tokens follow its own slot's rows, as if it ran alone
     alone = FakeRunner(3)
-    for s, c in enumerate((_drafting(DraftBatch(alone).slot(0), 3, [1]), _drafting(DraftBatch(alone).slot(1), 1, [2, 3]),
-                           _drafting(DraftBatch(alone).slot(2), 0, [4]))):
-        assert got[s] == c()
-    db.close()
+    assert got == [drive(_drafting(BatchSlot(alone, 0), 3, [1])), drive(_drafting(BatchSlot(alone, 1), 1, [2, 3])),
+                   drive(_drafting(BatchSlot(alone, 2), 0, [4]))]
+    assert got == [[1, 1, 1, 1], [4, 5], [6]]
 
 
-def test_a_long_catch_up_runs_alone_and_a_failing_call_fails_alone():
+def test_a_long_catch_up_runs_alone_and_a_failing_plan_fails_alone():
     runner = FakeRunner(2)
     db = DraftBatch(runner)
     a, b = db.slot(0), db.slot(1)
     long_prompt = list(range(SHORT_ROW + 3))
     runner.passes.clear()
     db.run([_drafting(a, 1, long_prompt), _drafting(b, 1, [5])])
-    assert {0: len(long_prompt)} in runner.passes and {1: 1} in runner.passes  # not padded to the prompt
-    assert {0: len(long_prompt), 1: 1} not in runner.passes
+    assert runner.passes == [{1: 1}, {0: len(long_prompt)}, {0: 1, 1: 1}]  # not padded to the prompt
 
     def broken():
-        b.step([1], 1)
+        yield b, [1], 1
         raise RuntimeError("drafter bug")
 
+    runner.passes.clear()
     with pytest.raises(RuntimeError, match="drafter bug"):
-        db.run([_drafting(a, 2, [1]), broken])
+        db.run([_drafting(a, 2, [1]), broken()])
+    assert runner.passes == [{0: 1, 1: 1}, {0: 1}, {0: 1}]  # the other plan ran to its end
     assert db.run([_drafting(a, 0, [1]), _drafting(b, 0, [1])]) == [[1], [2]]  # and the batch still runs
-    db.close()
 
 
-def test_outside_a_batch_a_slot_steps_alone():
+def test_a_failing_step_is_raised_in_the_plans_of_its_rows_only():
+    def fail_long(rows):
+        if any(len(t) > SHORT_ROW for t in rows.values()):
+            raise MemoryError("draft step out of memory")
+
+    runner = FakeRunner(3, on_step=fail_long)
+    db = DraftBatch(runner)
+    seen = []
+
+    def catching(slot, first):
+        try:
+            yield slot, first, 1
+        except MemoryError as e:
+            seen.append(str(e))
+            raise
+
+    short = _drafting(db.slot(0), 1, [1])
+    with pytest.raises(MemoryError, match="out of memory"):
+        db.run([short, catching(db.slot(1), list(range(SHORT_ROW + 1))), _drafting(db.slot(2), 0, [3])])
+    assert seen == ["draft step out of memory"]  # thrown where the plan asked for the step
+    assert runner.passes == [{0: 1, 2: 1}, {0: 1}]  # the short rows' plans ran on
+
+
+def test_a_step_on_a_foreign_or_doubled_slot_is_refused_to_its_plan():
     runner = FakeRunner(2)
     db = DraftBatch(runner)
-    assert db.run([_drafting(db.slot(1), 1, [3])]) == [[4, 5]]  # one call: no threads, its own steps
-    assert runner.passes == [{1: 1}, {1: 1}]
+    with pytest.raises(ValueError, match="not a slot of this draft batch's runner"):
+        db.run([_drafting(BatchSlot(FakeRunner(2), 0), 0, [1]), _drafting(db.slot(1), 0, [1])])
+    assert runner.passes == [{1: 1}]
+    with pytest.raises(ValueError, match="no other proposal of the turn steps"):
+        db.run([_drafting(db.slot(0), 0, [1]), _drafting(db.slot(0), 0, [2])])
+
+
+def test_a_plan_driven_alone_steps_its_slot_alone():
+    runner = FakeRunner(2)
+    db = DraftBatch(runner)
+    assert drive(_drafting(db.slot(1), 1, [3])) == [4, 5]
+    assert db.run([_drafting(db.slot(1), 1, [3])]) == [[4, 5]]
+    assert runner.passes == [{1: 1}, {1: 1}, {1: 1}, {1: 1}]
+
+
+def test_run_starts_no_thread():
+    """The plans run in lockstep on the caller's thread: asserted from inside each draft step."""
+    before = threading.active_count()
+    inside = []
+
+    def look(rows):
+        inside.append((threading.active_count(), threading.current_thread() is threading.main_thread(),
+                       [t.name for t in threading.enumerate() if t.name.startswith("edgespec-draft")]))
+
+    runner = FakeRunner(3, on_step=look)
+    db = DraftBatch(runner)
+    db.run([_drafting(db.slot(0), 2, [1]), _drafting(db.slot(1), 1, [2]), _drafting(db.slot(2), 0, [3])])
+    assert inside == [(before, True, [])] * 3
