@@ -9,8 +9,8 @@ entry for the caches. Every SAMPLE_EVERY seconds /metrics is read: resident memo
 tokens and evictions, the caches' entries (server/metrics.py memory_gauges). The curve is printed as it
 goes, one line a sample.
 
-Verdict: capacity is reached at the first sample where the suffix indexes have evicted (they are full)
-and the conversation cache holds its capacity. The samples after it are split in halves; the run fails
+Verdict: capacity is reached at the first sample where the suffix indexes have evicted (they are
+full). The samples after it are split in halves; the run fails
 when the later half's highest RSS is over the earlier half's by more than NOISE_MIB (RSS still growing
 with nothing left to fill), when the RSS of the run's last third climbs steadily (its least-squares slope
 against requests over SLOPE_MIB_PER_1000 MiB per 1,000 requests, and its fitted rise over the third more
@@ -47,7 +47,7 @@ CAPACITY = 4096  # --suffix-capacity of the soaked server: tokens, full after a 
 WORDS = ("Write a haiku about the sea.", "List three fruits.", "What is a prime number?", "Say hello in French.",
          "Name a planet.", "Count to five.", "Describe a cat.", "Why is the sky blue?", "Give me a word that rhymes with tree.")
 GAUGES = ("resident_memory_bytes", "suffix_index_tokens", "suffix_index_capacity_tokens", "suffix_index_evicted_tokens",
-          "suffix_index_bytes", "conversation_cache_entries", "conversation_cache_capacity", "template_cache_entries")
+          "suffix_index_bytes", "template_cache_entries")
 
 
 @dataclass
@@ -63,14 +63,13 @@ class Sample:
     @property
     def full(self) -> bool:
         g = self.gauges
-        return g["suffix_index_evicted_tokens"] > 0 and g["conversation_cache_entries"] >= g["conversation_cache_capacity"]
+        return g["suffix_index_evicted_tokens"] > 0
 
     def line(self) -> str:
         g = self.gauges
         return (f"{self.seconds:7.0f} s {self.requests:7d} req  rss {self.rss_mib:7.1f} MiB  suffix "
                 f"{g['suffix_index_tokens']:.0f}/{g['suffix_index_capacity_tokens']:.0f} tokens "
                 f"({g['suffix_index_bytes'] / (1 << 20):.1f} MiB, {g['suffix_index_evicted_tokens']:.0f} evicted)  "
-                f"conversations {g['conversation_cache_entries']:.0f}/{g['conversation_cache_capacity']:.0f}  "
                 f"templates {g['template_cache_entries']:.0f}" + ("  [full]" if self.full else ""))
 
 

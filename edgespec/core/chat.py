@@ -6,10 +6,7 @@ template is data from a file, not code we trust.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
-from array import array
 from typing import Any, Sequence
 
 from ..errors import InvalidRequest
@@ -116,47 +113,7 @@ def _as_text_tokenizer(tokenizer: Any) -> Any:
         return hit[1]
 
 
-# A request's conversation is encoded twice: by the server's handler to count its tokens (the request's
-# own thread) and by the engine's worker to run it (shared by every request). The second is answered
-# from here, so a long render is paid once, by the request that sent it, never by the worker.
-ENCODED_KEEP = 16  # conversations remembered (the queue's few); ids as 4-byte integers
-_encoded: dict[bytes, tuple[Any, array]] = {}
-_encoded_lock = threading.Lock()
-
-
-def _conversation_key(template: str | None, messages: Sequence[dict], render_kw: dict) -> bytes | None:
-    try:
-        text = json.dumps([template, messages, render_kw], sort_keys=True, ensure_ascii=False)
-    except (TypeError, ValueError):  # a caller's own objects: not remembered
-        return None
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
-
-
 def encode_chat(tokenizer: Any, template: str | None, messages: Sequence[dict], **render_kw: Any) -> list[int]:
-    """encode_chat_once's ids, remembered for the last ENCODED_KEEP conversations (see above)."""
-    key = _conversation_key(template, messages, render_kw)
-    if key is not None:
-        with _encoded_lock:
-            hit = _encoded.get(key)
-        if hit is not None and hit[0] is tokenizer:
-            return hit[1].tolist()
-    ids = encode_chat_once(tokenizer, template, messages, **render_kw)
-    if key is not None:
-        with _encoded_lock:
-            _encoded.pop(key, None)
-            _encoded[key] = (tokenizer, array("i", ids))
-            while len(_encoded) > ENCODED_KEEP:
-                del _encoded[next(iter(_encoded))]
-    return ids
-
-
-def conversations_remembered() -> int:
-    """Conversations encode_chat remembers now, at most ENCODED_KEEP (/metrics' memory gauges)."""
-    with _encoded_lock:
-        return len(_encoded)
-
-
-def encode_chat_once(tokenizer: Any, template: str | None, messages: Sequence[dict], **render_kw: Any) -> list[int]:
     """Token ids of the chat prompt, in which no message content can produce a special token.
 
     Content without any special-token string (nearly every request) is rendered and encoded in one

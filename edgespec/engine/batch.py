@@ -60,7 +60,7 @@ from . import build
 from .build import Plan
 from .engine import open_knowledge, read_documents
 from .pinned import PinnedPrefix, prefix_tokens
-from .requests import Options, Request, RequestParser, Vocabulary, not_loaded
+from .requests import Options, Prepared, Request, RequestParser, Vocabulary, as_prepared, not_loaded
 from .results import GenerationResult, GenerationStats, Stream
 from .batch_drafters import BatchDrafters, DraftModel
 from .draft_batch import DraftBatch
@@ -218,18 +218,24 @@ class BatchEngine:
         return out
 
     # -- requests ---------------------------------------------------------------------------------
-    def submit(self, prompt: str | None = None, *, on_delta: Callable[[str], None] | None = None,
-               on_start: Callable[[], None] | None = None, **options) -> Ticket:
-        """Validates and tokenizes now (bad input raises here); the request joins at the next round.
-        The options are Engine.stream's (requests.Options); batched rounds are chains: tree "auto"
-        and "off" run them, "on" is refused. on_delta(text) is called from the batch thread for each
-        text delta, on_start() when the request takes a slot. With documents (docs=INDEX) a chat turn
-        reads its passages as the serial engine's does (engine.read_documents): a declined one is done
-        on return, without the model; the others' results carry their sources."""
+    def prepare(self, prompt: str | None = None, **options) -> Prepared:
+        """Engine.prepare for the batch, on the caller's thread: the options are Engine.stream's
+        (requests.Options); batched rounds are chains: tree "auto" and "off" run them, "on" is
+        refused. With documents (docs=INDEX) a chat turn reads its passages as the serial engine's
+        does (engine.read_documents)."""
         o, turn = read_documents(self.knowledge, Options(prompt=prompt, **options), self.count_tokens, self.max_len)
-        if turn is not None and turn.declined:
+        return Prepared(o, None if turn is not None and turn.declined else self._parse(o), turn)
+
+    def submit(self, prompt: str | Prepared | None = None, *, on_delta: Callable[[str], None] | None = None,
+               on_start: Callable[[], None] | None = None, **options) -> Ticket:
+        """A request prepared (prepare()), or prepared now from the prompt and options (bad input
+        raises here); it joins at the next round. on_delta(text) is called from the batch thread for
+        each text delta, on_start() when the request takes a slot. A turn the documents declined is
+        done on return, without the model; the others' results carry their sources."""
+        p = as_prepared(prompt, options, self.prepare)
+        turn, req = p.turn, p.request
+        if req is None:
             return self._declined(turn, on_delta)
-        req = self._parse(o)
         with self._cv:
             self._ids += 1
             t = Ticket(self._ids, len(req.ids), on_delta, on_start)

@@ -24,14 +24,14 @@ from ..core.proposal import common_prefix
 from ..core.runner import ModelRunner
 from ..drafters import Drafter, modes
 from ..drafters.grammar import with_grammar
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, PromptTooLong
 from ..knowledge.answer import Turn, declined, with_sources
 from ..limits import DEFAULT_K_CAP
 from ..models.bundle import Bundle
 from . import build, selfdraft
 from .build import Plan
 from .loop import Parts, PrefixCache, decode
-from .requests import Options, Request, RequestParser, Vocabulary, not_loaded
+from .requests import Options, Prepared, Request, RequestParser, Vocabulary, as_prepared, not_loaded
 from .results import GenerationResult, GenerationStats, Stream
 from .sequence import Drafting
 from .settings import Settings
@@ -219,17 +219,24 @@ class Engine:
         assert s.result is not None
         return s.result
 
-    def stream(self, prompt: str | None = None, **options) -> Stream:
-        """Validates and tokenizes now (bad input raises here, before anything runs); generation
-        runs as the stream is iterated. The options (messages, max_new_tokens, temperature, top_p,
-        top_k, seed, stop, draft, k, cancel, tree, json_schema, grammar, tools, tool_choice, strict)
-        are requests.Options': tree verification of the drafts (docs/runtime.md), structured output
+    def prepare(self, prompt: str | None = None, **options) -> Prepared:
+        """Everything a request needs before it runs, on the caller's thread: the documents' turn
+        read (a chat request, with docs=INDEX), the options checked and the prompt tokenized (bad
+        input raises here). The options (messages, max_new_tokens, temperature, top_p, top_k, seed,
+        stop, draft, k, cancel, tree, json_schema, grammar, tools, tool_choice, strict) are
+        requests.Options': tree verification of the drafts (docs/runtime.md), structured output
         (docs/structured-output.md: the result's tool_calls holds a tool call)."""
         o, turn = read_documents(self.knowledge, Options(prompt=prompt, **options), self.count_tokens, self.max_len)
-        if turn is not None and turn.declined:
+        return Prepared(o, None if turn is not None and turn.declined else self._parse(o), turn)
+
+    def stream(self, prompt: str | Prepared | None = None, **options) -> Stream:
+        """A request prepared (prepare()), or prepared now from the prompt and options (bad input
+        raises here, before anything runs); generation runs as the stream is iterated."""
+        p = as_prepared(prompt, options, self.prepare)
+        turn, req = p.turn, p.request
+        if req is None:
             return Stream(declined(turn, self.tokenizer, GenerationResult, GenerationStats), 0)
-        req = self._parse(o)
-        blocks = self._venue_ids(turn, o.messages)
+        blocks = self._venue_ids(turn, p.options.messages)
         if blocks is not None:
             req = dataclasses.replace(req, ids=blocks[1])
         gen = self._run(req, blocks[0] if blocks is not None else ())
@@ -367,5 +374,8 @@ def read_documents(knowledge, o: Options, count_tokens, max_len: int) -> tuple[O
     turn's options are the request's own: the caller answers it without the model."""
     if knowledge is None or o.messages is None or o.tools:
         return o, None
-    turn = knowledge.turn(o.messages, max_len - count_tokens(messages=o.messages) - min(o.max_new_tokens, 128))
+    n = count_tokens(messages=o.messages)
+    if n >= max_len:  # too long before any passage: refused as it is without documents, not declined
+        raise PromptTooLong(n, o.max_new_tokens, max_len)
+    turn = knowledge.turn(o.messages, max_len - n - min(o.max_new_tokens, 128))
     return (o if turn.declined else dataclasses.replace(o, messages=turn.messages)), turn

@@ -64,6 +64,33 @@ class Request:
     structured: Structured | None = None  # what was asked (the tool calls are read back from the answer with it)
 
 
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """A request made ready to run by an engine's `prepare()`, on the caller's thread: the options it
+    runs with (the documents' passages in its last turn, where the engine reads documents), its
+    Request (parsed, checked and tokenized: None when the documents declined the turn, which is
+    answered without the model) and that turn (knowledge.answer.Turn; None without documents).
+    Engine.stream and BatchEngine.submit run it as given: nothing is parsed or tokenized again."""
+
+    options: Options
+    request: Request | None
+    turn: Any = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The tokens the model reads before answering (0 for a declined turn)."""
+        return len(self.request.ids) if self.request is not None else 0
+
+
+def as_prepared(prompt, options: dict, prepare: Callable[..., Prepared]) -> Prepared:
+    """What Engine.stream and BatchEngine.submit run: a Prepared as given, else prepare(prompt, **options)."""
+    if isinstance(prompt, Prepared):
+        if options:
+            raise TypeError(f"a Prepared request runs as prepared: pass {', '.join(sorted(options))} to prepare()")
+        return prompt
+    return prepare(prompt, **options)
+
+
 class Encoder:
     """Text or chat messages -> the token ids a request starts from (the bundle's chat template,
     its BOS rule)."""

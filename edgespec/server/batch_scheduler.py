@@ -127,8 +127,8 @@ class BatchScheduler(Scheduler):
                 job.post("delta", delta)
 
             try:
-                ticket = be.submit(**job.request.engine_kwargs(), cancel=job.should_stop, on_delta=on_delta)
-            except Exception as e:  # noqa: BLE001 - the request's own fault (validation) goes back to it
+                ticket = be.submit(job.prepared, on_delta=on_delta)
+            except Exception as e:  # noqa: BLE001 - a bug here fails its request, not the worker
                 job.finished = time.monotonic()
                 job.post("error", e)
                 continue

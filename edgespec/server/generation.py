@@ -2,10 +2,10 @@
 watch the connection (a client that hangs up cancels its generation) and decide the status code only
 when the first token or error is known.
 
-Request flow: auth -> ready? -> body (size- and time-limited) -> validate -> count prompt tokens ->
-queue -> worker thread -> events back here -> JSON or server-sent events. A client that goes away,
-whenever it happens, surfaces as one exception (ClientGone) handled in one place: logged as 499,
-nothing sent.
+Request flow: auth -> ready? -> body (size- and time-limited) -> validate -> the engine prepares it
+(documents read, options checked, prompt tokenized: once) -> queue -> worker thread -> events back
+here -> JSON or server-sent events. A client that goes away, whenever it happens, surfaces as one
+exception (ClientGone) handled in one place: logged as 499, nothing sent.
 """
 from __future__ import annotations
 
@@ -108,18 +108,18 @@ class GenerationEndpoint:
         # off the event loop: a 1 MiB body of 30,000 messages takes a tenth of a second to check, which
         # every other connection would otherwise wait out
         req = await run_in_threadpool(parse_request, self.kind, raw, self.state.limits)
-        engine = self.state.engine
+        timeout = cfg.request_timeout
+        job = Job(rid, req, asyncio.get_running_loop(), deadline=t0 + timeout, timeout=timeout, created=t0)
+        # the engine prepares the request once, here (documents, checks, the prompt's tokens): a bad one
+        # is a 400 before it is queued, and the worker runs what was prepared
         try:
-            n = await run_in_threadpool(engine.count_tokens, **req.prompt_kwargs())
+            job.prepared = await run_in_threadpool(self.state.engine.prepare, **req.engine_kwargs(),
+                                                   cancel=job.should_stop)
         except PromptTooLong as e:
             raise too_long(e.prompt_tokens, e.capacity, self.param) from None
         except InvalidRequest as e:
             raise APIError(400, str(e), param=e.param) from None
-        if n + 1 > engine.max_len:
-            raise too_long(n, engine.max_len, self.param)
-        timeout = cfg.request_timeout
-        job = Job(rid, req, asyncio.get_running_loop(), deadline=t0 + timeout, timeout=timeout,
-                  prompt_tokens=n, created=t0)
+        job.prompt_tokens = job.prepared.prompt_tokens
         self.state.scheduler.submit(job)
         return job
 

@@ -200,7 +200,6 @@ def memory_gauges(engine: Any) -> dict[str, tuple[str, float | int]]:
     the suffix indexes' tokens against their capacity (and what they have evicted: past zero, they
     are full), and the bounded caches' entries against theirs. Once every one of them has reached its
     capacity, resident memory should stop growing."""
-    from ..core import chat
     from ..models import template, template_process
 
     tokens, capacity, evicted, nbytes = _suffix_figures(engine)
@@ -211,8 +210,6 @@ def memory_gauges(engine: Any) -> dict[str, tuple[str, float | int]]:
         "edgespec_suffix_index_evicted_tokens": ("tokens the suffix indexes have evicted to stay within capacity",
                                                  evicted),
         "edgespec_suffix_index_bytes": ("bytes of the suffix indexes' buffers and automata", nbytes),
-        "edgespec_conversation_cache_entries": ("encoded conversations remembered (count -> run)", chat.conversations_remembered()),
-        "edgespec_conversation_cache_capacity": ("encoded conversations remembered at most", chat.ENCODED_KEEP),
         "edgespec_template_cache_entries": ("compiled chat templates and their prices remembered",
                                             max(compiled.currsize, template_process.templates_priced())),
         "edgespec_template_cache_capacity": ("compiled chat templates remembered at most", compiled.maxsize or 0),

@@ -3,7 +3,8 @@
 Why a thread and not the event loop: Engine calls block for a whole target pass (tens of ms to
 seconds on a Pi), which would freeze every other connection, /health and the watchdog. The worker
 posts each text delta back to the event loop with `call_soon_threadsafe`, so the HTTP side never
-touches the engine except for `count_tokens` (tokenizer only).
+touches the models: it only calls the engine's `prepare` (the tokenizer, the documents' index), and
+the worker runs the Prepared a job carries.
 
 Cancellation is cooperative: each job carries a `should_stop()` that the engine calls before every
 target pass, so a client that goes away, a per-request timeout or a shutdown frees the engine
@@ -42,6 +43,7 @@ class Job:
     deadline: float  # time.monotonic() after which the engine is asked to stop
     timeout: float = 0.0  # the request timeout the deadline came from (for messages)
     prompt_tokens: int = 0
+    prepared: Any = None  # the engine's Prepared (ServedEngine.prepare): what the worker runs
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     created: float = field(default_factory=time.monotonic)  # request arrival (for time to first token)
     queued: float | None = None  # when it entered the queue (for queue wait)
@@ -195,7 +197,7 @@ class Scheduler:
         job.started = time.monotonic()
         job.post("start")
         try:
-            stream = self.engine.stream(**job.request.engine_kwargs(), cancel=job.should_stop)
+            stream = self.engine.stream(job.prepared)
             for n, delta in enumerate(stream, 1):
                 if delta:
                     if job.first_delta is None:

@@ -3,13 +3,16 @@
 `edgespec.engine.Engine` and `edgespec.engine.batch.BatchEngine` both provide every member below with the
 same meaning, so the handlers read them directly (never a private name); what a scheduler
 drives beyond them is its own engine's (Engine.stream for scheduler.py, BatchEngine.submit and round
-for batch_scheduler.py). The server tests' fake engine implements this same Protocol and returns the
-real result types, so a fake cannot drift from what the handlers read.
+for batch_scheduler.py). A request is prepared once, by the handler (`prepare`: documents read,
+options checked, prompt tokenized), and its Prepared is what the scheduler hands the engine to run.
+The server tests' fake engine implements this same Protocol and returns the real result types, so a
+fake cannot drift from what the handlers read.
 """
 from __future__ import annotations
 
 from typing import Any, Iterator, Protocol
 
+from ..engine.requests import Prepared
 from ..engine.results import GenerationResult
 
 
@@ -33,9 +36,14 @@ class ServedEngine(Protocol):
     def drafter_stats(self) -> dict[str, dict]:
         """Each drafter's stats() by name (drafters/base.py): plain numbers, read without locks."""
 
+    def prepare(self, prompt: str | None = None, **options) -> Prepared:
+        """The request ready to run (its `prompt_tokens`): bad input raises InvalidRequest naming
+        the parameter (PromptTooLong for a prompt the cache cannot hold)."""
+
     def count_tokens(self, prompt: str | None = None, *, messages=None) -> int: ...
 
-    def stream(self, prompt: str | None = None, *, messages=None, **kw) -> ServedStream: ...
+    def stream(self, prompt: Prepared | str | None = None, **options) -> ServedStream:
+        """A Prepared run as it is (or a prompt and options prepared first)."""
 
     def generate(self, prompt: str | None = None, **kw) -> GenerationResult: ...
 

@@ -63,7 +63,8 @@ class GenRequest:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def engine_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for Engine.generate / Engine.stream (without `cancel`)."""
+        """OpenAI's names mapped onto the engine's options: keyword arguments for Engine.prepare
+        (without `cancel`)."""
         kw: dict[str, Any] = dict(
             max_new_tokens=self.max_tokens,
             temperature=self.temperature,
@@ -88,10 +89,6 @@ class GenRequest:
         if self.lenient:
             kw["strict"] = False
         return kw
-
-    def prompt_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for Engine.count_tokens."""
-        return {"messages": self.messages} if self.kind == "chat" else {"prompt": self.prompt}
 
 
 def _no_constants(name: str) -> Any:

@@ -43,6 +43,14 @@ class FakeStream(ServedStream):
 
 
 @dataclass
+class FakePrepared:
+    prompt_tokens: int
+    max_new_tokens: int
+    cancel: object
+    kw: dict
+
+
+@dataclass
 class FakeEngine(ServedEngine):
     """Writes ' w0 w1 ...' one word per target pass; `delay` seconds per pass; checks `cancel` before
     each pass like the real Engine. Records what it was asked and how each run ended."""
@@ -58,6 +66,7 @@ class FakeEngine(ServedEngine):
     knowledge: object = None
     pinned: object = None
     governor: object = None
+    prepared: int = 0  # prepare() calls
 
     def drafter_stats(self):
         return {}  # no drafters: no suffix index to report
@@ -68,15 +77,21 @@ class FakeEngine(ServedEngine):
             raise KeyError("a bug in the tokenizer path")
         return len(text.split())
 
-    def stream(self, prompt=None, *, messages=None, max_new_tokens=16, cancel=None, draft=None, **kw):
-        if self.fail_with is not None:
-            raise self.fail_with
+    def prepare(self, prompt=None, *, messages=None, max_new_tokens=16, cancel=None, draft=None, **kw):
+        """As the real engines' prepare: every refusal here, before the request is queued."""
+        self.prepared += 1
         if draft == "model":
             raise DraftUnavailable("draft='model' is not possible: the bundle has no draft model", param="draft")
         n = self.count_tokens(prompt, messages=messages)
         if n >= self.max_len:
             raise PromptTooLong(n, max_new_tokens, self.max_len)
-        return FakeStream(self._gen(n, max_new_tokens, cancel, dict(prompt=prompt, messages=messages, draft=draft, **kw)))
+        return FakePrepared(n, max_new_tokens, cancel, dict(prompt=prompt, messages=messages, draft=draft, **kw))
+
+    def stream(self, prompt=None, **kw):
+        p = prompt if isinstance(prompt, FakePrepared) else self.prepare(prompt, **kw)
+        if self.fail_with is not None:
+            raise self.fail_with
+        return FakeStream(self._gen(p.prompt_tokens, p.max_new_tokens, p.cancel, p.kw))
 
     def _gen(self, n, max_new, cancel, kw):
         out, reason = [], "length"

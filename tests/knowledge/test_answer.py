@@ -119,6 +119,17 @@ def test_engine_answers_carry_their_sources(docs_engine):
     assert docs_engine.generate("plain completion", max_new_tokens=2).docs is None  # prompts are not retrieved for
 
 
+def test_a_conversation_too_long_for_the_cache_is_refused_not_declined(docs_engine):
+    """Too long before any passage is added: PromptTooLong naming its tokens (the server's 400
+    context_length_exceeded), as without documents, not a declined turn answered with 200."""
+    from edgespec.errors import PromptTooLong
+
+    msgs = [{"role": "user", "content": "How much is a family ticket? " * 400}]
+    n = docs_engine.count_tokens(messages=msgs)
+    with pytest.raises(PromptTooLong, match=f"prompt is {n} tokens but the cache holds {docs_engine.max_len} "):
+        docs_engine.prepare(messages=msgs, max_new_tokens=8)
+
+
 def test_engine_declines_without_running_the_model(docs_engine):
     kn = docs_engine.knowledge
     kn.min_coverage, old = 1.01, kn.min_coverage

@@ -124,8 +124,8 @@ def test_short_renders_go_on_beside_a_long_one_and_long_ones_take_turns(tmp_path
     assert len(pool.children) <= 3
 
 
-def test_a_conversation_counted_by_the_handler_is_not_rendered_again_by_the_worker(tiny_bundle, monkeypatch):
-    """count_tokens (the request's own thread) renders; generate (the engine's worker) reuses the ids."""
+def test_a_prepared_conversation_is_not_rendered_again_by_the_worker(tiny_bundle, monkeypatch):
+    """prepare (the request's own thread) renders; the engine runs the Prepared's ids (its worker)."""
     from edgespec.core import chat
     from edgespec.engine import Engine
 
@@ -134,9 +134,9 @@ def test_a_conversation_counted_by_the_handler_is_not_rendered_again_by_the_work
     monkeypatch.setattr(chat, "render_isolated", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     engine = Engine.open(tiny_bundle, max_len=128, verify=False)
     messages = [{"role": "user", "content": "a conversation rendered once"}]
-    n = engine.count_tokens(messages=messages)
-    result = engine.generate(messages=messages, max_new_tokens=2)
-    assert calls == [1] and result.stats.prompt_tokens == n
+    prepared = engine.prepare(messages=messages, max_new_tokens=2)
+    result = engine.generate(prepared)
+    assert calls == [1] and result.stats.prompt_tokens == prepared.prompt_tokens
     engine.generate(messages=[{"role": "user", "content": "another"}], max_new_tokens=2)
     assert calls == [1, 1]
 

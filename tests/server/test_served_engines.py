@@ -9,7 +9,7 @@ from edgespec.engine.batch import BatchEngine
 from edgespec.server.metrics import memory_gauges
 
 MEMBERS = ("model_name", "max_len", "slots", "knowledge", "pinned", "governor", "drafter_stats",
-           "count_tokens", "generate", "close")
+           "prepare", "count_tokens", "generate", "close")
 
 
 @pytest.mark.parametrize("parallel", [None, 2])
@@ -25,6 +25,13 @@ def test_both_engines_provide_what_the_server_reads(tiny_bundle, parallel):
         assert eng.slots == (parallel or 1)
         assert eng.knowledge is None and eng.pinned is None  # no --docs, no --system-prompt
         assert eng.model_name == "qwen-agree"  # the tiny bundle's name
+        # prepare: the request checked and tokenized once; the engine runs the Prepared as it is
+        p = eng.prepare("def add(a, b):", max_new_tokens=4)
+        assert p.prompt_tokens == eng.count_tokens("def add(a, b):") and p.request.ids == eng.encode("def add(a, b):")
+        with pytest.raises(TypeError, match="pass max_new_tokens to prepare"):
+            eng.stream(p, max_new_tokens=8) if parallel is None else eng.submit(p, max_new_tokens=8)
+        assert eng.generate(p).text == eng.generate("def add(a, b):", max_new_tokens=4).text
+        eng.reset_cache()
         if parallel is None:
             eng.generate("def add(a, b):", max_new_tokens=4)
         # the suffix index's figures reach /metrics through drafter_stats (the batched engine's: the

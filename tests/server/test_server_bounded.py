@@ -96,7 +96,7 @@ class RecordingEngine:
     def __init__(self, log, n):
         self.log, self.n = log, n
 
-    def stream(self, **kw):
+    def stream(self, prepared):
         def gen():
             for i in range(self.n):
                 self.log.append("d")
@@ -143,9 +143,6 @@ def test_slices_run_one_per_slice_every_rounds_while_a_request_generates(batched
 class _Request:
     stream = True
 
-    def engine_kwargs(self):
-        return {}
-
 
 class _BatchRecorder:
     """BatchEngine's surface for the batch scheduler: one ticket that finishes after n rounds."""
@@ -156,7 +153,7 @@ class _BatchRecorder:
     def __init__(self, log, n):
         self.log, self.n, self.ticket = log, n, None
 
-    def submit(self, cancel=None, on_delta=None, **kw):
+    def submit(self, prepared, on_delta=None):
         self.ticket = type("T", (), {"done": threading.Event(), "error": None, "result": "r"})()
         return self.ticket
 

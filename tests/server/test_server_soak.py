@@ -208,7 +208,7 @@ def test_metrics_show_resident_memory_and_what_fills_it(tiny_bundle):
     assert g["edgespec_suffix_index_capacity_tokens"] == 64
     assert 0 < g["edgespec_suffix_index_tokens"] <= 64 and g["edgespec_suffix_index_evicted_tokens"] > 0  # 4 x 24+ tokens
     assert g["edgespec_suffix_index_bytes"] >= 64 * 4  # its token buffer at least
-    assert g["edgespec_conversation_cache_capacity"] == 16 and 4 <= g["edgespec_conversation_cache_entries"] <= 16
+    assert "edgespec_conversation_cache_entries" not in g  # a request is tokenized once: nothing to remember
     assert g["edgespec_template_cache_entries"] >= 1 and g["edgespec_template_cache_capacity"] == 8
     assert g["edgespec_resident_memory_bytes"] > 20 << 20  # python, onnxruntime and a model: tens of MiB
 
@@ -234,8 +234,7 @@ def test_the_soak_verdict_reads_the_last_thirds_slope():
     from edgespec.bench.soak import Sample, verdict
 
     def run(rss_of):
-        full = {"suffix_index_evicted_tokens": 1, "conversation_cache_entries": 16, "conversation_cache_capacity": 16,
-                "suffix_index_bytes": 1 << 20}
+        full = {"suffix_index_evicted_tokens": 1, "suffix_index_bytes": 1 << 20}
         return [Sample(i * 10.0, i * 100, {**full, "resident_memory_bytes": rss_of(i) * (1 << 20)}) for i in range(60)]
 
     ok, said = verdict(run(lambda i: 300 + (1.5 if i % 3 else 0)))
