@@ -43,6 +43,10 @@ class DocsStore:
             self.generation, self.index = generation, store(self.knowledge.index)
         return self.index
 
+    def __deepcopy__(self, memo) -> "DocsStore":
+        """The engine's, not learnt: a drafter's state() keeps it as the same object (drafters/base.py)."""
+        return self
+
 
 class DocsDrafter(SuffixDrafter):
     name = "docs"

@@ -54,3 +54,31 @@ def test_auto_state_keeps_its_sources_as_the_same_drafters():
     auto.load_state(saved)
     assert auto.sources[0] is src and auto.posteriors["model"].mean == 0.5 and auto.reply != 999.0
     assert auto.stats()["acceptance"] == {"model": 0.5}
+
+
+def test_docs_state_keeps_the_documents_and_restores_the_estimates():
+    """The docs drafter's state() copies its estimates, never the documents' index or the documents
+    (a Knowledge holds a lock: a copy would fail, and the documents are the engine's)."""
+    import threading
+
+    from edgespec.drafters.docs import DocsDrafter, DocsStore
+
+    class Index:
+        chunks, ids = [0], [5, 6, 7]
+
+        @staticmethod
+        def chunk_ids(i):
+            return [5, 6, 7]
+
+    class Knowledge:  # what the docs drafter reads of knowledge.answer.Knowledge, lock included
+        def __init__(self):
+            self.generation, self.index, self.lock = 0, Index, threading.Lock()
+
+    store = DocsStore(Knowledge())
+    d = DocsDrafter(store, CostModel(times(), None))
+    before = d.acc[2][1].mean
+    saved = d.state()
+    d.acc[2][1].add(1.0, 0.0)
+    d.load_state(saved)
+    assert d.acc[2][1].mean == before and d.docs is store and d.index is store.index
+    assert d.lookup([1, 5], 2).tokens == [6, 7]
