@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidRequest
+from ..limits import SEED_LIMIT, TOP_K_LIMIT
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,11 @@ class SamplingParams:
             raise InvalidRequest(f"temperature must be a number >= 0 (0 = greedy), got {t!r}", param="temperature")
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or not 0 < p <= 1:
             raise InvalidRequest(f"top_p must be in (0, 1], got {p!r}", param="top_p")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise InvalidRequest(f"top_k must be an integer >= 0 (0 = off), got {k!r}", param="top_k")
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= TOP_K_LIMIT:
+            raise InvalidRequest(f"top_k must be an integer from 0 (off) to {TOP_K_LIMIT}, got {k!r}", param="top_k")
         s = self.seed
-        if s is not None and (isinstance(s, bool) or not isinstance(s, int)):
-            raise InvalidRequest(f"seed must be an integer, got {s!r}", param="seed")
+        if s is not None and (isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= SEED_LIMIT):
+            raise InvalidRequest(f"seed must be an integer from 0 to {SEED_LIMIT}, got {s!r}", param="seed")
 
     @property
     def greedy(self) -> bool:

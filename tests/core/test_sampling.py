@@ -379,3 +379,19 @@ def test_a_bad_vocabulary_map_is_refused(bad):
     t, d = _tables(True)
     with pytest.raises(InvalidRequest, match="draft vocabulary map"):
         ModelDrafter(FakeRunner(_pruned_draft(d)), V, vocab_map=bad)
+
+
+@pytest.mark.parametrize("field,value,says", [
+    ("seed", -1, "seed must be an integer from 0 to 9223372036854775807, got -1"),
+    ("seed", 2**63, "seed must be an integer from 0 to 9223372036854775807"),
+    ("top_k", 2**31 + 1, "top_k must be an integer from 0 (off) to 2147483648"),
+])
+def test_the_engine_bounds_seed_and_top_k_as_the_server_does(field, value, says):
+    """limits.py's SEED_LIMIT and TOP_K_LIMIT, the HTTP layer's bounds, are the engine's too: a
+    Python caller gets the same refusal, naming the parameter, before anything runs."""
+    from edgespec.limits import SEED_LIMIT, TOP_K_LIMIT
+
+    with pytest.raises(InvalidRequest, match=says.replace("(", r"\(").replace(")", r"\)")) as e:
+        SamplingParams(**{field: value})
+    assert e.value.param == field
+    assert SamplingParams(seed=SEED_LIMIT, top_k=TOP_K_LIMIT).seed == SEED_LIMIT  # the bounds themselves pass
