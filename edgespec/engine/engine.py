@@ -226,8 +226,10 @@ class Engine:
         stop, draft, k, cancel, tree, json_schema, grammar, tools, tool_choice, strict) are
         requests.Options': tree verification of the drafts (docs/runtime.md), structured output
         (docs/structured-output.md: the result's tool_calls holds a tool call)."""
-        o, turn = read_documents(self.knowledge, Options(prompt=prompt, **options), self.count_tokens, self.max_len)
-        return Prepared(o, None if turn is not None and turn.declined else self._parse(o), turn)
+        kn = self.knowledge  # its reload count before the turn is read: a reload after it is seen at run
+        read = kn.generation if kn is not None else None
+        o, turn = read_documents(kn, Options(prompt=prompt, **options), self.count_tokens, self.max_len)
+        return Prepared(o, None if turn is not None and turn.declined else self._parse(o), turn, read)
 
     def stream(self, prompt: str | Prepared | None = None, **options) -> Stream:
         """A request prepared (prepare()), or prepared now from the prompt and options (bad input
@@ -236,7 +238,10 @@ class Engine:
         turn, req = p.turn, p.request
         if req is None:
             return Stream(declined(turn, self.tokenizer, GenerationResult, GenerationStats), 0)
-        blocks = self._venue_ids(turn, p.options.messages)
+        # the cached reading's rows only for passages of the index they were computed from: a turn read
+        # before a reload (it waited in a queue) runs quoted
+        fresh = self.knowledge is not None and p.read == self.knowledge.generation
+        blocks = self._venue_ids(turn, p.options.messages) if fresh else None
         if blocks is not None:
             req = dataclasses.replace(req, ids=blocks[1])
         gen = self._run(req, blocks[0] if blocks is not None else ())

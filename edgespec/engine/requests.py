@@ -75,6 +75,7 @@ class Prepared:
     options: Options
     request: Request | None
     turn: Any = None
+    read: int | None = None  # the documents' reload count (Knowledge.generation) when the turn was read
 
     @property
     def prompt_tokens(self) -> int:

@@ -161,12 +161,16 @@ def test_a_reload_with_new_pages_recomputes_and_never_reads_old_rows(cached_engi
         (tmp_path / name).write_text(text)
     _index(eng.bundle.root, tmp_path, kn.path, cached=True)
     try:
+        before = eng.prepare(messages=[{"role": "user", "content": "How much is a family ticket?"}], max_new_tokens=8)
         kn.reload()
         assert eng.venue_rows is not old and len(eng.venue_rows.rows) == 4
         assert eng.venue_rows.index is kn.index
         r = _ask(eng, "Does the shop sell postcards?")
         assert r.docs["sources"][0]["file"].endswith("shop.md")
         assert r.stats.prompt_tokens - r.stats.cached_tokens < 40  # copied, not prefilled
+        late = eng.generate(before)  # read before the reload (a queued request), run after it: quoted
+        assert late.docs["sources"][0]["file"].endswith("tickets.md")
+        assert late.stats.prompt_tokens == before.prompt_tokens and late.stats.prompt_tokens - late.stats.cached_tokens > 40
     finally:
         _index(eng.bundle.root, eng.test_pages, kn.path, cached=True)
         kn.reload()
