@@ -22,6 +22,7 @@ import pytest
 from edgespec.drafters import modes
 from edgespec.edge.flavor import cpu_runs_float16
 from edgespec.engine import Engine
+from edgespec.errors import DraftUnavailable
 from edgespec.engine.batch import BatchEngine
 from edgespec.core.sampling import SamplingParams
 
@@ -417,6 +418,24 @@ def test_greedy_docs_drafter_equals_target_alone(engines, tiny_bundle, tmp_path)
     # differ there; their text does not always encode back to the same tokens, so not all of it copies)
     assert r.stats.accepted_by_source.get("docs", 0) >= 8, r.stats
     deng.close()
+
+
+@pytest.mark.parametrize("slots", SLOTS)
+def test_greedy_docs_drafter_batched_equals_target_alone(engines, batch_engines, tiny_bundle, tmp_path, slots):
+    """The docs drafter in a batch, alone and as a source of auto, adaptive and k 1 and 3: three requests
+    at once (or queued on the batch of one), each drafting from the one index of the documents, give the
+    serial docs engine's tokens, which are the target alone's; and they copied the documents. A batched
+    engine without documents refuses the mode, saying why."""
+    eng, seed = engines["agree"], 61
+    deng = _docs_engine(eng, tiny_bundle, _prompts(eng, seed, 3), tmp_path, 256, max_new_tokens=40)
+    be = BatchEngine.open(tiny_bundle, parallel=slots, max_len=256, docs=str(tmp_path / "docs.idx"))
+    got = check_batched_lossless(be, deng, seed, 3, (1, 3), modes_=["docs", "auto"])
+    copied = sum(g.stats.accepted_by_source.get("docs", 0) for g in got)
+    assert copied >= 40, [g.stats.accepted_by_source for g in got]
+    be.close()
+    deng.close()
+    with pytest.raises(DraftUnavailable, match="draft='docs' is not possible: the engine has no documents"):
+        batch_engines["agree", slots].submit("x", draft="docs")
 
 
 @pytest.mark.slow

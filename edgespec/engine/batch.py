@@ -152,7 +152,7 @@ class BatchEngine:
             dm = DraftModel([self._draft_batch.slot(i) for i in range(self.slots)], draft.times.table(1),
                             build.draft_vocab_map(plan.bundle), plan.bundle)
         self._drafters = BatchDrafters(plan.settings.suffix_capacity, runner.max_len, usable=self.vocab.usable,
-                                       draft=dm)
+                                       draft=dm, docs=self.knowledge)
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
