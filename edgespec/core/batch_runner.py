@@ -289,6 +289,11 @@ class BatchRunner:
             return self._one_token_pass(rows) if S == 1 else self._row_passes(rows)
         # rows [lo, hi): slots outside the active block are left out of the pass (views)
         lo, hi = self.pass_range(rows)
+        if any(self.lengths[b] + S > self.max_len for b in range(lo, hi)):
+            # near the cache's end a row padded to the pass's S queries (an idle one too) would run past
+            # it: the operator refuses a padded chunk that does not fit the buffer, and positions past
+            # the model's table. Each row runs alone then, at its own length (it fits: checked above)
+            return self._row_passes(rows)
         n = hi - lo
         ids = np.zeros((n, S), dtype=np.int64)
         real = [len(padded.get(lo + b, ())) for b in range(n)]  # copy rows included

@@ -138,6 +138,32 @@ def test_slots_at_the_cache_limit(tiny_bundle, alone):
         assert g.token_ids == want.token_ids
 
 
+def test_rows_of_different_widths_near_the_cache_end(tiny_bundle):
+    """Three requests a few positions from the end of their slots, drafting with different fixed k,
+    one engine for several such batches: a row padded to a wider row's width (or a slot that ended
+    full, idle inside the pass's block) would run past its cache, which the operator refuses
+    (BatchRunner.step then runs the rows alone). Each gets the target alone's tokens and ending."""
+    import numpy as np
+
+    be = BatchEngine.open(tiny_bundle, parallel=3, max_len=64, draft="auto", verify=False, warmup=False)
+    small = Engine.open(tiny_bundle, draft="none", max_len=64, verify=False, warmup=False)
+    rng = np.random.default_rng(7)
+    for free in (3, 8, 12, 20):
+        reqs = []
+        for j, (mode, k) in enumerate([("model", 4), ("suffix", 1), ("ngram", 2)]):
+            ids = rng.integers(3, small.usable, size=64).tolist()
+            m = 64
+            while small.count_tokens(small.tokenizer.decode(ids[:m])) > 64 - free - 2 * j:
+                m -= 1
+            reqs.append(dict(prompt=small.tokenizer.decode(ids[:m]), max_new_tokens=100, draft=mode, k=k))
+        got = generate_all(be, reqs)
+        for r, g in zip(reqs, got):
+            small.reset_cache()
+            want = small.generate(prompt=r["prompt"], max_new_tokens=100)
+            assert g.token_ids == want.token_ids, (free, r["draft"])
+            assert g.finish_reason == want.finish_reason == "cache_full"
+
+
 def test_prefix_reuse_lands_in_the_slot_holding_it(tiny_bundle, alone):
     be = BatchEngine.open(tiny_bundle, parallel=3, max_len=160, verify=False, warmup=False)
     a = generate_all(be, [dict(prompt=PROMPTS[2], max_new_tokens=8, draft="none"),
