@@ -27,8 +27,10 @@ Drafting in a batch (batch_drafters.py): the modes drafters/modes.py marks batch
 with its own drafters: "ngram", "suffix" (a shared history of finished requests plus the request's
 own text), "recycle" (one table of the target's candidates, every request's verify rows fill it),
 "model" (the draft model with a cache slot per request slot: the requests' draft steps run batched,
-engine/draft_batch.py) and "auto" choosing between them. The self-draft and the draft heads need the
-target's own cache or hidden state: refused (drafters/modes.py check_batched), as tree="on" is.
+engine/draft_batch.py), "docs" (the documents' index, read by every request), the forced tokens of a
+request's schema, grammar or tools, and "auto" choosing between them. The self-draft and the draft
+heads need the target's own cache or hidden state: refused (drafters/modes.py check_batched), as
+tree="on" is.
 
 Documents (docs=INDEX) as the serial engine's: a chat turn gets its passages through the same
 engine.read_documents, a declined one is answered at submit, without a slot. The cached reading
