@@ -20,8 +20,11 @@ A round (one call of `round()`):
    its own slot.
 Requests join and leave between rounds. Every request in the batch gets the tokens it would get
 alone: greedy rows are the target's argmax whatever their neighbours, and a sampled request draws
-from its own seeded RNG in the same order as it would alone (with a fixed k or no drafting);
-bitwise with `deterministic=True` (without, a padded 1-token row may flip a near-tie).
+from its own seeded RNG in the same order as it would alone when its drafter proposes the same
+tokens (a fixed k, or no drafting; not "suffix", whose batch keeps the finished requests' history
+apart from the request's own text, so its proposals, and with them a sampled reply, may differ:
+each is an exact sample all the same); bitwise with `deterministic=True` (without, a padded 1-token
+row may flip a near-tie).
 
 Drafting in a batch (batch_drafters.py): the modes drafters/modes.py marks batched, each request
 with its own drafters: "ngram", "suffix" (a shared history of finished requests plus the request's
