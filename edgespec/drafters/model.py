@@ -13,7 +13,7 @@ from ..core.runner import ModelRunner
 from ..core.sampling import SamplingParams, probs, sample
 from ..errors import InvalidRequest
 from ..limits import PREFILL_CHUNK
-from .base import Beta, DraftCost, DrafterBase, StepPlan, drive
+from .base import NEW_REQUEST_KEEP, Beta, DraftCost, DrafterBase, StepPlan, drive
 
 # Acceptance is learned per bin of the draft's own probability for the token it proposed: a
 # confident draft is usually right, an unsure one usually wrong, and that is known *before* paying
@@ -119,6 +119,10 @@ class ModelDrafter(DrafterBase):
     # -- the interface ----------------------------------------------------------------------------
     def begin(self, ctx) -> None:
         self._rewind(self._held(ctx))
+        # a new text may suit the draft better or worse than the last: the skip gate starts from the
+        # earlier requests' per-round acceptance, weakened, so this request's own verdicts decide
+        # within a few rounds (a 27-token translation after code replies drafted through half of it)
+        self.rounds.fade(NEW_REQUEST_KEEP)
 
     def _held(self, ctx: Sequence[int]) -> int:
         """How many of its cache's tokens ctx still has where the cache has them (from `start`)."""

@@ -110,6 +110,22 @@ def test_the_gate_drafts_only_for_a_gain_of_model_min_gain(acceptance, drafts):
     assert d.costs.best_k(acceptance, 4)[0] == 1  # without the margin both would draft
 
 
+def test_a_new_request_s_own_misses_stop_the_draft_within_a_few_rounds():
+    """Earlier requests left a per-round acceptance of 0.6 with the evidence of ~33 rounds (Beta's
+    0.97 keep, a verdict a round): a new request (begin) whose first two rounds are rejected stops
+    drafting; without weakening the earlier evidence at begin the same two misses leave it drafting."""
+    def taught():
+        d = drafter()
+        d.rounds = Beta(0.6, weight=33.0)
+        return d, list(range(40))
+
+    d, ctx = taught()
+    d.begin(ctx)
+    assert [bool(round_of(d, ctx, right=False)[0].tokens) for _ in range(3)] == [True, True, False]
+    d, ctx = taught()
+    assert [bool(round_of(d, ctx, right=False)[0].tokens) for _ in range(3)] == [True, True, True]
+
+
 def test_a_draft_that_pays_drafts_every_round_and_catches_up_one_token_a_round():
     d = drafter()
     ctx = list(range(40))
