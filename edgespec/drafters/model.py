@@ -115,7 +115,6 @@ class ModelDrafter(DrafterBase):
         # per-round acceptance for the skip gate: like `mean`, plus a miss for each withdrawn round
         self.rounds = Beta(PRIOR_ACCEPTANCE if prior is None else prior, weight=8.0)
         self.skipped = 0  # rounds skipped since it last synced
-        self.fresh = False  # a request began and the draft has not drafted for it yet: probe at once
 
     # -- the interface ----------------------------------------------------------------------------
     def begin(self, ctx) -> None:
@@ -124,9 +123,6 @@ class ModelDrafter(DrafterBase):
         # earlier requests' per-round acceptance, weakened, so this request's own verdicts decide
         # within a few rounds (a 27-token translation after code replies drafted through half of it)
         self.rounds.fade(NEW_REQUEST_KEEP)
-        # ... and a draft the gate keeps out is tried once on the new text (a probe) rather than
-        # after ~50 skipped rounds: a code reply after prose would otherwise wait out most of itself
-        self.fresh = True
 
     def _held(self, ctx: Sequence[int]) -> int:
         """How many of its cache's tokens ctx still has where the cache has them (from `start`)."""
@@ -245,23 +241,20 @@ class ModelDrafter(DrafterBase):
             return EMPTY
         if now or not self.adaptive or self.pays(k):
             return (yield from self._draft(ctx, k, params, rng, None, probe=False))
-        if not self.fresh and not self.probe_due(ctx):
+        if not self.probe_due(ctx):
             self.skipped += 1
             return EMPTY
         # a probe: its verdict outweighs the misses before it, in the gate's estimate and in the
         # confidence bins (which learn only from proposals: without it they would keep it out for good)
         for b in (self.rounds, *self.by_conf):
             b.fade(PROBE_KEEP)
-        # a request's first probe reads its text as any catch-up does (once a request, like a prompt);
-        # a later one only the last PROBE_WINDOW tokens afresh
-        window = PROBE_WINDOW if not self.fresh and self.catch_up(ctx) > PROBE_WINDOW else None
+        window = PROBE_WINDOW if self.catch_up(ctx) > PROBE_WINDOW else None
         return (yield from self._draft(ctx, k, params, rng, window, probe=True))
 
     def _draft(self, ctx, k, params, rng, window: int | None, *, probe: bool) -> StepPlan:
         """A plan that syncs (reading at most `window` tokens afresh) and drafts; a probe proposes
         one token at least, whatever its confidence says: it is there to be judged."""
         self.skipped = 0
-        self.fresh = False
         alts: list[list[tuple[int, float]]] = []
         row = yield from (self._sync(ctx) if window is None else self._sync(ctx, window))
         tokens: list[int] = []

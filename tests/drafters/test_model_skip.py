@@ -126,18 +126,6 @@ def test_a_new_request_s_own_misses_stop_the_draft_within_a_few_rounds():
     assert [bool(round_of(d, ctx, right=False)[0].tokens) for _ in range(3)] == [True, True, True]
 
 
-def test_a_new_request_tries_a_draft_the_gate_keeps_out_once_at_its_start():
-    """A draft kept out by earlier rejections is probed on a new request's first round (a new text
-    may suit it), then kept out again until the next probe is due."""
-    d = drafter()
-    ctx = list(range(40))
-    for _ in range(200):
-        round_of(d, ctx, right=False)
-    assert [bool(round_of(d, ctx, right=False)[0].tokens) for _ in range(3)] == [False] * 3
-    d.begin(ctx)
-    assert [bool(round_of(d, ctx, right=False)[0].tokens) for _ in range(3)] == [True, False, False]
-
-
 def test_a_draft_that_pays_drafts_every_round_and_catches_up_one_token_a_round():
     d = drafter()
     ctx = list(range(40))
