@@ -141,7 +141,9 @@ def whole_venue(tiny_bundle, tmp_path_factory):
 
 def test_the_whole_venue_is_prefilled_in_every_slot_and_answers_as_alone(whole_venue):
     serial, batch = whole_venue
-    assert batch.knowledge.venue is not None
+    # the venue read whole: both pages in the system turn, the same text the serial engine pins
+    assert batch.knowledge.venue == serial.knowledge.venue
+    assert "A family ticket costs 35 euros." in batch.knowledge.venue and "Open daily from 10 to 6." in batch.knowledge.venue
     pin = batch.pin(None)  # serve pins the venue's system turn without --system-prompt too
     assert pin.text == "" and batch.runner.lengths == [len(pin.tokens)] * 2 and len(pin.tokens) > 60
     asks = ["How much is a family ticket?", "What are the hours? Is it open daily?"]
