@@ -64,7 +64,7 @@ from ..limits import PREFILL_CHUNK
 from . import build
 from .build import Plan
 from .engine import open_knowledge, read_documents
-from .pinned import PinnedPrefix, prefix_tokens
+from .pinned import PinnedPrefix, fits, prefill_to, prefix_tokens
 from .requests import Options, Prepared, Request, RequestParser, Vocabulary, as_prepared, not_loaded
 from .results import GenerationResult, GenerationStats, Stream
 from .batch_drafters import BatchDrafters, DraftModel
@@ -272,18 +272,13 @@ class BatchEngine:
         tokens, chat = prefix_tokens(self, rendered) if rendered else ([], True)
         if not tokens:
             return None
-        if len(tokens) >= self.max_len - 1:
-            log.warning("pinned prefix: the system prompt's %d tokens do not fit the cache (%d): not pinned",
-                        len(tokens), self.max_len)
+        if not fits(self, tokens):
             return None
         with self._cv:
             if self._active or self._waiting:
                 raise InvalidRequest("pin() while requests are running: pin before serving", param=None)
             for slot in range(self.slots):
-                reuse = common_prefix(self._cached[slot][: self.runner.lengths[slot]], tokens)
-                self.runner.rewind(slot, reuse)
-                for i in range(reuse, len(tokens), self.prefill_chunk):
-                    self.runner.step_one(slot, tokens[i : i + self.prefill_chunk])
+                prefill_to(self._slots[slot], self._cached[slot], tokens, self.prefill_chunk)
                 self._cached[slot] = list(tokens)
         self.pinned = PinnedPrefix(list(tokens), None, text=system or "", chat=chat)
         log.info("pinned prefix: %d tokens of system prompt in each of %d slots", len(tokens), self.slots)

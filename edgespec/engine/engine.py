@@ -20,7 +20,6 @@ import threading
 from typing import Generator
 
 from ..core.costmodel import CostModel
-from ..core.proposal import common_prefix
 from ..core.runner import ModelRunner
 from ..drafters import Drafter, modes
 from ..drafters.grammar import with_grammar
@@ -31,6 +30,7 @@ from ..models.bundle import Bundle
 from . import build, selfdraft
 from .build import Plan
 from .loop import Parts, PrefixCache, decode
+from .pinned import prefill_to
 from .requests import Options, Prepared, Request, RequestParser, Vocabulary, as_prepared, not_loaded
 from .results import GenerationResult, GenerationStats, Stream
 from .sequence import Drafting
@@ -193,10 +193,7 @@ class Engine:
             else:
                 if self.pinned is not None:  # a prefix of the pinned one is a memory copy away
                     self.pinned.restore(tokens, target, self._cache, past=False)
-                reuse = min(common_prefix(self._cache.tokens[: target.length], tokens), target.length)
-                target.rewind(reuse)
-                for i in range(reuse, len(tokens), self.prefill_chunk):
-                    target.step(tokens[i : i + self.prefill_chunk], 1)
+                prefill_to(target, self._cache.tokens[: target.length], tokens, self.prefill_chunk)
                 rows = target.snapshot(len(tokens))
             self._cache.tokens = list(tokens)
             return rows

@@ -72,6 +72,25 @@ def visit(system: str, user: str, chat: bool = True) -> dict:
     return {"prompt": system + user}
 
 
+def prefill_to(target, held: Sequence[int], tokens: Sequence[int], chunk: int) -> None:
+    """Makes a cache (ModelRunner's interface: a serial target, or one slot of a batched one) hold
+    exactly `tokens`, given that it holds `held` now: kept as far as the two agree, the rest
+    prefilled in chunks of `chunk` tokens."""
+    reuse = min(common_prefix(list(held), list(tokens)), target.length)
+    target.rewind(reuse)
+    for i in range(reuse, len(tokens), chunk):
+        target.step(tokens[i : i + chunk], 1)
+
+
+def fits(engine, tokens: Sequence[int]) -> bool:
+    """Whether a pinned prefix of these tokens leaves the cache room for a turn (else a log line)."""
+    if len(tokens) < engine.max_len - 1:
+        return True
+    log.warning("pinned prefix: the system prompt's %d tokens do not fit the cache (%d): not pinned",
+                len(tokens), engine.max_len)
+    return False
+
+
 def prefix_tokens(engine, system: str) -> tuple[list[int], bool]:
     """The tokens every conversation with this system prompt starts with, whatever follows: the
     common prefix of two renderings that differ only in the user's turn (template-agnostic), and
@@ -171,9 +190,7 @@ def pin_system_prompt(engine, system: str | None, *, save_dir: str | os.PathLike
             held.index = layout.index  # the same passages, the reloaded index's objects
         return kept  # a reload that changed nothing a turn reads: nothing to do
     engine.venue_rows = None
-    if len(tokens) >= engine.max_len - 1:
-        log.warning("pinned prefix: the system prompt's %d tokens do not fit the cache (%d): not pinned",
-                    len(tokens), engine.max_len)
+    if not fits(engine, tokens):
         return None
     path = Path(save_dir) / f"{cache_key(engine, tokens)}.npz" if save_dir is not None else None
     pin = None
