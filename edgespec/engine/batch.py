@@ -63,7 +63,7 @@ from ..knowledge.answer import Turn, declined, sourced
 from ..limits import PREFILL_CHUNK
 from . import build
 from .build import Plan
-from .engine import open_knowledge, read_documents
+from .engine import open_knowledge, prepare_request
 from .pinned import PinnedPrefix, fits, prefill_to, prefix_tokens
 from .requests import Options, Prepared, Request, RequestParser, Vocabulary, as_prepared, not_loaded
 from .results import GenerationResult, GenerationStats, Stream
@@ -227,9 +227,9 @@ class BatchEngine:
         """Engine.prepare for the batch, on the caller's thread: the options are Engine.stream's
         (requests.Options); batched rounds are chains: tree "auto" and "off" run them, "on" is
         refused. With documents (docs=INDEX) a chat turn reads its passages as the serial engine's
-        does (engine.read_documents)."""
-        o, turn = read_documents(self.knowledge, Options(prompt=prompt, **options), self.count_tokens, self.max_len)
-        return Prepared(o, None if turn is not None and turn.declined else self._parse(o), turn)
+        does (engine.prepare_request)."""
+        return prepare_request(self.knowledge, Options(prompt=prompt, **options), self._parse, self.count_tokens,
+                               self.max_len)
 
     def submit(self, prompt: str | Prepared | None = None, *, on_delta: Callable[[str], None] | None = None,
                on_start: Callable[[], None] | None = None, **options) -> Ticket:

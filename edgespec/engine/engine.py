@@ -223,10 +223,8 @@ class Engine:
         stop, draft, k, cancel, tree, json_schema, grammar, tools, tool_choice, strict) are
         requests.Options': tree verification of the drafts (docs/runtime.md), structured output
         (docs/structured-output.md: the result's tool_calls holds a tool call)."""
-        kn = self.knowledge  # its reload count before the turn is read: a reload after it is seen at run
-        read = kn.generation if kn is not None else None
-        o, turn = read_documents(kn, Options(prompt=prompt, **options), self.count_tokens, self.max_len)
-        return Prepared(o, None if turn is not None and turn.declined else self._parse(o), turn, read)
+        return prepare_request(self.knowledge, Options(prompt=prompt, **options), self._parse, self.count_tokens,
+                               self.max_len)
 
     def stream(self, prompt: str | Prepared | None = None, **options) -> Stream:
         """A request prepared (prepare()), or prepared now from the prompt and options (bad input
@@ -366,6 +364,15 @@ def open_knowledge(s: Settings, bundle, tokenizer, max_len: int):
     from ..knowledge.answer import Knowledge
 
     return Knowledge.open(s.docs, bundle, tokenizer, max_len=max_len)
+
+
+def prepare_request(knowledge, o: Options, parse, count_tokens, max_len: int) -> Prepared:
+    """Both engines' prepare(): the documents' turn read (read_documents), then the options parsed
+    and tokenized, unless the documents declined the turn. The documents' reload count is taken
+    before the turn is read, so a reload after it is seen when the request runs."""
+    read = knowledge.generation if knowledge is not None else None
+    o, turn = read_documents(knowledge, o, count_tokens, max_len)
+    return Prepared(o, None if turn is not None and turn.declined else parse(o), turn, read)
 
 
 def read_documents(knowledge, o: Options, count_tokens, max_len: int) -> tuple[Options, Turn | None]:
