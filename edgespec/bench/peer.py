@@ -15,6 +15,10 @@ says how to build them):
   (`--peer-gguf`, default: the target's source GGUF in the model cache), with the bench's thread count.
 - `--peer http://HOST:PORT`: a running llama-server (started on the same GGUF with the same threads);
   its /completion endpoint takes token ids and returns the tokens and its own timings.
+
+`--peer` may be given more than once, each as `[NAME=]SPEC`: llama.cpp's target alone and its best
+speculative mode (a second llama-server started with `--spec-type ngram-mod`, say) beside every mode of
+edgespec's, on the same prompts in the same minutes.
 """
 from __future__ import annotations
 
@@ -117,6 +121,32 @@ class LlamaCppPeer:
         return PeerResult(out, t1 - t0, time.perf_counter() - t1)
 
 
+def split_label(spec: str) -> tuple[str | None, str]:
+    """`NAME=SPEC` -> (NAME, SPEC); a bare SPEC -> (None, SPEC). A URL's own `=` (a query string) is not a
+    label: the name is what comes before the first `=`, and only when it holds no `:` or `/`."""
+    name, sep, rest = spec.partition("=")
+    if not sep or ":" in name or "/" in name:
+        return None, spec
+    if not name.strip() or not rest:
+        raise InvalidRequest(f"--peer {spec!r}: give NAME=llama-cpp or NAME=http://HOST:PORT (a name and a peer)",
+                             param="peer")
+    return name.strip(), rest
+
+
+def open_peers(specs: Sequence[str], *, gguf: str | None, source: str, threads: int, n_ctx: int) -> list[PeerRun]:
+    """Every `--peer [NAME=]SPEC`, opened, each under its own name (the peer's own when none is given); two
+    peers under one name are refused (their lines could not be told apart)."""
+    runs: list[PeerRun] = []
+    for spec in specs:
+        label, rest = split_label(spec)
+        run = PeerRun(open_peer(rest, gguf=gguf, source=source, threads=threads, n_ctx=n_ctx), label)
+        if any(r.label == run.label for r in runs):
+            raise InvalidRequest(f"--peer: two peers are named {run.label!r}: name them apart (NAME=SPEC)",
+                                 param="peer")
+        runs.append(run)
+    return runs
+
+
 def open_peer(spec: str, *, gguf: str | None, source: str, threads: int, n_ctx: int) -> Peer:
     """`--peer llama-cpp` or `--peer http://HOST:PORT` -> a Peer; a clear error for anything else."""
     if spec.startswith(("http://", "https://")):
@@ -147,8 +177,9 @@ def _cached_gguf(source: str) -> Path | None:
 class PeerRun:
     """A peer and the generations it ran in one bench (bench/run.py calls `run` after each prompt's modes)."""
 
-    def __init__(self, peer: Peer):
+    def __init__(self, peer: Peer, label: str | None = None):
         self.peer = peer
+        self.label = label or peer.name  # what the report calls it
         self.samples: list[PeerSample] = []
 
     def run(self, engine, p, rep: int, max_new_tokens: int, target_ids: Sequence[int] | None) -> PeerSample:
@@ -165,14 +196,16 @@ class PeerRun:
         return s
 
     def meta(self) -> dict[str, Any]:
-        return {"name": self.peer.name, "samples": [asdict(s) for s in self.samples]}
+        return {"name": self.peer.name, "label": self.label, "samples": [asdict(s) for s in self.samples]}
 
 
 def format_peer(meta: dict[str, Any], rows: Sequence) -> str:
     """The peer's decode tok/s per category beside each mode's (report.summarize rows)."""
     samples = [PeerSample(**s) for s in meta["samples"]]
     groups = list(dict.fromkeys([s.category for s in samples])) + ["all"]
-    lines = [f"peer: {meta['name']}, the same prompts as token ids, greedy, in this run (bench/peer.py):"]
+    label = meta.get("label") or meta["name"]
+    named = f"{label} ({meta['name']})" if label != meta["name"] else label
+    lines = [f"peer: {named}, the same prompts as token ids, greedy, in this run (bench/peer.py):"]
     for g in groups:
         ss = [s for s in samples if g == "all" or s.category == g]
         tok = sum(max(s.new_tokens - 1, 0) for s in ss)

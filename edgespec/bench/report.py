@@ -341,10 +341,12 @@ def report_text(run: BenchRun, projections: Sequence = (), hw_list: Sequence = (
                         if any(m.get('quant') == 'int4' for m in run.meta.get("models", {}).values()) else ""))
     if not run.meta.get("rss_per_generation", True):
         parts.append("note: peak RSS is the process's peak so far (this OS cannot reset it per generation)")
-    if run.meta.get("peer"):
+    peers = run.meta.get("peers") or ([run.meta["peer"]] if run.meta.get("peer") else [])  # a run saved with one
+    if peers:
         from .peer import format_peer
 
-        parts += ["", format_peer(run.meta["peer"], rows)]
+        for peer in peers:
+            parts += ["", format_peer(peer, rows)]
     if run.meta.get("bound"):
         from .bound import format_bound
 

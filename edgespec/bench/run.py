@@ -234,7 +234,7 @@ def run_bench(
     seed: int | None = 0,
     warmup: bool = True,
     on_sample: Callable[[Sample, int, int], None] | None = None,
-    peer=None,  # a bench/peer.py PeerRun: each prompt outside a conversation runs through it too
+    peers: Sequence = (),  # bench/peer.py PeerRuns: each prompt outside a conversation runs through each too
 ) -> BenchRun:
     """Runs every mode on every prompt `repeats` times, interleaved, on one open Engine.
 
@@ -277,7 +277,7 @@ def run_bench(
                         target_ids[p.id] = ids
                     pending.append((s, ids))
                 lineages.leave(mode.label)
-            if peer is not None and unit[0].conversation is None:
+            for peer in peers if unit[0].conversation is None else ():
                 peer.run(engine, unit[0], rep, max_new_tokens, target_ids.get(unit[0].id) if greedy else None)
             for s, ids in pending:  # the target may have run after some modes: compare at the end
                 ref = target_ids.get(s.prompt_id)
@@ -292,7 +292,7 @@ def run_bench(
     meta["rss_per_generation"] = rss.resettable
     meta["loadavg_start"] = load_start
     meta["loadavg_end"] = _loadavg()
-    meta["peer"] = None if peer is None else peer.meta()
+    meta["peers"] = [peer.meta() for peer in peers]
     return BenchRun(meta=meta, modes=modes, prompts=list(prompts), samples=samples)
 
 

@@ -120,8 +120,46 @@ def test_the_bench_runs_each_prompt_through_the_peer_and_prints_it_beside_the_mo
         assert server.bodies[0]["prompt"] == eng.encode(**load_prompts("code")[0].request())
     finally:
         eng.close()
-    saved = json.loads(out_json.read_text())["meta"]["peer"]
+    (saved,) = json.loads(out_json.read_text())["meta"]["peers"]
     assert [s["new_tokens"] for s in saved["samples"]] == [6, 6]
+
+
+def test_two_named_peers_each_get_every_prompt_and_their_own_lines(tiny_bundle, server, capsys):
+    """llama.cpp's target alone and its speculative server side by side: each peer runs each prompt once,
+    and the report names each by its label, with its own tok/s."""
+    fast = FakeServer({"tokens": [40, 41, 42, 43, 44, 45], "timings": {"prompt_ms": 20.0, "predicted_ms": 50.0}})
+    try:
+        server.answer["tokens"] = [40, 41, 42, 43, 44, 45]
+        argv = ["bench", str(tiny_bundle), "--prompts", "code", "--limit", "2", "--repeats", "1", "--max-new-tokens",
+                "6", "--modes", "target,ngram", "--project", "none", "--quiet", "--peer", f"alone={server.url}",
+                "--peer", f"ngram-mod={fast.url}"]
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+    finally:
+        fast.close()
+    assert len(server.bodies) == 2 and len(fast.bodies) == 2
+    assert f"peer: alone (llama-server {server.url})" in out and "  all: peer 50.0 tok/s;" in out
+    assert f"peer: ngram-mod (llama-server {fast.url})" in out and "  all: peer 100.0 tok/s;" in out
+
+
+@pytest.mark.parametrize("spec, want", [
+    ("http://127.0.0.1:8080", (None, "http://127.0.0.1:8080")),
+    ("spec=http://127.0.0.1:8080", ("spec", "http://127.0.0.1:8080")),
+    ("http://h:1/x?a=b", (None, "http://h:1/x?a=b")),  # a URL's own '=' is no label
+    ("mine=llama-cpp", ("mine", "llama-cpp")),
+])
+def test_a_peer_may_carry_a_name(spec, want):
+    assert pr.split_label(spec) == want
+
+
+@pytest.mark.parametrize("specs, message", [
+    (["=http://127.0.0.1:1"], "give NAME=llama-cpp or NAME=http://HOST:PORT"),
+    (["a=http://127.0.0.1:1", "a=http://127.0.0.1:2"], "two peers are named 'a'"),
+    (["http://127.0.0.1:1", "http://127.0.0.1:1"], "two peers are named 'llama-server http://127.0.0.1:1'"),
+])
+def test_peers_that_cannot_be_told_apart_are_refused(specs, message):
+    with pytest.raises(InvalidRequest, match=message):
+        pr.open_peers(specs, gguf=None, source="x", threads=2, n_ctx=512)
 
 
 def test_peer_gguf_alone_is_refused(tiny_bundle, capsys):

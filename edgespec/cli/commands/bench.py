@@ -54,10 +54,11 @@ def register(sub) -> None:
     p.add_argument("--deterministic", action="store_true",
                    help="open the engine in deterministic mode (docs/runtime.md): chains only, so '+tree' modes "
                         "are refused; compare a run with and without it for the mode's cost")
-    p.add_argument("--peer", metavar="llama-cpp|URL", default=None,
+    p.add_argument("--peer", metavar="[NAME=]llama-cpp|URL", action="append", default=[],
                    help="also run each prompt through llama.cpp on the same GGUF, in this run, and print its tok/s "
                         "beside each mode: llama-cpp (the llama_cpp module, --threads threads) or the http:// URL "
-                        "of a llama-server (docs/bench.md, 'A peer')")
+                        "of a llama-server; repeat it for several, e.g. its target alone and a server started with "
+                        "--spec-type ngram-mod (docs/bench.md, 'A peer')")
     p.add_argument("--peer-gguf", metavar="FILE.gguf", default=None,
                    help="the GGUF --peer llama-cpp loads (default: the target's source GGUF in the model cache)")
     q = p.add_argument_group("a venue's questions (docs/bench.md, \"A venue's questions\")")
@@ -121,14 +122,14 @@ def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise InvalidRequest(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
 
-    peer = None
-    if args.peer:
-        from ...bench.peer import PeerRun, open_peer
-
-        peer = PeerRun(open_peer(args.peer, gguf=args.peer_gguf, source=b.manifest.models["target"].source,
-                                 threads=args.threads or os.cpu_count() or 1, n_ctx=args.max_len or 4096))
-    elif args.peer_gguf:
+    if args.peer_gguf and not any(spec.endswith("llama-cpp") for spec in args.peer):
         raise InvalidRequest("--peer-gguf needs --peer llama-cpp", param="peer_gguf")
+    peers = []
+    if args.peer:
+        from ...bench.peer import open_peers
+
+        peers = open_peers(args.peer, gguf=args.peer_gguf, source=b.manifest.models["target"].source,
+                           threads=args.threads or os.cpu_count() or 1, n_ctx=args.max_len or 4096)
     from ...engine import Engine
 
     draft = engine_mode(modes)  # e.g. "self" loads the self-draft; auto then also has it as an option
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
 
         result = bench.run_bench(engine, prompts, modes, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                                 temperature=args.temperature, seed=args.seed, on_sample=progress, peer=peer)
+                                 temperature=args.temperature, seed=args.seed, on_sample=progress, peers=peers)
         result.meta["prompt_order"] = args.order
         from ...edge import boardfit
 
