@@ -239,7 +239,7 @@ def run_bench(
     """Runs every mode on every prompt `repeats` times, interleaved, on one open Engine.
 
     Order: for each repeat, for each prompt, all modes back to back, the mode order rotated by one
-    per (repeat, prompt) so no mode always runs first after a prompt change; the drafters' learning is
+    per prompt and per repeat, so no mode always runs first after a prompt change, on any prompt; the drafters' learning is
     kept per mode (lineage.py). A conversation counts
     as one prompt here: each mode runs all its turns in order, from one reset."""
     if repeats < 1:
@@ -262,8 +262,7 @@ def run_bench(
     units = prompt_units(prompts)
     for rep in range(repeats):
         for ui, unit in enumerate(units):
-            shift = (rep * len(units) + ui) % len(modes)
-            order = modes[shift:] + modes[:shift]
+            order = mode_order(modes, rep, ui)
             target_ids: dict[str, list[int]] = {}
             pending: list[tuple[Sample, list[int]]] = []
             for mode in order:
@@ -294,6 +293,14 @@ def run_bench(
     meta["loadavg_end"] = _loadavg()
     meta["peers"] = [peer.meta() for peer in peers]
     return BenchRun(meta=meta, modes=modes, prompts=list(prompts), samples=samples)
+
+
+def mode_order(modes: Sequence[Mode], rep: int, unit: int) -> list[Mode]:
+    """The modes' order on prompt `unit` in repeat `rep`: rotated by one per prompt and per repeat. By rep + unit,
+    not rep * prompts + unit: with as many prompts as modes (or a multiple) that gave each prompt the same order
+    in every repeat, so on each prompt one mode always ran first after the prompt changed."""
+    shift = (rep + unit) % len(modes)
+    return list(modes[shift:]) + list(modes[:shift])
 
 
 def _draft_runner(engine):

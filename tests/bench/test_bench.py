@@ -200,6 +200,22 @@ def test_modes_are_interleaved_and_rotated(tiny_run):
     blocks = [(s.repeat, s.prompt_id) for s in run.samples]
     changes = sum(1 for a, b in zip(blocks, blocks[1:]) if a != b)
     assert changes == 2 * 3 - 1
+    # rotated per prompt and per repeat: each prompt's first mode differs between its repeats, and
+    # within a repeat from one prompt to the next
+    first = {}
+    for i, s in enumerate(run.samples):
+        if i == 0 or blocks[i] != blocks[i - 1]:
+            first[blocks[i]] = s.mode
+    prompts = list(dict.fromkeys(s.prompt_id for s in run.samples))
+    assert all(first[(0, p)] != first[(1, p)] for p in prompts), first
+    assert len({first[(0, p)] for p in prompts}) == len(prompts), first
+
+
+def test_each_prompt_starts_with_another_mode_each_repeat_even_with_as_many_prompts_as_modes():
+    modes = bench.parse_modes("target,model,auto", None, has_draft=True)
+    for prompt in range(3):
+        firsts = [bench.mode_order(modes, rep, prompt)[0].label for rep in range(3)]
+        assert sorted(firsts) == ["auto", "model", "target"], (prompt, firsts)
 
 
 def test_speculative_outputs_equal_the_target_alone(tiny_run):
