@@ -16,6 +16,10 @@ says how to build them):
 - `--peer http://HOST:PORT`: a running llama-server (started on the same GGUF with the same threads);
   its /completion endpoint takes token ids and returns the tokens and its own timings.
 
+- `--peer edgespec:BUNDLE`: another bundle's target alone, in this process (the exact form beside a
+  tuned one, `edgespec tune`): the same request, greedy, the same end tokens; its tokenizer must give
+  the same ids.
+
 `--peer` may be given more than once, each as `[NAME=]SPEC`: llama.cpp's target alone and its best
 speculative mode (a second llama-server started with `--spec-type ngram-mod`, say) beside every mode of
 edgespec's, on the same prompts in the same minutes.
@@ -45,7 +49,8 @@ class PeerResult:
 class Peer(Protocol):
     name: str
 
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: set[int]) -> PeerResult: ...
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: set[int],
+                 request: dict | None = None) -> PeerResult: ...  # request: the prompt as the engine took it
 
 
 @dataclass
@@ -72,7 +77,8 @@ class LlamaServerPeer:
         self.url = url.rstrip("/")
         self.name = f"llama-server {self.url}"
 
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: set[int]) -> PeerResult:
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: set[int],
+                 request: dict | None = None) -> PeerResult:
         body = {"prompt": [int(t) for t in prompt_ids], "n_predict": int(max_new_tokens), "temperature": 0.0,
                 "top_k": 1, "cache_prompt": False, "return_tokens": True, "stream": False}
         req = urllib.request.Request(self.url + "/completion", data=json.dumps(body).encode(),
@@ -107,7 +113,8 @@ class LlamaCppPeer:
         self.llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=int(n_ctx), n_threads=int(threads),
                                    n_threads_batch=int(threads), verbose=False)
 
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: set[int]) -> PeerResult:
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: set[int],
+                 request: dict | None = None) -> PeerResult:
         self.llm.reset()
         out: list[int] = []
         t0 = time.perf_counter()
@@ -119,6 +126,31 @@ class LlamaCppPeer:
             if tok in stop_ids or len(out) >= max_new_tokens:
                 break
         return PeerResult(out, t1 - t0, time.perf_counter() - t1)
+
+
+class EdgespecPeer:
+    """Another bundle's target alone in this process: the exact form beside a tuned one (or any two
+    forms of one model). It takes the request itself and refuses one its tokenizer reads as other ids
+    (another model: its tokens could not be compared)."""
+
+    def __init__(self, bundle: str, threads: int, n_ctx: int):
+        from ..engine import Engine
+
+        self.name = f"edgespec {Path(bundle).name}, target alone"
+        self.engine = Engine.open(bundle, draft="none", threads=threads, max_len=n_ctx)
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: set[int],
+                 request: dict | None = None) -> PeerResult:
+        if request is None or self.engine.encode(**request) != list(prompt_ids):
+            raise InvalidRequest(f"--peer {self.name}: its tokenizer reads the prompt as other ids than the bench's "
+                                 "bundle: compare forms of one model", param="peer")
+        r = self.engine.generate(**request, max_new_tokens=max_new_tokens, temperature=0.0, draft="none")
+        st = r.stats
+        # its own end tokens stop it (one model's are the bench's); its tokens are counted as the bench's target's
+        return PeerResult(list(r.token_ids), st.ttft_s, max(0.0, st.total_s - st.ttft_s))
+
+    def close(self) -> None:
+        self.engine.close()
 
 
 def split_label(spec: str) -> tuple[str | None, str]:
@@ -148,12 +180,15 @@ def open_peers(specs: Sequence[str], *, gguf: str | None, source: str, threads: 
 
 
 def open_peer(spec: str, *, gguf: str | None, source: str, threads: int, n_ctx: int) -> Peer:
-    """`--peer llama-cpp` or `--peer http://HOST:PORT` -> a Peer; a clear error for anything else."""
+    """`--peer llama-cpp`, `--peer http://HOST:PORT` or `--peer edgespec:BUNDLE` -> a Peer; a clear error for
+    anything else."""
     if spec.startswith(("http://", "https://")):
         return LlamaServerPeer(spec)
+    if spec.startswith("edgespec:"):
+        return EdgespecPeer(spec[len("edgespec:"):], threads, n_ctx)
     if spec != "llama-cpp":
-        raise InvalidRequest(f"--peer: {spec!r} is neither llama-cpp nor an http:// URL of a llama-server",
-                             param="peer")
+        raise InvalidRequest(f"--peer: {spec!r} is neither llama-cpp, an http:// URL of a llama-server nor "
+                             "edgespec:BUNDLE", param="peer")
     path = Path(gguf) if gguf else _cached_gguf(source)
     if path is None or not path.is_file():
         raise InvalidRequest(f"--peer llama-cpp: no GGUF for the target (source {source!r}{f', --peer-gguf {gguf}' if gguf else ''}"
@@ -184,8 +219,10 @@ class PeerRun:
 
     def run(self, engine, p, rep: int, max_new_tokens: int, target_ids: Sequence[int] | None) -> PeerSample:
         """One generation of prompt `p` through the peer, on the ids edgespec's target got."""
-        ids = engine.encode(**p.request())
-        r = self.peer.generate(ids, p.max_new_tokens or max_new_tokens, set(getattr(engine, "eos_ids", ()) or ()))
+        request = p.request()
+        ids = engine.encode(**request)
+        r = self.peer.generate(ids, p.max_new_tokens or max_new_tokens, set(getattr(engine, "eos_ids", ()) or ()),
+                               request)
         diff = None
         if target_ids is not None:
             diff = next((i for i, (a, b) in enumerate(zip(r.tokens, target_ids)) if a != b), None)
@@ -194,6 +231,12 @@ class PeerRun:
         s = PeerSample(p.id, p.category, rep, len(r.tokens), r.ttft_s, r.decode_s, diff, target_ids is not None)
         self.samples.append(s)
         return s
+
+    def close(self) -> None:
+        """Frees what the peer holds in this process (an edgespec peer's engine); a server is left running."""
+        close = getattr(self.peer, "close", None)
+        if close is not None:
+            close()
 
     def meta(self) -> dict[str, Any]:
         return {"name": self.peer.name, "label": self.label, "samples": [asdict(s) for s in self.samples]}

@@ -80,7 +80,7 @@ def test_a_server_that_does_not_answer_is_a_clear_error():
 
 
 @pytest.mark.parametrize("spec, gguf, message", [
-    ("llamacpp", None, "'llamacpp' is neither llama-cpp nor an http:// URL"),
+    ("llamacpp", None, "'llamacpp' is neither llama-cpp, an http:// URL of a llama-server nor edgespec:BUNDLE"),
     ("llama-cpp", "/nonexistent/x.gguf", "no GGUF for the target"),
     ("llama-cpp", None, "no GGUF for the target (source 'some/hf-folder')"),
 ])
@@ -140,6 +140,23 @@ def test_two_named_peers_each_get_every_prompt_and_their_own_lines(tiny_bundle, 
     assert len(server.bodies) == 2 and len(fast.bodies) == 2
     assert f"peer: alone (llama-server {server.url})" in out and "  all: peer 50.0 tok/s;" in out
     assert f"peer: ngram-mod (llama-server {fast.url})" in out and "  all: peer 100.0 tok/s;" in out
+
+
+def test_another_bundle_runs_beside_as_a_peer_with_the_same_tokens(tiny_bundle, capsys):
+    """`--peer edgespec:BUNDLE` (the exact form beside a tuned one): here the same bundle, so its tokens are
+    the target's on every prompt; a request its tokenizer reads otherwise is refused by name."""
+    argv = ["bench", str(tiny_bundle), "--prompts", "code", "--limit", "2", "--repeats", "1", "--max-new-tokens", "6",
+            "--modes", "target,ngram", "--project", "none", "--quiet", "--peer", f"exact=edgespec:{tiny_bundle}"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"peer: exact (edgespec {tiny_bundle.name}, target alone)" in out
+    assert "peer's tokens = target's in 2 of 2" in out
+    p = pr.EdgespecPeer(str(tiny_bundle), threads=1, n_ctx=256)
+    try:
+        with pytest.raises(InvalidRequest, match="its tokenizer reads the prompt as other ids"):
+            p.generate([1, 2, 3], 4, set(), {"prompt": "def fib(n):"})
+    finally:
+        p.close()
 
 
 @pytest.mark.parametrize("spec, want", [

@@ -54,11 +54,12 @@ def register(sub) -> None:
     p.add_argument("--deterministic", action="store_true",
                    help="open the engine in deterministic mode (docs/runtime.md): chains only, so '+tree' modes "
                         "are refused; compare a run with and without it for the mode's cost")
-    p.add_argument("--peer", metavar="[NAME=]llama-cpp|URL", action="append", default=[],
-                   help="also run each prompt through llama.cpp on the same GGUF, in this run, and print its tok/s "
-                        "beside each mode: llama-cpp (the llama_cpp module, --threads threads) or the http:// URL "
-                        "of a llama-server; repeat it for several, e.g. its target alone and a server started with "
-                        "--spec-type ngram-mod (docs/bench.md, 'A peer')")
+    p.add_argument("--peer", metavar="[NAME=]llama-cpp|URL|edgespec:BUNDLE", action="append", default=[],
+                   help="also run each prompt through a peer on the same prompts, in this run, and print its tok/s "
+                        "beside each mode: llama-cpp (the llama_cpp module on the same GGUF, --threads threads), the "
+                        "http:// URL of a llama-server, or edgespec:BUNDLE (another bundle's target alone: the exact "
+                        "form beside a tuned one). Repeat it for several, e.g. llama.cpp alone and a llama-server "
+                        "started with --spec-type ngram-mod (docs/bench.md, 'A peer')")
     p.add_argument("--peer-gguf", metavar="FILE.gguf", default=None,
                    help="the GGUF --peer llama-cpp loads (default: the target's source GGUF in the model cache)")
     q = p.add_argument_group("a venue's questions (docs/bench.md, \"A venue's questions\")")
@@ -163,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
         result.meta["bound"] = measure_bound(engine, result.samples, args.threads)  # same process, threads
     finally:
         engine.close()
+        for peer in peers:
+            peer.close()
 
     return _report(args, result, hw_list, projection.model_costs(b) if hw_list else {})
 
