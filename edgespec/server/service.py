@@ -393,7 +393,10 @@ def _is_loopback(host: str) -> bool:
 
 
 def _signal_name(sig: int) -> str:
-    return signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+    try:
+        return signal.Signals(sig).name
+    except ValueError:  # a number no signal has
+        return str(sig)
 
 
 def _url_host(host: str) -> str:
