@@ -1,8 +1,9 @@
 """The numbers several layers must agree on, in one place.
 
-A request's k is checked by the engine and by the server's validation; the prefill chunk sizes the
-engine's steps and the memory plan's activation estimate; the default cache length is used by the
-engine and by the planner. Each lives here once, so they cannot drift apart.
+A request's bounds are checked once, by the engine's request options, for Python callers and HTTP
+clients alike; the prefill chunk sizes the engine's steps and the memory plan's activation estimate;
+the default cache length is used by the engine and by the planner. Each lives here once, so they
+cannot drift apart.
 """
 from __future__ import annotations
 
@@ -35,10 +36,10 @@ QUANTS = ("int4", "int8", "fp16", "fp32")  # weight precisions an export may be 
 # ... and a bundle's model may have: "mixed" is a GGUF's own blocks carried over (export/edgespec_export/native),
 # MatMulNBits of 4 and 8 bits side by side (Q4_K_M: 4-bit Q4_K, 8-bit Q6_K)
 MODEL_QUANTS = QUANTS + ("mixed",)
-# what one request may ask for: the engine's request parser (engine/requests.py, engine/settings.py)
-# and the HTTP layer (server/validate.py) read these, so a client gets the same bound either way
+# what one request may ask for, checked once where a request enters the engine (engine/requests.py
+# Options, core/sampling.py SamplingParams, engine/settings.py check_k): the Python API and the server alike
 STOP_LIMIT = 16  # stop strings per request
 TOP_K_LIMIT = 1 << 31  # beyond any vocabulary; keeps the engine's integer arithmetic in range
 SEED_LIMIT = 2**63 - 1  # largest seed (a seed is >= 0: numpy's generators refuse negative ones)
-TEMPERATURE_LIMIT = 2.0  # largest temperature the OpenAI API accepts (the HTTP layer's bound)
+TEMPERATURE_LIMIT = 2.0  # largest temperature the OpenAI API accepts: the HTTP layer's own bound (Python samples hotter)
 JSON_DEPTH_LIMIT = 32  # JSON nesting of a request body: OpenAI bodies need 5 (messages[i].content[j].text)

@@ -9,7 +9,7 @@ padding (see docs/ARCHITECTURE.md) and must never be chosen.
 """
 from __future__ import annotations
 
-import math
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +20,10 @@ from ..limits import SEED_LIMIT, TOP_K_LIMIT
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy (argmax); top_k 0 means no top-k cut; top_p 1 means no nucleus cut."""
+    """temperature 0 means greedy (argmax); top_k 0 means no top-k cut; top_p 1 means no nucleus cut.
+    The one check of these four values for every caller (the engine's request options build this;
+    the server checks only that JSON gave numbers). The bounds compare without converting: an integer
+    too large for a float is refused, not an OverflowError."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -29,9 +32,9 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         t, p, k = self.temperature, self.top_p, self.top_k
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= sys.float_info.max:
             raise InvalidRequest(f"temperature must be a number >= 0 (0 = greedy), got {t!r}", param="temperature")
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or not 0 < p <= 1:
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
             raise InvalidRequest(f"top_p must be in (0, 1], got {p!r}", param="top_p")
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= TOP_K_LIMIT:
             raise InvalidRequest(f"top_k must be an integer from 0 (off) to {TOP_K_LIMIT}, got {k!r}", param="top_k")

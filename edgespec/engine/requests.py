@@ -4,7 +4,7 @@ with the same `RequestParser` (each tells it which modes it can run), and read t
 side (tokenizer, chat template, EOS ids) through the same `Vocabulary`."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..core.constraint import Constraint, Grammars
@@ -20,7 +20,7 @@ from .structured import Structured, check_structured, plain_tool_turns, tools_pr
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Options:
     """A request's options as a caller gives them, by keyword: Engine.generate/stream and
-    BatchEngine.submit pass theirs on as one of these, and RequestParser checks it, once, for both.
+    BatchEngine.submit pass theirs on as one of these, and the server maps a request body onto them.
 
     prompt or messages: the text (a completion) or chat turns (the bundle's chat template);
     max_new_tokens; sampling: temperature (0: greedy), top_p, top_k, seed; stop: a string or a
@@ -29,7 +29,12 @@ class Options:
     tree: "auto" | "on" | "off" (None: the engine's default); structured output
     (docs/structured-output.md): json_schema (a dict or JSON text), grammar (llguidance's Lark
     form), or tools (OpenAI's function list) with tool_choice; strict=False ignores JSON-schema
-    keywords the grammar library does not implement instead of refusing them."""
+    keywords the grammar library does not implement instead of refusing them.
+
+    Every value that does not depend on the engine (limits.py's bounds among them) is checked here,
+    once, as the options are made: a bad one raises InvalidRequest naming its option before documents
+    are read or anything is tokenized. What depends on the engine (a mode it did not load, a schema,
+    the prompt's tokens) is RequestParser's."""
 
     prompt: str | None = None
     messages: list | None = None
@@ -48,6 +53,18 @@ class Options:
     tools: Any = None
     tool_choice: Any = None
     strict: bool = True
+    params: SamplingParams = field(init=False, repr=False)  # temperature, top_p, top_k and seed, checked
+
+    def __post_init__(self) -> None:
+        check_max_new_tokens(self.max_new_tokens)
+        object.__setattr__(self, "params", SamplingParams(temperature=self.temperature, top_p=self.top_p,
+                                                          top_k=self.top_k, seed=self.seed))
+        object.__setattr__(self, "stop", tuple(check_stop(self.stop)))
+        if self.draft is not None:
+            modes.get(self.draft)
+        check_k(self.k)
+        if self.tree is not None:
+            check_tree(self.tree)
 
 
 @dataclass
@@ -226,22 +243,17 @@ class RequestParser:
         self.tree_check = tree_check
 
     def __call__(self, o: Options) -> Request:
-        check_max_new_tokens(o.max_new_tokens)
-        params = SamplingParams(temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=o.seed)
+        """`o`'s own values were checked when it was made (Options); here, what this engine can run."""
         s = self.settings
         mode = s.draft if o.draft is None else o.draft
-        modes.get(mode)
         tree = s.tree if o.tree is None else o.tree
         if s.batched:
             check_batched(mode, tree)
         why = self.unavailable(mode)
         if why:
             raise DraftUnavailable(f"draft={mode!r} is not possible: {why}", param="draft")
-        check_k(o.k)
-        check_tree(tree)
         if self.tree_check is not None:
             self.tree_check(tree)
-        stops = check_stop(o.stop)
         st = check_structured(o.json_schema, o.grammar, o.tools, o.tool_choice, grammars=self.vocab.grammars,
                               lenient=not o.strict)
         if st is not None and st.tools and o.messages is None:
@@ -253,7 +265,7 @@ class RequestParser:
         if st is not None and st.grammar is not None:
             constraint = self.vocab.grammars.compile(st.grammar)
             tree = "off"  # a constrained round is a chain: its rows are masked one grammar state after another
-        req = Request(ids, o.max_new_tokens, params, stops, mode, s.k if o.k is None else o.k, cancel_fn(o.cancel),
+        req = Request(ids, o.max_new_tokens, o.params, list(o.stop), mode, s.k if o.k is None else o.k, cancel_fn(o.cancel),
                       tree, constraint, st)
         return pin_for_determinism(req) if s.deterministic else req
 

@@ -108,11 +108,13 @@ class Settings:
 
 
 def check_k(k) -> None:
+    """A request's or an engine's k: proposals per round, 1 to limits.K_LIMIT; None (a request
+    leaving it out) chooses it every round."""
     if k is None:
         return
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= K_LIMIT:
-        raise InvalidRequest(f"k must be an integer from 1 to {K_LIMIT} (or None: chosen each round), got {k!r}",
-                             param="k")
+        raise InvalidRequest(f"k must be an integer from 1 to {K_LIMIT} (or left out: chosen each round), "
+                             f"got {k!r}", param="k")
 
 
 def check_tree(mode) -> None:
@@ -123,7 +125,8 @@ def check_tree(mode) -> None:
 def check_batched(draft: str | None, tree: str | None) -> None:
     """What a batched engine (parallel > 1) cannot run, refused in this one place before anything
     loads or runs (the engine's settings, then each request): a drafting mode the table marks not
-    batched (drafters/modes.py check_batched, each row with its reason), and tree='on'."""
+    batched (drafters/modes.py check_batched, each row with its reason), and tree='on'. The tree
+    mode was checked where it entered (check_tree: Settings.check, the request's Options)."""
     modes.check_batched(draft)
     check_batched_tree(tree)
 
@@ -131,8 +134,6 @@ def check_batched(draft: str | None, tree: str | None) -> None:
 def check_batched_tree(tree: str | None) -> None:
     """Batched rounds verify chains: tree "auto" (which may always choose a chain) and "off" run,
     "on" is refused rather than silently ignored."""
-    if tree is not None:
-        check_tree(tree)
     if tree == "on":
         raise InvalidRequest("tree='on' is not batched: with several slots (--parallel > 1) rounds verify chains; "
                              "use tree 'auto' or 'off', or serve one client at a time (--parallel 1)", param="tree")

@@ -110,15 +110,16 @@ class GenerationEndpoint:
         req = await run_in_threadpool(parse_request, self.kind, raw, self.state.limits)
         timeout = cfg.request_timeout
         job = Job(rid, req, asyncio.get_running_loop(), deadline=t0 + timeout, timeout=timeout, created=t0)
-        # the engine prepares the request once, here (documents, checks, the prompt's tokens): a bad one
-        # is a 400 before it is queued, and the worker runs what was prepared
+        # the engine prepares the request once, here (its values checked, documents, the prompt's
+        # tokens): a bad one is a 400 before it is queued, naming the client's field, and the worker
+        # runs what was prepared
         try:
             job.prepared = await run_in_threadpool(self.state.engine.prepare, **req.engine_kwargs(),
                                                    cancel=job.should_stop)
         except PromptTooLong as e:
             raise too_long(e.prompt_tokens, e.capacity, self.param) from None
         except InvalidRequest as e:
-            raise APIError(400, str(e), param=e.param) from None
+            raise req.client_error(e) from None
         job.prompt_tokens = job.prepared.prompt_tokens
         self.state.scheduler.submit(job)
         return job

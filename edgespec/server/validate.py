@@ -1,31 +1,39 @@
 """Turns an untrusted OpenAI-style JSON body into a `GenRequest`, or a 400 that names the bad field.
 
-Everything a client can send is checked here, before the request reaches the queue, so that a bad
-request costs no engine time and can never leave the engine in a strange state. Unknown fields are
-ignored (OpenAI clients send `user`, `metadata`, ...), but a known feature we do not implement with a
-non-default value (n > 1, logprobs, penalties ...) is refused rather than silently ignored: a client
-relying on it must find out. Structured output (`response_format`, `tools`, `tool_choice`) is checked
-for shape here; the schema itself is compiled when the request is parsed by the engine, which
-answers a schema the grammar library refuses with a 400 naming it (engine/structured.py).
+Here: the body's shape and types (JSON gave a number where one is due, an array of strings ...) and
+what only the OpenAI API has (the served model's names, n, best_of, penalties, logprobs, OpenAI's
+temperature bound, this server's --max-tokens-limit). A value's range is the engine's to check, once,
+for Python callers and clients alike: the handler has the engine prepare the request before it is
+queued (generation.py), so a value out of range is still a 400 that costs no engine time, its
+option turned back into the client's field by `GenRequest.client_error` (ENGINE_NAMES). Unknown
+fields are ignored (OpenAI clients send `user`, `metadata`, ...), but a known feature we do not
+implement with a non-default value (n > 1, logprobs, penalties ...) is refused rather than silently
+ignored: a client relying on it must find out. Structured output (`response_format`, `tools`,
+`tool_choice`) is checked for shape here; the engine compiles the schema (engine/structured.py).
 """
 from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..drafters import modes
-from ..limits import (JSON_DEPTH_LIMIT, K_LIMIT, SEED_LIMIT, STOP_LIMIT, TEMPERATURE_LIMIT, TOP_K_LIMIT,
-                      TREE_MODES)
+from ..errors import InvalidRequest
+from ..limits import JSON_DEPTH_LIMIT, TEMPERATURE_LIMIT
 from .apierror import APIError, bad_request, clip, echo
 from .structured_fields import structured_fields, tool_message
 
 log = logging.getLogger("edgespec.server")
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# GenRequest's fields (the client's names) that the engine's request options (engine/requests.py
+# Options) call otherwise; every other field passed on keeps its name. engine_kwargs maps a request
+# through it, client_error maps an engine refusal back (chat's max_completion_tokens is max_tokens here).
+ENGINE_NAMES = {"max_tokens": "max_new_tokens", "draft_k": "k"}
+CLIENT_NAMES = {engine: client for client, engine in ENGINE_NAMES.items()}
+PASSED = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "draft", "draft_k", "tree",
+          "json_schema", "grammar", "tools", "tool_choice")  # GenRequest's fields the engine gets (when set)
 
 
 @dataclass(frozen=True)
@@ -61,34 +69,32 @@ class GenRequest:
     tools: list[dict] | None = None
     tool_choice: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+    max_tokens_field: str = "max_tokens"  # the name the client gave it (chat's newer max_completion_tokens)
 
     def engine_kwargs(self) -> dict[str, Any]:
         """OpenAI's names mapped onto the engine's options: keyword arguments for Engine.prepare
         (without `cancel`)."""
-        kw: dict[str, Any] = dict(
-            max_new_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            seed=self.seed,
-            stop=self.stop,
-        )
+        kw = {ENGINE_NAMES.get(f, f): getattr(self, f) for f in PASSED if getattr(self, f) is not None}
         if self.kind == "chat":
             kw["messages"] = self.messages
         else:
             kw["prompt"] = self.prompt
-        if self.draft is not None:
-            kw["draft"] = self.draft
-        if self.draft_k is not None:
-            kw["k"] = self.draft_k
-        if self.tree is not None:
-            kw["tree"] = self.tree
-        for name in ("json_schema", "grammar", "tools", "tool_choice"):
-            if getattr(self, name) is not None:
-                kw[name] = getattr(self, name)
         if self.lenient:
             kw["strict"] = False
         return kw
+
+    def client_error(self, e: InvalidRequest) -> APIError:
+        """The engine's refusal of this request as the 400 its client reads: the option it names
+        turned back into the field the client sent (the engine's k is draft_k), in the message too
+        when the message starts with it, clipped to a line (the engine repeats the value)."""
+        param = e.param
+        name = CLIENT_NAMES.get(param, param) if param is not None else None
+        if name == "max_tokens":
+            name = self.max_tokens_field
+        message = str(e)
+        if param is not None and message.startswith(param + " "):
+            message = f"'{name}'{message[len(param):]}"
+        return bad_request(clip(message), param=name)
 
 
 def _no_constants(name: str) -> Any:
@@ -171,7 +177,8 @@ def _type_name(v: Any) -> str:
     )
 
 
-def _int(body: dict, name: str, *, lo: int | None = None, hi: int | None = None, default: Any = None) -> Any:
+def _int(body: dict, name: str, *, lo: int | None = None, default: Any = None) -> Any:
+    """A JSON integer (16.0 too); lo: an OpenAI-only bound (the engine checks its options' ranges)."""
     v = body.get(name)
     if v is None:
         return default
@@ -181,25 +188,29 @@ def _int(body: dict, name: str, *, lo: int | None = None, hi: int | None = None,
         raise bad_request(f"'{name}' must be an integer, got {_type_name(v)} {_show(v)}", param=name)
     if lo is not None and v < lo:
         raise bad_request(f"'{name}' must be >= {lo}, got {_show(v)}", param=name)
-    if hi is not None and v > hi:
-        raise bad_request(f"'{name}' must be <= {hi}, got {_show(v)}", param=name)
     return v
 
 
-def _number(body: dict, name: str, *, lo: float, hi: float, lo_open: bool = False, default: Any = None) -> Any:
+def _number(body: dict, name: str, *, lo: float | None = None, hi: float, default: Any = None) -> Any:
+    """A JSON number as a float, within an OpenAI-only bound: at most `hi` (and at least `lo`)."""
+    v = _float(body, name, default)
+    if v is not None and (v > hi or (lo is not None and v < lo)):  # JSON's 1e400 is inf: above any bound
+        bound = f"in [{lo:g}, {hi:g}]" if lo is not None else f"at most {hi:g}"
+        raise bad_request(f"'{name}' must be {bound}, got {v:g}", param=name)
+    return v
+
+
+def _float(body: dict, name: str, default: Any = None) -> Any:
+    """A JSON number as a float (its range is the engine's to check)."""
     v = body.get(name)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise bad_request(f"'{name}' must be a number, got {_type_name(v)} {_show(v)}", param=name)
     try:
-        v = float(v)
+        return float(v)
     except OverflowError:  # a 400-digit integer
-        raise bad_request(f"'{name}' is out of range, must be in [{lo:g}, {hi:g}]", param=name) from None
-    if not math.isfinite(v) or v > hi or v < lo or (lo_open and v == lo):
-        left = "(" if lo_open else "["
-        raise bad_request(f"'{name}' must be in {left}{lo:g}, {hi:g}], got {v:g}", param=name)
-    return v
+        raise bad_request(f"'{name}' is too large a number, got {_show(v)}", param=name) from None
 
 
 def _bool(body: dict, name: str, default: bool = False) -> bool:
@@ -236,6 +247,7 @@ def _model(body: dict, limits: Limits) -> str:
 
 
 def _stop(body: dict) -> list[str] | None:
+    """A string or an array of strings (how many, and empty ones, are the engine's to refuse)."""
     v = body.get("stop")
     if v is None:
         return None
@@ -243,27 +255,31 @@ def _stop(body: dict) -> list[str] | None:
         v = [v]
     if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
         raise bad_request("'stop' must be a string or an array of strings", param="stop")
-    if len(v) > STOP_LIMIT:
-        raise bad_request(f"'stop' may hold at most {STOP_LIMIT} strings, got {len(v)}", param="stop")
-    if any(s == "" for s in v):
-        raise bad_request("'stop' strings must not be empty", param="stop")
     return v or None
 
 
-def _max_tokens(body: dict, limits: Limits) -> int:
+def _name(body: dict, name: str) -> str | None:
+    """A name (draft, tree): a string, which the engine looks up in its table."""
+    v = body.get(name)
+    if v is not None and not isinstance(v, str):
+        raise bad_request(f"'{name}' must be a string, got {_type_name(v)} {_show(v)}", param=name)
+    return v
+
+
+def _max_tokens(body: dict, limits: Limits) -> tuple[int, str]:
+    """(new tokens at most, the field that said so): this server's --max-tokens-limit is checked here,
+    the engine refuses fewer than 1."""
     # chat clients may send the newer name; both mean "new tokens to generate at most"
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     v = _int(body, name, default=None)
     if v is None:
-        return min(limits.default_max_tokens, limits.max_tokens_limit)
-    if v <= 0:
-        raise bad_request(f"'{name}' must be at least 1, got {v}", param=name)
+        return min(limits.default_max_tokens, limits.max_tokens_limit), name
     if v > limits.max_tokens_limit:
         raise bad_request(
             f"'{name}' is {v} but this server allows at most {limits.max_tokens_limit} new tokens per request",
             param=name,
         )
-    return v
+    return v, name
 
 
 def _common(body: Any, kind: str, limits: Limits) -> GenRequest:
@@ -285,29 +301,23 @@ def _common(body: Any, kind: str, limits: Limits) -> GenRequest:
     if so is not None and not isinstance(so, dict):
         raise bad_request("'stream_options' must be an object", param="stream_options")
     include_usage = _bool({"stream_options.include_usage": (so or {}).get("include_usage")}, "stream_options.include_usage")
-    draft = body.get("draft")
-    if draft is not None and not (isinstance(draft, str) and draft in modes.NAMES):
-        raise bad_request(f"'draft' must be one of {', '.join(modes.NAMES)}, got {_show(draft)}", param="draft")
-    tree = body.get("tree")
-    if tree is not None and not (isinstance(tree, str) and tree in TREE_MODES):
-        raise bad_request(f"'tree' must be one of {', '.join(TREE_MODES)}, got {_show(tree)}", param="tree")
-    seed = body.get("seed")
-    if seed is not None:
-        seed = _int(body, "seed", lo=0, hi=SEED_LIMIT)
+    max_tokens, max_tokens_field = _max_tokens(body, limits)
     return GenRequest(
         kind=kind,  # type: ignore[arg-type]
         model=_model(body, limits),
-        max_tokens=_max_tokens(body, limits),
-        temperature=_number(body, "temperature", lo=0.0, hi=TEMPERATURE_LIMIT, default=limits.default_temperature),
-        top_p=_number(body, "top_p", lo=0.0, hi=1.0, lo_open=True, default=1.0),
-        top_k=_int(body, "top_k", lo=0, hi=TOP_K_LIMIT, default=0),
-        seed=seed,
+        max_tokens=max_tokens,
+        max_tokens_field=max_tokens_field,
+        # OpenAI's bound on temperature is this API's own (the Python API samples hotter); >= 0 is the engine's
+        temperature=_number(body, "temperature", hi=TEMPERATURE_LIMIT, default=limits.default_temperature),
+        top_p=_float(body, "top_p", default=1.0),
+        top_k=_int(body, "top_k", default=0),
+        seed=_int(body, "seed"),
         stop=_stop(body),
         stream=stream,
         include_usage=include_usage and stream,
-        draft=draft,
-        draft_k=_int(body, "draft_k", lo=1, hi=K_LIMIT, default=None),
-        tree=tree,
+        draft=_name(body, "draft"),
+        draft_k=_int(body, "draft_k"),
+        tree=_name(body, "tree"),
         **structured_fields(body, kind),
     )
 
@@ -394,8 +404,6 @@ def parse_completion(body: Any, limits: Limits) -> GenRequest:
         )
     if not isinstance(p, str):
         raise bad_request(f"'prompt' must be a string, got {_type_name(p)}", param="prompt")
-    if not p:
-        raise bad_request("'prompt' is empty", param="prompt")
     req.prompt = p
     return req
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from edgespec.engine.requests import Options
 from edgespec.engine.results import GenerationResult, GenerationStats
 from edgespec.errors import DraftUnavailable, PromptTooLong
 from edgespec.server.config import ServerConfig
@@ -80,6 +81,7 @@ class FakeEngine(ServedEngine):
     def prepare(self, prompt=None, *, messages=None, max_new_tokens=16, cancel=None, draft=None, **kw):
         """As the real engines' prepare: every refusal here, before the request is queued."""
         self.prepared += 1
+        Options(prompt=prompt, messages=messages, max_new_tokens=max_new_tokens, draft=draft, **kw)  # its checks
         if draft == "model":
             raise DraftUnavailable("draft='model' is not possible: the bundle has no draft model", param="draft")
         n = self.count_tokens(prompt, messages=messages)

@@ -1,10 +1,15 @@
-"""Request validation: every bad field gets a 400 that names it; good bodies map to engine arguments."""
+"""Request validation: every bad field gets a 400 that names it; good bodies map to engine arguments.
+The HTTP layer checks a body's shape and types and the OpenAI-only rules; a value's range is the
+engine's request options' (engine/requests.py Options) to check, once, its refusal answered in the
+client's names (GenRequest.client_error): `refusal` below takes a body down the same two steps."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
+from edgespec.engine.requests import Options
+from edgespec.errors import InvalidRequest
 from edgespec.limits import JSON_DEPTH_LIMIT, K_LIMIT, SEED_LIMIT, STOP_LIMIT, TEMPERATURE_LIMIT, TOP_K_LIMIT
 from edgespec.server.apierror import APIError
 from edgespec.server.validate import Limits, parse_chat, parse_completion, parse_json
@@ -34,6 +39,17 @@ def bad(fn, body, param=None, code=None, contains=None):
     if contains is not None:
         assert contains in e.message
     return e
+
+
+def refusal(body, fn=parse_chat) -> APIError:
+    """The 400 the server answers `body` with before queueing it: the HTTP layer's, else the engine's
+    (its request options made from the body, as prepare() makes them first) in the client's names."""
+    req = fn(body, LIMITS)
+    with pytest.raises(InvalidRequest) as e:
+        Options(**req.engine_kwargs())
+    err = req.client_error(e.value)
+    assert err.status == 400 and err.body()["error"]["type"] == "invalid_request_error"
+    return err
 
 
 def test_good_chat_maps_to_engine_arguments():
@@ -111,26 +127,20 @@ def test_malformed_json(raw, contains):
     (chat(messages=[*MSG, CALL, {"role": "tool", "content": "42"}, *MSG, {"role": "tool", "content": "43"}]),
      "messages[4].role", "must be a response to a preceding message with 'tool_calls'"),
     (chat(model="gpt-4"), "model", "not served"),
-    (chat(max_tokens=0), "max_tokens", "at least 1"),
-    (chat(max_tokens=-3), "max_tokens", "at least 1"),
     (chat(max_tokens=101), "max_tokens", "at most 100"),
     (chat(max_tokens="10"), "max_tokens", "integer"),
     (chat(max_tokens=1.5), "max_tokens", "integer"),
     (chat(max_tokens=True), "max_tokens", "integer"),
-    (chat(max_completion_tokens=0), "max_completion_tokens", "at least 1"),
-    (chat(temperature=-0.1), "temperature", "[0, 2]"),
-    (chat(temperature=2.5), "temperature", "[0, 2]"),
+    (chat(temperature=2.5), "temperature", "must be at most 2, got 2.5"),  # OpenAI's bound, the HTTP layer's own
+    (chat(draft=["model"]), "draft", "must be a string, got array"),
+    (chat(tree=1), "tree", "must be a string, got number"),
+    (chat(draft_k="4"), "draft_k", "must be an integer"),
+    (chat(top_p="all"), "top_p", "must be a number"),
     (chat(temperature="hot"), "temperature", "number"),
-    (chat(top_p=0), "top_p", "(0, 1]"),
-    (chat(top_p=1.5), "top_p", "(0, 1]"),
-    (chat(top_k=-1), "top_k", ">= 0"),
     (chat(top_k=2.5), "top_k", "integer"),
-    (chat(seed=-1), "seed", ">= 0"),
     (chat(seed="x"), "seed", "integer"),
     (chat(stop=5), "stop", "string"),
     (chat(stop=["a", 1]), "stop", "string"),
-    (chat(stop=["a"] * 17), "stop", "at most 16 strings, got 17"),
-    (chat(stop=[""]), "stop", "empty"),
     (chat(stream="yes"), "stream", "true or false"),
     (chat(stream_options=3), "stream_options", "object"),
     (chat(n=2), "n", "1"),
@@ -149,46 +159,73 @@ def test_malformed_json(raw, contains):
     (chat(grammar=""), "grammar", "non-empty string"),
     (chat(parallel_tool_calls="yes"), "parallel_tool_calls", "true or false"),
     (chat(logit_bias={"5": 1}), "logit_bias", "not supported"),
-    (chat(draft="magic"), "draft", "one of"),
-    (chat(draft_k=0), "draft_k", ">= 1"),
-    (chat(draft_k=99), "draft_k", "<= 16"),
-    (chat(tree="wide"), "tree", "one of auto, on, off"),
 ])
 def test_bad_chat_fields(body, param, contains):
     bad(parse_chat, body, param, contains=contains)
 
 
-# every limit the HTTP layer checks is edgespec/limits.py's (the engine's own where it has one): at the
-# bound a request passes and reaches the engine's arguments; one past it is a 400 naming the field
-@pytest.mark.parametrize("field, at, past, kwarg", [
-    ("stop", ["x"] * STOP_LIMIT, ["x"] * (STOP_LIMIT + 1), "stop"),
-    ("top_k", TOP_K_LIMIT, TOP_K_LIMIT + 1, "top_k"),
-    ("seed", SEED_LIMIT, SEED_LIMIT + 1, "seed"),
-    ("temperature", TEMPERATURE_LIMIT, TEMPERATURE_LIMIT + 0.01, "temperature"),
-    ("draft_k", K_LIMIT, K_LIMIT + 1, "k"),
-    ("max_tokens", LIMITS.max_tokens_limit, LIMITS.max_tokens_limit + 1, "max_new_tokens"),
-    ("max_completion_tokens", LIMITS.max_tokens_limit, LIMITS.max_tokens_limit + 1, "max_new_tokens"),
+# a value out of the engine's range: the HTTP layer passes it on as sent (one check, the engine's), and
+# the 400 is the engine's message in the client's names (draft_k, not the engine's k)
+NAMES = "auto, model, suffix, docs, recycle, ngram, self, heads, grammar, none"
+ENGINE_REFUSED = [
+    (chat(max_tokens=0), "max_tokens", "'max_tokens' must be an integer >= 1, got 0"),
+    (chat(max_tokens=-3), "max_tokens", "'max_tokens' must be an integer >= 1, got -3"),
+    (chat(max_completion_tokens=0), "max_completion_tokens", "'max_completion_tokens' must be an integer >= 1, got 0"),
+    (chat(temperature=-0.1), "temperature", "'temperature' must be a number >= 0 (0 = greedy), got -0.1"),
+    (chat(top_p=0), "top_p", "'top_p' must be in (0, 1], got 0.0"),
+    (chat(top_p=1.5), "top_p", "'top_p' must be in (0, 1], got 1.5"),
+    (chat(top_k=-1), "top_k", f"'top_k' must be an integer from 0 (off) to {TOP_K_LIMIT}, got -1"),
+    (chat(seed=-1), "seed", f"'seed' must be an integer from 0 to {SEED_LIMIT}, got -1"),
+    (chat(stop=["a"] * (STOP_LIMIT + 1)), "stop", f"at most {STOP_LIMIT} stop strings, got {STOP_LIMIT + 1}"),
+    (chat(stop=[""]), "stop", "'stop' strings must not be empty"),
+    (chat(draft="magic"), "draft", f"unknown drafter 'magic': choose one of {NAMES}"),
+    (chat(draft_k=0), "draft_k", f"'draft_k' must be an integer from 1 to {K_LIMIT} (or left out: chosen each round), got 0"),
+    (chat(draft_k=99), "draft_k", f"'draft_k' must be an integer from 1 to {K_LIMIT} (or left out: chosen each round), got 99"),
+    (chat(tree="wide"), "tree", "unknown tree mode 'wide': choose one of auto, on, off"),
+]
+
+
+@pytest.mark.parametrize("body, param, message", ENGINE_REFUSED)
+def test_a_value_out_of_range_is_the_engines_refusal_in_the_clients_names(body, param, message):
+    field = next(k for k in body if k not in ("model", "messages"))
+    sent = body[field]
+    kw = parse_chat(body, LIMITS).engine_kwargs()  # the HTTP layer does not check the range ...
+    assert kw[{"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "draft_k": "k"}.get(
+        field, field)] == sent
+    e = refusal(body)  # ... the engine does, once
+    assert (e.param, e.message) == (param, message)
+
+
+# every limit is edgespec/limits.py's (or this server's --max-tokens-limit), checked once: at the bound a
+# request passes both layers with the value the client sent; one past it is a 400 naming the client's
+# field, from the layer that owns the limit
+@pytest.mark.parametrize("field, at, past, kwarg, owner", [
+    ("stop", ["x"] * STOP_LIMIT, ["x"] * (STOP_LIMIT + 1), "stop", "engine"),
+    ("top_k", TOP_K_LIMIT, TOP_K_LIMIT + 1, "top_k", "engine"),
+    ("seed", SEED_LIMIT, SEED_LIMIT + 1, "seed", "engine"),
+    ("draft_k", K_LIMIT, K_LIMIT + 1, "k", "engine"),
+    ("temperature", TEMPERATURE_LIMIT, TEMPERATURE_LIMIT + 0.01, "temperature", "http"),  # OpenAI's bound
+    ("max_tokens", LIMITS.max_tokens_limit, LIMITS.max_tokens_limit + 1, "max_new_tokens", "http"),
+    ("max_completion_tokens", LIMITS.max_tokens_limit, LIMITS.max_tokens_limit + 1, "max_new_tokens", "http"),
 ])
-def test_each_limit_at_its_bound_and_one_past(field, at, past, kwarg):
+def test_each_limit_at_its_bound_and_one_past(field, at, past, kwarg, owner):
     kw = parse_chat(chat(**{field: at}), LIMITS).engine_kwargs()
     assert kw[kwarg] == at
-    bad(parse_chat, chat(**{field: past}), field)
+    Options(**kw)  # the engine takes it
+    e = bad(parse_chat, chat(**{field: past}), field) if owner == "http" else refusal(chat(**{field: past}))
+    assert e.param == field
 
 
-def test_the_http_layer_allows_as_many_stop_strings_as_the_engine():
-    from edgespec.engine.requests import check_stop
-    from edgespec.errors import InvalidRequest
-
-    assert STOP_LIMIT == 16  # the engine's, which its Python API and CLI users had (the server's was 4)
-    stop = parse_chat(chat(stop=["x"] * STOP_LIMIT), LIMITS).engine_kwargs()["stop"]
-    assert check_stop(stop) == ["x"] * STOP_LIMIT  # the engine takes what the server passes ...
-    with pytest.raises(InvalidRequest, match=f"at most {STOP_LIMIT} stop strings"):
-        check_stop(["x"] * (STOP_LIMIT + 1))  # ... and refuses one more, as the server does
+def test_an_engine_refusal_of_an_option_the_client_did_not_name_keeps_its_message():
+    req = parse_chat(chat(), LIMITS)
+    e = req.client_error(InvalidRequest("draft='model' is not possible: the bundle has no draft model", param="draft"))
+    assert (e.param, e.message) == ("draft", "draft='model' is not possible: the bundle has no draft model")
+    e = req.client_error(InvalidRequest("prompt is " + "x" * 5000, param="prompt"))
+    assert e.param == "prompt" and e.message.startswith("'prompt' is xxx") and len(e.message) < 300
 
 
 @pytest.mark.parametrize("body, param, contains", [
     ({"model": "tiny"}, "prompt", "required"),
-    ({"prompt": ""}, "prompt", "empty"),
     ({"prompt": 5}, "prompt", "string"),
     ({"prompt": ["a", "b"]}, "prompt", "one string"),
     ({"prompt": [1, 2, 3]}, "prompt", "token ids"),
@@ -257,9 +294,10 @@ def test_lone_surrogates_are_refused_naming_the_field():
 
 def test_huge_numbers_are_400s():
     for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
-        bad(parse_chat, chat(**{name: 10**400}), name)
-    bad(parse_chat, chat(top_k=10**400), "top_k")
-    bad(parse_chat, chat(seed=10**400), "seed")
+        bad(parse_chat, chat(**{name: 10**400}), name)  # no float holds it
+    for name in ("top_k", "seed"):  # an integer: the engine compares it without converting
+        e = refusal(chat(**{name: 10**400}))
+        assert e.param == name and e.message.startswith(f"'{name}' must be an integer from 0") and len(e.message) < 300
 
 
 def test_a_missed_case_is_still_a_400(monkeypatch, caplog):
@@ -278,3 +316,47 @@ def test_a_missed_case_is_still_a_400(monkeypatch, caplog):
 def test_role_of_any_type_is_a_400():
     for role in (["user"], {"a": 1}, 1, None, True):
         bad(parse_chat, chat(messages=[{"role": role, "content": "x"}]), "messages[0].role")
+
+
+# --- the same refusals from a running server, serial and batched ---------------------------------
+@pytest.fixture(scope="module", params=[1, 2], ids=["parallel-1", "parallel-2"])
+def served(request, tiny_bundle):
+    """A real server on the tiny bundle (each engine's own prepare), at --parallel 1 and 2."""
+    pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
+    from helpers.running import RunningServer
+
+    r = RunningServer(tiny_bundle, parallel=request.param)
+    yield r
+    r.stop()
+
+
+def _post(server, path, body):
+    import http.client
+
+    from helpers.running import DEADLINE
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.service.port, timeout=DEADLINE)
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("path, body, param, message", [
+    *(("/v1/chat/completions", {k: v for k, v in body.items() if k != "model"}, param, message)
+      for body, param, message in ENGINE_REFUSED),
+    ("/v1/completions", {"prompt": ""}, "prompt", "'prompt' is empty"),
+])
+def test_both_servers_refuse_a_value_out_of_range_the_same_way_before_queueing_it(served, path, body, param, message):
+    sched = served.service.state.scheduler
+    submitted = []
+    real_submit = sched.submit
+    sched.submit = lambda job: submitted.append(job.id) or real_submit(job)
+    try:
+        status, answer = _post(served, path, {"max_tokens": 2, **body})
+    finally:
+        sched.submit = real_submit
+    assert (status, answer["error"]["param"], answer["error"]["message"]) == (400, param, message), answer
+    assert submitted == [] and sched.depth == 0  # refused by the handler: no engine time
