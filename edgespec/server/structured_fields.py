@@ -49,9 +49,10 @@ def structured_fields(body: dict, kind: str) -> dict[str, Any]:
             raise bad_request(f"'response_format.type' must be one of text, json_object, json_schema, got {_show(t)}",
                               param="response_format.type")
     g = body.get("grammar")
-    if g is not None:
-        if not isinstance(g, str) or not g.strip():
-            raise bad_request("'grammar' must be a non-empty string (llguidance's Lark form)", param="grammar")
+    if g is not None:  # a string; an empty one is the engine's to refuse (engine/structured.py)
+        if not isinstance(g, str):
+            raise bad_request(f"'grammar' must be a string (llguidance's Lark form), got {_type_name(g)}",
+                              param="grammar")
         out["grammar"] = g
     tools = body.get("tools")
     if tools is not None and tools != []:

@@ -156,7 +156,7 @@ def test_malformed_json(raw, contains):
     (chat(tool_choice="required"), "tool_choice", "needs 'tools'"),
     (chat(tools=[{"type": "function"}], tool_choice="sometimes"), "tool_choice", "must be 'auto'"),
     (chat(response_format={"type": "json_object"}, grammar="start: \"x\""), "grammar", "cannot be combined"),
-    (chat(grammar=""), "grammar", "non-empty string"),
+    (chat(grammar=5), "grammar", "must be a string (llguidance's Lark form), got number"),
     (chat(parallel_tool_calls="yes"), "parallel_tool_calls", "true or false"),
     (chat(logit_bias={"5": 1}), "logit_bias", "not supported"),
 ])
@@ -348,8 +348,10 @@ def _post(server, path, body):
     *(("/v1/chat/completions", {k: v for k, v in body.items() if k != "model"}, param, message)
       for body, param, message in ENGINE_REFUSED),
     ("/v1/completions", {"prompt": ""}, "prompt", "'prompt' is empty"),
+    ("/v1/chat/completions", {"messages": MSG, "grammar": " "}, "grammar",
+     "'grammar' must be a non-empty string (llguidance's Lark form)"),
 ])
-def test_both_servers_refuse_a_value_out_of_range_the_same_way_before_queueing_it(served, path, body, param, message):
+def test_both_servers_refuse_a_value_the_engine_checks_the_same_way_before_queueing_it(served, path, body, param, message):
     sched = served.service.state.scheduler
     submitted = []
     real_submit = sched.submit
