@@ -87,7 +87,7 @@ for name in ("qwen-agree", "qwen-disagree", "llama-agree", "qwen-cuda-agree", "q
     tiny_bundles.build(name, Path(sys.argv[1]))
 PYEOF
 # the heads/feature bundles train at export (minutes): their lossless tests stay in the main run
-QUICK=(tests/install/test_ort_floors.py tests/models/test_ortcompat.py tests/core/test_batch_runner.py
+QUICK=(tests/install/test_ort_floors.py tests/models/test_ortcompat.py tests/core/test_runner_batch.py
        tests/core/test_runner.py tests/engine/test_batch_per_row.py tests/test_lossless.py)
 for v in $ORT_VERSIONS; do
   target=$DIR/onnxruntime-$v

@@ -100,7 +100,7 @@ def test_cuda_flavored_bundle_really_runs_float16(engines):
         eng = engine(engines, name)
         for runner in (eng.target, eng.draft_runner):
             assert runner.facts.graph_flavor() == "cuda" and runner.facts.kv_dtype == "float16"
-            assert runner._kv[0].data_type() == "tensor(float16)"
+            assert runner.runner.kv[0].data_type() == "tensor(float16)"
 
 
 @pytest.mark.parametrize("bundle", ["tiny_heads_bundle", "tiny_feature_bundle"])
@@ -208,7 +208,7 @@ SLOTS = (1, 3)
 def batch_engines(request):
     """A batched engine per fp32 bundle and slot count (1: the batch of one; 3), keyed (name, slots),
     the draft model loaded (its `auto` loads it). The cuda-flavored bundles cannot batch
-    (core/batch_runner.check_batchable)."""
+    (core/runner.py)."""
     out = {(name, n): BatchEngine.open(request.getfixturevalue(fx), parallel=n, draft="auto", max_len=256)
            for name, fx in BATCH_BUNDLES.items() for n in SLOTS}
     yield out

@@ -81,7 +81,7 @@ def measure(path: str | os.PathLike, facts: ModelFacts, providers=None, *, max_l
         so.profile_file_prefix = str(Path(tmp) / "profile")
         session = ort.InferenceSession(str(path), so, providers=chain)
         got = session.get_providers()
-        runner = ModelRunner(session, facts, max_len, device=device_of(got[0]))
+        runner = ModelRunner(session, facts, max_len, device=device_of(got[0])).slot(0)
         runner.step([1, 2, 3, 4], 1)
         runner.step([5], 1)
         runner.step([6, 7, 8], 3)

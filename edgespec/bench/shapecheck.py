@@ -204,7 +204,7 @@ def measure(bundle_path: str | Path, *, provider: str = "cuda", past: int = 128,
     import onnxruntime as ort
 
     from ..edge import providers as prov
-    from ..engine.build import load_batch_runner, load_runner
+    from ..engine.build import load_model, load_runner
     from ..models.bundle import Bundle, resolve_bundle
 
     b = Bundle.open(resolve_bundle(bundle_path), verify=False)
@@ -227,7 +227,8 @@ def measure(bundle_path: str | Path, *, provider: str = "cuda", past: int = 128,
         spot = tuple(n for n in SPOT if n in sizes)
         row["plain_run"] = _plain_costs(runner.session, runner.facts, spot, past, runner.max_len_rows, repeats, rng)
         del runner
-        batch = load_batch_runner(path, facts, max_len, max(batches), providers=order, force_flavor=True)
+        batch = load_model(path, facts, max_len, slots=max(batches), providers=order, shared_threads=True,
+                           force_flavor=True)
         row["batched"] = _batch_costs(batch, batches, spot, past, repeats, facts.vocab_size, rng)
         row["batched_one_pass"] = bool(batch.one_pass)
         del batch

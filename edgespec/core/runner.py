@@ -1,413 +1,355 @@
-"""One model, one onnxruntime session, one KV cache allocated once and written in place.
+"""One model, one onnxruntime session, one KV cache with a slot per sequence, allocated once and
+written in place.
 
 The graph (docs/graph-contract.md) takes `past_key_values.{i}.key|value` of shape
-[1, kv_heads, MAX, head_dim] and returns `present.{i}.key|value` of the same shape. Binding both to
-the *same* OrtValue makes GroupQueryAttention write the new rows into the buffer we own, so a step
-allocates and copies no cache. The cache length L is just a number we keep: the graph learns it from
-the width of `attention_mask` (L + S), and rewinding is setting L back, since rows past L are never
-read and are overwritten by the next step.
+[N, kv_heads, MAX, head_dim] and returns `present.{i}.key|value` of the same shape. Binding both to
+the *same* memory makes GroupQueryAttention write the new rows into the buffer we own, so a step
+allocates and copies no cache. A slot's length L_b is just a number we keep: the graph learns it from
+the attention mask, and rewinding is setting it back, since rows past L_b are never read and are
+overwritten by the next step. The buffers are slot-major, so slots [lo, hi) are one contiguous block:
+a step of some slots binds that block by its address (CPU and GPU alike) and pays for those rows only.
 
-Graph contract v2 adds `position_ids` [1, S] and `attention_bias` [1, 1, S, L+S]: a chain step binds
-positions L..L+S-1 (a slice of one preallocated arange) and zeros (a view of one preallocated zero
-buffer), so it allocates nothing more than before; `step_tree` binds a tree's per-node positions and
-its ancestor mask, and `compact` moves the accepted path's rows to contiguous positions. A version-1
-graph lacks both inputs: the runner then binds neither and can only run chains (`supports_tree`).
+One sequence runs on a slot through its view, `runner.slot(b)` (core/slot.py: chains, trees,
+placed rows, snapshots, hidden rows, the self-draft). Slot 0 of a one-slot runner binds the whole
+cache: the serial engine's path.
 
-Graph contract v3 adds the output `hidden_states` [1, n, hidden] (the final normed hidden state of
-the n logits rows): when the graph has it, every chain step also fills a reused buffer with it, and
-`hidden_row(pos, token)` hands draft heads the row of an earlier position of the last step.
+A batched step (`step(rows)`) feeds every slot of the block the same number S of input tokens: slot
+b's real tokens (s_b of them, 0 for an idle slot) right-padded to S. The graph learns which tokens are
+real from the attention mask (export/graph_batch.py, "padded queries"):
 
-Contract v3's cuda-flavored graph has `position_ids` but no `attention_bias` (CUDA's
-GroupQueryAttention refuses one): the runner binds each input only if the graph has it
-(`contract_inputs`), so such a graph runs chains, never trees.
+    mask[b] = 1 x (L_b + s_b), then one cell holding -(S - s_b) when the row is padded, then zeros
 
-Deterministic mode (`deterministic=True`, docs/runtime.md "Deterministic mode"): onnxruntime's CPU
-kernels compute a trailing block of ONE row (a 1-token step, or the last row of a 129-token chunk
-for SmolLM2) on another path than rows in blocks of several, and the two round differently (SmolLM2
-int8: logits up to 1.3 apart, argmax flips); every other row is bitwise the same whatever the chunking.
-So such a step runs one more token, a copy of its last, whose logits are dropped and whose cache
-row, past `length`, is never read: every position is computed on the same path, whatever the prefix
-cache held or the drafter proposed. The cache gets one spare row for that copy.
+so GroupQueryAttention reads L_b cached rows, writes s_b new ones at [L_b, L_b + s_b) and leaves the
+slot's other rows alone; an idle slot (s_b = 0) is unchanged.
+
+Without that edit (the cuda flavor, whose onnxruntime-gpu releases have no query_seqlens; a cpu graph
+loaded by an onnxruntime older than 1.32.0, models/ortcompat.py) GroupQueryAttention refuses a pass of
+several rows of several tokens over a cache (kernels.BATCH_SOURCE). Such a graph still serves several
+sequences: a step where every row has one token is one pass, each row padded to that one token (an
+idle slot's padding is written at its own length and the slot is rewound to it: those positions are
+never read); a step with a longer row runs each row alone on its slot's view. The same kernels and
+shapes as a single sequence's: batched output equals batch-1 output.
+
+Deterministic mode (`deterministic=True`, core/slot.py): a row whose last real token would be
+computed alone (step_rows: 1 token, or 17, 33, ...) gets a copy of it as one more real token, written
+past the slot's length, its logits dropped; rows do not depend on the other rows of the pass nor on
+their padding (measured, docs/runtime.md). The cache gets one spare position per slot for the copy,
+and, with several slots, one more: a full row padded in a batched step needs a mask one wider than
+the cache (its padding mark's cell).
+
+Shapes: cache buffers [N, kv_heads, cache_rows, head_dim]; `step(rows)` rows {slot: tokens [s_b]} ->
+{slot: logits [s_b, V]} (copies); a slot's `step(tokens, n_logits)` -> [n_logits, V] (a view of a
+reused buffer).
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import EdgespecError
 from ..models.manifest import ModelFacts
-from .dtypes import NP_DTYPES as _NP_DTYPES
-from .steptimes import StepTimes
+from ..models.ortcompat import PADDED_QUERIES_KEY
+from .dtypes import NP_DTYPES
+from .slot import CacheFull, Slot, contract_inputs, step_rows
+from .steptimes import BatchTimes, StepTimes
+
+__all__ = ["BatchTimes", "CacheFull", "ModelRunner", "Slot", "StepTimes", "graph_batches", "step_rows"]
 
 _ZERO_BIAS_CAP = 1 << 16  # elements of the reused zero bias (256 KB in fp32): decode/verify steps
-# deterministic mode: a step of s tokens with s % ROW_BLOCK == 1 gets a copy row. Measured with
-# onnxruntime 1.32 on the CPU, the attention computes the last row of a step apart when it is alone
-# in a block of 2 x head_dim rows: 33 and 65 tokens (head_dim 16), 129 and 257 (64), 257 (128). 16
-# covers every such block of 16 rows or more at no cost to steps of 2-16 tokens.
-ROW_BLOCK = 16
 log = logging.getLogger("edgespec.runner")
 
 
-def step_rows(s: int, deterministic: bool) -> int:
-    """Rows a step of s tokens runs: s, or s + 1 in deterministic mode when its last row would be
-    alone in a block (module docstring)."""
-    return s + 1 if deterministic and s % ROW_BLOCK == 1 else s
+def _why_per_row(facts: ModelFacts, version: str) -> str:
+    """One line: why this graph verifies a batch a pass per row, and what would make it one pass."""
+    from ..models.ortcompat import BATCH_ORT, missing_inputs
+
+    if facts.graph_flavor() == "cuda":
+        return ("the cuda flavor's GroupQueryAttention takes no per-row query lengths (query_seqlens is in no "
+                "onnxruntime-gpu release)")
+    if "query_seqlens" in missing_inputs().values():
+        return (f"onnxruntime {version} has no GroupQueryAttention query_seqlens: onnxruntime {BATCH_ORT} or newer "
+                f"verifies the batch in one pass")
+    return f"{facts.path} was exported before the batching edit: re-export it with this edgespec for one pass"
 
 
-def contract_inputs(facts: ModelFacts, names: set[str]) -> tuple[bool, bool]:
-    """(bind position_ids, bind attention_bias): each only when the manifest names it and the graph
-    (a session's input names) has it. Every runner asks this one function."""
-    return (facts.position_ids is not None and facts.position_ids in names,
-            facts.attention_bias is not None and facts.attention_bias in names)
-
-
-class CacheFull(EdgespecError):
-    """A step would write past the end of the preallocated cache. Nothing was written."""
+def graph_batches(session) -> bool:
+    """Whether the graph marks padded queries (export/graph_batch.py): needed for N > 1 slots."""
+    try:
+        meta = session.get_modelmeta().custom_metadata_map
+    except Exception:  # noqa: BLE001 - a provider without metadata: treat as old graph
+        return False
+    return meta.get(PADDED_QUERIES_KEY) == "1"
 
 
 class ModelRunner:
-    """`step(tokens, n_logits)` appends tokens to the cache and returns the last n_logits rows of
-    logits; `rewind(length)` forgets everything after `length`.
+    """A model with `slots` cache slots: `step(rows)` runs every given slot's tokens in one pass,
+    `slot(b)` is slot b as one sequence (core/slot.py). Per slot it keeps the length, the rotary
+    position of every row (`positions`, [N, cache_rows]: rows = positions until rows are placed at
+    positions of their own, `shifted`) and the last chain step's hidden rows."""
 
-    Shapes: tokens [S] -> logits [n_logits, vocab]; cache buffers [1, kv_heads, max_len, head_dim]
-    (max_len + 1 in deterministic mode).
-    """
-
-    # contract v3's hidden output: off unless __init__ finds it (subclasses that bind their own
-    # graph, like the self-draft's SelfRunner, never fill it)
-    has_hidden = False
-    _hidden: np.ndarray | None = None
-    _last_tokens: Sequence[int] = ()
-    deterministic = False  # class default: a subclass with its own __init__ (the self-draft) is not
-    # True once rows sit at positions of their own (place, step(position=)); reset() and restore() clear it.
-    # A class default: the self-draft's own __init__ sets none, and its steps follow the positions array it shares
-    _shifted = False
-
-    def __init__(self, session, facts: ModelFacts, max_len: int, *, device: str = "cpu", device_id: int = 0,
-                 deterministic: bool = False):
+    def __init__(self, session, facts: ModelFacts, max_len: int, slots: int = 1, *, device: str = "cpu",
+                 device_id: int = 0, deterministic: bool = False):
         import onnxruntime as ort
 
         if max_len < 2:
             raise ValueError(f"max_len must be at least 2, got {max_len}")
-        self.session = session
-        self.deterministic = bool(deterministic)
-        rows = self.max_len_rows = int(max_len) + (1 if deterministic else 0)  # + a spare row for a copy
-        self.facts = facts
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
+        # whether a step of several multi-token rows is one pass (the padded-queries edit), or a pass per row
+        self.one_pass = slots == 1 or graph_batches(session)
+        if not self.one_pass:
+            log.info("batched verify runs a pass per row: %s", _why_per_row(facts, ort.__version__))
+        self.ort = ort
+        self.session, self.facts, self.slots = session, facts, slots
+        self.device, self.device_id = device, int(device_id)
         self.max_len = int(max_len)
-        self.length = 0  # tokens currently held in the cache
-        self.times = StepTimes()
         self.vocab_size = facts.vocab_size
-        inputs = {i.name for i in session.get_inputs()}
-        self._has_logits_to_keep = facts.logits_to_keep is not None and facts.logits_to_keep in inputs
-        # contract v2/v3: per-token positions (v2, and v3 in both flavors) and the attention bias (v2, and
-        # v3's cpu flavor); trees need both: False for a version-1 graph and a v3 cuda graph
-        self._bind_positions, self._bind_bias = contract_inputs(facts, inputs)
-        self.supports_tree = self._bind_positions and self._bind_bias
-        kv_dtype = _NP_DTYPES[facts.kv_dtype]
-        self._bias_dtype = kv_dtype  # GQA's attention_bias has the attention's float type (= the cache's)
-        self._positions = np.arange(rows, dtype=np.int64).reshape(1, rows)  # row i's rotary position
+        self.deterministic = bool(deterministic)
+        self.times = BatchTimes()
+        names = {i.name for i in session.get_inputs()}
+        self.has_logits_to_keep = facts.logits_to_keep is not None and facts.logits_to_keep in names
+        # contract v2/v3: per-token positions and the attention bias (v3 cuda has no bias: core/slot.py)
+        self.bind_positions, self.bind_bias = contract_inputs(facts, names)
+        self.has_hidden = facts.hidden_states is not None and facts.hidden_states in {
+            o.name for o in session.get_outputs()}
+        kv_dtype = NP_DTYPES[facts.kv_dtype]
+        self.bias_dtype = kv_dtype  # GQA's attention_bias has the attention's float type (= the cache's)
+        self.logits_dtype = NP_DTYPES[facts.logits_dtype]
+        # a spare row for a padded full row's mark (several slots), one for a copy (deterministic mode)
+        rows = self.cache_rows = self.max_len + (1 if slots > 1 else 0) + (1 if deterministic else 0)
+        shape = (slots, facts.kv_heads, rows, facts.head_dim)
+        self.arrays: list[np.ndarray] | None = [] if device == "cpu" else None  # host buffers (OrtValues wrap them)
+        self.kv: list = []  # OrtValues, in binding order: key_0, value_0, key_1, ...
+        for _ in range(facts.layers * 2):
+            if device == "cpu":
+                arr = np.zeros(shape, dtype=kv_dtype)
+                self.arrays.append(arr)
+                self.kv.append(ort.OrtValue.ortvalue_from_numpy(arr))
+            else:
+                self.kv.append(ort.OrtValue.ortvalue_from_shape_and_type(list(shape), kv_dtype, device, device_id))
+        # per-slot state
+        self.lengths = [0] * slots  # tokens each slot's cache holds
+        self.positions = np.tile(np.arange(rows, dtype=np.int64), (slots, 1))  # [N, rows]: each row's position
+        self.shifted = [False] * slots  # rows and positions may differ (place, step(position=))
+        self.hidden_rows: list[tuple[np.ndarray, int, list[int]] | None] = [None] * slots  # (rows, first pos, tokens)
+        self.ones = np.ones((1, rows), dtype=np.int64)  # a one-row step's attention_mask, sliced per step
         self._zeros = np.zeros(0, dtype=kv_dtype)  # grown on demand up to _ZERO_BIAS_CAP elements
-        self._kv_np: list[np.ndarray] | None = [] if device == "cpu" else None  # host views for compact()
-        shape = (1, facts.kv_heads, rows, facts.head_dim)
-        self._kv: list = []  # OrtValues, in binding order: (key_0, value_0, key_1, ...)
-        for _ in range(facts.layers):
-            for _ in ("key", "value"):
-                if device == "cpu":
-                    arr = np.zeros(shape, dtype=kv_dtype)
-                    self._kv_np.append(arr)  # the OrtValue wraps this memory: writes show here
-                    ov = ort.OrtValue.ortvalue_from_numpy(arr)
-                else:
-                    ov = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), kv_dtype, device, device_id)
-                self._kv.append(ov)
-        # attention_mask is all ones; the graph reads only its width. One buffer, sliced per step.
-        self._ones = np.ones((1, rows), dtype=np.int64)
-        self._logits_dtype = _NP_DTYPES[facts.logits_dtype]
-        self._logits_bufs: dict[int, tuple[np.ndarray, object]] = {}  # n_logits -> (array, OrtValue)
-        # contract v3: the hidden state of the logits rows, [1, n, hidden] float32, a reused buffer per n
-        outputs = {o.name for o in session.get_outputs()}
-        self.has_hidden = facts.hidden_states is not None and facts.hidden_states in outputs
-        self._hidden_bufs: dict[int, tuple[np.ndarray, object]] = {}
-        # the last step's hidden rows: row j is cache position _hidden_pos + j, fed token _hidden_tokens[j]
-        self._hidden: np.ndarray | None = None
-        self._hidden_pos = 0
-        self._hidden_tokens: list[int] = []
-        self._last_tokens: Sequence[int] = ()
-        self._binding = session.io_binding()
-        for i in range(facts.layers):
-            k, v = self._kv[2 * i], self._kv[2 * i + 1]
-            self._binding.bind_ortvalue_input(facts.past_key % i, k)
-            self._binding.bind_ortvalue_input(facts.past_value % i, v)
-            self._binding.bind_ortvalue_output(facts.present_key % i, k)
-            self._binding.bind_ortvalue_output(facts.present_value % i, v)
-        self._ort = ort
+        self.logits_bufs: dict[tuple[int, int], tuple[np.ndarray, object]] = {}  # (rows, n) -> (array, OrtValue)
+        self._bindings: dict[tuple[int, int], object] = {}
+        self._views: dict[int, Slot] = {}
 
-    @property
-    def can_tree(self) -> bool:
-        """step_tree + compact work: a contract-v2 graph, and a cache on the host (compact copies rows)."""
-        return self.supports_tree and self._kv_np is not None
-
-    @property
-    def free(self) -> int:
-        """Positions left in the cache."""
-        return self.max_len - self.length
-
-    def kv_bytes(self) -> int:
-        return self.facts.kv_bytes_per_token() * self.max_len_rows
-
-    def kv_pair(self, layer: int):
-        """The (key, value) OrtValues of one layer: the self-draft runner binds them too."""
-        return self._kv[2 * layer], self._kv[2 * layer + 1]
-
-    def _logits_out(self, n_rows: int):
-        buf = self._logits_bufs.get(n_rows)
-        if buf is None:
-            arr = np.empty((1, n_rows, self.vocab_size), dtype=self._logits_dtype)
-            buf = (arr, self._ort.OrtValue.ortvalue_from_numpy(arr))
-            self._logits_bufs[n_rows] = buf
-        return buf
-
-    @property
-    def hidden(self) -> np.ndarray | None:
-        """The hidden rows of the last chain step, [n_logits, hidden] float32 (a view of a reused
-        buffer, like the logits), or None (no such output, or the last step was a tree)."""
-        return self._hidden
-
-    def hidden_row(self, pos: int, token: int) -> np.ndarray | None:
-        """The final hidden state at cache position `pos` (the state after `token`, which predicts the
-        token at pos + 1) if the last chain step computed it and the cache still holds that position
-        with that token; else None. [hidden] float32, a view of a reused buffer."""
-        h = self._hidden
-        if h is None or pos >= self.length:
-            return None
-        j = pos - self._hidden_pos
-        if not 0 <= j < h.shape[0] or self._hidden_tokens[j] != token:
-            return None
-        return h[j]
-
-    def step(self, tokens: Sequence[int], n_logits: int = 1, *, position: int | None = None) -> np.ndarray:
-        """Runs the graph on `tokens` placed at cache rows [length, length+S) and returns logits of the
-        last `n_logits` of them, shape [n_logits, vocab] (a view into a reused buffer: copy it if it
-        must outlive the next step). Raises CacheFull, writing nothing, if they do not fit. Their rotary
-        positions follow the last row's (rows = positions unless `place` or `position` moved them);
-        `position`: the first token's, for rows computed to be placed elsewhere (engine/venue_rows.py)."""
-        s = len(tokens)
-        if s == 0:
-            raise ValueError("step needs at least one token")
-        if not 1 <= n_logits <= s:
-            raise ValueError(f"n_logits must be in [1, {s}], got {n_logits}")
-        if self.length + s > self.max_len:
-            raise CacheFull(f"{s} token(s) at position {self.length} do not fit a cache of {self.max_len}")
-        t0 = time.perf_counter()
-        ids = np.asarray(tokens, dtype=np.int64)
-        n = step_rows(s, self.deterministic)
-        drop = n - s
-        if drop:  # the copy row: computed, written past `length`, dropped (module docstring)
-            ids = np.concatenate([ids, ids[-1:]])
-        b = self._binding
+    # -- bindings ---------------------------------------------------------------------------------
+    def binding(self, lo: int, hi: int, *, session=None, layers: Sequence[int] | None = None):
+        """A binding of slots [lo, hi) of the cache (the runner's own, kept; or, given `session`, a new
+        one for that graph over `layers` only: the self-draft). The whole cache is bound as its
+        OrtValues; a block of it by address: slot-major buffers make it contiguous, so a step pays
+        for hi - lo slots and writes in place."""
+        if session is None:
+            b = self._bindings.get((lo, hi))
+            if b is None:
+                b = self._bindings[(lo, hi)] = self.binding(lo, hi, session=self.session)
+            return b
         f = self.facts
-        self._last_tokens = tokens
-        b.bind_cpu_input(f.input_ids, ids.reshape(1, n))
-        b.bind_cpu_input(f.attention_mask, self._ones[:, : self.length + n])
-        if self._bind_positions:
-            L = self.length
-            if position is not None or self._shifted:
-                self._set_positions(L, n, position)
-            b.bind_cpu_input(f.position_ids, self._positions[:, L : L + n])
-        elif position is not None:
-            raise ValueError("this graph has no position_ids input: its rows sit at their own positions")
-        if self._bind_bias:
-            b.bind_cpu_input(f.attention_bias, self._zero_bias(n, self.length + n))
-        return self._run(s, n_logits, t0, drop)
+        b = session.io_binding()
+        shape = [hi - lo, f.kv_heads, self.cache_rows, f.head_dim]
+        dtype = NP_DTYPES[f.kv_dtype]
+        per_slot = f.kv_heads * self.cache_rows * f.head_dim * np.dtype(dtype).itemsize
+        names = [(f.past_key, f.present_key), (f.past_value, f.present_value)]
+        for i in range(f.layers) if layers is None else layers:
+            for j, (past, present) in enumerate(names):
+                ov = self.kv[2 * i + j]
+                if (lo, hi) == (0, self.slots):
+                    b.bind_ortvalue_input(past % i, ov)
+                    b.bind_ortvalue_output(present % i, ov)
+                else:
+                    addr = ov.data_ptr() + lo * per_slot
+                    b.bind_input(past % i, self.device, self.device_id, dtype, shape, addr)
+                    b.bind_output(present % i, self.device, self.device_id, dtype, shape, addr)
+        return b
 
-    def _zero_bias(self, s: int, total: int) -> np.ndarray:
+    def slot(self, b: int) -> Slot:
+        """Slot b as one sequence (core/slot.py), made once."""
+        if not 0 <= b < self.slots:
+            raise ValueError(f"slot {b} is not in [0, {self.slots})")
+        v = self._views.get(b)
+        if v is None:
+            v = self._views[b] = Slot(self, b)
+        return v
+
+    def pass_range(self, slots) -> tuple[int, int]:
+        """The slots [lo, hi) a pass over these active slots runs: the block from the lowest to the
+        highest (the idle ones between them included)."""
+        return min(slots), max(slots) + 1
+
+    def zero_bias(self, s: int, total: int) -> np.ndarray:
         """A zero attention bias [1, 1, s, total]: a contiguous view of one reused zero buffer (a
         chain step needs no mask beyond GQA's own causal one)."""
         n = s * total
         if n > self._zeros.size:
             if n > _ZERO_BIAS_CAP:  # a long prefill chunk: a one-off array, not kept
-                return np.zeros((1, 1, s, total), dtype=self._bias_dtype)
-            self._zeros = np.zeros(min(_ZERO_BIAS_CAP, max(n, 2 * self._zeros.size, 4096)), dtype=self._bias_dtype)
+                return np.zeros((1, 1, s, total), dtype=self.bias_dtype)
+            self._zeros = np.zeros(min(_ZERO_BIAS_CAP, max(n, 2 * self._zeros.size, 4096)), dtype=self.bias_dtype)
         return self._zeros[:n].reshape(1, 1, s, total)
 
-    def step_tree(self, tokens: Sequence[int], depths: Sequence[int], ancestors: np.ndarray) -> np.ndarray:
-        """Runs a flattened tree of N nodes placed at cache rows [length, length+N): node i at rotary
-        position length + depths[i], attending to the whole cache before it and to the nodes j with
-        ancestors[i, j] (itself and its ancestors; ancestors is bool [N, N], lower triangular: a
-        parent precedes its children). Returns logits [N, vocab] (a reused buffer, like step).
-        `length` grows by N; the caller keeps the accepted path with `compact` and `rewind`."""
-        if not self.supports_tree:
-            raise ValueError("this graph has no position_ids/attention_bias inputs (a format-1 bundle, or a "
-                             "cuda-flavored graph): trees run on a cpu-flavored graph of format 2 or later")
-        s = len(tokens)
-        if s == 0:
-            raise ValueError("step_tree needs at least one token")
-        anc = np.asarray(ancestors, dtype=bool)
-        if anc.shape != (s, s) or len(depths) != s:
-            raise ValueError(f"a tree of {s} nodes needs depths [{s}] and ancestors [{s}, {s}], got "
-                             f"{len(depths)} and {anc.shape}")
-        if self.length + s > self.max_len:
-            raise CacheFull(f"{s} token(s) at position {self.length} do not fit a cache of {self.max_len}")
-        if self.deterministic:
-            raise ValueError("tree steps are not part of deterministic mode (a tree's rows round unlike a "
-                             "chain's): verify chains")
+    # -- per-slot state ----------------------------------------------------------------------------
+    def free(self, slot: int) -> int:
+        return self.max_len - self.lengths[slot]
+
+    def rewind(self, slot: int, length: int) -> None:
+        """Keeps the slot's first `length` positions (O(1): stale rows are never read)."""
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"cannot rewind a cache of {self.lengths[slot]} tokens to {length}")
+        self.lengths[slot] = length
+
+    def reset(self, slot: int | None = None) -> None:
+        """Empties a slot (every slot when None): length 0, rows at their own positions, no hidden rows."""
+        for s in range(self.slots) if slot is None else (slot,):
+            self.lengths[s] = 0
+            self.hidden_rows[s] = None
+            if self.shifted[s]:
+                self.positions[s] = np.arange(self.cache_rows, dtype=np.int64)
+                self.shifted[s] = False
+
+    def next_position(self, slot: int, row: int) -> int:
+        """The rotary position of a chain token at `row`: one past the row before it."""
+        return int(self.positions[slot, row - 1]) + 1 if row and self.shifted[slot] else row
+
+    def set_positions(self, slot: int, row: int, n: int, first: int | None) -> None:
+        """Rows [row, row+n) at positions first.. (None: after row - 1's); the slot's rows and
+        positions may differ from here on."""
+        p0 = self.next_position(slot, row) if first is None else int(first)
+        self.positions[slot, row : row + n] = np.arange(p0, p0 + n, dtype=np.int64)
+        self.shifted[slot] = True
+
+    def warmup(self, max_s: int = 5) -> None:
+        """Times steps of 1..max_s tokens at every batch size once the one-off allocations are
+        paid (each shape twice), so the cost model prices a batched verify from this device's
+        own numbers from the first round. Leaves every slot empty."""
+        for n in range(1, self.slots + 1):
+            for s in range(1, max_s + 1):
+                for _ in range(2):
+                    self.reset()
+                    self.step({b: [0] * s for b in range(n)})
+        self.reset()
+
+    def kv_bytes(self) -> int:
+        return self.facts.kv_bytes_per_token() * self.cache_rows * self.slots
+
+    # -- batched steps -----------------------------------------------------------------------------
+    def _padded(self, toks) -> np.ndarray:
+        """A row's tokens as int64, with deterministic mode's copy rows appended (module docstring)."""
+        t = np.asarray(toks, dtype=np.int64)
+        if step_rows(t.shape[0], self.deterministic) > t.shape[0]:
+            t = np.concatenate([t, t[-1:]])
+        return t
+
+    def step(self, rows: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
+        """One pass over every slot: slot b in `rows` appends its tokens and gets the logits of all
+        of them, [s_b, V] (a copy); slots not in `rows` are idle and unchanged. Raises CacheFull,
+        writing nothing, if a row does not fit."""
+        if not rows:
+            raise ValueError("a batched step needs at least one row")
+        for slot, toks in rows.items():
+            if not 0 <= slot < self.slots:
+                raise ValueError(f"slot {slot} is not in [0, {self.slots})")
+            if len(toks) == 0:
+                raise ValueError(f"row for slot {slot} has no tokens")
+            if self.lengths[slot] + len(toks) > self.max_len:
+                raise CacheFull(f"{len(toks)} token(s) at position {self.lengths[slot]} of slot {slot} "
+                                f"do not fit a cache of {self.max_len}")
+        if len(rows) == 1:
+            ((slot, toks),) = rows.items()
+            return {slot: self.slot(slot).step(toks, len(toks)).copy()}  # the whole cache's binding for one slot
+        padded = {slot: self._padded(toks) for slot, toks in rows.items()}
+        S = max(len(t) for t in padded.values())
+        if not self.one_pass:
+            return self._one_token_pass(rows) if S == 1 else self._row_passes(rows)
+        # rows [lo, hi): slots outside the active block are left out of the pass (views)
+        lo, hi = self.pass_range(rows)
+        if any(self.lengths[b] + S > self.max_len for b in range(lo, hi)):
+            # near the cache's end a row padded to the pass's S queries (an idle one too) would run past
+            # it: the operator refuses a padded chunk that does not fit the buffer, and positions past
+            # the model's table. Each row runs alone then, at its own length (it fits: checked above)
+            return self._row_passes(rows)
+        n = hi - lo
+        ids = np.zeros((n, S), dtype=np.int64)
+        real = [len(padded.get(lo + b, ())) for b in range(n)]  # copy rows included
+        lengths = self.lengths[lo:hi]
+        # width: every row's ones, plus one cell for the padding mark where a row is padded
+        kept = [max(1, lengths[b] + real[b]) for b in range(n)]
+        width = max(k + (1 if real[b] < S else 0) for b, k in enumerate(kept))
+        mask = np.zeros((n, width), dtype=np.int64)
+        for b in range(n):
+            if real[b]:
+                ids[b, : real[b]] = padded[lo + b]
+            # an empty idle slot still reports one cached row (the operator needs seqlens_k >= 0);
+            # with no real tokens it neither reads the result nor writes anything
+            mask[b, : kept[b]] = 1
+            if real[b] < S:
+                mask[b, kept[b]] = -(S - real[b])
+        return self._pass(rows, lo, hi, ids, mask)
+
+    def _pass(self, rows: Mapping[int, Sequence[int]], lo: int, hi: int, ids: np.ndarray,
+              mask: np.ndarray) -> dict[int, np.ndarray]:
+        """One pass over slots [lo, hi): ids [n, S], mask [n, width]; each row of `rows` advances by
+        its own tokens, the others (idle, or padded to S) keep their lengths."""
+        f = self.facts
+        n, S = ids.shape
+        width = mask.shape[1]
+        lengths = self.lengths[lo:hi]
         t0 = time.perf_counter()
-        L = self.length
-        bias = np.zeros((1, 1, s, L + s), dtype=self._bias_dtype)
-        bias[0, 0, :, L:][~anc] = np.finfo(self._bias_dtype).min / 2  # finite: no inf - inf in the softmax
-        pos = (self._next_position(L) + np.asarray(depths, dtype=np.int64)).reshape(1, s)
-        b = self._binding
-        f = self.facts
-        self._last_tokens = tokens
-        b.bind_cpu_input(f.input_ids, np.asarray(tokens, dtype=np.int64).reshape(1, s))
-        b.bind_cpu_input(f.attention_mask, self._ones[:, : L + s])
-        b.bind_cpu_input(f.position_ids, pos)
-        b.bind_cpu_input(f.attention_bias, bias)
-        out = self._run(s, s, t0)
-        self._hidden = None  # a tree's rows are nodes, not positions: no head reads them
-        return out
+        bd = self.binding(lo, hi)
+        bd.bind_cpu_input(f.input_ids, ids)
+        bd.bind_cpu_input(f.attention_mask, mask)
+        if self.bind_positions:
+            pos = np.asarray(lengths, dtype=np.int64).reshape(n, 1) + np.arange(S, dtype=np.int64)
+            for b in rows:
+                if self.shifted[b]:  # rows placed at positions of their own: the chain follows the last
+                    L = self.lengths[b]
+                    self.set_positions(b, L, S, None)
+                    pos[b - lo] = self.positions[b, L : L + S]
+            bd.bind_cpu_input(f.position_ids, pos)
+        if self.bind_bias:
+            bd.bind_cpu_input(f.attention_bias, np.zeros((1, 1, S, width), dtype=self.bias_dtype))
+        if self.has_logits_to_keep:
+            bd.bind_cpu_input(f.logits_to_keep, np.array([S], dtype=np.int64))
+        arr, ov = self._logits_out(n, S)
+        bd.bind_ortvalue_output(f.logits, ov)
+        self.session.run_with_iobinding(bd)
+        for b, toks in rows.items():
+            self.lengths[b] += len(toks)  # a copy row's position is past the length: never read
+            self.hidden_rows[b] = None  # a batched pass fills no hidden rows
+        self.times.table(n).add(max(len(t) for t in rows.values()), time.perf_counter() - t0)
+        return {b: arr[b - lo, : len(toks)].copy() for b, toks in rows.items()}
 
-    def compact(self, rows: Sequence[int], start: int) -> None:
-        """Copies the K/V of cache rows `rows` (ascending, each >= start) to rows start, start+1, ...
-        in every layer: after a tree verify, the accepted path's rows become contiguous, so the
-        cache again holds exactly the context. Rows already in place are not copied."""
-        rows = list(rows)
-        moves = [(src, start + j) for j, src in enumerate(rows) if src != start + j]
-        if not moves:
-            return
-        if any(src < dst for src, dst in moves) or rows != sorted(rows) or rows[-1] >= self.length:
-            raise ValueError(f"compact: rows {rows} to {start} are not an ascending path inside the cache")
-        if self._kv_np is None:
-            raise ValueError("compacting the cache is implemented for the CPU provider only")
-        src = np.array([m[0] for m in moves])
-        dst = np.array([m[1] for m in moves])
-        for arr in self._kv_np:
-            arr[0, :, dst] = arr[0, :, src]  # fancy indexing reads a copy first: overlaps are safe
-        if self._shifted:  # the path's positions follow the row before it, as a chain's would
-            self._set_positions(start, len(rows), None)
-
-    # -- rows at positions of their own (engine/venue_rows.py: a venue's passages computed once) --------
-    def _next_position(self, row: int) -> int:
-        return int(self._positions[0, row - 1]) + 1 if row and self._shifted else row
-
-    def _set_positions(self, row: int, n: int, first: int | None) -> None:
-        """Rows [row, row+n) at positions first.. (None: after row - 1's), and the runner remembers
-        that its rows and positions may differ from here on."""
-        p0 = self._next_position(row) if first is None else int(first)
-        self._positions[0, row : row + n] = np.arange(p0, p0 + n, dtype=np.int64)
-        self._shifted = True
-
-    @property
-    def can_place(self) -> bool:
-        """Whether rows can be copied in at positions of their own: the graph reads position_ids and
-        the cache is on the host."""
-        return self._bind_positions and self._kv_np is not None
-
-    def rows(self, start: int, end: int) -> tuple[list[np.ndarray], np.ndarray]:
-        """Copies of cache rows [start, end) of every buffer (each [1, kv_heads, end-start, head_dim])
-        and their positions [end-start]."""
-        if self._kv_np is None or not 0 <= start < end <= self.length:
-            raise ValueError(f"rows: [{start}, {end}) is not inside a host cache of {self.length} rows")
-        return [arr[:, :, start:end].copy() for arr in self._kv_np], self._positions[0, start:end].copy()
-
-    def place(self, rows: Sequence[np.ndarray], positions: np.ndarray) -> None:
-        """Appends rows computed elsewhere (`rows`) at their positions: the cache grows by their length,
-        and the next step's tokens follow the last of them."""
-        m = len(positions)
-        if not self.can_place:
-            raise ValueError("place: this graph has no position_ids input, or its cache is not on the host")
-        self.check_rows(rows, m)
-        if self.length + m > self.max_len:
-            raise CacheFull(f"{m} placed row(s) at row {self.length} do not fit a cache of {self.max_len}")
-        L = self.length
-        for arr, r in zip(self._kv_np, rows):
-            arr[:, :, L : L + m] = r
-        self._positions[0, L : L + m] = positions
-        self._shifted = True
-        self.length = L + m
-        self._hidden = None
-
-    def check_rows(self, rows: Sequence[np.ndarray], m: int) -> None:
-        """ValueError unless `rows` are m rows of every buffer of this host cache (its heads, head size,
-        dtype): what restore and place write."""
-        if self._kv_np is None or len(rows) != len(self._kv_np):
-            raise ValueError("these rows are not this cache's: it is not on the host, or they have another "
-                             "number of buffers")
-        for arr, r in zip(self._kv_np, rows):
-            want = (1, arr.shape[1], m, arr.shape[3])
-            if r.shape != want or r.dtype != arr.dtype:
-                raise ValueError(f"a row block {r.shape} {r.dtype} is not {want} {arr.dtype}")
-
-    def _unshift(self) -> None:
-        if self._shifted:
-            self._positions[0] = np.arange(self._positions.shape[1], dtype=np.int64)
-            self._shifted = False
-
-    def snapshot(self, n: int) -> list[np.ndarray] | None:
-        """Copies of the first n rows of every cache buffer (key_0, value_0, key_1, ...; each
-        [1, kv_heads, n, head_dim]), for a prefix kept aside (engine/pinned.py); None when the cache
-        is not on the host."""
-        if self._kv_np is None or not 0 < n <= self.length:
-            return None
-        return self.rows(0, n)[0]
-
-    def restore(self, rows: Sequence[np.ndarray]) -> None:
-        """Writes a snapshot back as the cache's first rows; the cache then holds exactly them."""
-        n = rows[0].shape[2] if len(rows) else 0
-        self.check_rows(rows, n)
-        if n > self.max_len:
-            raise ValueError(f"restore: a snapshot of {n} rows does not fit a cache of {self.max_len}")
-        for arr, r in zip(self._kv_np, rows):
-            arr[:, :, :n] = r
-        self._unshift()
-        self.length = n
-        self._hidden = None  # the rows it held belong to another context
-
-    def _run(self, s: int, n_logits: int, t0: float, drop: int = 0) -> np.ndarray:
-        """Runs the bound step of s tokens plus `drop` trailing copy rows (deterministic mode) and
-        returns the logits of the last n_logits real tokens. The copies' cache rows lie past
-        `length`: never read, overwritten by the next step. Times are kept under s: what a step of
-        s tokens costs in this mode."""
-        b = self._binding
-        f = self.facts
-        keep = n_logits + drop
-        rows = keep if self._has_logits_to_keep else s + drop
-        if self._has_logits_to_keep:
-            b.bind_cpu_input(f.logits_to_keep, np.array([keep], dtype=np.int64))
-        arr, ov = self._logits_out(rows)
-        b.bind_ortvalue_output(f.logits, ov)
-        if self.has_hidden:
-            harr, hov = self._hidden_out(rows)
-            b.bind_ortvalue_output(f.hidden_states, hov)
-        self.session.run_with_iobinding(b)
-        start = self.length
-        self.length += s
-        self.times.add(s, time.perf_counter() - t0)
-        if self.has_hidden:
-            self._hidden = harr[0, rows - keep : rows - drop]
-            self._hidden_pos = start + s - n_logits
-            self._hidden_tokens = [int(t) for t in self._last_tokens[s - n_logits :]]
-        out = arr[0]
-        return out[rows - keep : rows - drop]
-
-    def _hidden_out(self, n_rows: int):
-        buf = self._hidden_bufs.get(n_rows)
+    def _logits_out(self, rows: int, n: int):
+        buf = self.logits_bufs.get((rows, n))
         if buf is None:
-            arr = np.empty((1, n_rows, self.facts.hidden_size), dtype=np.float32)
-            buf = (arr, self._ort.OrtValue.ortvalue_from_numpy(arr))
-            self._hidden_bufs[n_rows] = buf
+            arr = np.empty((rows, n, self.vocab_size), dtype=self.logits_dtype)
+            buf = self.logits_bufs[(rows, n)] = (arr, self.ort.OrtValue.ortvalue_from_numpy(arr))
         return buf
 
-    def rewind(self, length: int) -> None:
-        """Keeps the first `length` positions. O(1): stale rows are overwritten by the next step."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot rewind a cache of {self.length} tokens to {length}")
-        self.length = length
+    # -- graphs without the padded-queries edit (module docstring) -----------------------------------
+    def _one_token_pass(self, rows: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
+        """Every row one token: one pass over [lo, hi). An idle slot in the block gets a padding token
+        at its own length (mask: its cached rows + that one), written there and not counted."""
+        lo, hi = self.pass_range(rows)
+        n = hi - lo
+        ids = np.zeros((n, 1), dtype=np.int64)
+        mask = np.zeros((n, max(self.lengths[lo:hi]) + 1), dtype=np.int64)
+        for b in range(n):
+            if lo + b in rows:
+                ids[b, 0] = rows[lo + b][0]
+            mask[b, : self.lengths[lo + b] + 1] = 1
+        return self._pass(rows, lo, hi, ids, mask)
 
-    def reset(self) -> None:
-        self._unshift()
-        self.length = 0
-        self._hidden = None
-
+    def _row_passes(self, rows: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
+        """A row of several tokens among others: each row alone on its slot's view (batch 1, a single
+        sequence's shapes); timed together as one step of the block's width."""
+        lo, hi = self.pass_range(rows)
+        t0 = time.perf_counter()
+        out = {slot: self.slot(slot).step(toks, len(toks)).copy() for slot, toks in rows.items()}
+        self.times.table(hi - lo).add(max(len(t) for t in rows.values()), time.perf_counter() - t0)
+        return out

@@ -1,5 +1,6 @@
-"""The self-draft's half of the runtime: the target's weights shared between two sessions, and a
-runner for the layer-skipped graph on the target runner's own KV buffers (drafters/self.py).
+"""The self-draft's weights: the target's, shared between the target's session and the
+layer-skipped graph's (drafters/self.py; the graph runs on the target's own cache slot through
+core/slot.py's SkipGraph).
 
 The weights: onnxruntime (1.32) prepacks constant MatMul weights per session (a copy laid out for
 its kernels), and its Python API gives no way to share prepacked weights between sessions. So both
@@ -7,12 +8,6 @@ sessions are given the *same* initializer OrtValues (SessionOptions.add_initiali
 a read-only memory map of target/model.onnx.data, and both run with prepacking off
 ("session.disable_prepacking"): one copy of the weights, in clean file-backed pages. The measured
 trade is in docs/speed.md ("Self-speculative drafting").
-
-The KV cache: the self-draft graph keeps the target's KV input/output names for the layers it keeps,
-and SelfRunner binds the target runner's own OrtValues to them. A draft step at position L writes
-the kept layers' row L of the target's cache; the verify of the same round overwrites it (it writes
-rows L..L+k of every layer). Rows before L are the target's exact ones, so a draft reads the true
-past rather than its own approximation of it, and there is nothing to sync, rewind or prefill.
 """
 from __future__ import annotations
 
@@ -21,7 +16,6 @@ from typing import Sequence
 
 import numpy as np
 
-from .runner import ModelRunner, StepTimes, contract_inputs
 
 PREPACK_CONFIG = "session.disable_prepacking"
 EXTERNAL_FOLDER_CONFIG = "session.model_external_initializers_file_folder_path"
@@ -115,53 +109,3 @@ class SharedWeights:
             if n in self.values:
                 so.add_initializer(n, self.values[n])
         so.add_session_config_entry(PREPACK_CONFIG, "1")
-
-
-class SelfRunner(ModelRunner):
-    """The self-draft graph on the target runner's own KV buffers (kept layers only).
-
-    `length` is where the next draft step writes; the drafter sets it to the target's length
-    before each proposal (rows at and past the target's length belong to nobody until the verify
-    writes them)."""
-
-    def __init__(self, session, target: ModelRunner, kept: Sequence[int]):
-        import onnxruntime as ort
-
-        f = target.facts
-        self.session = session
-        self.facts = f
-        self.target = target
-        self.kept = list(kept)
-        self.max_len = target.max_len
-        self.length = 0
-        self.times = StepTimes()
-        self.vocab_size = f.vocab_size
-        self._has_logits_to_keep = f.logits_to_keep is not None and f.logits_to_keep in {
-            i.name for i in session.get_inputs()
-        }
-        self._ones = np.ones((1, self.max_len), dtype=np.int64)
-        # graph contract v2 (runner.py): chain steps bind positions and a zero bias like the target's;
-        # no tree steps and no compaction of its own (the rows it writes are the target's)
-        inputs = {i.name for i in session.get_inputs()}
-        self._bind_positions, self._bind_bias = contract_inputs(f, inputs)
-        self.supports_tree = self._bind_positions and self._bind_bias
-        self._bias_dtype = target._bias_dtype
-        self._positions = target._positions
-        self._zeros = np.zeros(0, dtype=self._bias_dtype)
-        self._kv_np = None
-        self._logits_dtype = target._logits_dtype
-        self._logits_bufs = {}
-        self._kv = []  # none of its own
-        self._binding = session.io_binding()
-        for i in self.kept:
-            k, v = target.kv_pair(i)
-            self._binding.bind_ortvalue_input(f.past_key % i, k)
-            self._binding.bind_ortvalue_input(f.past_value % i, v)
-            self._binding.bind_ortvalue_output(f.present_key % i, k)
-            self._binding.bind_ortvalue_output(f.present_value % i, v)
-        self._ort = ort
-
-    def kv_bytes(self) -> int:
-        return 0  # the target's buffers
-
-

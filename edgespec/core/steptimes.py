@@ -1,4 +1,5 @@
-"""StepTimes: what each step size costs on this device now, the cost model's input (core/costmodel.py)."""
+"""StepTimes: what each step size costs on this device now, the cost model's input (core/costmodel.py);
+BatchTimes: a StepTimes per batch size (core/runner.py's batched steps)."""
 from __future__ import annotations
 
 from collections import deque
@@ -74,3 +75,23 @@ class StepTimes:
             one = self._median(1)
             self._medians = {n: self._read(n, one) for n, q in self._recent.items() if q}
         return self._medians
+
+
+@dataclass
+class BatchTimes:
+    """Step wall times by rows in the step (the batch size), each a StepTimes by tokens per row.
+    The cost model of a request in a batch of B reads `by_rows[B]`: a verify of k+1 tokens there
+    costs what a step of B rows x (k+1) tokens costs, which is what batching makes it cost."""
+
+    by_rows: dict[int, StepTimes] = field(default_factory=dict)
+
+    def table(self, rows: int) -> StepTimes:
+        t = self.by_rows.get(rows)
+        if t is None:
+            t = self.by_rows[rows] = StepTimes()
+        return t
+
+    def pricing(self, rows: int) -> StepTimes:
+        """The table a pass of `rows` rows is priced from: its own, or one row's until it has run."""
+        t = self.table(rows)
+        return t if t.count else self.table(1)

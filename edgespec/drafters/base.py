@@ -35,8 +35,8 @@ Proposals are lossless whatever they contain: the target accepts only what it wo
 decide speed. `DrafterBase` gives the no-op defaults, so a drafter writes only what it does.
 
 A step plan is how a proposal that steps a model is run by whoever owns the steps. It yields each
-step it needs as an ask, `(runner, tokens, n_logits)`: feed `tokens` to `runner` (ModelRunner's
-interface) and send back the logits of the last n_logits of them, [n_logits, V]; it returns the
+step it needs as an ask, `(runner, tokens, n_logits)`: feed `tokens` to `runner` (one sequence's
+interface, core/slot.py) and send back the logits of the last n_logits of them, [n_logits, V]; it returns the
 Proposal. Alone, `drive` runs each ask on its runner in turn (the serial engine, a warm-up); a
 batched engine runs the asks of every request drafting in a round together, one batched draft step
 per turn (engine/draft_batch.py). The free drafters run no model step: the default plan returns
@@ -268,11 +268,12 @@ def shared(v: Any) -> bool:
     learnt (a model runner and its onnxruntime session, a suffix index whose text is the engine's,
     a cost model and its step times, documents) or it is another drafter, with a state of its own."""
     from ..core.costmodel import CostModel
-    from ..core.runner import ModelRunner, StepTimes
+    from ..core.slot import SkipGraph, Slot
+    from ..core.steptimes import StepTimes
     from .suffix_index import SuffixIndex
 
     mod = type(v).__module__
-    return (isinstance(v, (DrafterBase, ModelRunner, SuffixIndex, CostModel, StepTimes))
+    return (isinstance(v, (DrafterBase, Slot, SkipGraph, SuffixIndex, CostModel, StepTimes))
             or mod.startswith("onnxruntime") or mod.startswith("edgespec.knowledge"))
 
 

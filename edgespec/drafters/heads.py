@@ -22,7 +22,8 @@ import numpy as np
 
 from ..core.costmodel import CostModel
 from ..core.proposal import EMPTY, Proposal
-from ..core.runner import ModelRunner, StepTimes
+from ..core.slot import Slot
+from ..core.steptimes import StepTimes
 from ..core.sampling import SamplingParams
 from .base import Beta, DraftCost, DrafterBase
 from .model import _CONF_EDGES, check_vocab_map, conf_bin, pick
@@ -41,7 +42,7 @@ class ChainHeads(DrafterBase):
     name = "heads"
     uses_model = True
 
-    def __init__(self, target: ModelRunner, session, vocab_map, usable: int, n_heads: int, *,
+    def __init__(self, target: Slot, session, vocab_map, usable: int, n_heads: int, *,
                  priors: Sequence[float] = (), adaptive: bool = True):
         self.times = StepTimes()  # the heads graph's run times (the cost model's "draft step")
         self.costs = CostModel(target.times, self.times)

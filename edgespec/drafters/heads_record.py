@@ -6,13 +6,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.runner import ModelRunner
+from ..core.slot import Slot
 from ..errors import DraftUnavailable
 from .feature import FeatureDrafter
 from .heads import ChainHeads, HeadsDrafter
 
 
-def from_record(record: dict, root: Path, session, target: ModelRunner, usable: int) -> ChainHeads:
+def from_record(record: dict, root: Path, session, target: Slot, usable: int) -> ChainHeads:
     """The drafter for a bundle's heads record (Manifest.heads; its graph checked against it when the
     bundle was read, models/graphfacts.py heads_problems) and its graph's session (the engine opens
     it: engine/build.py load_heads_session): Medusa heads, or the feature drafter (feature.py) for

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..core.costmodel import CostModel
 from ..core.proposal import EMPTY, Proposal, common_prefix
-from ..core.runner import ModelRunner
+from ..core.slot import Slot
 from ..core.sampling import SamplingParams, probs, sample
 from ..errors import InvalidRequest
 from ..limits import PREFILL_CHUNK
@@ -51,7 +51,8 @@ def conf_bin(c: float) -> int:
 
 
 class ModelDrafter(DrafterBase):
-    """The small draft model on its own in-place KV cache (a ModelRunner).
+    """The small draft model on its own in-place KV cache (a core/slot.Slot: slot 0 of its own runner, or
+    a batched engine's slot of the draft model's).
 
     Its cache holds a prefix of the context; `_sync` feeds whatever is missing in one step (the
     target's last token, or a whole new prompt), so rewinding after a rejection is free. A proposal
@@ -81,7 +82,7 @@ class ModelDrafter(DrafterBase):
     name = "model"
     uses_model = True
 
-    def __init__(self, runner: ModelRunner, usable: int, costs: CostModel | None = None, *, adaptive: bool = True,
+    def __init__(self, runner: Slot, usable: int, costs: CostModel | None = None, *, adaptive: bool = True,
                  vocab_map: Sequence[int] | np.ndarray | None = None, eager_prefill: bool = False,
                  prior: float | None = None, window: int = CATCH_UP_WINDOW):
         self.costs = costs

@@ -24,7 +24,7 @@ class Kit:
 
     costs: Any  # core.costmodel.CostModel over the target's (and draft's) measured step times
     usable: int  # ids >= usable are never proposed
-    target: Any = None  # the target's ModelRunner (a drafter reading the target's own outputs)
+    target: Any = None  # the target's core/slot.Slot (a drafter reading the target's own outputs)
     target_times: Any = None  # the target's StepTimes (a self-draft prices itself against them)
     runners: dict[str, Any] | None = None  # "draft": the draft model's runner, "self": the self-draft's
     suffix_capacity: int = 1 << 20

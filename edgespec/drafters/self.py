@@ -1,5 +1,6 @@
 """Self-speculative drafting (`draft="self"`): the target with some decoder layers skipped drafts for
-itself. No second model, no second tokenizer, no second copy of the weights (core/self_runner.py).
+itself. No second model, no second tokenizer, no second copy of the weights (core/shared_weights.py;
+the skipped graph runs on the target's own cache slot: core/slot.py's SkipGraph).
 
 The layers to skip: the exporter's measured choice, stored in the manifest
 (`models.target.self_draft = {"skip": [...], "acceptance": ..., ...}`, export/edgespec_export/self_search.py),
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..core.costmodel import CostModel
-from ..core.self_runner import SelfRunner
+from ..core.slot import SkipGraph
 from ..errors import DraftUnavailable
 from ..models.manifest import ModelFacts
 from .model import ModelDrafter
@@ -60,7 +61,7 @@ class SelfDrafter(ModelDrafter):
 
     name = "self"
 
-    def __init__(self, runner: SelfRunner, usable: int, costs: CostModel | None = None, *, adaptive: bool = True):
+    def __init__(self, runner: SkipGraph, usable: int, costs: CostModel | None = None, *, adaptive: bool = True):
         super().__init__(runner, usable, costs, adaptive=adaptive)
         # a self-draft agrees with its target less than a good draft model: a lower prior
         for b in self.by_conf:

@@ -1,4 +1,4 @@
-"""Several requests at once: continuous batching with speculation over one BatchRunner.
+"""Several requests at once: continuous batching with speculation over one ModelRunner with a slot per request.
 
     be = BatchEngine.open("bundles/qwen-coder", parallel=4)     # any Settings field (engine/settings.py)
     t1 = be.submit("def fib(n):", max_new_tokens=64)            # validated and tokenized now
@@ -53,7 +53,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..core.batch_runner import BatchRunner, BatchSlot
+from ..core.runner import ModelRunner
 from ..core.costmodel import CostModel
 from ..core.proposal import common_prefix
 from ..drafters import Drafter
@@ -125,9 +125,9 @@ class _Active:
 
 
 class BatchEngine:
-    def __init__(self, plan: Plan, runner: BatchRunner, *, governor=None, draft: BatchRunner | None = None,
+    def __init__(self, plan: Plan, runner: ModelRunner, *, governor=None, draft: ModelRunner | None = None,
                  prefill_chunk: int = BATCH_PREFILL_CHUNK):
-        """The batched engine over BatchRunners already loaded for `plan` (BatchEngine.open loads
+        """The batched engine over ModelRunners already loaded for `plan` (BatchEngine.open loads
         them): the target's, and the draft model's (as many slots) when the plan loads it."""
         self.settings = plan.settings
         self.bundle = plan.bundle
@@ -142,7 +142,7 @@ class BatchEngine:
         self.pinned: PinnedPrefix | None = None  # serve --system-prompt: pin() prefilled it in every slot
         self._parse = RequestParser(self.vocab, runner.max_len, plan.settings, unavailable=self._unavailable)
         self._cached: list[list[int]] = [[] for _ in range(self.slots)]  # what each slot's cache holds
-        self._slots = [BatchSlot(runner, i) for i in range(self.slots)]  # each slot as a ModelRunner
+        self._slots = [runner.slot(i) for i in range(self.slots)]  # each slot as one sequence (core/slot.py)
         self._waiting: deque[_Active] = deque()
         self._active: dict[int, _Active] = {}  # slot -> request
         self._cv = threading.Condition()
@@ -177,15 +177,15 @@ class BatchEngine:
     @classmethod
     def from_plan(cls, p: Plan) -> "BatchEngine":
         s, b = p.settings, p.bundle
-        runner = build.load_batch_runner(b.model_path("target"), b.target, p.max_len, s.parallel,
-                                         providers=p.providers, threads=p.threads, profile=p.profile,
-                                         deterministic=s.deterministic)
+        runner = build.load_model(b.model_path("target"), b.target, p.max_len, slots=s.parallel,
+                                  providers=p.providers, threads=p.threads, profile=p.profile, shared_threads=True,
+                                  deterministic=s.deterministic)
         draft = None
         if "draft" in p.runners:  # a cache slot per request slot; proposals only: the target decides
-            draft = build.load_batch_runner(b.model_path("draft"), b.draft, p.max_len, s.parallel,
-                                            providers=p.draft_providers if p.draft_providers is not None
-                                            else p.providers, threads=p.threads, profile=p.profile,
-                                            deterministic=s.deterministic)
+            draft = build.load_model(b.model_path("draft"), b.draft, p.max_len, slots=s.parallel,
+                                     providers=p.draft_providers if p.draft_providers is not None
+                                     else p.providers, threads=p.threads, profile=p.profile, shared_threads=True,
+                                     deterministic=s.deterministic)
         if s.warmup:
             runner.warmup()
             if draft is not None:

@@ -56,7 +56,7 @@ class DraftModel:
     """The draft model of a batched engine: its slots (engine/draft_batch.py) and what a
     ModelDrafter needs beside them."""
 
-    slots: list  # slot -> BatchSlot (ModelRunner's interface over one slot of the draft BatchRunner)
+    slots: list  # slot -> core/slot.Slot (one sequence's interface over one slot of the draft ModelRunner)
     times: StepTimes  # its one-row step times (the cost model's draft steps)
     vocab_map: object = None  # a pruned draft's logits row -> token id map
     bundle: object = None  # models.bundle.Bundle (its manifest's measured draft agreement)

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.batch_runner import BatchRunner
-from ..core.runner import ModelRunner
+from ..core.runner import ModelRunner, Slot
 from ..edge import cache_length, devices, flavor, memcheck, memory, providers as prov
 from ..edge import governor as gov
 from ..models.bundle import Bundle
@@ -21,10 +20,11 @@ from .settings import Settings
 log = logging.getLogger("edgespec.engine")
 
 
-def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, threads: int | None = None,
-                spinning: bool | None = None, shared_threads: bool = False, profile=None,
-                force_flavor: bool | None = None, deterministic: bool = False) -> ModelRunner:
-    """Creates the session (trying providers in order, see edge/providers.py) and its runner.
+def load_model(path: Path, facts: ModelFacts, max_len: int, *, slots: int = 1, providers=None,
+               threads: int | None = None, spinning: bool | None = None, shared_threads: bool = False, profile=None,
+               force_flavor: bool | None = None, deterministic: bool = False) -> ModelRunner:
+    """Creates the session (trying providers in order, see edge/providers.py) and its runner, with
+    `slots` cache slots (server --parallel: the target, and the draft model when loaded).
 
     The graph is the bundle's one whose flavor matches the provider (edge/flavor.py open_session, the
     choice every path makes): a cpu-flavored graph on CUDA is refused unless `force_flavor`
@@ -48,7 +48,12 @@ def load_runner(path: Path, facts: ModelFacts, max_len: int, *, providers=None, 
         return prov.create_session(gpath, providers=order, threads=threads, profile=profile, flavor=graph_flavor, **kw)
 
     chosen, session, device = flavor.open_session(facts, Path(path), providers, create, force=force_flavor)
-    return ModelRunner(session, chosen, max_len, device=device, deterministic=deterministic)
+    return ModelRunner(session, chosen, max_len, slots, device=device, deterministic=deterministic)
+
+
+def load_runner(path: Path, facts: ModelFacts, max_len: int, **options) -> Slot:
+    """One sequence's runner: slot 0 of a one-slot model (load_model's options)."""
+    return load_model(path, facts, max_len, **options).slot(0)
 
 
 def load_heads_session(path: Path):
@@ -60,24 +65,6 @@ def load_heads_session(path: Path):
     kw = {"shared_threads": True} if prov.shared_pool_active() else {"spinning": False}
     session, _ = prov.create_session(path, providers=[prov.CPU], threads=None if kw.get("shared_threads") else 1, **kw)
     return session
-
-
-def load_batch_runner(path: Path, facts: ModelFacts, max_len: int, slots: int, *, providers=None,
-                      threads: int | None = None, profile=None, force_flavor: bool | None = None,
-                      deterministic: bool = False) -> BatchRunner:
-    """A model with `slots` cache slots (server --parallel: the target, and the draft model when
-    loaded): one session each; its graph chosen, and refused, as load_runner's (edge/flavor.py
-    open_session)."""
-    # on the process-wide pool like load_runner's sessions: an engine opened later in this process
-    # (a test, a bench) then finds the same thread setup whichever kind of engine came first
-    shared = prov.use_shared_thread_pool(threads) or prov.shared_pool_active()
-
-    def create(gpath, order, graph_flavor):
-        return prov.create_session(gpath, providers=order, threads=threads, profile=profile, shared_threads=shared,
-                                   flavor=graph_flavor)
-
-    chosen, session, device = flavor.open_session(facts, Path(path), providers, create, force=force_flavor)
-    return BatchRunner(session, chosen, max_len, slots, device=device, deterministic=deterministic)
 
 
 def draft_vocab_map(bundle: Bundle):

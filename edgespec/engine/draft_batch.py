@@ -1,8 +1,8 @@
 """The draft model drafting for several requests in one batched step, on one thread.
 
-A batched engine loads the draft model as a BatchRunner with one cache slot per request slot
-(core/batch_runner.py); each slot's ModelDrafter drafts on a BatchSlot, that slot behind
-ModelRunner's interface. A proposal is a step plan (drafters/base.py): a generator that yields each
+A batched engine loads the draft model as a ModelRunner with one cache slot per request slot
+(core/runner.py); each slot's ModelDrafter drafts on that slot's view (core/slot.py), one sequence's
+interface. A proposal is a step plan (drafters/base.py): a generator that yields each
 draft step it needs as an ask (runner, tokens, n_logits), is sent that step's logits, and returns
 the proposal. In a round (engine/round.py) `DraftBatch.run` takes the plans of every request whose
 drafter steps a model and drives them in lockstep on the caller's thread: a turn collects every
@@ -20,13 +20,13 @@ turn is each live plan's next ask, in the order of the plans), so the grouping, 
 deterministic mode every row's logits, are the same on every run. A plan that raises, or whose step
 raises (the step's exception is thrown into the plans of its rows), ends alone: the others run on,
 and `run` raises the first error, in the order of the plans, once every plan is done. Outside a round
-(a warm-up, a proposal driven alone) a drafter's BatchSlot steps its slot alone.
+(a warm-up, a proposal driven alone) a drafter's slot steps alone.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-from ..core.batch_runner import BatchRunner, BatchSlot
+from ..core.runner import ModelRunner, Slot
 from ..core.proposal import Proposal
 from ..drafters.base import Ask, StepPlan
 
@@ -37,12 +37,13 @@ class DraftBatch:
     """Drives the proposals' step plans of a round in lockstep, batching their draft steps (module
     docstring)."""
 
-    def __init__(self, runner: BatchRunner):
+    def __init__(self, runner: ModelRunner):
         self.runner = runner
+        self._slots = [runner.slot(i) for i in range(runner.slots)]
 
-    def slot(self, i: int) -> BatchSlot:
-        """Slot i of the draft runner behind ModelRunner's interface: what slot i's drafter drafts on."""
-        return BatchSlot(self.runner, i)
+    def slot(self, i: int) -> Slot:
+        """Slot i of the draft runner as one sequence: what slot i's drafter drafts on."""
+        return self._slots[i]
 
     def close(self) -> None:
         """Nothing to release: the plans run on the caller's thread."""
@@ -81,12 +82,13 @@ class DraftBatch:
         groups: list[dict[int, tuple[int, list[int], int]]] = []
         taken: set[int] = set()
         for i, (runner, tokens, n_logits) in asks.items():
-            if not isinstance(runner, BatchSlot) or runner.runner is not self.runner or runner.slot in taken:
+            slot = next((b for b, v in enumerate(self._slots) if v is runner), None)
+            if slot is None or slot in taken:
                 out[i] = ValueError(f"a draft step asked of {runner!r}: not a slot of this draft batch's "
                                     "runner that no other proposal of the turn steps")
                 continue
-            taken.add(runner.slot)
-            row = (runner.slot, list(tokens), n_logits)
+            taken.add(slot)
+            row = (slot, list(tokens), n_logits)
             if len(row[1]) <= SHORT_ROW:
                 short[i] = row
             else:
@@ -95,7 +97,7 @@ class DraftBatch:
             try:
                 if len(rows) == 1:
                     ((i, (s, t, n)),) = rows.items()
-                    out[i] = self.runner.step_one(s, t, n).copy()
+                    out[i] = self._slots[s].step(t, n).copy()
                 else:
                     got = self.runner.step({s: t for s, t, _ in rows.values()})
                     out.update({i: got[s][len(got[s]) - n:] for i, (s, _, n) in rows.items()})

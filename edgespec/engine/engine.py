@@ -20,7 +20,7 @@ import threading
 from typing import Generator
 
 from ..core.costmodel import CostModel
-from ..core.runner import ModelRunner
+from ..core.slot import Slot
 from ..drafters import Drafter, modes
 from ..drafters.grammar import with_grammar
 from ..errors import InvalidRequest, PromptTooLong
@@ -41,7 +41,7 @@ log = logging.getLogger("edgespec.engine")
 
 
 class Engine:
-    def __init__(self, plan: Plan, target: ModelRunner, runners: dict[str, ModelRunner | None], *,
+    def __init__(self, plan: Plan, target: Slot, runners: dict[str, object], *,
                  governor=None):
         """The engine over runners already loaded for `plan` (Engine.open loads them): `runners`
         holds the draft model's ("draft"), the self-draft's ("self") and the draft heads' session
@@ -183,7 +183,7 @@ class Engine:
 
     def hold(self, tokens: list[int], rows=None):
         """Makes the target cache hold exactly `tokens` (a pinned prefix, pinned.py) and returns the
-        snapshot of their rows (ModelRunner.snapshot; None when the cache is not on the host):
+        snapshot of their rows (Slot.snapshot; None when the cache is not on the host):
         `rows` written back when given (ValueError, the cache untouched, when they do not fit it),
         else what the cache lacks of `tokens` prefilled. Waits for a running request."""
         with self._lock:

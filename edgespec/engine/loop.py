@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Generator
 
-from ..core.runner import ModelRunner
+from ..core.slot import Slot
 from .requests import Request, Vocabulary
 from .results import GenerationResult
 from .round import Conditions, Governor, OneSlot, run_round
@@ -23,7 +23,7 @@ from .tree_round import TreeVerifier
 class Parts:
     """What the engine lends the loop for one request."""
 
-    target: ModelRunner
+    target: Slot
     vocab: Vocabulary
     prefill_chunk: int
     governor: Governor | None = None

@@ -5,9 +5,9 @@ Why: the engine reuses the longest common prefix of the target cache and the nex
 (loop.py), so visitors after the first already skip the system prompt's prefill; but the first
 visitor after every start paid it all (44 s for a 900-token prompt on a loaded 2-core board), and a
 request that shares nothing with it (another client, the server's warm-up) overwrites those rows.
-Pinning keeps a copy of the prefix's K/V rows (`ModelRunner.snapshot`: kv_bytes_per_token x its
+Pinning keeps a copy of the prefix's K/V rows (`Slot.snapshot`: kv_bytes_per_token x its
 length, ~25 MB for 900 tokens of the int4 1.5B target's fp32 cache) and writes it back
-(`ModelRunner.restore`, a memory copy) whenever a request starting with the prefix finds the cache
+(`Slot.restore`, a memory copy) whenever a request starting with the prefix finds the cache
 holding something else. Where the cache is not on the host (a GPU provider) there is no copy: the
 prefix is prefilled at start and reused while requests share it, as before.
 
@@ -73,7 +73,7 @@ def visit(system: str, user: str, chat: bool = True) -> dict:
 
 
 def prefill_to(target, held: Sequence[int], tokens: Sequence[int], chunk: int) -> None:
-    """Makes a cache (ModelRunner's interface: a serial target, or one slot of a batched one) hold
+    """Makes a cache (a core/slot.Slot: the serial target, or one slot of a batched one) hold
     exactly `tokens`, given that it holds `held` now: kept as far as the two agree, the rest
     prefilled in chunks of `chunk` tokens."""
     reuse = min(common_prefix(list(held), list(tokens)), target.length)

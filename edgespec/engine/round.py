@@ -69,7 +69,7 @@ class Governor(Protocol):
 
 class Target(Protocol):
     """The target as a round sees it: a cache slot per sequence, one pass for all their rows.
-    core/batch_runner.BatchRunner is one; OneSlot puts a ModelRunner behind it."""
+    core/runner.ModelRunner is one; OneSlot puts one sequence (a core/slot.Slot) behind it."""
 
     def step(self, rows: Mapping[int, Sequence[int]]) -> Mapping[int, np.ndarray]: ...  # {slot: [s, V]}
 
@@ -77,7 +77,7 @@ class Target(Protocol):
 
 
 class OneSlot:
-    """A ModelRunner as the batch of one (slot 0): the serial engine's target."""
+    """One sequence (a core/slot.Slot) as the batch of one (slot 0): the serial engine's target."""
 
     def __init__(self, runner):
         self.runner = runner

@@ -1,7 +1,7 @@
 """The width of a batched verify: how many tokens each row of the pass may carry.
 
 A batched pass is a rectangle: B rows (requests) by S tokens, every row right-padded to the longest
-one (core/batch_runner.py), so its cost T(B, S) is set by the longest row, and one request's long
+one (core/runner.py), so its cost T(B, S) is set by the longest row, and one request's long
 proposal makes every row pay for S tokens. Each request's drafter sizes its proposal as if the pass
 were its own; this module then chooses S for the round as a whole:
 

@@ -1,4 +1,5 @@
-"""Opening the target and its self-draft on shared weights (drafters/self.py, core/self_runner.py)."""
+"""Opening the target and its self-draft on shared weights (drafters/self.py, core/shared_weights.py,
+core/slot.py's SkipGraph)."""
 from __future__ import annotations
 
 import logging
@@ -6,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.runner import ModelRunner
-from ..core.self_runner import SelfRunner, SharedWeights
+from ..core.shared_weights import SharedWeights
+from ..core.slot import SkipGraph, Slot
 from ..drafters.self import SkipChoice, skip_for
 from ..errors import DraftUnavailable
 from ..models.manifest import ModelFacts
@@ -16,8 +18,8 @@ log = logging.getLogger("edgespec.engine.selfdraft")
 
 @dataclass
 class SelfPair:
-    target: ModelRunner
-    runner: SelfRunner
+    target: Slot  # slot 0 of the target's one-slot runner
+    runner: SkipGraph
     choice: SkipChoice
     weights: SharedWeights
 
@@ -56,9 +58,9 @@ def open_pair(model_path: Path, facts: ModelFacts, max_len: int, choice: SkipCho
                               shared_threads=shared_threads,
                               configure=lambda so: weights.configure(so, names, folder=folder),
                               flavor=facts.graph_flavor(), **kw)
-    target = ModelRunner(tsess, facts, max_len, device=device, deterministic=deterministic)
+    target = ModelRunner(tsess, facts, max_len, device=device, deterministic=deterministic).slot(0)
     kept = [i for i in range(facts.layers) if i not in set(choice.skip)]
-    runner = SelfRunner(dsess, target, kept)
+    runner = target.skip(dsess, kept)
     # both sessions read the weights from memory these arrays own (OrtValues borrow it): they must
     # live as long as either session does
     target.shared_weights = runner.shared_weights = weights

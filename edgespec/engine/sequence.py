@@ -41,8 +41,8 @@ from .structured import tool_calls
 
 
 class CacheSlot(Protocol):
-    """The target's cache slot a request runs in: a ModelRunner (the serial engine) or one slot of
-    the batched runner (core/batch_runner.BatchSlot)."""
+    """The target's cache slot a request runs in: one slot of the target's ModelRunner as one
+    sequence (core/slot.Slot; the serial engine's is slot 0 of a one-slot runner)."""
 
     max_len: int
 

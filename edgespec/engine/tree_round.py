@@ -12,7 +12,7 @@ interface (drafters/base.py):
   token that followed it, then its most frequent path: `SuffixIndex.alternatives`, O(match length)).
 Merged into a trie (core/tree.py) they are verified in one target step: node i at cache row L+i and
 rotary position L+depth(i), seeing only its ancestors (graph contract v2). The accepted path's rows
-are then copied to rows L+1.. (`ModelRunner.compact`), so afterwards the target cache holds exactly
+are then copied to rows L+1.. (`Slot.compact`), so afterwards the target cache holds exactly
 ctx[:-1] again: the invariant of core/speculative.py. The draft model only ever ran the chain, so its
 cache holds ctx + chain tokens; its feedback keeps the part of the chain the accepted path kept (the
 accepted path's draft rows are already contiguous: the draft never computed a side branch).
@@ -38,7 +38,7 @@ import numpy as np
 from ..core import tree as treelib
 from ..core.costmodel import CostModel
 from ..core.proposal import EMPTY, Proposal
-from ..core.runner import ModelRunner
+from ..core.slot import Slot
 from ..core.sampling import SamplingParams
 from ..core.speculative import Round, usable_draft
 from ..drafters.base import Beta, Drafter
@@ -69,7 +69,7 @@ class TreeVerifier:
     Proposal.alts), `alternatives` (free lookups' other continuations), the proposal's own
     per-token estimates (Proposal.accept) and draft cost (Proposal.draft_s)."""
 
-    def __init__(self, costs: CostModel, target: ModelRunner, width: int = DEFAULT_TREE_WIDTH):
+    def __init__(self, costs: CostModel, target: Slot, width: int = DEFAULT_TREE_WIDTH):
         if not 1 <= width <= 8:
             raise ValueError(f"tree width must be 1..8, got {width}")
         self.costs = costs

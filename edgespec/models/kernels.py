@@ -155,7 +155,7 @@ CUDA: tuple[Kernel, ...] = (
                    (16, "query_seqlens",
                     "no onnxruntime-gpu release up to 1.31.1 has it (no input 16 in its schema, no query_seqlens "
                     "in its CUDA provider library), and NVIDIA's JetPack 6 wheels are 1.23.0 and 1.24.0: batched serving of "
-                    "the cuda flavor runs a pass per multi-token row (core/batch_runner.py); a cuda graph "
+                    "the cuda flavor runs a pass per multi-token row (core/runner.py); a cuda graph "
                     "exported with it: re-export the bundle with this edgespec")),
            checks=("gqa_heads", "gqa_rotary", "gqa_rotary_head", "gqa_head_size", "gqa_shared_cache"),
            source="onnxruntime/contrib_ops/cuda/bert/group_query_attention.cc", read_from=CUDA_READ),

@@ -14,7 +14,7 @@ the layer a self-draft can least afford to lose anyway.
 
 Works on the graph proto only: nothing is loaded, the initializers stay references into the
 target's external data file (the draft session is given the target's own weight OrtValues:
-core/self_runner.py). Needs the `onnx` package (the export extra, or `pip install onnx`).
+core/slot.py SkipGraph). Needs the `onnx` package (the export extra, or `pip install onnx`).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ nothing the runtime relies on (STRIPS):
   onnxruntime 1.32.0; 1.23.2, the last release with Python 3.10 wheels (JetPack 6, Ubuntu 22.04),
   refuses the whole graph ("has input size 17 not in range [min=7, max=12]"). Absent, the operator
   takes every query token as real, what an unbatched step feeds anyway; the `edgespec.padded_queries`
-  metadata goes with it, so the batched runner verifies a pass per row (core/batch_runner.py).
+  metadata goes with it, so the batched runner verifies a pass per row (core/runner.py).
 - `position_ids` (input 9) of a cuda-flavored graph: the CUDA kernel of onnxruntime 1.23 refuses it
   ("position_ids and attention_bias are not supported in GroupQueryAttention cuda kernel.", NVIDIA's
   JetPack 6 wheel 1.23.0). Absent, the kernel derives each token's position from seqlens_k
@@ -33,7 +33,7 @@ GQA = "GroupQueryAttention"
 BATCH_ORT = "1.32.0"  # the first release whose GroupQueryAttention schema has query_seqlens (kernels.FLOOR_SOURCES)
 CUDA_POSITIONS_ORT = "1.24.0"  # the first whose CUDA GroupQueryAttention reads position_ids (kernels.FLOOR_SOURCES)
 # the graph metadata key (value "1") export/graph_batch.py writes beside its batching edit, which the batched
-# runner reads (core/batch_runner.py) and the strip takes out with query_seqlens
+# runner reads (core/runner.py) and the strip takes out with query_seqlens
 PADDED_QUERIES_KEY = "edgespec.padded_queries"
 QUERY_SEQLENS_INPUT = 16  # GroupQueryAttention's optional input index of query_seqlens
 

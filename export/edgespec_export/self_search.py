@@ -65,7 +65,7 @@ def search_skip(model_path: Path, facts: ModelFacts, ids: Sequence[int], usable:
     import onnxruntime as ort
 
     from edgespec.core.runner import ModelRunner
-    from edgespec.core.self_runner import SelfRunner, SharedWeights
+    from edgespec.core.shared_weights import SharedWeights
     from edgespec.drafters.self import default_skip
     from edgespec.edge.providers import session_options, shared_pool_active
     from edgespec.models.layer_skip import skip_layers
@@ -82,7 +82,7 @@ def search_skip(model_path: Path, facts: ModelFacts, ids: Sequence[int], usable:
         weights.configure(so, names, folder=model_path.parent)
         return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
-    target = ModelRunner(session(weights.proto.SerializeToString()), facts, len(ids) + 1)
+    target = ModelRunner(session(weights.proto.SerializeToString()), facts, len(ids) + 1).slot(0)
     ref = np.argmax(target.step(ids, len(ids))[:, :usable], axis=1)  # [N]: the target's next tokens
     full_bytes = _graph_bytes(weights.proto, weights)
     cache: dict[tuple[int, ...], dict] = {}
@@ -95,7 +95,7 @@ def search_skip(model_path: Path, facts: ModelFacts, ids: Sequence[int], usable:
         proto = skip_layers(weights.proto, key, L)
         sess = session(proto.SerializeToString(), [t.name for t in proto.graph.initializer])
         kept = [i for i in range(L) if i not in key]
-        r = SelfRunner(sess, target, kept)  # teacher-forced: writes its own rows 0..N-1
+        r = target.skip(sess, kept)  # teacher-forced: writes its own rows 0..N-1
         got = np.argmax(r.step(ids, len(ids))[:, :usable], axis=1)
         a = float(np.mean(got[:-1] == ref[:-1]))
         c = _graph_bytes(proto, weights) / full_bytes

@@ -48,13 +48,13 @@ def test_cuda_runner_keeps_the_kv_cache_on_the_device_written_in_place(tiny_cuda
     b = Bundle.open(tiny_cuda_bundle)
     r = load_runner(b.model_path("target"), b.target, 32, providers="cuda,cpu")
     assert r.session.get_providers()[0] == CUDA
-    assert all(ov.device_name().lower() == "cuda" for ov in r._kv)
-    assert r._kv[0].data_type() == "tensor(float16)"
-    ptr = r._kv[0].data_ptr()
+    assert all(ov.device_name().lower() == "cuda" for ov in r.runner.kv)
+    assert r.runner.kv[0].data_type() == "tensor(float16)"
+    ptr = r.runner.kv[0].data_ptr()
     logits = r.step([1, 2, 3], 1)
     assert logits.dtype == np.float32 and np.isfinite(logits).all()
     r.step([4], 1)
-    assert r._kv[0].data_ptr() == ptr  # the same device buffer: bound in place, never reallocated
+    assert r.runner.kv[0].data_ptr() == ptr  # the same device buffer: bound in place, never reallocated
 
 
 def test_greedy_speculative_equals_target_alone_on_cuda(tiny_cuda_bundle):

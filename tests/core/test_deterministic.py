@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from edgespec.core.batch_runner import BatchRunner
+from edgespec.core.runner import ModelRunner
 from edgespec.edge import providers as prov
 from edgespec.engine import Engine, build
 from edgespec.engine.batch import BatchEngine
@@ -88,7 +88,7 @@ def test_a_batched_row_does_not_depend_on_its_neighbours(quant_bundle):
     other = _ids(b, 300, seed=9)
     ref = _logits(single, ids, [60])
     session, device = prov.create_session(b.model_path("target"), threads=1)
-    br = BatchRunner(session, b.target, 400, 3, device=device, deterministic=True)
+    br = ModelRunner(session, b.target, 400, 3, device=device, deterministic=True)
     got, i, j = [], 0, 0
     for s in _verify_like(60):  # slot 1 verifies; slot 0 reads 3 tokens a pass, slot 2 one
         out = br.step({0: other[j : j + 3], 1: ids[i : i + s], 2: other[150 + j // 3 : 151 + j // 3]})
@@ -96,7 +96,7 @@ def test_a_batched_row_does_not_depend_on_its_neighbours(quant_bundle):
         i, j = i + s, j + 3
     assert np.array_equal(np.concatenate(got), ref)
     br.reset()
-    alone = [br.step_one(1, ids[:59], 59).copy(), br.step_one(1, ids[59:], 1).copy()]
+    alone = [br.slot(1).step(ids[:59], 59).copy(), br.slot(1).step(ids[59:], 1).copy()]
     assert np.array_equal(np.concatenate(alone), ref)
 
 
@@ -108,8 +108,8 @@ def test_the_copy_row_fits_at_the_end_of_the_cache(tiny_int8_bundle):
     ref = _logits(r, ids, [8])
     assert np.array_equal(_logits(r, ids, [7, 1]), ref) and r.length == 8 and r.free == 0
     session, device = prov.create_session(b.model_path("target"), threads=1)
-    br = BatchRunner(session, b.target, 8, 2, device=device, deterministic=True)
-    br.step_one(0, ids[:7], 1)
+    br = ModelRunner(session, b.target, 8, 2, device=device, deterministic=True)
+    br.slot(0).step(ids[:7], 1)
     out = br.step({0: ids[7:], 1: _ids(b, 3, seed=5)})
     assert np.array_equal(out[0], ref[7:]) and br.lengths == [8, 3]
 
@@ -118,7 +118,7 @@ def test_negative_control_a_batched_row_without_the_mode(tiny_int8_bundle):
     b = Bundle.open(tiny_int8_bundle, verify=False)
     ids, other = _ids(b, 40), _ids(b, 200, seed=9)
     session, device = prov.create_session(b.model_path("target"), threads=1)
-    br = BatchRunner(session, b.target, 400, 2, device=device)
+    br = ModelRunner(session, b.target, 400, 2, device=device)
     ref = br.step({0: ids})[0]
     br.reset()
     got = np.concatenate([br.step({0: [t], 1: other[3 * n : 3 * n + 3]})[0] for n, t in enumerate(ids)])

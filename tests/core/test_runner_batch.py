@@ -1,12 +1,11 @@
-"""BatchRunner: a batched step gives every row what that row's tokens would give alone."""
+"""ModelRunner's batched step: every row gets what that row's tokens would give alone."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from edgespec.core.batch_runner import BatchRunner, graph_batches
+from edgespec.core.runner import CacheFull, ModelRunner, graph_batches
 from edgespec.models.bundle import Bundle
-from edgespec.core.runner import CacheFull, ModelRunner
 
 
 def _session(path):
@@ -25,7 +24,7 @@ def target(tiny_bundle):
 
 def _alone(facts, sess, prompt, steps, max_len):
     """Logits of each step of one sequence on the plain runner: [prompt] then each of `steps`."""
-    r = ModelRunner(sess, facts, max_len)
+    r = ModelRunner(sess, facts, max_len).slot(0)
     out = [r.step(prompt, 1).copy()]
     for s in steps:
         out.append(r.step(s, len(s)).copy())
@@ -44,9 +43,9 @@ def test_batched_rows_match_rows_alone(target):
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, 400, n).tolist() for n in (5, 11, 3)]
     steps = [[[7, 8, 9], [4]], [[1], [2, 3, 4, 5]], [[6, 6], [9, 9, 9]]]
-    br = BatchRunner(sess, facts, 32, 4)
+    br = ModelRunner(sess, facts, 32, 4)
     for b, p in enumerate(prompts):
-        br.step_one(b, p, 1)
+        br.slot(b).step(p, 1)
     for i in range(2):
         got = br.step({b: steps[b][i] for b in range(3)})
         for b in range(3):
@@ -61,16 +60,16 @@ def test_a_pass_over_high_slots_runs_only_their_block(target):
     row still gets what it gets alone; a later pass over 0 and 3 runs all four with 1 and 2 idle."""
     facts, sess = target
     prompts = {2: [5, 6, 7, 8], 3: [9, 10]}
-    br = BatchRunner(sess, facts, 32, 4)
+    br = ModelRunner(sess, facts, 32, 4)
     for b, p in prompts.items():
-        br.step_one(b, p, 1)
+        br.slot(b).step(p, 1)
     assert br.pass_range([2, 3]) == (2, 4)
     got = br.step({2: [11, 12], 3: [13]})
     for b, toks in ((2, [11, 12]), (3, [13])):
         np.testing.assert_allclose(got[b], _alone(facts, sess, prompts[b], [toks], 32)[-1], atol=1e-4)
     assert br.times.table(2).count.get(2) == 1 and br.times.table(4).count == {}
     assert br.lengths == [0, 0, 6, 3]
-    br.step_one(0, [1, 2], 1)
+    br.slot(0).step([1, 2], 1)
     got = br.step({0: [3], 3: [14]})
     np.testing.assert_allclose(got[0], _alone(facts, sess, [1, 2], [[3]], 32)[-1], atol=1e-4)
     np.testing.assert_allclose(got[3], _alone(facts, sess, prompts[3], [[13], [14]], 32)[-1], atol=1e-4)
@@ -79,9 +78,9 @@ def test_a_pass_over_high_slots_runs_only_their_block(target):
 
 def test_rewind_one_slot_leaves_the_others(target):
     facts, sess = target
-    br = BatchRunner(sess, facts, 32, 2)
-    br.step_one(0, [1, 2, 3, 4], 1)
-    br.step_one(1, [5, 6, 7], 1)
+    br = ModelRunner(sess, facts, 32, 2)
+    br.slot(0).step([1, 2, 3, 4], 1)
+    br.slot(1).step([5, 6, 7], 1)
     br.step({0: [9, 9], 1: [8]})
     br.rewind(0, 4)  # forget slot 0's two rows, keep slot 1's
     got = br.step({0: [3], 1: [2]})
@@ -95,10 +94,10 @@ def test_a_row_at_the_cache_limit(target):
     """A slot filled to the last position while its neighbour pads: the mask is one wider than the cache."""
     facts, sess = target
     max_len = 12
-    br = BatchRunner(sess, facts, max_len, 2)
+    br = ModelRunner(sess, facts, max_len, 2)
     p0 = list(range(1, 11))  # 10 tokens: 2 positions left
-    br.step_one(0, p0, 1)
-    br.step_one(1, [4, 5], 1)
+    br.slot(0).step(p0, 1)
+    br.slot(1).step([4, 5], 1)
     got = br.step({0: [3, 3], 1: [1, 2, 3]})  # slot 0 reaches exactly max_len, padded by one
     assert br.lengths == [12, 5]
     np.testing.assert_allclose(got[0], _alone(facts, sess, p0, [[3, 3]], max_len)[-1], atol=1e-4)
@@ -110,7 +109,7 @@ def test_a_row_at_the_cache_limit(target):
 
 def test_bad_rows_are_refused(target):
     facts, sess = target
-    br = BatchRunner(sess, facts, 8, 2)
+    br = ModelRunner(sess, facts, 8, 2)
     with pytest.raises(ValueError, match="at least one row"):
         br.step({})
     with pytest.raises(ValueError, match="slot 5"):
@@ -118,7 +117,7 @@ def test_bad_rows_are_refused(target):
     with pytest.raises(ValueError, match="no tokens"):
         br.step({0: []})
     with pytest.raises(ValueError, match="slots must be"):
-        BatchRunner(sess, facts, 8, 0)
+        ModelRunner(sess, facts, 8, 0)
 
 
 def test_an_old_graph_batches_a_pass_per_row(tiny_bundle, tmp_path):
@@ -135,13 +134,13 @@ def test_an_old_graph_batches_a_pass_per_row(tiny_bundle, tmp_path):
     shutil.copy(src.parent / "model.onnx.data", tmp_path / "model.onnx.data")
     onnx.save(m, str(tmp_path / "model.onnx"))
     sess = _session(tmp_path / "model.onnx")
-    br = BatchRunner(sess, b.target, 16, 2)
+    br = ModelRunner(sess, b.target, 16, 2)
     assert not br.one_pass
-    br.step_one(0, [1, 2, 3], 1)
-    br.step_one(1, [4, 5], 1)
+    br.slot(0).step([1, 2, 3], 1)
+    br.slot(1).step([4, 5], 1)
     got = br.step({0: [6, 7], 1: [8]})
     np.testing.assert_array_equal(got[0], _alone(b.target, sess, [1, 2, 3], [[6, 7]], 16)[-1])
     np.testing.assert_array_equal(got[1], _alone(b.target, sess, [4, 5], [[8]], 16)[-1])
     assert br.lengths == [5, 3]
-    one = BatchRunner(sess, b.target, 8, 1)
+    one = ModelRunner(sess, b.target, 8, 1)
     assert one.one_pass and one.step({0: [1, 2]})[0].shape == (2, b.target.vocab_size)

@@ -100,7 +100,7 @@ def test_sample_follows_p():
 
 # --- speculative sampling on fake models ---------------------------------------------------------
 class FakeRunner:
-    """The ModelRunner interface over a pure function of the context: logits = table[ctx[-2:]].
+    """One sequence's runner interface (core/slot.Slot) over a pure function of the context: logits = table[ctx[-2:]].
 
     Two padding rows past `usable` carry huge logits: choosing one would show at once."""
 

@@ -14,7 +14,7 @@ from edgespec.core import tree as treelib
 from edgespec.engine import Engine
 from edgespec.errors import InvalidRequest
 from edgespec.models.manifest import content_digest, file_entry
-from edgespec.core.runner import ModelRunner
+from edgespec.core.slot import Slot
 from edgespec.engine.build import load_runner
 from edgespec.core.sampling import SamplingParams
 from edgespec.drafters.ngram import ngram_alternatives, ngram_match
@@ -195,7 +195,7 @@ def test_the_tree_chi_square_check_can_fail():
 
 
 # --- the runner: tree step + compaction ---------------------------------------------------------------
-def _runner(bundle, role: str, max_len: int = 64) -> ModelRunner:
+def _runner(bundle, role: str, max_len: int = 64) -> Slot:
     from edgespec.models.bundle import Bundle
 
     b = Bundle.open(bundle, verify=False)
@@ -203,8 +203,8 @@ def _runner(bundle, role: str, max_len: int = 64) -> ModelRunner:
     return load_runner(b.model_path(role), facts, max_len)
 
 
-def _rows(r: ModelRunner, n: int) -> list[np.ndarray]:
-    return [a[0, :, :n].copy() for a in r._kv_np]
+def _rows(r: Slot, n: int) -> list[np.ndarray]:
+    return [a[0] for a in r.rows(0, n)[0]]
 
 
 def test_tree_step_matches_chains_and_compaction_matches_a_fresh_prefill(tiny_bundle):
@@ -236,13 +236,9 @@ def test_tree_step_matches_chains_and_compaction_matches_a_fresh_prefill(tiny_bu
     np.testing.assert_allclose(tr.step([20], 1), fresh.step([20], 1), atol=1e-4, rtol=1e-4)
 
 
-def test_compact_refuses_a_path_that_is_not_one():
-    class FakeRunner(ModelRunner):
-        def __init__(self):
-            self.length = 10
-            self._kv_np = [np.zeros((1, 1, 16, 2))]
-
-    r = FakeRunner()
+def test_compact_refuses_a_path_that_is_not_one(tiny_bundle):
+    r = _runner(tiny_bundle, "target", 16)
+    r.step(list(range(3, 13)), 1)
     with pytest.raises(ValueError, match="not an ascending path"):
         r.compact([5, 4], 3)
     with pytest.raises(ValueError, match="not an ascending path"):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from edgespec.core.sampling import SamplingParams, make_rng
-from edgespec.core.self_runner import PREPACK_CONFIG, SharedWeights
+from edgespec.core.shared_weights import PREPACK_CONFIG, SharedWeights
 from helpers.rounds import speculative_round
 from edgespec.drafters.self import SelfDrafter, default_skip, skip_for
 from edgespec.engine import Engine
@@ -188,12 +188,8 @@ def test_sampled_rounds_are_drafted_and_valid(deep):
 
 
 # --- the KV sharing ------------------------------------------------------------------------------
-def _kv_rows(runner, n: int) -> list[np.ndarray]:
-    out = []
-    for i in range(runner.facts.layers):
-        for ov in runner.kv_pair(i):
-            out.append(ov.numpy()[:, :, :n, :].copy())
-    return out
+def _kv_rows(target, n: int) -> list[np.ndarray]:
+    return [a[:, :, :n, :].copy() for a in target.runner.arrays]
 
 
 def test_self_round_writes_the_target_cache_and_the_verify_repairs_it(tiny_deep_bundle):
@@ -210,7 +206,7 @@ def test_self_round_writes_the_target_cache_and_the_verify_repairs_it(tiny_deep_
     k0 = runner.kept[-1]
 
     def row():
-        return target.kv_pair(k0)[0].numpy()[:, :, base, :].copy()
+        return target.runner.arrays[2 * k0][:, :, base, :].copy()
 
     empty = row()
     prop = drafter.propose(ctx, 4, SamplingParams(), rng)

@@ -145,10 +145,12 @@ def fake_cuda(monkeypatch):
         def __init__(self, session, facts, max_len, *args, device="cpu", device_id=0, **kw):
             made.append((session._real._model_path if hasattr(session._real, "_model_path") else None, facts, device))
 
+        def slot(self, b):
+            return self
+
     monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, CPU])
     monkeypatch.setattr(ort, "InferenceSession", session)
     monkeypatch.setattr(runner_mod, "ModelRunner", Recorder)
-    monkeypatch.setattr(runner_mod, "BatchRunner", Recorder)  # (..., slots, device=): serve --parallel
     monkeypatch.delenv(flavor.FORCE_ENV, raising=False)
     return made
 
@@ -200,13 +202,14 @@ def test_both_flavors_bundle_on_this_cpu_machine_runs_the_cpu_graph(tiny_both_fl
 def test_cuda_graph_is_loaded_on_the_cpu_provider_when_it_is_the_only_one(tiny_cuda_bundle):
     b = Bundle.open(tiny_cuda_bundle)
     r = runner_mod.load_runner(b.model_path("target"), b.target, 16, providers="cpu")
-    assert r.facts.graph_flavor() == "cuda" and r._kv[0].data_type() == "tensor(float16)"
-    ptrs = [ov.data_ptr() for ov in r._kv]
+    kv = r.runner.kv
+    assert r.facts.graph_flavor() == "cuda" and kv[0].data_type() == "tensor(float16)"
+    ptrs = [ov.data_ptr() for ov in kv]
     assert r.step([1, 2], 2).dtype == np.float32  # float32 logits (the exporter's Cast)
     r.step([3], 1)
     # float16 past and present bound to the same buffers: written in place, never reallocated
-    assert [ov.data_ptr() for ov in r._kv] == ptrs
-    assert np.abs(r._kv[0].numpy()[0, :, :3]).sum() > 0 and not r._kv[0].numpy()[0, :, 3:].any()
+    assert [ov.data_ptr() for ov in kv] == ptrs
+    assert np.abs(kv[0].numpy()[0, :, :3]).sum() > 0 and not kv[0].numpy()[0, :, 3:].any()
 
 
 def test_export_refuses_fp32_cuda_and_unknown_flavors(tmp_path):
@@ -278,10 +281,10 @@ def test_batch_engine_refuses_a_cpu_graph_on_cuda(tiny_bundle_nodraft, fake_cuda
 
 def test_batched_runner_judges_the_graph_the_flavor_choice_loads(tiny_both_flavors_bundle, fake_cuda):
     """With both flavors, the batched runner's choice is load_runner's: on CUDA the cuda graph (which
-    batches a pass per multi-token row, core/batch_runner.py); on the CPU, the cpu graph."""
+    batches a pass per multi-token row, core/runner.py); on the CPU, the cpu graph."""
     b = Bundle.open(tiny_both_flavors_bundle)
-    runner_mod.load_batch_runner(b.model_path("target"), b.target, 32, 2, providers="cuda,cpu")
-    runner_mod.load_batch_runner(b.model_path("target"), b.target, 32, 2, providers="cpu")
+    runner_mod.load_model(b.model_path("target"), b.target, 32, slots=2, providers="cuda,cpu")
+    runner_mod.load_model(b.model_path("target"), b.target, 32, slots=2, providers="cpu")
     (_, on_cuda, d1), (_, on_cpu, d2) = fake_cuda
     assert (d1, on_cuda.path, on_cuda.kv_dtype) == ("cuda", "target/model.cuda.onnx", "float16")
     assert (d2, on_cpu.path, on_cpu.kv_dtype) == ("cpu", "target/model.onnx", "float32")

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from edgespec.core.batch_runner import BatchTimes
+from edgespec.core.steptimes import BatchTimes
 from edgespec.core.runner import StepTimes
 from edgespec.engine.batch import BatchEngine
 from edgespec.engine import Engine
@@ -142,7 +142,7 @@ def test_rows_of_different_widths_near_the_cache_end(tiny_bundle):
     """Three requests a few positions from the end of their slots, drafting with different fixed k,
     one engine for several such batches: a row padded to a wider row's width (or a slot that ended
     full, idle inside the pass's block) would run past its cache, which the operator refuses
-    (BatchRunner.step then runs the rows alone). Each gets the target alone's tokens and ending."""
+    (ModelRunner.step then runs the rows alone). Each gets the target alone's tokens and ending."""
     import numpy as np
 
     be = BatchEngine.open(tiny_bundle, parallel=3, max_len=64, draft="auto", verify=False, warmup=False)
@@ -235,7 +235,7 @@ def test_the_draft_model_drafts_for_every_request_in_one_batched_step(batch, alo
 
 
 def test_the_draft_model_batches_on_a_graph_without_per_row_lengths(tiny_cuda_bundle, alone):
-    """The cuda-flavored draft (no query_seqlens: its batched steps run per row, core/batch_runner.py)
+    """The cuda-flavored draft (no query_seqlens: its batched steps run per row, core/runner.py)
     drafts for several requests too, and each gets what it gets alone (on the CPU provider)."""
     import onnxruntime
 

@@ -1,6 +1,6 @@
 """Several requests on a graph without per-row query lengths (the cuda flavor; a cpu graph on an
 onnxruntime older than 1.32.0): one-token steps in one pass, longer ones a pass per row
-(core/batch_runner.py). Each request gets exactly what it gets alone, greedy and seeded. Tested on
+(core/runner.py). Each request gets exactly what it gets alone, greedy and seeded. Tested on
 the CPU provider (the cuda-flavored graph runs there in float16)."""
 from __future__ import annotations
 

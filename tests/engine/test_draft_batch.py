@@ -1,5 +1,5 @@
 """The draft model's steps of a round's proposals run in lockstep (engine/draft_batch.py), on a fake
-BatchRunner: which rows share a step follows from the plans alone, a long catch-up runs alone, a
+ModelRunner: which rows share a step follows from the plans alone, a long catch-up runs alone, a
 failing plan or step fails alone, each plan gets what it would alone, and no thread is started."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from edgespec.core.batch_runner import BatchSlot, BatchTimes
+from edgespec.core.steptimes import BatchTimes
 from edgespec.drafters.base import drive
 from edgespec.engine.draft_batch import SHORT_ROW, DraftBatch
 
@@ -16,7 +16,7 @@ V = 8
 
 
 class FakeRunner:
-    """A BatchRunner's public interface: logits row j of slot s after token t is one-hot at (t + s) % V.
+    """A ModelRunner's batched interface: logits row j of slot s after token t is one-hot at (t + s) % V.
     on_step(rows) is called before each pass; it may raise (a failing step)."""
 
     def __init__(self, slots: int, on_step=None):
@@ -25,6 +25,10 @@ class FakeRunner:
         self.times = BatchTimes()
         self.passes: list[dict[int, int]] = []  # slot -> tokens, per pass
         self.on_step = on_step
+        self._slots = [FakeSlot(self, i) for i in range(slots)]
+
+    def slot(self, i):
+        return self._slots[i]
 
     def _rows(self, slot, tokens):
         out = np.zeros((len(tokens), V), dtype=np.float32)
@@ -42,9 +46,6 @@ class FakeRunner:
             out[s] = self._rows(s, t)
         return out
 
-    def step_one(self, slot, tokens, n_logits=1):
-        return self.step({slot: tokens})[slot][len(tokens) - n_logits:]
-
     def rewind(self, slot, length):
         self.lengths[slot] = length
 
@@ -54,6 +55,16 @@ class FakeRunner:
 
     def free(self, slot):
         return self.max_len - self.lengths[slot]
+
+
+class FakeSlot:
+    """Slot `index` of a FakeRunner as one sequence: a step is its runner's step of that row alone."""
+
+    def __init__(self, runner: FakeRunner, index: int):
+        self.runner, self.index = runner, index
+
+    def step(self, tokens, n_logits=1):
+        return self.runner.step({self.index: tokens})[self.index][len(tokens) - n_logits:]
 
 
 def _drafting(runner, steps: int, first: list[int]):
@@ -75,8 +86,8 @@ def test_steps_are_grouped_by_turn_and_each_plan_gets_its_own_rows():
         assert runner.passes == [{0: 1, 1: 2, 2: 1}, {0: 1, 1: 1}, {0: 1}, {0: 1}]
     # each plan's tokens follow its own slot's rows, as if it ran alone
     alone = FakeRunner(3)
-    assert got == [drive(_drafting(BatchSlot(alone, 0), 3, [1])), drive(_drafting(BatchSlot(alone, 1), 1, [2, 3])),
-                   drive(_drafting(BatchSlot(alone, 2), 0, [4]))]
+    assert got == [drive(_drafting(alone.slot(0), 3, [1])), drive(_drafting(alone.slot(1), 1, [2, 3])),
+                   drive(_drafting(alone.slot(2), 0, [4]))]
     assert got == [[1, 1, 1, 1], [4, 5], [6]]
 
 
@@ -127,7 +138,7 @@ def test_a_step_on_a_foreign_or_doubled_slot_is_refused_to_its_plan():
     runner = FakeRunner(2)
     db = DraftBatch(runner)
     with pytest.raises(ValueError, match="not a slot of this draft batch's runner"):
-        db.run([_drafting(BatchSlot(FakeRunner(2), 0), 0, [1]), _drafting(db.slot(1), 0, [1])])
+        db.run([_drafting(FakeRunner(2).slot(0), 0, [1]), _drafting(db.slot(1), 0, [1])])
     assert runner.passes == [{1: 1}]
     with pytest.raises(ValueError, match="no other proposal of the turn steps"):
         db.run([_drafting(db.slot(0), 0, [1]), _drafting(db.slot(0), 0, [2])])

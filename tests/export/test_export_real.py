@@ -121,10 +121,10 @@ def test_smollm2_cuda_flavor_int8(tmp_path, real_gguf):
     print(check.describe())
     assert -0.15 <= check.error <= 0.0, check.describe()
     r = load_runner(b.model_path("target"), b.target, 64, providers="cpu")
-    assert all(ov.data_type() == "tensor(float16)" for ov in r._kv)
-    ptr = r._kv[0].data_ptr()
+    assert all(ov.data_type() == "tensor(float16)" for ov in r.runner.kv)
+    ptr = r.runner.kv[0].data_ptr()
     r.step([1, 2, 3], 1)
-    assert r._kv[0].data_ptr() == ptr  # present written into the past buffer: bound in place
+    assert r.runner.kv[0].data_ptr() == ptr  # present written into the past buffer: bound in place
     # speculative greedy (ngram: no draft model) against target-alone. float16 kernels round a k-token
     # verify differently from a 1-token step, so a near-tie of the top two logits can flip: measured
     # here 37 of 48 runs identical (12 prompts x ngram k 2/4/8 + auto), the rest diverging at a

@@ -1,4 +1,4 @@
-"""One speculative round of one sequence on a ModelRunner, as the batch of one (engine/round.py's
+"""One speculative round of one sequence on a runner's slot (core/slot.Slot), as the batch of one (engine/round.py's
 public run_round, OneSlot, Seq and Conditions), for tests that drive a bare proposer (a drafter
 with only propose and feedback) against fake runners."""
 from __future__ import annotations

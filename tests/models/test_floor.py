@@ -134,14 +134,14 @@ def test_a_cuda_graph_batches_a_pass_per_row(tiny_cuda_bundle):
     pass per multi-token row (tests/engine/test_batch_per_row.py: the outputs)."""
     import onnxruntime
 
-    from edgespec.core.batch_runner import BatchRunner
+    from edgespec.core.runner import ModelRunner
     from edgespec.edge.providers import session_options
     from edgespec.models.bundle import Bundle
 
     b = Bundle.open(tiny_cuda_bundle)
     s = onnxruntime.InferenceSession(str(b.model_path("target")), session_options(), providers=["CPUExecutionProvider"])
-    assert not BatchRunner(s, b.target, 32, 2).one_pass
-    assert BatchRunner(s, b.target, 32, 1).one_pass  # one slot: every step is the serial runner's
+    assert not ModelRunner(s, b.target, 32, 2).one_pass
+    assert ModelRunner(s, b.target, 32, 1).one_pass  # one slot: every step is the serial runner's
 
 
 def test_pyproject_s_cpu_extra_requires_the_cpu_floor():

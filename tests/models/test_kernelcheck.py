@@ -307,7 +307,7 @@ def test_runner_binds_no_bias_on_a_cuda_graph(tiny_cuda_bundle):
 
     bundle = Bundle.open(tiny_cuda_bundle)
     runner = load_runner(bundle.model_path("target"), bundle.target, max_len=16, force_flavor=True)
-    assert (runner._bind_positions, runner._bind_bias, runner.supports_tree) == (True, False, False)
+    assert (runner.runner.bind_positions, runner.runner.bind_bias, runner.supports_tree) == (True, False, False)
     out = runner.step([1, 2, 3], n_logits=3)
     assert out.shape == (3, bundle.target.vocab_size) and np.isfinite(out).all()
 

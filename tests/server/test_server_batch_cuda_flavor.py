@@ -1,5 +1,5 @@
 """`edgespec serve --parallel 2` with a cuda-flavored bundle (a Jetson's service, several clients): the
-graph has no per-row query lengths, so verifies run a pass per row (core/batch_runner.py); every client
+graph has no per-row query lengths, so verifies run a pass per row (core/runner.py); every client
 gets what the target alone writes. Tested on the CPU provider."""
 from __future__ import annotations
 
