@@ -87,7 +87,8 @@ class ModelRunner:
     """A model with `slots` cache slots: `step(rows)` runs every given slot's tokens in one pass,
     `slot(b)` is slot b as one sequence (core/slot.py). Per slot it keeps the length, the rotary
     position of every row (`positions`, [N, cache_rows]: rows = positions until rows are placed at
-    positions of their own, `shifted`) and the last chain step's hidden rows."""
+    positions of their own, `shifted`) and the last chain step's hidden rows (a batched pass's too:
+    every row of the slot, as its own chain step would store them)."""
 
     def __init__(self, session, facts: ModelFacts, max_len: int, slots: int = 1, *, device: str = "cpu",
                  device_id: int = 0, deterministic: bool = False):
@@ -137,6 +138,7 @@ class ModelRunner:
         self.ones = np.ones((1, rows), dtype=np.int64)  # a one-row step's attention_mask, sliced per step
         self._zeros = np.zeros(0, dtype=kv_dtype)  # grown on demand up to _ZERO_BIAS_CAP elements
         self.logits_bufs: dict[tuple[int, int], tuple[np.ndarray, object]] = {}  # (rows, n) -> (array, OrtValue)
+        self.hidden_bufs: dict[tuple[int, int], tuple[np.ndarray, object]] = {}  # the batched pass's hidden rows
         self._bindings: dict[tuple[int, int], object] = {}
         self._views: dict[int, Slot] = {}
 
@@ -194,9 +196,6 @@ class ModelRunner:
         return self._zeros[:n].reshape(1, 1, s, total)
 
     # -- per-slot state ----------------------------------------------------------------------------
-    def free(self, slot: int) -> int:
-        return self.max_len - self.lengths[slot]
-
     def rewind(self, slot: int, length: int) -> None:
         """Keeps the slot's first `length` positions (O(1): stale rows are never read)."""
         if not 0 <= length <= self.lengths[slot]:
@@ -317,12 +316,26 @@ class ModelRunner:
             bd.bind_cpu_input(f.logits_to_keep, np.array([S], dtype=np.int64))
         arr, ov = self._logits_out(n, S)
         bd.bind_ortvalue_output(f.logits, ov)
+        if self.has_hidden:  # contract v3: every row's final hidden state [n, S, hidden], as a slot's step
+            harr, hov = self._hidden_out(n, S)
+            bd.bind_ortvalue_output(f.hidden_states, hov)
         self.session.run_with_iobinding(bd)
         for b, toks in rows.items():
+            L = self.lengths[b]
             self.lengths[b] += len(toks)  # a copy row's position is past the length: never read
-            self.hidden_rows[b] = None  # a batched pass fills no hidden rows
+            # the slot's hidden rows as Slot.step stores them (rows, first position, tokens): a copy, the
+            # buffer is the next pass's
+            self.hidden_rows[b] = ((harr[b - lo, : len(toks)].copy(), L, [int(t) for t in toks])
+                                   if self.has_hidden else None)
         self.times.table(n).add(max(len(t) for t in rows.values()), time.perf_counter() - t0)
         return {b: arr[b - lo, : len(toks)].copy() for b, toks in rows.items()}
+
+    def _hidden_out(self, rows: int, n: int):
+        buf = self.hidden_bufs.get((rows, n))
+        if buf is None:
+            arr = np.empty((rows, n, self.facts.hidden_size), dtype=np.float32)
+            buf = self.hidden_bufs[(rows, n)] = (arr, self.ort.OrtValue.ortvalue_from_numpy(arr))
+        return buf
 
     def _logits_out(self, rows: int, n: int):
         buf = self.logits_bufs.get((rows, n))

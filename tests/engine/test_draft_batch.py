@@ -53,9 +53,6 @@ class FakeRunner:
         for s in range(self.slots) if slot is None else (slot,):
             self.lengths[s] = 0
 
-    def free(self, slot):
-        return self.max_len - self.lengths[slot]
-
 
 class FakeSlot:
     """Slot `index` of a FakeRunner as one sequence: a step is its runner's step of that row alone."""
