@@ -38,6 +38,7 @@ QUANTS = ("int4", "int8", "fp16", "fp32")  # weight precisions an export may be 
 MODEL_QUANTS = QUANTS + ("mixed",)
 # what one request may ask for, checked once where a request enters the engine (engine/requests.py
 # Options, core/sampling.py SamplingParams, engine/settings.py check_k): the Python API and the server alike
+PARALLEL_LIMIT = 64  # cache slots of a batched engine at most (--parallel)
 STOP_LIMIT = 16  # stop strings per request
 TOP_K_LIMIT = 1 << 31  # beyond any vocabulary; keeps the engine's integer arithmetic in range
 SEED_LIMIT = 2**63 - 1  # largest seed (a seed is >= 0: numpy's generators refuse negative ones)

@@ -18,10 +18,8 @@ from typing import Any
 
 from ..drafters import modes
 from ..errors import InvalidRequest
-from ..limits import K_LIMIT, SUFFIX_CAPACITY, TREE_MODES
+from ..limits import K_LIMIT, PARALLEL_LIMIT, SUFFIX_CAPACITY, TREE_MODES
 from ..units import parse_celsius, parse_size, parse_watts
-
-PARALLEL_LIMIT = 64  # cache slots of a batched engine at most
 
 
 @dataclass(frozen=True)
@@ -97,8 +95,8 @@ class Settings:
 
         check_docs(self.docs)
         p = self.parallel
-        if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-            raise InvalidRequest(f"parallel must be an integer >= 1, got {p!r}", param="parallel")
+        if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= PARALLEL_LIMIT:
+            raise InvalidRequest(f"parallel must be an integer from 1 to {PARALLEL_LIMIT}, got {p!r}", param="parallel")
         if p > 1:
             check_batched(self.draft, self.tree)
 

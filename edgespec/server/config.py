@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import EdgespecError
+from ..limits import PARALLEL_LIMIT, TEMPERATURE_LIMIT
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,8 @@ class ServerConfig:
         for name in ("request_timeout", "drain_timeout", "header_timeout", "body_timeout"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name.replace('_', ' ')} must be > 0 seconds, got {getattr(self, name)}")
-        if isinstance(self.parallel, bool) or not isinstance(self.parallel, int) or not 1 <= self.parallel <= 64:
-            problems.append(f"parallel must be an integer from 1 to 64, got {self.parallel!r}")
+        if isinstance(self.parallel, bool) or not isinstance(self.parallel, int) or not 1 <= self.parallel <= PARALLEL_LIMIT:
+            problems.append(f"parallel must be an integer from 1 to {PARALLEL_LIMIT}, got {self.parallel!r}")
         if self.max_connections < 0 or self.max_connections_per_client < 0:
             problems.append("connection limits must be >= 0 (0: the default)")
         from .guard import parse_host
@@ -87,8 +88,8 @@ class ServerConfig:
             problems.append(f"max body bytes must be >= 1024, got {self.max_body_bytes}")
         if self.max_tokens_limit < 1 or self.default_max_tokens < 1:
             problems.append("max tokens limits must be >= 1")
-        if not 0.0 <= self.default_temperature <= 2.0:
-            problems.append(f"default temperature must be in [0, 2], got {self.default_temperature}")
+        if not 0.0 <= self.default_temperature <= TEMPERATURE_LIMIT:
+            problems.append(f"default temperature must be in [0, {TEMPERATURE_LIMIT:g}], got {self.default_temperature}")
         if problems:
             raise ConfigError("; ".join(problems))
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from ...drafters import modes
 from ...edge.providers import default_order_text
-from ...limits import TREE_MODES, suffix_memory_text
+from ...limits import PARALLEL_LIMIT, TREE_MODES, suffix_memory_text
 
 # EX_CONFIG from sysexits.h: the unit's RestartPreventExitStatus=78 keeps systemd from restarting a
 # service that cannot start (bad bundle, bad option) in a loop
@@ -246,8 +246,8 @@ def _parallel(value, path, settings) -> int:
         n = int(str(raw).strip())
     except ValueError:
         raise ConfigError(f"--parallel must be an integer or 'auto', got {raw!r}") from None
-    if not 1 <= n <= 64:
-        raise ConfigError(f"--parallel must be from 1 to 64, got {n}")
+    if not 1 <= n <= PARALLEL_LIMIT:
+        raise ConfigError(f"--parallel must be from 1 to {PARALLEL_LIMIT}, got {n}")
     return n
 
 
