@@ -156,11 +156,9 @@ MODES: tuple[DraftMode, ...] = (
               per_slot=True),
     DraftMode("ngram", "prompt lookup (n-gram)", batched=True, build=_ngram),
     DraftMode("self", "the target with some layers skipped drafts for itself (a bundle exported with "
-              "--self-draft)", runner="self", loads=("self",), auto_rank=3, build=_self,
-              unbatched="it drafts on the target's own cache, which a batched engine splits into slots"),
+              "--self-draft)", runner="self", loads=("self",), batched=True, auto_rank=3, build=_self, per_slot=True),
     DraftMode("heads", "draft heads over the target's hidden state (a bundle exported with --heads)",
-              runner="heads", loads=("heads",), auto_rank=4, build=_heads,
-              unbatched="they read the target's hidden state, which a batched pass does not return"),
+              runner="heads", loads=("heads",), batched=True, auto_rank=4, build=_heads, per_slot=True),
     DraftMode("grammar", "the tokens a request's JSON schema or grammar forces (free; proposes nothing "
               "without one)", batched=True, auto_rank=5, build=_grammar),
     DraftMode("none", "the target alone", batched=True, fixed_k=False, build=_none),

@@ -30,10 +30,16 @@ Drafting in a batch (batch_drafters.py): the modes drafters/modes.py marks batch
 with its own drafters: "ngram", "suffix" (a shared history of finished requests plus the request's
 own text), "recycle" (one table of the target's candidates, every request's verify rows fill it),
 "model" (the draft model with a cache slot per request slot: the requests' draft steps run batched,
-engine/draft_batch.py), "docs" (the documents' index, read by every request), the forced tokens of a
-request's schema, grammar or tools, and "auto" choosing between them. The self-draft and the draft
-heads need the target's own cache or hidden state: refused (drafters/modes.py check_batched), as
-tree="on" is.
+engine/draft_batch.py), "docs" (the documents' index, read by every request), "self" (the target's
+layer-skipped graph on the request's own slot, engine/selfdraft.py: its draft steps run per slot, not
+batched), "heads" (the draft heads over the hidden rows the batched pass stores per slot), the forced
+tokens of a request's schema, grammar or tools, and "auto" choosing between them.
+
+Trees: a tree="on" request's rounds are proposed as trees and each verified alone on its slot (a
+TreeVerifier per slot, tree_round.py: step_tree, then the accepted path compacted), while the other
+requests' chains go in the round's one batched pass (round.py). tree="auto" in a batch runs chains (a
+tree would cost a pass of its own, which the cost model does not price); a graph that cannot run trees
+refuses "on" by name before admission.
 
 Documents (docs=INDEX) as the serial engine's: a chat turn gets its passages through the same
 engine.read_documents, a declined one is answered at submit, without a slot. The cached reading
@@ -61,17 +67,18 @@ from ..drafters.grammar import with_grammar
 from ..errors import InvalidRequest
 from ..knowledge.answer import Turn, declined, sourced
 from ..limits import PREFILL_CHUNK
-from . import build
+from . import build, selfdraft
 from .build import Plan
 from .engine import open_knowledge, prepare_request
 from .pinned import PinnedPrefix, fits, prefill_to, prefix_tokens
 from .requests import Options, Prepared, Request, RequestParser, Vocabulary, as_prepared, not_loaded
 from .results import GenerationResult, GenerationStats, Stream
-from .batch_drafters import BatchDrafters, DraftModel
+from .batch_drafters import BatchDrafters, DraftModel, TargetSlots
 from .draft_batch import DraftBatch
 from .round import Conditions, run_round
 from .sequence import Drafting, Sequence, unstarted
 from .settings import Settings
+from .tree_round import TreeVerifier, check_tree_possible
 
 log = logging.getLogger("edgespec.batch")
 
@@ -122,13 +129,16 @@ class _Active:
     built: Drafter | None = None  # the drafter batch_drafters built for it (before a grammar wraps it)
     costs: CostModel | None = None
     turn: Turn | None = None  # the documents' turn it answers (its result carries the sources)
+    tree: TreeVerifier | None = None  # its slot's verifier when it asked for tree="on" (tree_round.py)
 
 
 class BatchEngine:
     def __init__(self, plan: Plan, runner: ModelRunner, *, governor=None, draft: ModelRunner | None = None,
-                 prefill_chunk: int = BATCH_PREFILL_CHUNK):
+                 prefill_chunk: int = BATCH_PREFILL_CHUNK, self_pair=None, heads=None):
         """The batched engine over ModelRunners already loaded for `plan` (BatchEngine.open loads
-        them): the target's, and the draft model's (as many slots) when the plan loads it."""
+        them): the target's, and the draft model's (as many slots) when the plan loads it;
+        self_pair: the target's runner's self-draft (engine/selfdraft.SelfPair), heads: the draft
+        heads' session, when loaded."""
         self.settings = plan.settings
         self.bundle = plan.bundle
         self.runner = runner
@@ -140,9 +150,13 @@ class BatchEngine:
         self.vocab = Vocabulary.of(plan.bundle, plan.bundle.load_tokenizer(), runner.vocab_size)
         self.knowledge = open_knowledge(plan.settings, plan.bundle, self.vocab.tokenizer, runner.max_len)  # docs=INDEX
         self.pinned: PinnedPrefix | None = None  # serve --system-prompt: pin() prefilled it in every slot
-        self._parse = RequestParser(self.vocab, runner.max_len, plan.settings, unavailable=self._unavailable)
+        self._parse = RequestParser(self.vocab, runner.max_len, plan.settings, unavailable=self._unavailable,
+                                    tree_check=self._check_tree_possible)
         self._cached: list[list[int]] = [[] for _ in range(self.slots)]  # what each slot's cache holds
         self._slots = [runner.slot(i) for i in range(self.slots)]  # each slot as one sequence (core/slot.py)
+        # tree="on" requests: a verifier per slot, made at the slot's first such request and kept (what it
+        # learnt of runners-up), its trees priced at the slot's own one-row steps (a tree runs alone)
+        self._trees: dict[int, TreeVerifier] = {}
         self._waiting: deque[_Active] = deque()
         self._active: dict[int, _Active] = {}  # slot -> request
         self._cv = threading.Condition()
@@ -156,8 +170,11 @@ class BatchEngine:
         if draft is not None:
             dm = DraftModel([self._draft_batch.slot(i) for i in range(self.slots)], draft.times.table(1),
                             build.draft_vocab_map(plan.bundle), plan.bundle)
+        self.self_pair = self_pair  # keeps the shared weights alive as long as the engine
+        skips = [self_pair.skip(i) for i in range(self.slots)] if self_pair is not None else None
+        target = TargetSlots(self._slots, plan.bundle, skips, heads)
         self._drafters = BatchDrafters(plan.settings.suffix_capacity, runner.max_len, usable=self.vocab.usable,
-                                       draft=dm, docs=self.knowledge)
+                                       draft=dm, docs=self.knowledge, target=target)
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
@@ -177,9 +194,18 @@ class BatchEngine:
     @classmethod
     def from_plan(cls, p: Plan) -> "BatchEngine":
         s, b = p.settings, p.bundle
-        runner = build.load_model(b.model_path("target"), b.target, p.max_len, slots=s.parallel,
-                                  providers=p.providers, threads=p.threads, profile=p.profile, shared_threads=True,
-                                  deterministic=s.deterministic)
+        runner = pair = heads = None
+        if "self" in p.runners:  # the target on weights shared with its layer-skipped graph (selfdraft.py)
+            pair = selfdraft.open_for_engine(b, p.max_len, required=s.draft == "self", providers=p.providers,
+                                             threads=p.threads, profile=p.profile, deterministic=s.deterministic,
+                                             slots=s.parallel)
+            runner = pair.model if pair is not None else None
+        if runner is None:
+            runner = build.load_model(b.model_path("target"), b.target, p.max_len, slots=s.parallel,
+                                      providers=p.providers, threads=p.threads, profile=p.profile,
+                                      shared_threads=True, deterministic=s.deterministic)
+        if "heads" in p.runners and runner.has_hidden:  # read each slot's hidden rows (batch_drafters.py)
+            heads = build.load_heads_session(b.root / b.manifest.heads["path"])
         draft = None
         if "draft" in p.runners:  # a cache slot per request slot; proposals only: the target decides
             draft = build.load_model(b.model_path("draft"), b.draft, p.max_len, slots=s.parallel,
@@ -190,7 +216,9 @@ class BatchEngine:
             runner.warmup()
             if draft is not None:
                 draft.warmup(max_s=2)  # a draft step is 1 token, 2 with a catch-up
-        return cls(p, runner, governor=build.governor(p, spinning=True), draft=draft)
+        be = cls(p, runner, governor=build.governor(p, spinning=True), draft=draft, self_pair=pair, heads=heads)
+        be._check_tree_possible(s.tree)
+        return be
 
     @property
     def max_len(self) -> int:
@@ -225,8 +253,8 @@ class BatchEngine:
     # -- requests ---------------------------------------------------------------------------------
     def prepare(self, prompt: str | None = None, **options) -> Prepared:
         """Engine.prepare for the batch, on the caller's thread: the options are Engine.stream's
-        (requests.Options); batched rounds are chains: tree "auto" and "off" run them, "on" is
-        refused. With documents (docs=INDEX) a chat turn reads its passages as the serial engine's
+        (requests.Options); tree "on" verifies that request's rounds as trees on its slot, "auto"
+        and "off" run chains. With documents (docs=INDEX) a chat turn reads its passages as the serial engine's
         does (engine.prepare_request)."""
         return prepare_request(self.knowledge, Options(prompt=prompt, **options), self._parse, self.count_tokens,
                                self.max_len)
@@ -297,6 +325,11 @@ class BatchEngine:
             self._draft_batch.close()
         if self.governor is not None:
             self.governor.close()
+
+    def _check_tree_possible(self, mode: str) -> None:
+        """tree="on" on a graph that cannot run trees is refused by name before admission (as the serial
+        engine's: tree_round.check_tree_possible)."""
+        check_tree_possible(mode, self._slots[0], self.bundle.name)
 
     def _unavailable(self, mode: str) -> str | None:
         """Why `mode` cannot run here (None: it can): the draft model was not loaded."""
@@ -387,8 +420,12 @@ class BatchEngine:
         a.built = d
         drafter = with_grammar(d, req.constraint)  # under a grammar: its forced tokens first
         drafting = Drafting(drafter, drafter if fallback is d else fallback, k_cap)
+        if req.tree == "on":  # its rounds as trees, each verified alone on its slot (engine/round.py)
+            a.tree = self._trees.get(a.slot)
+            if a.tree is None:
+                a.tree = self._trees[a.slot] = TreeVerifier(CostModel(self._slots[a.slot].times), self._slots[a.slot])
         a.seq = Sequence(req, self._slots[a.slot], self._cached[a.slot], drafting, self.vocab, self.governor,
-                         slot=a.slot, t0=a.t0)
+                         slot=a.slot, tree=a.tree, t0=a.t0)
         self._cached[a.slot] = a.seq.ctx  # the slot holds ctx[:length] from here on
 
     def _prefill_chunk(self, a: _Active) -> None:
@@ -418,7 +455,8 @@ class BatchEngine:
             if draft is not None:
                 a.costs.draft = draft  # ... and at its draft step's
             a.seq.next_k()
-        cond = Conditions(self.vocab.usable, self.governor, pass_seconds=CostModel(table).verify,
+        trees = {a.slot: a.tree for a in decoding if a.tree is not None}
+        cond = Conditions(self.vocab.usable, self.governor, trees, pass_seconds=CostModel(table).verify,
                           drafts=self._draft_batch)
         rounds = run_round(self.runner, [a.seq.part for a in decoding], cond)
         self.rounds += 1

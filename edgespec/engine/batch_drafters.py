@@ -19,17 +19,22 @@ fresh drafters, seeded from what finished requests left:
   rebuilt when they are reloaded), read by every request's docs drafter and written by none;
 - the draft model: one ModelDrafter per slot, kept across the slot's requests (its cache, its
   calibration), drafting through the batched draft step (engine/draft_batch.py);
+- the self-draft (an engine opened with draft="self"): the target's layer-skipped graph bound on each
+  slot's own buffers (engine/selfdraft.py SelfPair.skip), a SelfDrafter per slot, kept across the
+  slot's requests;
+- the draft heads: one session, a heads drafter per slot over that slot's view of the target (the
+  hidden rows of its last verified pass, which the batched pass stores per slot: core/runner.py);
 - `auto`'s acceptance evidence: a new request's auto starts from the last finished request's.
 
 Every request's drafters are built by the mode table (drafters/modes.py `build_all` over the rows of
 its mode): the same builds as the serial engine's, lent a Kit with the request's index size, the shared
 history, the recycle table and the documents' index. What a request inherits from the last finished
 one goes through the drafter interface (`evidence()` of the finished one's drafters, `seed` of the new
-one's, by mode name); the rows marked `per_slot` (the draft model, recycle) are built once per slot
-and kept.
+one's, by mode name); the rows marked `per_slot` (the draft model, recycle, the self-draft, the
+heads) are built once per slot and kept.
 
-Modes: the rows drafters/modes.py marks batched, `auto` choosing among the batched sources it ranks.
-The self-draft and the draft heads are refused before a request is admitted (modes.check_batched).
+Modes: the rows drafters/modes.py marks batched (every row today), `auto` choosing among the batched
+sources it ranks that are loaded.
 """
 from __future__ import annotations
 
@@ -62,15 +67,28 @@ class DraftModel:
     bundle: object = None  # models.bundle.Bundle (its manifest's measured draft agreement)
 
 
+@dataclass
+class TargetSlots:
+    """The target's slots and the drafters' runners over them (batched: one per slot)."""
+
+    slots: list  # slot -> core/slot.Slot of the target's ModelRunner (draft heads read its hidden rows)
+    bundle: object = None  # models.bundle.Bundle (the heads' record, the draft's measured agreement)
+    skips: list | None = None  # slot -> the self-draft on its buffers (engine/selfdraft.py SelfPair.skip)
+    heads: object = None  # the draft heads' session (one for every slot: it keeps no state)
+
+
 class BatchDrafters:
     def __init__(self, suffix_capacity: int = SUFFIX_CAPACITY, max_len: int = DEFAULT_MAX_LEN, *,
-                 usable: int | None = None, draft: DraftModel | None = None, docs=None):
-        """docs: the engine's knowledge.answer.Knowledge (None: no documents, no "docs" mode)."""
+                 usable: int | None = None, draft: DraftModel | None = None, docs=None,
+                 target: TargetSlots | None = None):
+        """docs: the engine's knowledge.answer.Knowledge (None: no documents, no "docs" mode);
+        target: the target's slots and what drafts on them (the self-draft, the draft heads)."""
         self.history = SuffixIndex(suffix_capacity)  # finished requests' text: read by all, written between rounds
         self.request_capacity = request_index_capacity(max_len)
         self.usable = usable
         self.draft = draft
         self.docs = docs
+        self.target = target
         self._docs_store = DocsStore(docs) if docs is not None else None  # built once, read by every request
         self._learned: dict[str, object] = {}  # mode -> evidence() of the last finished request's drafter
         # the recycle table is shared by every request (as the serial engine's learns across requests);
@@ -90,9 +108,12 @@ class BatchDrafters:
         return c
 
     def available(self, mode: str) -> bool:
-        """Whether what `mode` drafts with is here: the draft model, the documents."""
+        """Whether what `mode` drafts with is here: the draft model, the documents, the self-draft, the heads."""
         runner = modes.get(mode).runner
-        return {"draft": self.draft is not None, "docs": self.docs is not None}.get(runner, True)
+        t = self.target
+        return {"draft": self.draft is not None, "docs": self.docs is not None,
+                "self": t is not None and t.skips is not None,
+                "heads": t is not None and t.heads is not None}.get(runner, True)
 
     def for_request(self, mode: str, k: int | None, costs: CostModel, slot: int = 0) -> tuple[Drafter, Drafter, int]:
         """The request's drafter, its free fallback (what a limit forbidding model steps drafts with)
@@ -116,12 +137,17 @@ class BatchDrafters:
         return d, fallback, 0 if mode == "none" else DEFAULT_K_CAP if k is None else k
 
     def _kit(self, costs: CostModel, slot: int) -> modes.Kit:
-        dm = self.draft
-        runners = {"draft": dm.slots[slot]} if dm is not None else None
-        return modes.Kit(costs, self.usable, runners=runners, suffix_capacity=self.request_capacity,
+        dm, t = self.draft, self.target
+        runners = {"draft": dm.slots[slot]} if dm is not None else {}
+        target = None
+        if t is not None:  # the drafters over the target's own slot: its hidden rows, its layer-skipped graph
+            target = t.slots[slot]
+            runners.update({"self": t.skips[slot] if t.skips is not None else None, "heads": t.heads})
+        return modes.Kit(costs, self.usable, target=target, target_times=target.times if target is not None else None,
+                         runners=runners, suffix_capacity=self.request_capacity,
                          vocab_map=dm.vocab_map if dm is not None else None,
-                         bundle=dm.bundle if dm is not None else None, shared=self.history,
-                         recycle_table=self._table, docs=self.docs, docs_store=self._docs_store)
+                         bundle=t.bundle if t is not None else dm.bundle if dm is not None else None,
+                         shared=self.history, recycle_table=self._table, docs=self.docs, docs_store=self._docs_store)
 
     def _make(self, slot: int):
         """How a request in `slot` gets a row's drafter: a per_slot row's is the slot's, built once

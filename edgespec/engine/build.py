@@ -147,9 +147,9 @@ def plan(settings: Settings, bundle) -> Plan:
         raise DraftUnavailable("the memory budget leaves no room for the draft model: use draft='ngram' "
                                "or 'auto', or raise the budget", param="draft")
     runners = {"draft"} if mem.load_draft else set()
-    if "self" in row.loads and not settings.batched:
+    if "self" in row.loads:
         runners.add("self")
-    if "heads" in row.loads and b.manifest.heads is not None and not settings.batched:
+    if "heads" in row.loads and b.manifest.heads is not None:
         runners.add("heads")
     return Plan(settings, b, profile, d["providers"], d["draft_providers"], d["threads"], mem, frozenset(runners))
 

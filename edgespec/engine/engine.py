@@ -35,7 +35,7 @@ from .requests import Options, Prepared, Request, RequestParser, Vocabulary, as_
 from .results import GenerationResult, GenerationStats, Stream
 from .sequence import Drafting
 from .settings import Settings
-from .tree_round import TreeVerifier
+from .tree_round import TreeVerifier, check_tree_possible
 
 log = logging.getLogger("edgespec.engine")
 
@@ -293,16 +293,7 @@ class Engine:
     # -- requests ---------------------------------------------------------------------------------
     def _check_tree_possible(self, mode: str) -> None:
         """tree="on" on a graph that cannot run trees is refused with the fix; "auto" just chains."""
-        if mode == "on" and not self.target.can_tree:
-            why = ("its graphs follow contract v1 (format_version 1): re-export the bundle with this "
-                   "edgespec (`edgespec export`) for tree verification"
-                   if not self.target.supports_tree else "the target does not run on the CPU provider "
-                   "(tree verification compacts the cache on the host)")
-            if self.target.facts.graph_flavor() == "cuda":  # graph contract v3: no attention_bias on CUDA
-                why = ("its cuda-flavored graph has no attention_bias input (onnxruntime's CUDA "
-                       "GroupQueryAttention refuses one): trees run on the CPU provider with a cpu-flavored graph")
-            raise InvalidRequest(f"tree='on' is not possible with bundle {self.bundle.name}: {why}; "
-                                 "use tree='auto' or 'off'", param="tree")
+        check_tree_possible(mode, self.target, self.bundle.name)
 
     def _unavailable(self, mode: str) -> str | None:
         """Why `mode` cannot run on this engine (None: it can): its runner was not loaded."""

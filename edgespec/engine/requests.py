@@ -248,7 +248,7 @@ class RequestParser:
         mode = s.draft if o.draft is None else o.draft
         tree = s.tree if o.tree is None else o.tree
         if s.batched:
-            check_batched(mode, tree)
+            check_batched(mode)
         why = self.unavailable(mode)
         if why:
             raise DraftUnavailable(f"draft={mode!r} is not possible: {why}", param="draft")

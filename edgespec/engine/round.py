@@ -12,18 +12,20 @@ The serial engine (loop.decode) runs every round as a batch of one; the batched 
    `Conditions.drafts` (the batched engine), the drafters that step a model propose as step plans
    (drafters/base.py) driven together in lockstep (engine/draft_batch.py: one batched draft step a
    turn for every sequence drafting); without (the serial engine), each proposes with a plain call.
-   A batch of one with a tree verifier may widen its proposal into a tree (engine/tree_round.py);
-3. width: in a batch of several, the pass is as wide as its longest row, so adaptive rows are cut
-   to the width with the most expected tokens per second for the batch (round_shape.py);
-4. verify: one target pass over every chain row (`Target.step`); a tree is verified by its verifier;
+   A sequence with a tree verifier of its own (`Conditions.verifier(slot)`: the serial engine's, or
+   in a batch the slot's of a tree="on" request) proposes through it and may widen its proposal
+   into a tree (engine/tree_round.py);
+3. width: in a batch of several chains, the pass is as wide as its longest row, so adaptive rows are
+   cut to the width with the most expected tokens per second for the batch (round_shape.py);
+4. verify: one target pass over every chain row (`Target.step`); each tree is verified by its
+   verifier, alone on its own slot (step_tree, then compact);
 5. accept (core/speculative.accept, the one place logits become accept decisions), rewind the sequence's cache to
    what it accepted, feedback and observe to its drafter, count the round in its stats;
 6. the governor hears of the tokens, and paces.
 
 A round does not know which drafter it drives: it meets them through drafters.base.Drafter only.
-What a batched engine cannot run (the self-draft, the draft heads, tree="on") is refused before a
-request is admitted, in one place: engine/settings.py `check_batched` (the reasons are the mode
-table's, drafters/modes.py).
+What a batched engine cannot run is refused before a request is admitted, in one place:
+engine/settings.py `check_batched` (the reasons are the mode table's, drafters/modes.py).
 
 Every sequence accepts exactly what it would alone: greedy rows are the target's argmax whatever
 their neighbours; a sampled row draws from its own RNG in its own order (bitwise with the runners'
@@ -120,9 +122,15 @@ class Conditions:
 
     usable: int  # ids >= usable are never accepted (logits padding rows)
     governor: Governor | None = None
-    tree: object = None  # engine/tree_round.TreeVerifier: a batch of one may verify a tree
+    # engine/tree_round.TreeVerifier of the one sequence (the serial engine), or {slot: TreeVerifier}
+    # (a batched engine: the slots whose requests asked for trees); a sequence with one may verify a tree
+    tree: object = None
     pass_seconds: Callable[[int], float] | None = None  # a batched pass's seconds by width (round_shape.py)
     drafts: Drafts | None = None  # proposals whose model steps run batched
+
+    def verifier(self, slot: int):
+        """The tree verifier of the sequence in `slot` (None: it verifies chains)."""
+        return self.tree.get(slot) if isinstance(self.tree, Mapping) else self.tree
 
 
 def run_round(target: Target, seqs: Sequence[Seq], cond: Conditions) -> list[Round]:
@@ -143,24 +151,26 @@ def run_round(target: Target, seqs: Sequence[Seq], cond: Conditions) -> list[Rou
                 d = s.fallback
         ks.append(max(0, k))
         drafters.append(d)
-    # propose: a tree (a batch of one) or chains, whose model steps may run batched
+    # propose: each sequence with a tree verifier of its own through it (a tree, or its chain), the
+    # others as chains whose model steps may run batched
     trees: list = [None] * len(seqs)
-    tv = cond.tree
-    if tv is not None and len(seqs) == 1 and seqs[0].tree != "off" and drafters[0] is seqs[0].drafter:
-        s = seqs[0]
-        prop, draft, trees[0] = tv.propose(drafters[0], s.ctx, ks[0], s.params, s.rng, usable, s.tree)
-        props = [(prop, draft)]
-    else:
-        wants = [i for i, (d, k) in enumerate(zip(drafters, ks)) if k > 0 and d.uses_model]
-        made = [None] * len(seqs)
-        if cond.drafts is not None and len(wants) > 1:
-            plans = [drafters[i].propose_steps(seqs[i].ctx, ks[i], seqs[i].params, seqs[i].rng) for i in wants]
-            for i, p in zip(wants, cond.drafts.run(plans)):
-                made[i] = p
-        props = []
-        for i, (s, k) in enumerate(zip(seqs, ks)):
-            prop = made[i] if made[i] is not None else _propose(drafters[i], s, k)
-            props.append((prop, usable_draft(prop, k, usable)))
+    tvs = [cond.verifier(s.slot) if s.tree != "off" and d is s.drafter else None for s, d in zip(seqs, drafters)]
+    made: list = [None] * len(seqs)
+    for i, (s, tv) in enumerate(zip(seqs, tvs)):
+        if tv is not None:
+            prop, draft, trees[i] = tv.propose(drafters[i], s.ctx, ks[i], s.params, s.rng, usable, s.tree)
+            made[i] = (prop, draft)
+    wants = [i for i, (d, k) in enumerate(zip(drafters, ks)) if k > 0 and d.uses_model and tvs[i] is None]
+    if cond.drafts is not None and len(wants) > 1:
+        plans = [drafters[i].propose_steps(seqs[i].ctx, ks[i], seqs[i].params, seqs[i].rng) for i in wants]
+        for i, p in zip(wants, cond.drafts.run(plans)):
+            made[i] = (p, usable_draft(p, ks[i], usable))
+    props = []
+    for i, (s, k) in enumerate(zip(seqs, ks)):
+        if made[i] is None:
+            prop = _propose(drafters[i], s, k)
+            made[i] = (prop, usable_draft(prop, k, usable))
+        props.append(made[i])
     # a constrained row ends at its first token the grammar forbids (it could never be accepted);
     # cuts: that row's length and, for a sampled proposal, the forbidden token's draft distribution
     cuts: list = [(0, None)] * len(seqs)
@@ -168,8 +178,11 @@ def run_round(target: Target, seqs: Sequence[Seq], cond: Conditions) -> list[Rou
         if s.constraint is not None and trees[i] is None:
             draft, q = spec.grammar_draft(props[i][0], props[i][1], s.constraint)
             props[i], cuts[i] = (props[i][0], draft), (len(draft), q)
-    if len(seqs) > 1 and cond.pass_seconds is not None:
-        props = _shape(seqs, props, cond.pass_seconds)
+    chained = [i for i in range(len(seqs)) if trees[i] is None]
+    if len(chained) > 1 and cond.pass_seconds is not None:  # a tree is verified alone: not cut to the width
+        for i, p in zip(chained, _shape([seqs[i] for i in chained], [props[i] for i in chained],
+                                        cond.pass_seconds)):
+            props[i] = p
     # verify: the chains in one pass
     chains = {s.slot: [s.ctx[-1], *props[i][1]] for i, s in enumerate(seqs) if trees[i] is None}
     out = target.step(chains) if chains else {}
@@ -177,8 +190,8 @@ def run_round(target: Target, seqs: Sequence[Seq], cond: Conditions) -> list[Rou
     for i, s in enumerate(seqs):
         prop, draft = props[i]
         d = drafters[i]
-        if trees[i] is not None:
-            r = tv.verify(d, s.ctx, prop, draft, trees[i], s.params, s.rng, usable)
+        if trees[i] is not None:  # alone on its slot: step_tree, then the accepted path compacted
+            r = tvs[i].verify(d, s.ctx, prop, draft, trees[i], s.params, s.rng, usable)
         else:
             # a row the width cut shorter was cut whatever its tokens: no residual owed there
             cut = cuts[i][1] if len(draft) == cuts[i][0] else None

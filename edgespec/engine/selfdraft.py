@@ -1,5 +1,6 @@
 """Opening the target and its self-draft on shared weights (drafters/self.py, core/shared_weights.py,
-core/slot.py's SkipGraph)."""
+core/slot.py's SkipGraph): the target as a ModelRunner of one slot (the serial engine) or of N (a
+batched engine), and the layer-skipped session, bound on any slot's own buffers (`SelfPair.skip`)."""
 from __future__ import annotations
 
 import logging
@@ -18,16 +19,28 @@ log = logging.getLogger("edgespec.engine.selfdraft")
 
 @dataclass
 class SelfPair:
-    target: Slot  # slot 0 of the target's one-slot runner
-    runner: SkipGraph
+    target: Slot  # slot 0 of the target's runner
+    runner: SkipGraph  # the self-draft on slot 0
     choice: SkipChoice
     weights: SharedWeights
+    model: ModelRunner  # the target's runner, all its slots
+    session: object  # the layer-skipped graph's session
+    kept: list[int]  # the layers it keeps
+
+    def skip(self, b: int) -> SkipGraph:
+        """The self-draft on slot b's own buffers (slot 0's is `runner`)."""
+        if b == 0:
+            return self.runner
+        graph = self.model.slot(b).skip(self.session, self.kept)
+        graph.shared_weights = self.weights  # the weights live as long as any of its graphs
+        return graph
 
 
 def open_pair(model_path: Path, facts: ModelFacts, max_len: int, choice: SkipChoice, *, providers=None,
               threads: int | None = None, shared_threads: bool = True, profile=None,
-              deterministic: bool = False) -> SelfPair:
-    """Creates the target's session and runner and the self-draft session on the same weights.
+              deterministic: bool = False, slots: int = 1) -> SelfPair:
+    """Creates the target's session and runner (`slots` cache slots) and the self-draft session on the
+    same weights.
 
     Raises DraftUnavailable (with the reason) when the self-draft graph cannot be made: `onnx`
     missing, or a graph this edit does not understand."""
@@ -58,20 +71,21 @@ def open_pair(model_path: Path, facts: ModelFacts, max_len: int, choice: SkipCho
                               shared_threads=shared_threads,
                               configure=lambda so: weights.configure(so, names, folder=folder),
                               flavor=facts.graph_flavor(), **kw)
-    target = ModelRunner(tsess, facts, max_len, device=device, deterministic=deterministic).slot(0)
+    model = ModelRunner(tsess, facts, max_len, slots, device=device, deterministic=deterministic)
+    target = model.slot(0)
     kept = [i for i in range(facts.layers) if i not in set(choice.skip)]
     runner = target.skip(dsess, kept)
     # both sessions read the weights from memory these arrays own (OrtValues borrow it): they must
     # live as long as either session does
     target.shared_weights = runner.shared_weights = weights
-    return SelfPair(target, runner, choice, weights)
+    return SelfPair(target, runner, choice, weights, model, dsess, kept)
 
 
 # --- engine wiring -------------------------------------------------------------------------------
 def open_for_engine(bundle, max_len: int, *, required: bool, providers=None, threads=None,
-                    profile=None, deterministic: bool = False) -> SelfPair | None:
-    """open_pair for Engine.open. With required=False, a self-draft that cannot be made is logged
-    and skipped (None)."""
+                    profile=None, deterministic: bool = False, slots: int = 1) -> SelfPair | None:
+    """open_pair for Engine.open (one slot) and BatchEngine.open (`slots`). With required=False, a
+    self-draft that cannot be made is logged and skipped (None)."""
     import onnxruntime as ort
 
     from ..edge.providers import CPU, normalize
@@ -89,7 +103,8 @@ def open_for_engine(bundle, max_len: int, *, required: bool, providers=None, thr
                                    f"{facts.graph_flavor()} one (export it with --ep cpu)", param="draft")
         choice = skip_for(facts)
         pair = open_pair(bundle.root / cpu.path, cpu, max_len, choice, providers=["cpu"],
-                         threads=threads, shared_threads=True, profile=profile, deterministic=deterministic)
+                         threads=threads, shared_threads=True, profile=profile, deterministic=deterministic,
+                         slots=slots)
     except DraftUnavailable:
         if required:
             raise

@@ -98,7 +98,7 @@ class Settings:
         if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= PARALLEL_LIMIT:
             raise InvalidRequest(f"parallel must be an integer from 1 to {PARALLEL_LIMIT}, got {p!r}", param="parallel")
         if p > 1:
-            check_batched(self.draft, self.tree)
+            check_batched(self.draft)
 
     @property
     def batched(self) -> bool:
@@ -120,21 +120,13 @@ def check_tree(mode) -> None:
         raise InvalidRequest(f"unknown tree mode {mode!r}: choose one of {', '.join(TREE_MODES)}", param="tree")
 
 
-def check_batched(draft: str | None, tree: str | None) -> None:
+def check_batched(draft: str | None) -> None:
     """What a batched engine (parallel > 1) cannot run, refused in this one place before anything
     loads or runs (the engine's settings, then each request): a drafting mode the table marks not
-    batched (drafters/modes.py check_batched, each row with its reason), and tree='on'. The tree
-    mode was checked where it entered (check_tree: Settings.check, the request's Options)."""
+    batched (drafters/modes.py check_batched, each row with its reason). Every tree mode runs in a
+    batch (a tree="on" request's rounds are verified alone on its slot: engine/round.py); a graph
+    that cannot run trees is refused by the engine, by name (tree_round.check_tree_possible)."""
     modes.check_batched(draft)
-    check_batched_tree(tree)
-
-
-def check_batched_tree(tree: str | None) -> None:
-    """Batched rounds verify chains: tree "auto" (which may always choose a chain) and "off" run,
-    "on" is refused rather than silently ignored."""
-    if tree == "on":
-        raise InvalidRequest("tree='on' is not batched: with several slots (--parallel > 1) rounds verify chains; "
-                             "use tree 'auto' or 'off', or serve one client at a time (--parallel 1)", param="tree")
 
 
 def _providers(value, param: str) -> tuple[str, ...] | None:

@@ -1,6 +1,8 @@
 """A round of tree verification: chain proposal -> widened into a tree -> one target pass -> accept
-the longest path -> compact the caches. A batch of one only (engine/round.py runs the round and asks
-`propose` for the tree, `verify` for its pass): a batched pass verifies chains.
+the longest path -> compact the caches. One sequence on its own cache slot (engine/round.py runs the
+round and asks `propose` for the tree, `verify` for its pass): the serial engine's one verifier, or in
+a batched engine a verifier per slot whose request asked for tree="on", its tree verified alone on
+that slot while the other requests' chains go in the round's one batched pass.
 
 The round starts like a chain round (the drafter proposes, with its own adaptive length) and then
 widens the chain with candidates that cost no extra draft step, offered through the drafter
@@ -42,6 +44,7 @@ from ..core.slot import Slot
 from ..core.sampling import SamplingParams
 from ..core.speculative import Round, usable_draft
 from ..drafters.base import Beta, Drafter
+from ..errors import InvalidRequest
 
 DEFAULT_TREE_WIDTH = 4  # most children per node (the chain's token + runners-up / alternatives)
 MAX_TREE_NODES = 32  # root included: a verify of more rows than this never paid in any measurement
@@ -322,6 +325,22 @@ class TreeVerifier:
             for c in kids[1:]:
                 src = tree.source[c] if tree.source[c] in self.alt else "ngram"
                 self.alt[src].add(c == taken, c != taken)
+
+
+def check_tree_possible(mode: str, target: Slot, bundle_name: str) -> None:
+    """tree="on" on a graph that cannot run trees is refused with the fix, by name, before a request
+    runs (both engines: a batched one's slots run the same graph); "auto" and "off" just chain."""
+    if mode != "on" or target.can_tree:
+        return
+    why = ("its graphs follow contract v1 (format_version 1): re-export the bundle with this "
+           "edgespec (`edgespec export`) for tree verification"
+           if not target.supports_tree else "the target does not run on the CPU provider "
+           "(tree verification compacts the cache on the host)")
+    if target.facts.graph_flavor() == "cuda":  # graph contract v3: no attention_bias on CUDA
+        why = ("its cuda-flavored graph has no attention_bias input (onnxruntime's CUDA "
+               "GroupQueryAttention refuses one): trees run on the CPU provider with a cpu-flavored graph")
+    raise InvalidRequest(f"tree='on' is not possible with bundle {bundle_name}: {why}; use tree='auto' or 'off'",
+                         param="tree")
 
 
 def subtree(tree: treelib.Tree, keep: set[int]) -> treelib.Tree:

@@ -210,11 +210,12 @@ def test_worker_thread_and_streamed_deltas(batch, alone):
 
 
 @pytest.mark.parametrize("mode", ["self", "heads"])
-def test_drafters_of_one_request_at_a_time_are_refused_in_a_batch(batch, mode):
-    with pytest.raises(DraftUnavailable, match=f"draft='{mode}' is not batched"):
+def test_a_drafter_this_batch_did_not_load_is_refused_by_name(batch, mode):
+    """The self-draft and the heads run batched (test_lossless_batch_features.py); an engine opened
+    without them (draft="auto" here, a bundle without heads) refuses a request for them in one line."""
+    with pytest.raises(DraftUnavailable, match=f"draft='{mode}' is not possible") as e:
         batch.submit("x", draft=mode)
-    with pytest.raises(DraftUnavailable):
-        BatchEngine.open("unused", parallel=2, draft=mode)
+    assert e.value.param == "draft" and "\n" not in str(e.value)
 
 
 def test_the_draft_model_drafts_for_every_request_in_one_batched_step(batch, alone, monkeypatch):
@@ -289,16 +290,28 @@ def test_a_limit_to_free_drafts_swaps_in_each_requests_fallback(tiny_bundle, alo
     be.close()
 
 
-def test_tree_on_is_refused_in_a_batch_and_chains_run(batch, alone):
-    with pytest.raises(InvalidRequest, match="tree='on' is not batched"):
-        batch.submit("x", tree="on")
+def test_every_tree_mode_runs_in_a_batch(batch, alone):
+    """tree="on" runs batched (its rounds trees verified alone on its slot: test_lossless_batch_features.py),
+    "auto" and "off" chain; an unknown mode is refused."""
     with pytest.raises(InvalidRequest, match="unknown tree mode"):
         batch.submit("x", tree="sideways")
-    with pytest.raises(InvalidRequest, match="tree='on' is not batched"):
-        BatchEngine.open("unused", parallel=2, tree="on")
-    for tree in ("auto", "off"):
+    for tree in ("on", "auto", "off"):
         got = batch.generate(PROMPTS[0], max_new_tokens=12, tree=tree, draft="ngram")
         assert got.token_ids == _alone(alone, prompt=PROMPTS[0], max_new_tokens=12).token_ids
+        assert got.stats.tree == ("on" if tree == "on" else "off")
+
+
+def test_tree_on_is_refused_by_name_on_a_graph_without_attention_bias(tiny_cuda_bundle):
+    """The cuda-flavored graph has no attention_bias: tree='on' is refused at open and per request,
+    before admission, naming the input."""
+    with pytest.raises(InvalidRequest, match="tree='on' is not possible with bundle .*attention_bias"):
+        BatchEngine.open(tiny_cuda_bundle, parallel=2, tree="on", max_len=64, verify=False, warmup=False,
+                         providers="cpu")
+    be = BatchEngine.open(tiny_cuda_bundle, parallel=2, max_len=64, verify=False, warmup=False, providers="cpu")
+    with pytest.raises(InvalidRequest, match="attention_bias") as e:
+        be.submit("x", tree="on")
+    assert e.value.param == "tree" and be.waiting == 0
+    be.close()
 
 
 def test_suffix_history_lets_a_request_copy_an_earlier_answer(tiny_bundle, alone):

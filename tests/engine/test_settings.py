@@ -14,7 +14,7 @@ from edgespec.engine import Engine
 from edgespec.engine.batch import BatchEngine
 from edgespec.engine.requests import Options
 from edgespec.engine.settings import Settings
-from edgespec.errors import DraftUnavailable, InvalidRequest
+from edgespec.errors import InvalidRequest
 from edgespec.limits import TREE_MODES
 from edgespec.server import validate
 
@@ -27,8 +27,6 @@ from edgespec.server import validate
     ({"suffix_capacity": 8}, "suffix_capacity", "suffix index capacity must be an integer >= 16"),
     ({"parallel": 0}, "parallel", "parallel must be an integer from 1 to 64, got 0"),
     ({"parallel": 65}, "parallel", "parallel must be an integer from 1 to 64, got 65"),
-    ({"parallel": 2, "draft": "heads"}, "draft", "draft='heads' is not batched"),
-    ({"parallel": 2, "tree": "on"}, "tree", "tree='on' is not batched"),
     ({"deterministic": True, "tree": "on"}, "tree", "tree='on' is not possible in deterministic mode"),
 ])
 def test_each_bad_setting_is_one_named_error(kw, param, words):
@@ -82,10 +80,9 @@ def test_the_server_the_bench_and_the_batch_read_the_table():
     assert e.value.param == "tree" and f"choose one of {', '.join(TREE_MODES)}" in str(e.value)
     assert set(bench.MODES) == {"target", *modes.NAMES} - {"none"}
     assert set(bench.FIXED_K_MODES) == {m.name for m in modes.MODES if m.fixed_k}
-    assert modes.BATCHED == ("auto", "model", "suffix", "docs", "recycle", "ngram", "grammar", "none")
-    with pytest.raises(DraftUnavailable, match=r"draft='self' is not batched \(it drafts on the target's own cache.*\): "
-                                               r".* use auto, model, suffix, docs, recycle, ngram, grammar, none"):
-        modes.check_batched("self")
+    assert modes.BATCHED == modes.NAMES  # every mode runs at every --parallel
+    for name in modes.NAMES:
+        assert Settings.of(parallel=3, draft=name).draft == name
 
 
 def test_bench_opens_its_engine_with_the_mode_that_loads_what_its_columns_need():

@@ -53,12 +53,12 @@ def test_concurrent_openai_streams_equal_target_alone(tiny_bundle, alone):
         # four requests, three slots: at least one round verified more than one request
         resp = r.client.chat.completions.create(model=r.bundle.name, messages=_msgs(ASKS[0]), max_tokens=5)
         assert resp.model_extra["edgespec"]["batch_size_mean"] >= 1.0
-        # what a batch cannot run is the client's 400 naming the field, never a 500
-        for extra, param in (({"tree": "on"}, "tree"), ({"draft": "heads"}, "draft"), ({"draft": "self"}, "draft")):
+        # what this engine did not load is the client's 400 naming the field, never a 500
+        for extra, param in (({"draft": "heads"}, "draft"), ({"draft": "self"}, "draft")):
             with pytest.raises(openai.BadRequestError) as e:
                 r.client.chat.completions.create(model=r.bundle.name, messages=_msgs("x"), max_tokens=3,
                                                  extra_body=extra)
-            assert e.value.body["param"] == param and "not batched" in e.value.body["message"]
+            assert e.value.body["param"] == param and "is not possible" in e.value.body["message"]
     finally:
         r.stop()
 
@@ -186,3 +186,35 @@ def test_sigterm_with_several_active_requests_lets_them_finish(tiny_bundle, alon
         t.join(DEADLINE)
     for i in (0, 3):
         assert out[i] == _ref(alone, ASKS[i], 40).text
+
+
+
+# feature -> (bundle fixture, the server's engine options, what each client asks)
+REFUSED_BEFORE = {"heads": ("tiny_heads_bundle", {"draft": "heads"}, {"draft": "heads", "draft_k": 3}),
+                  "tree": ("tiny_bundle_disagree", {}, {"draft": "model", "draft_k": 3, "tree": "on"})}
+
+
+@pytest.mark.parametrize("feature", list(REFUSED_BEFORE))
+def test_parallel_3_server_answers_heads_and_tree_requests(request, feature):
+    """draft="heads" and tree="on" at --parallel 3 (refused there before): three clients at once, each
+    reply the target alone's, and each reply's stats show the heads drafted / its rounds were trees."""
+    fx, opts, extra = REFUSED_BEFORE[feature]
+    path = request.getfixturevalue(fx)
+    ref = Engine.open(path, max_len=256, draft="none", verify=False)
+    r = RunningServer(path, parallel=3, engine=opts)
+    try:
+        def client(i):
+            resp = r.client.chat.completions.create(model=r.bundle.name, messages=_msgs(ASKS[i]), max_tokens=24,
+                                                    extra_body=extra)
+            return resp.choices[0].message.content, resp.model_extra["edgespec"]
+
+        results = together([lambda i=i: client(i) for i in range(3)])
+        for i in range(3):
+            assert results[i][0] == _ref(ref, ASKS[i], 24).text, i
+        if feature == "heads":
+            assert all(st["rounds_by_source"].get("heads", 0) > 0 for _, st in results), [x[1] for x in results]
+        else:
+            assert all(st["tree"] == "on" and st["tree_rounds"] > 0 for _, st in results), [x[1] for x in results]
+    finally:
+        r.stop()
+        ref.close()

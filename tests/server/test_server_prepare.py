@@ -47,10 +47,11 @@ def test_a_chat_request_is_rendered_and_tokenized_once_on_its_way_through_the_se
 
 @pytest.mark.parametrize("parallel,opts,body,param,says", [
     (1, {"draft": "suffix"}, {"draft": "model"}, "draft", "draft='model' is not possible"),
-    (2, {}, {"tree": "on"}, "tree", "tree='on' is not batched"),
-], ids=["draft-model-not-loaded", "tree-on-batched"])
+    (2, {"draft": "suffix"}, {"draft": "heads"}, "draft", "draft='heads' is not possible"),
+], ids=["draft-model-not-loaded", "heads-not-loaded-batched"])
 def test_an_engine_refusal_is_a_400_before_the_job_is_queued(tiny_bundle, parallel, opts, body, param, says):
-    """draft='model' on an engine opened without the draft model, tree='on' at --parallel 2: the HTTP
+    """draft='model' on an engine opened without the draft model, draft='heads' at --parallel 2 on a bundle
+    without heads: the HTTP
     layer's own checks pass them (known names), the engine refuses them. They are answered 400 by the
     handler: the scheduler never saw them (nothing submitted, the queue as it was)."""
     r = RunningServer(tiny_bundle, parallel=parallel, engine=opts)
