@@ -140,3 +140,21 @@ def test_a_batched_pass_stores_each_slots_hidden_rows_as_its_own_step_would(tiny
             assert batched is not None and batched.shape == alone.shape
             np.testing.assert_allclose(batched, alone, rtol=1e-4, atol=1e-5)
         assert many.slot(slot).hidden_row(first, toks[0] + 1) is None  # another token: not that row
+
+
+@pytest.mark.parametrize("name", ["heads", "self"])
+def test_auto_in_a_batch_ranks_the_loaded_heads_and_self_draft(setups, name):
+    """An engine that loaded the heads or the self-draft has them as sources of each batched request's
+    `auto` (drafters/modes.py request_rows); its output is still the target alone's."""
+    eng, bes = setups[name]
+    be = bes[3]
+    prompts = _prompts(eng, 21)
+    refs = [eng.generate(p, max_new_tokens=NEW, draft="none") for p in prompts]
+    tickets = [be.submit(p, max_new_tokens=NEW, draft="auto") for p in prompts]
+    be.round()  # admitted: each request's auto is built
+    sources = [sorted(s.name for s in a.built.sources) for a in be._active.values()]
+    while be.round():
+        pass
+    got = [t.wait(0) for t in tickets]
+    assert _differences(refs, got) == []
+    assert sources and all(name in s for s in sources), sources

@@ -26,20 +26,11 @@ apart from the request's own text, so its proposals, and with them a sampled rep
 each is an exact sample all the same); bitwise with `deterministic=True` (without, a padded 1-token
 row may flip a near-tie).
 
-Drafting in a batch (batch_drafters.py): the modes drafters/modes.py marks batched, each request
-with its own drafters: "ngram", "suffix" (a shared history of finished requests plus the request's
-own text), "recycle" (one table of the target's candidates, every request's verify rows fill it),
-"model" (the draft model with a cache slot per request slot: the requests' draft steps run batched,
-engine/draft_batch.py), "docs" (the documents' index, read by every request), "self" (the target's
-layer-skipped graph on the request's own slot, engine/selfdraft.py: its draft steps run per slot, not
-batched), "heads" (the draft heads over the hidden rows the batched pass stores per slot), the forced
-tokens of a request's schema, grammar or tools, and "auto" choosing between them.
-
-Trees: a tree="on" request's rounds are proposed as trees and each verified alone on its slot (a
-TreeVerifier per slot, tree_round.py: step_tree, then the accepted path compacted), while the other
-requests' chains go in the round's one batched pass (round.py). tree="auto" in a batch runs chains (a
-tree would cost a pass of its own, which the cost model does not price); a graph that cannot run trees
-refuses "on" by name before admission.
+Drafting in a batch: every mode of drafters/modes.py, each request with drafters of its own
+(batch_drafters.py: what they share, what a slot keeps); the draft model's steps run batched
+(draft_batch.py), the self-draft's per slot. A tree="on" request's rounds are trees, each verified
+alone on its slot by the slot's TreeVerifier, beside the round's one batched pass of the other
+requests' chains (round.py); tree="auto" here runs chains (a tree's pass of its own is not priced).
 
 Documents (docs=INDEX) as the serial engine's: a chat turn gets its passages through the same
 engine.read_documents, a declined one is answered at submit, without a slot. The cached reading
@@ -151,7 +142,7 @@ class BatchEngine:
         self.knowledge = open_knowledge(plan.settings, plan.bundle, self.vocab.tokenizer, runner.max_len)  # docs=INDEX
         self.pinned: PinnedPrefix | None = None  # serve --system-prompt: pin() prefilled it in every slot
         self._parse = RequestParser(self.vocab, runner.max_len, plan.settings, unavailable=self._unavailable,
-                                    tree_check=self._check_tree_possible)
+                                    tree_check=self._check_tree)
         self._cached: list[list[int]] = [[] for _ in range(self.slots)]  # what each slot's cache holds
         self._slots = [runner.slot(i) for i in range(self.slots)]  # each slot as one sequence (core/slot.py)
         # tree="on" requests: a verifier per slot, made at the slot's first such request and kept (what it
@@ -194,16 +185,8 @@ class BatchEngine:
     @classmethod
     def from_plan(cls, p: Plan) -> "BatchEngine":
         s, b = p.settings, p.bundle
-        runner = pair = heads = None
-        if "self" in p.runners:  # the target on weights shared with its layer-skipped graph (selfdraft.py)
-            pair = selfdraft.open_for_engine(b, p.max_len, required=s.draft == "self", providers=p.providers,
-                                             threads=p.threads, profile=p.profile, deterministic=s.deterministic,
-                                             slots=s.parallel)
-            runner = pair.model if pair is not None else None
-        if runner is None:
-            runner = build.load_model(b.model_path("target"), b.target, p.max_len, slots=s.parallel,
-                                      providers=p.providers, threads=p.threads, profile=p.profile,
-                                      shared_threads=True, deterministic=s.deterministic)
+        runner, pair = selfdraft.open_target(p, s.parallel)  # with the self-draft where the mode loads it
+        heads = None
         if "heads" in p.runners and runner.has_hidden:  # read each slot's hidden rows (batch_drafters.py)
             heads = build.load_heads_session(b.root / b.manifest.heads["path"])
         draft = None
@@ -217,7 +200,7 @@ class BatchEngine:
             if draft is not None:
                 draft.warmup(max_s=2)  # a draft step is 1 token, 2 with a catch-up
         be = cls(p, runner, governor=build.governor(p, spinning=True), draft=draft, self_pair=pair, heads=heads)
-        be._check_tree_possible(s.tree)
+        be._check_tree(s.tree)
         return be
 
     @property
@@ -326,9 +309,7 @@ class BatchEngine:
         if self.governor is not None:
             self.governor.close()
 
-    def _check_tree_possible(self, mode: str) -> None:
-        """tree="on" on a graph that cannot run trees is refused by name before admission (as the serial
-        engine's: tree_round.check_tree_possible)."""
+    def _check_tree(self, mode: str) -> None:  # "on" on a graph that cannot run trees: refused by name
         check_tree_possible(mode, self._slots[0], self.bundle.name)
 
     def _unavailable(self, mode: str) -> str | None:
@@ -421,9 +402,9 @@ class BatchEngine:
         drafter = with_grammar(d, req.constraint)  # under a grammar: its forced tokens first
         drafting = Drafting(drafter, drafter if fallback is d else fallback, k_cap)
         if req.tree == "on":  # its rounds as trees, each verified alone on its slot (engine/round.py)
-            a.tree = self._trees.get(a.slot)
-            if a.tree is None:
-                a.tree = self._trees[a.slot] = TreeVerifier(CostModel(self._slots[a.slot].times), self._slots[a.slot])
+            view = self._slots[a.slot]
+            a.tree = self._trees.get(a.slot) or self._trees.setdefault(a.slot, TreeVerifier(CostModel(view.times),
+                                                                                              view))
         a.seq = Sequence(req, self._slots[a.slot], self._cached[a.slot], drafting, self.vocab, self.governor,
                          slot=a.slot, tree=a.tree, t0=a.t0)
         self._cached[a.slot] = a.seq.ctx  # the slot holds ctx[:length] from here on

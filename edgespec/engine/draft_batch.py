@@ -20,16 +20,13 @@ turn is each live plan's next ask, in the order of the plans), so the grouping, 
 deterministic mode every row's logits, are the same on every run. A plan that raises, or whose step
 raises (the step's exception is thrown into the plans of its rows), ends alone: the others run on,
 and `run` raises the first error, in the order of the plans, once every plan is done. Outside a round
-(a warm-up, a proposal driven alone) a drafter's slot steps alone. The self-draft's steps (a
-core/slot.SkipGraph on a target slot: `auto` may rank it beside the draft model) run in the same turns,
-each alone on its slot: the layer-skipped graph is not batched.
+(a warm-up, a proposal driven alone) a drafter's slot steps alone.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 from ..core.runner import ModelRunner, Slot
-from ..core.slot import SkipGraph
 from ..core.proposal import Proposal
 from ..drafters.base import Ask, StepPlan
 
@@ -84,12 +81,8 @@ class DraftBatch:
         short: dict[int, tuple[int, list[int], int]] = {}
         groups: list[dict[int, tuple[int, list[int], int]]] = []
         taken: set[int] = set()
-        alone: list[int] = []
         for i, (runner, tokens, n_logits) in asks.items():
             slot = next((b for b, v in enumerate(self._slots) if v is runner), None)
-            if slot is None and isinstance(runner, SkipGraph):  # the self-draft: its own step, on its slot
-                alone.append(i)
-                continue
             if slot is None or slot in taken:
                 out[i] = ValueError(f"a draft step asked of {runner!r}: not a slot of this draft batch's "
                                     "runner that no other proposal of the turn steps")
@@ -110,10 +103,4 @@ class DraftBatch:
                     out.update({i: got[s][len(got[s]) - n:] for i, (s, _, n) in rows.items()})
             except BaseException as e:  # noqa: BLE001 - thrown into the plans that asked for the step
                 out.update(dict.fromkeys(rows, e))
-        for i in alone:
-            runner, tokens, n_logits = asks[i]
-            try:
-                out[i] = runner.step(list(tokens), n_logits).copy()
-            except BaseException as e:  # noqa: BLE001 - thrown into its plan
-                out[i] = e
         return out

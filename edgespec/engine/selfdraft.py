@@ -113,3 +113,20 @@ def open_for_engine(bundle, max_len: int, *, required: bool, providers=None, thr
     log.info("self-draft: skipping %d of %d layers %s (%s)", len(choice.skip), facts.layers, choice.skip,
              choice.source)
     return pair
+
+
+def open_target(p, slots: int) -> tuple[ModelRunner, SelfPair | None]:
+    """A batched engine's target (engine/batch.py): its runner of `slots` cache slots for the plan `p`
+    (engine/build.Plan), on weights shared with the self-draft where the plan loads it and it can be
+    made (then also its SelfPair), else on its own."""
+    from . import build
+
+    s, b = p.settings, p.bundle
+    if "self" in p.runners:
+        pair = open_for_engine(b, p.max_len, required=s.draft == "self", providers=p.providers, threads=p.threads,
+                               profile=p.profile, deterministic=s.deterministic, slots=slots)
+        if pair is not None:
+            return pair.model, pair
+    return build.load_model(b.model_path("target"), b.target, p.max_len, slots=slots, providers=p.providers,
+                            threads=p.threads, profile=p.profile, shared_threads=True,
+                            deterministic=s.deterministic), None
