@@ -80,21 +80,20 @@ def test_tiny_loadtest_reports_both_servers(tiny_bundle):
     assert "vs serial" in text and "batched" in text
 
 
-def test_loadtest_refuses_a_mode_that_is_not_batched(tiny_bundle, capsys):
+def test_loadtest_refuses_a_mode_the_bundle_cannot_draft_with(tiny_bundle, capsys):
     from edgespec.cli.commands.loadtest import run
 
     args = argparse.Namespace(bundle=str(tiny_bundle), concurrency="1", draft="self", prompts="code", requests=1,
                               max_tokens=2, max_len=512, threads=None, json=None)
-    with pytest.raises(DraftUnavailable, match="not batched"):
+    with pytest.raises(DraftUnavailable, match="has no self-draft"):
         run(args)
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--parallel", "2", "--suffix-capacity", "8"], "suffix index capacity must be an integer >= 16 tokens, got 8"),
     (["--suffix-capacity", "8"], "suffix index capacity must be an integer >= 16 tokens, got 8"),
-    (["--parallel", "2", "--draft", "self"], "draft='self' is not batched"),
-    (["--parallel", "2", "--draft", "heads"], "draft='heads' is not batched"),
-    (["--parallel", "2", "--tree", "on"], "tree='on' is not batched"),
+    (["--parallel", "2", "--draft", "self"], "has no self-draft"),
+    (["--parallel", "2", "--draft", "heads"], "has no draft heads"),
 ])
 def test_serve_refuses_engine_options_before_loading(tiny_bundle, capsys, argv, message):
     """Checked before the bundle loads: exit 78 (the unit does not restart) and one line."""

@@ -30,6 +30,8 @@ def register(sub) -> None:
 def run(args) -> int:
     from ...bench.loadtest import loadtest, loadtest_url, parse_levels
     from ...drafters import modes
+    from ...engine import build
+    from ...engine.settings import Settings
     from ...errors import InvalidRequest
     from ...models.bundle import resolve_bundle
 
@@ -43,12 +45,14 @@ def run(args) -> int:
     if args.bundle is None:
         raise InvalidRequest("loadtest needs a bundle to serve, or --url of a running server", param="bundle")
     drafts = [d.strip() for d in args.draft.split(",") if d.strip()]
-    for d in drafts:
-        modes.check_batched(d)  # every mode runs on the batched server too
+    bundle = resolve_bundle(args.bundle)
+    for d in drafts:  # what the bundle cannot draft with is refused before any server starts
+        modes.check_batched(d)
+        build.plan(Settings.of(draft=d, parallel=2, max_len=args.max_len, verify=False), bundle)
     opts = {"max_len": args.max_len, "verify": False}
     if args.threads is not None:
         opts["threads"] = args.threads
-    results = loadtest(resolve_bundle(args.bundle), levels=levels, drafts=drafts, prompts=args.prompts,
+    results = loadtest(bundle, levels=levels, drafts=drafts, prompts=args.prompts,
                        requests=args.requests, max_tokens=args.max_tokens, engine_options=opts, progress=progress)
     return _done(results, args)
 
