@@ -158,3 +158,21 @@ def test_auto_in_a_batch_ranks_the_loaded_heads_and_self_draft(setups, name):
     got = [t.wait(0) for t in tickets]
     assert _differences(refs, got) == []
     assert sources and all(name in s for s in sources), sources
+
+
+@pytest.mark.parametrize("name", list(FEATURES))
+def test_seeded_sampling_in_a_batch_equals_the_serial_engine(setups, name, request):
+    """A sampled request (seeded, fixed k) draws its RNG in the same order in a batch of 3 as on the
+    serial engine drafting the same way: the same tokens (tree="on" grows the same tree whatever it has
+    learnt: only "auto" prunes; the chains' requests say tree="off", which the serial engine's default
+    "auto" is not)."""
+    fx, mode, ask = FEATURES[name]
+    eng, bes = setups[name]
+    serial = Engine.open(request.getfixturevalue(fx), max_len=192, draft=mode)
+    prompts = _prompts(eng, 31)
+    kw = dict(max_new_tokens=NEW, temperature=0.8, top_k=20, **{"tree": "off", **ask})
+    want = [serial.generate(p, seed=40 + i, **kw) for i, p in enumerate(prompts)]
+    got = generate_all(bes[3], [dict(prompt=p, seed=40 + i, **kw) for i, p in enumerate(prompts)])
+    serial.close()
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert sum(g.stats.drafted for g in got) > 0
