@@ -176,3 +176,27 @@ def test_seeded_sampling_in_a_batch_equals_the_serial_engine(setups, name, reque
     serial.close()
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert sum(g.stats.drafted for g in got) > 0
+
+
+def test_heads_in_a_batch_on_a_graph_without_per_row_lengths(request):
+    """The cuda-flavored graph (run here by the CPU provider) verifies a batch a pass per row, or one-token
+    rows in one pass (core/runner.py): either way each slot's heads read its own hidden rows."""
+    import onnxruntime
+
+    from edgespec.edge.flavor import cpu_runs_float16
+    from edgespec.models.kernels import floor_problem
+
+    if not cpu_runs_float16() or floor_problem(onnxruntime.__version__, "cuda") is not None:
+        pytest.skip("this CPU has no float16 arithmetic, or this onnxruntime is below the cuda flavor's floor")
+    path = request.getfixturevalue("tiny_cuda_heads_bundle")
+    eng = Engine.open(path, max_len=192, draft="none", providers="cpu")
+    be = BatchEngine.open(path, parallel=3, draft="heads", max_len=192, providers="cpu")
+    assert not be.runner.one_pass and be.runner.has_hidden
+    prompts = _prompts(eng, 41)
+    refs = [eng.generate(p, max_new_tokens=NEW) for p in prompts]
+    got = generate_all(be, [dict(prompt=p, max_new_tokens=NEW, draft="heads", k=3) for p in prompts])
+    assert _differences(refs, got) == []
+    assert all(g.stats.rounds_by_source.get("heads", 0) > 0 for g in got), [g.stats.rounds_by_source for g in got]
+    assert max(g.stats.batch_size_mean for g in got) > 1.0
+    be.close()
+    eng.close()
