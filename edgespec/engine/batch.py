@@ -16,7 +16,7 @@ A round (one call of `round()`):
    priced at this batch size), the round's width is chosen for the batch as a whole (round_shape.py:
    the pass is as wide as its longest row; adaptive rows are cut to the width with the most expected
    tokens per second, which is no drafting when drafting does not pay), one target pass verifies all
-   their rows, and each request accepts (speculative.py's accept functions, its own RNG) and rewinds
+   their chains (a tree, below, alone on its slot), and each request accepts (speculative.py's accept functions, its own RNG) and rewinds
    its own slot.
 Requests join and leave between rounds. Every request in the batch gets the tokens it would get
 alone: greedy rows are the target's argmax whatever their neighbours, and a sampled request draws
