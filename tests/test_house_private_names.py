@@ -30,12 +30,6 @@ FOREIGN = {
     "edgespec/knowledge/readers.py:_p": "python-docx: a paragraph's XML, the only way to its list numbering",
     "edgespec/models/template.py:_PassArg": "jinja2: which context a filter takes, as jinja2 itself reads it",
 }
-# Our own private names still read across modules where another change is rewriting the code right now
-# (core/runner.py and core/batch_runner.py become one runner; drafters/ split into source and session):
-# remove an entry with that change; nothing outside edgespec/core/ and edgespec/drafters/ may be added.
-IN_REWRITE = {
-    "edgespec/drafters/heads.py:_CONF_EDGES": "drafters/model.py's confidence bins, shared by the heads",
-}
 
 
 def _private(name: str) -> bool:
@@ -104,15 +98,13 @@ def _all_reads() -> list[tuple[str, str]]:
 
 
 def test_no_module_reads_another_modules_private_name():
-    unexpected = [shown for key, shown in _all_reads() if key not in FOREIGN and key not in IN_REWRITE]
+    unexpected = [shown for key, shown in _all_reads() if key not in FOREIGN]
     assert not unexpected, "private names read across modules (give them a public name):\n" + "\n".join(unexpected)
 
 
-def test_the_allowlists_hold_only_reads_that_still_exist_and_our_own_only_where_code_is_rewritten():
+def test_the_allowlist_holds_only_reads_that_still_exist():
     keys = {key for key, _shown in _all_reads()}
-    allowed = {**FOREIGN, **IN_REWRITE}
-    assert set(allowed) <= keys, f"allowed reads that are gone (remove them): {sorted(set(allowed) - keys)}"
-    assert all(k.startswith(("edgespec/core/", "edgespec/drafters/")) for k in IN_REWRITE), sorted(IN_REWRITE)
+    assert set(FOREIGN) <= keys, f"allowed reads that are gone (remove them): {sorted(set(FOREIGN) - keys)}"
 
 
 # --- the check itself can fail --------------------------------------------------------------------

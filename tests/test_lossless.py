@@ -199,7 +199,7 @@ def test_sampling_on_tiny_onnx_matches_exact_target_distribution(request, bundle
 # every drafter a batched engine runs (the table's), at 1 slot and at 3: `grammar` proposes only under a
 # request's grammar (the structured-output tests below), `docs` only on an engine with documents (the docs
 # tests at the end), `self` and `heads` on bundles exported with them (test_lossless_batch_features.py)
-BATCH_MODES = [m for m in modes.BATCHED if m not in ("none", "grammar", "docs", "self", "heads")]
+BATCH_MODES = [m for m in modes.NAMES if m not in ("none", "grammar", "docs", "self", "heads")]
 BATCH_BUNDLES = {"agree": "tiny_bundle", "disagree": "tiny_bundle_disagree", "llama": "tiny_llama_bundle"}
 SLOTS = (1, 3)
 

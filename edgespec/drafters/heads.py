@@ -26,7 +26,7 @@ from ..core.slot import Slot
 from ..core.steptimes import StepTimes
 from ..core.sampling import SamplingParams
 from .base import Beta, DraftCost, DrafterBase
-from .model import _CONF_EDGES, check_vocab_map, conf_bin, pick
+from .model import CONF_MIDS, check_vocab_map, conf_bin, pick
 
 HEADS_INPUT = "hidden"  # the heads graph's input [rows, hidden] and output [rows, n_heads, kept]
 NO_HEADS = ("bundle {name} has no draft heads: export it with `edgespec export ... --heads feature` (or medusa) "
@@ -55,10 +55,9 @@ class ChainHeads(DrafterBase):
         self.scored = len(self.vocab_map)
         self.adaptive = adaptive
         priors = list(priors) + [0.3] * n_heads
-        mids = np.concatenate([[0.1], (_CONF_EDGES[:-1] + _CONF_EDGES[1:]) / 2, [0.995]])
         # acceptance by (head, confidence bin): the export's held-out top-1 sets the level, the
         # head's own confidence the spread
-        self.by_conf = [[Beta(float(np.clip(0.5 * (priors[i] + m), 0.02, 0.98))) for m in mids]
+        self.by_conf = [[Beta(float(np.clip(0.5 * (priors[i] + m), 0.02, 0.98))) for m in CONF_MIDS]
                         for i in range(n_heads)]
         self.mean = [Beta(float(np.clip(priors[i], 0.02, 0.98)), weight=8.0) for i in range(n_heads)]
 

@@ -20,6 +20,9 @@ from .base import NEW_REQUEST_KEEP, Beta, DraftCost, DrafterBase, StepPlan, driv
 # for the next draft step and the longer verify.
 _CONF_EDGES = np.array([0.2, 0.4, 0.6, 0.75, 0.85, 0.92, 0.97, 0.99])
 _CONF_BOUNDS = tuple(float(x) for x in _CONF_EDGES)  # the same, for bisect on one scalar
+# each bin's middle (the ends: 0.1 and 0.995), where a bin's acceptance prior starts (the draft
+# model's, and the draft heads' per head)
+CONF_MIDS = tuple(float(m) for m in np.concatenate([[0.1], (_CONF_EDGES[:-1] + _CONF_EDGES[1:]) / 2, [0.995]]))
 PRIOR_ACCEPTANCE = 0.6  # a draft's long-run acceptance before anything is known of the pair
 # Most tokens a catch-up feeds the draft: a longer one (a long prompt, or a long run of rounds other
 # sources drafted) starts its cache afresh on the last CATCH_UP_WINDOW tokens of the context. The draft
@@ -108,8 +111,7 @@ class ModelDrafter(DrafterBase):
         # also records, per drafted position, the draft's next `alts` best tokens (Proposal.alts)
         self.alts = 0
         self._picked_row = 0  # the logits row of the last token _pick chose
-        mids = np.concatenate([[0.1], (_CONF_EDGES[:-1] + _CONF_EDGES[1:]) / 2, [0.995]])
-        self.by_conf = [Beta(float(m) * CONF_PRIOR_SCALE) for m in mids]
+        self.by_conf = [Beta(m * CONF_PRIOR_SCALE) for m in CONF_MIDS]
         # its long-run acceptance starts from the export's measured agreement of this pair when the
         # bundle records one (Manifest.draft_agreement), else from a middling 0.6
         self.mean = Beta(PRIOR_ACCEPTANCE if prior is None else prior, weight=8.0)

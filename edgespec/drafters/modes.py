@@ -1,6 +1,6 @@
 """The drafting modes, one row each: what a `draft` setting may name, and everything the layers above
-need to know about it. Validation (engine settings, requests, the server), the CLI's help texts, the
-batched engine's refusals and the bench's columns all read this table; the engine builds its drafters
+need to know about it. Validation (engine settings, requests, the server), the CLI's help texts and
+the bench's columns all read this table; every mode runs at every --parallel; the engine builds its drafters
 through each row's `build`: the serial engine all of them once (`build_all`), a batched engine the rows
 of each request's mode per request (`build_all` over `request_rows`, engine/batch_drafters.py). A new
 drafter is its module plus one row here.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import DraftUnavailable, InvalidRequest
+from ..errors import InvalidRequest
 from ..limits import DRAFT_MODES
 
 
@@ -48,9 +48,6 @@ class DraftMode:
     # self-draft, "heads": the heads' session, "docs": an engine's documents); without it loaded the
     # mode is unavailable. None: free
     loads: tuple[str, ...] = ()  # runners an engine opened with this default mode loads (when it can)
-    batched: bool = False  # runs in a batched engine (`serve --parallel N`), each request its own drafter
-    # (engine/batch_drafters.py); else why not, for the one refusal (check_batched)
-    unbatched: str = ""
     fixed_k: bool = True  # the bench adds "mode k=N" columns for it (auto picks its k every round)
     auto_rank: int | None = None  # a source `auto` chooses between, by this order of preference
     build: Callable[[Kit], Any] | None = None  # the engine's drafter (None: nothing to build)
@@ -140,34 +137,33 @@ def _none(kit: Kit):
 # draft="self" has it as one more source of its `auto`.
 MODES: tuple[DraftMode, ...] = (
     DraftMode("auto", "per round, whichever source (suffix index, draft model, heads) pays "
-              "most by measured cost, or none", loads=("draft", "heads"), batched=True, fixed_k=False, build=_auto,
+              "most by measured cost, or none", loads=("draft", "heads"), fixed_k=False, build=_auto,
               chooses=True),
-    DraftMode("model", "the bundle's draft model", runner="draft", loads=("draft",), batched=True, auto_rank=2,
+    DraftMode("model", "the bundle's draft model", runner="draft", loads=("draft",), auto_rank=2,
               build=_model, per_slot=True),
-    DraftMode("suffix", "the suffix index over this and earlier requests", batched=True, auto_rank=0,
+    DraftMode("suffix", "the suffix index over this and earlier requests", auto_rank=0,
               build=_suffix, fallback=True),
     DraftMode("docs", "the venue's documents (an engine opened with --docs INDEX): an answer quoting any "
-              "passage copies it", runner="docs", batched=True, auto_rank=1, build=_docs),
+              "passage copies it", runner="docs", auto_rank=1, build=_docs),
     # not one of auto's sources: greedy, its first candidate is the token that followed the same token
     # last time, which the suffix index's lookups already hold. As a source of auto on the dev pair it
     # drafted 1, 5 and 7 rounds in three bench runs (at most 3 of 870 accepted tokens), while watching
     # every verified row costs ~0.2 ms per token (the bench's loop column: recycle 0.46 ms, target 0.27)
-    DraftMode("recycle", "the target's own top candidates per token, recycled", batched=True, build=_recycle,
+    DraftMode("recycle", "the target's own top candidates per token, recycled", build=_recycle,
               per_slot=True),
-    DraftMode("ngram", "prompt lookup (n-gram)", batched=True, build=_ngram),
+    DraftMode("ngram", "prompt lookup (n-gram)", build=_ngram),
     DraftMode("self", "the target with some layers skipped drafts for itself (a bundle exported with "
-              "--self-draft)", runner="self", loads=("self",), batched=True, auto_rank=3, build=_self, per_slot=True),
+              "--self-draft)", runner="self", loads=("self",), auto_rank=3, build=_self, per_slot=True),
     DraftMode("heads", "draft heads over the target's hidden state (a bundle exported with --heads)",
-              runner="heads", loads=("heads",), batched=True, auto_rank=4, build=_heads, per_slot=True),
+              runner="heads", loads=("heads",), auto_rank=4, build=_heads, per_slot=True),
     DraftMode("grammar", "the tokens a request's JSON schema or grammar forces (free; proposes nothing "
-              "without one)", batched=True, auto_rank=5, build=_grammar),
-    DraftMode("none", "the target alone", batched=True, fixed_k=False, build=_none),
+              "without one)", auto_rank=5, build=_grammar),
+    DraftMode("none", "the target alone", fixed_k=False, build=_none),
 )
 BY_NAME = {m.name: m for m in MODES}
 NAMES = tuple(m.name for m in MODES)  # what a `draft` setting or request may name
 if NAMES != DRAFT_MODES:  # the manifest reader checks `drafting.mode` against limits.DRAFT_MODES
     raise ImportError(f"drafters/modes.py rows {NAMES} differ from limits.DRAFT_MODES {DRAFT_MODES}: add the name there")
-BATCHED = tuple(m.name for m in MODES if m.batched)
 FALLBACK = next(m.name for m in MODES if m.fallback)
 
 
@@ -197,9 +193,9 @@ def build_all(kit: Kit, rows: tuple[DraftMode, ...] = MODES,
 
 def request_rows(name: str) -> tuple[DraftMode, ...]:
     """The rows a batched request in mode `name` builds: its own and, for a row that chooses, the
-    batched rows it ranks."""
+    rows it ranks."""
     row = get(name)
-    return (row, *(r for r in _ranked(MODES) if r.batched and r is not row)) if row.chooses else (row,)
+    return (row, *(r for r in _ranked(MODES) if r is not row)) if row.chooses else (row,)
 
 
 def built_over(name: str) -> set[str]:
@@ -214,16 +210,6 @@ def get(name) -> DraftMode:
     if row is None:
         raise InvalidRequest(f"unknown drafter {name!r}: choose one of {', '.join(NAMES)}", param="draft")
     return row
-
-
-def check_batched(name: str | None) -> None:
-    """Modes a batched request may ask for (None: the server's default): the one place a drafting
-    mode is refused in a batched engine."""
-    row = get(name) if name is not None else None
-    if row is not None and not row.batched:
-        raise DraftUnavailable(f"draft={name!r} is not batched ({row.unbatched}): with several slots "
-                               f"(--parallel > 1) use {', '.join(BATCHED)}, or serve one client at a time "
-                               "(--parallel 1)", param="draft")
 
 
 def help_text(default: str = "auto") -> str:

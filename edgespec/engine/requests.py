@@ -13,7 +13,7 @@ from ..drafters import modes
 from ..drafters.heads import NO_HEADS
 from ..errors import DraftUnavailable, InvalidRequest, PromptTooLong
 from ..limits import STOP_LIMIT
-from .settings import Settings, check_batched, check_k, check_tree
+from .settings import Settings, check_k, check_tree
 from .structured import Structured, check_structured, plain_tool_turns, tools_prompt
 
 
@@ -247,8 +247,6 @@ class RequestParser:
         s = self.settings
         mode = s.draft if o.draft is None else o.draft
         tree = s.tree if o.tree is None else o.tree
-        if s.batched:
-            check_batched(mode)
         why = self.unavailable(mode)
         if why:
             raise DraftUnavailable(f"draft={mode!r} is not possible: {why}", param="draft")

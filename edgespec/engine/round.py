@@ -24,8 +24,6 @@ The serial engine (loop.decode) runs every round as a batch of one; the batched 
 6. the governor hears of the tokens, and paces.
 
 A round does not know which drafter it drives: it meets them through drafters.base.Drafter only.
-What a batched engine cannot run is refused before a request is admitted, in one place:
-engine/settings.py `check_batched` (the reasons are the mode table's, drafters/modes.py).
 
 Every sequence accepts exactly what it would alone: greedy rows are the target's argmax whatever
 their neighbours; a sampled row draws from its own RNG in its own order (bitwise with the runners'

@@ -97,8 +97,6 @@ class Settings:
         p = self.parallel
         if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= PARALLEL_LIMIT:
             raise InvalidRequest(f"parallel must be an integer from 1 to {PARALLEL_LIMIT}, got {p!r}", param="parallel")
-        if p > 1:
-            check_batched(self.draft)
 
     @property
     def batched(self) -> bool:
@@ -118,15 +116,6 @@ def check_k(k) -> None:
 def check_tree(mode) -> None:
     if mode not in TREE_MODES:
         raise InvalidRequest(f"unknown tree mode {mode!r}: choose one of {', '.join(TREE_MODES)}", param="tree")
-
-
-def check_batched(draft: str | None) -> None:
-    """What a batched engine (parallel > 1) cannot run, refused in this one place before anything
-    loads or runs (the engine's settings, then each request): a drafting mode the table marks not
-    batched (drafters/modes.py check_batched, each row with its reason). Every tree mode runs in a
-    batch (a tree="on" request's rounds are verified alone on its slot: engine/round.py); a graph
-    that cannot run trees is refused by the engine, by name (tree_round.check_tree_possible)."""
-    modes.check_batched(draft)
 
 
 def _providers(value, param: str) -> tuple[str, ...] | None:

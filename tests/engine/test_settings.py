@@ -80,7 +80,6 @@ def test_the_server_the_bench_and_the_batch_read_the_table():
     assert e.value.param == "tree" and f"choose one of {', '.join(TREE_MODES)}" in str(e.value)
     assert set(bench.MODES) == {"target", *modes.NAMES} - {"none"}
     assert set(bench.FIXED_K_MODES) == {m.name for m in modes.MODES if m.fixed_k}
-    assert modes.BATCHED == modes.NAMES  # every mode runs at every --parallel
     for name in modes.NAMES:
         assert Settings.of(parallel=3, draft=name).draft == name
 

@@ -29,7 +29,6 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ...bench.loadtest import loadtest, loadtest_url, parse_levels
-    from ...drafters import modes
     from ...engine import build
     from ...engine.settings import Settings
     from ...errors import InvalidRequest
@@ -47,7 +46,6 @@ def run(args) -> int:
     drafts = [d.strip() for d in args.draft.split(",") if d.strip()]
     bundle = resolve_bundle(args.bundle)
     for d in drafts:  # what the bundle cannot draft with is refused before any server starts
-        modes.check_batched(d)
         build.plan(Settings.of(draft=d, parallel=2, max_len=args.max_len, verify=False), bundle)
     opts = {"max_len": args.max_len, "verify": False}
     if args.threads is not None:

@@ -112,15 +112,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="skip the warm-up generation before READY [EDGESPEC_WARMUP=0]")
 
     lim.add_argument("--parallel", help="requests generating at once, verified together in one target pass "
-                     "(continuous batching); 'auto': as many as the memory plan fits, up to 4. Default 1: one at a "
-                     "time, the others queue. With more than 1 the draft model is not used: requests draft with "
-                     f"{', '.join(modes.BATCHED)} "
-                     "[EDGESPEC_PARALLEL]")
+                     "(continuous batching; every drafting mode and tree mode runs); 'auto': as many as the memory plan "
+                     "fits, up to 4. Default 1: one at a time, the others queue [EDGESPEC_PARALLEL]")
 
     eng = p.add_argument_group("engine (one Settings, checked before the bundle loads)")
     eng.add_argument("--draft", choices=modes.NAMES,
-                     help=f"default drafting of requests (a request may pass its own 'draft'): {modes.help_text()}; "
-                     f"with --parallel > 1: {', '.join(modes.BATCHED)} [EDGESPEC_DRAFT]")
+                     help=f"default drafting of requests (a request may pass its own 'draft'): {modes.help_text()} "
+                     "[EDGESPEC_DRAFT]")
     eng.add_argument("--k", type=int, help="tokens drafted per round (default: chosen by measured cost) [EDGESPEC_K]")
     eng.add_argument("--tree", choices=TREE_MODES,
                      help="default tree verification of requests (a request may pass its own 'tree'): auto | on | "
