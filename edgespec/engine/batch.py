@@ -47,7 +47,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from ..core.runner import ModelRunner
@@ -63,7 +63,7 @@ from .build import Plan
 from .engine import open_knowledge, prepare_request
 from .pinned import PinnedPrefix, fits, prefill_to, prefix_tokens
 from .requests import Options, Prepared, Request, RequestParser, Vocabulary, as_prepared, not_loaded
-from .results import GenerationResult, GenerationStats, Stream
+from .results import GenerationResult, GenerationStats, Stream, Ticket
 from .batch_drafters import BatchDrafters, DraftModel, TargetSlots
 from .draft_batch import DraftBatch
 from .round import Conditions, run_round
@@ -74,40 +74,6 @@ from .tree_round import TreeVerifier, check_tree_possible
 log = logging.getLogger("edgespec.batch")
 
 BATCH_PREFILL_CHUNK = 128  # prompt tokens per round while other requests are generating
-
-
-def auto_slots(bundle, settings: Settings | None = None, **options) -> int:
-    """`--parallel auto`: as many slots as the memory plan fits after the weights (memory.py's
-    slots_that_fit: the draft model's slots too where the mode loads it), at most
-    memory.MAX_AUTO_SLOTS. The budget is the given one, else the device profile's, else 80 % of what
-    the kernel reports available now."""
-    import dataclasses
-
-    s = settings if settings is not None else Settings.of(**options)
-    p = build.plan(dataclasses.replace(s, parallel=1, verify=False), bundle)
-    return build.parallel_slots(p.bundle, p.memory)
-
-
-@dataclass(eq=False)  # compared and hashed by identity: a scheduler keys its jobs by ticket
-class Ticket:
-    """A request's handle. `on_delta(text)` is called from the batch thread for each text delta;
-    `done` is set once `result` (or `error`) is there."""
-
-    id: int
-    prompt_tokens: int
-    on_delta: Callable[[str], None] | None = None
-    on_start: Callable[[], None] | None = None  # called when it takes a slot (its prompt starts being read)
-    result: GenerationResult | None = None
-    error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-
-    def wait(self, timeout: float | None = None) -> GenerationResult:
-        if not self.done.wait(timeout):
-            raise TimeoutError(f"request {self.id} did not finish within {timeout} s")
-        if self.error is not None:
-            raise self.error
-        assert self.result is not None
-        return self.result
 
 
 @dataclass

@@ -89,6 +89,18 @@ def parallel_slots(b: Bundle, plan: memory.MemoryPlan) -> int:
     return memory.slots_that_fit(b, plan, budget)
 
 
+def auto_slots(bundle, settings: Settings | None = None, **options) -> int:
+    """`--parallel auto`: as many slots as the memory plan fits after the weights (memory.py's
+    slots_that_fit: the draft model's slots too where the mode loads it), at most
+    memory.MAX_AUTO_SLOTS. The budget is the given one, else the device profile's, else 80 % of what
+    the kernel reports available now."""
+    import dataclasses
+
+    s = settings if settings is not None else Settings.of(**options)
+    p = plan(dataclasses.replace(s, parallel=1, verify=False), bundle)
+    return parallel_slots(p.bundle, p.memory)
+
+
 @dataclass(frozen=True)
 class Plan:
     """Settings + bundle + board: what an engine loads, and how. Engine and BatchEngine are built

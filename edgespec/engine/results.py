@@ -1,8 +1,9 @@
 """What a request gives back: the result, its statistics, and the stream that yields it."""
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any, Generator
+from typing import Any, Callable, Generator
 
 
 @dataclass
@@ -90,3 +91,25 @@ class Stream:
     @property
     def result(self) -> GenerationResult | None:
         return self._result
+
+
+@dataclass(eq=False)  # compared and hashed by identity: a scheduler keys its jobs by ticket
+class Ticket:
+    """A request's handle. `on_delta(text)` is called from the batch thread for each text delta;
+    `done` is set once `result` (or `error`) is there."""
+
+    id: int
+    prompt_tokens: int
+    on_delta: Callable[[str], None] | None = None
+    on_start: Callable[[], None] | None = None  # called when it takes a slot (its prompt starts being read)
+    result: GenerationResult | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def wait(self, timeout: float | None = None) -> GenerationResult:
+        if not self.done.wait(timeout):
+            raise TimeoutError(f"request {self.id} did not finish within {timeout} s")
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result

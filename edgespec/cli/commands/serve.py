@@ -237,7 +237,7 @@ def _parallel(value, path, settings) -> int:
 
     raw = value if value is not None else _env("EDGESPEC_PARALLEL", str, "1")
     if str(raw).strip().lower() == "auto":
-        from ...engine.batch import auto_slots
+        from ...engine.build import auto_slots
 
         return auto_slots(path, settings)
     try:
