@@ -161,6 +161,24 @@ def test_batched_requests_get_the_tokens_they_get_alone(quant_bundle):
         assert [g.token_ids for g in got] == [want[i] for i in pair], pair
 
 
+@pytest.mark.parametrize("draft", ["none", "suffix", "ngram", "recycle", "model", "auto"])
+def test_three_slots_give_each_request_its_tokens_alone_with_every_drafter(quant_bundle, draft):
+    """Three requests at once (3 slots), deterministic: each gets bitwise the target alone's tokens,
+    whichever drafter proposes (a fixed k, so the tiny draft drafts whatever the cost model says)."""
+    alone = Engine.open(quant_bundle, draft="none", deterministic=True, verify=False, warmup=False, threads=1)
+    want = [alone.generate(p, max_new_tokens=30).token_ids for p in PROMPTS]
+    alone.close()
+    be = BatchEngine.open(quant_bundle, parallel=3, draft=draft, deterministic=True, verify=False,
+                          warmup=False, threads=1)
+    k = {} if draft in ("none", "auto") else {"k": 3}
+    got = generate_all(be, [{"prompt": p, "max_new_tokens": 30, **k} for p in PROMPTS])
+    be.close()
+    assert [g.token_ids for g in got] == want, draft
+    assert max(g.stats.batch_size_mean for g in got) > 2.0  # the three shared rounds
+    if draft == "model":  # the draft model drafted for them, in the batch
+        assert all(g.stats.rounds_by_source.get("model", 0) > 0 for g in got), [g.stats.rounds_by_source for g in got]
+
+
 def test_a_seeded_sampled_request_replays(quant_bundle):
     eng = Engine.open(quant_bundle, draft="auto", deterministic=True, verify=False, warmup=False, threads=1)
     kw = dict(max_new_tokens=30, temperature=0.9, seed=11)
