@@ -33,8 +33,7 @@ one goes through the drafter interface (`evidence()` of the finished one's draft
 one's, by mode name); the rows marked `per_slot` (the draft model, recycle, the self-draft, the
 heads) are built once per slot and kept.
 
-Modes: the rows drafters/modes.py marks batched (every row today), `auto` choosing among the batched
-sources it ranks that are loaded.
+Modes: every row of drafters/modes.py, `auto` choosing among the sources it ranks that are loaded.
 """
 from __future__ import annotations
 
