@@ -413,9 +413,10 @@ def test_greedy_docs_drafter_equals_target_alone(engines, tiny_bundle, tmp_path)
     prompts = _prompts(eng, seed, 2)
     deng = _docs_engine(eng, tiny_bundle, prompts, tmp_path, 256, max_new_tokens=48)
     check_greedy_lossless(deng, seed, 2, (1, 3, 8), modes=["docs", "auto"])
-    r = deng.generate(prompts[0], max_new_tokens=48, draft="docs")
-    # it copied the documents: 16 of 48 tokens on x86_64, 10 on emulated aarch64 (the random model's answers
-    # differ there; their text does not always encode back to the same tokens, so not all of it copies)
+    r = deng.generate(prompts[0], max_new_tokens=48, draft="docs", k=8)  # a fixed k: proposes at every match
+    # it copied the documents: 21 of 48 tokens on x86_64 (the random model's answers differ on other CPUs, and
+    # their text does not always encode back to the same tokens, so not all of it copies). A fixed k: an
+    # adaptive one follows the measured step costs, which an emulator or a loaded machine changes
     assert r.stats.accepted_by_source.get("docs", 0) >= 8, r.stats
     deng.close()
 
