@@ -52,7 +52,7 @@ import numpy as np
 from ..models.manifest import ModelFacts
 from ..models.ortcompat import PADDED_QUERIES_KEY
 from .dtypes import NP_DTYPES
-from .slot import CacheFull, Slot, contract_inputs, step_rows
+from .slot import CacheFull, Slot, contract_inputs, out_buffer, step_rows
 from .steptimes import BatchTimes, StepTimes
 
 __all__ = ["BatchTimes", "CacheFull", "ModelRunner", "Slot", "StepTimes", "graph_batches", "step_rows"]
@@ -314,10 +314,10 @@ class ModelRunner:
             bd.bind_cpu_input(f.attention_bias, np.zeros((1, 1, S, width), dtype=self.bias_dtype))
         if self.has_logits_to_keep:
             bd.bind_cpu_input(f.logits_to_keep, np.array([S], dtype=np.int64))
-        arr, ov = self._logits_out(n, S)
+        arr, ov = out_buffer(self.ort, self.logits_bufs, (n, S), (n, S, self.vocab_size), self.logits_dtype)
         bd.bind_ortvalue_output(f.logits, ov)
         if self.has_hidden:  # contract v3: every row's final hidden state [n, S, hidden], as a slot's step
-            harr, hov = self._hidden_out(n, S)
+            harr, hov = out_buffer(self.ort, self.hidden_bufs, (n, S), (n, S, self.facts.hidden_size), np.float32)
             bd.bind_ortvalue_output(f.hidden_states, hov)
         self.session.run_with_iobinding(bd)
         for b, toks in rows.items():
@@ -330,19 +330,6 @@ class ModelRunner:
         self.times.table(n).add(max(len(t) for t in rows.values()), time.perf_counter() - t0)
         return {b: arr[b - lo, : len(toks)].copy() for b, toks in rows.items()}
 
-    def _hidden_out(self, rows: int, n: int):
-        buf = self.hidden_bufs.get((rows, n))
-        if buf is None:
-            arr = np.empty((rows, n, self.facts.hidden_size), dtype=np.float32)
-            buf = self.hidden_bufs[(rows, n)] = (arr, self.ort.OrtValue.ortvalue_from_numpy(arr))
-        return buf
-
-    def _logits_out(self, rows: int, n: int):
-        buf = self.logits_bufs.get((rows, n))
-        if buf is None:
-            arr = np.empty((rows, n, self.vocab_size), dtype=self.logits_dtype)
-            buf = self.logits_bufs[(rows, n)] = (arr, self.ort.OrtValue.ortvalue_from_numpy(arr))
-        return buf
 
     # -- graphs without the padded-queries edit (module docstring) -----------------------------------
     def _one_token_pass(self, rows: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:

@@ -66,6 +66,16 @@ def contract_inputs(facts: ModelFacts, names: set[str]) -> tuple[bool, bool]:
             facts.attention_bias is not None and facts.attention_bias in names)
 
 
+def out_buffer(ort, bufs: dict, key, shape, dtype) -> tuple[np.ndarray, object]:
+    """(array, OrtValue over it) of `shape`, made once per `key` in `bufs` and reused: an output a step
+    binds is written in place, with no allocation per step (every binding of a runner asks this)."""
+    buf = bufs.get(key)
+    if buf is None:
+        arr = np.empty(shape, dtype=dtype)
+        buf = bufs[key] = (arr, ort.OrtValue.ortvalue_from_numpy(arr))
+    return buf
+
+
 class CacheFull(EdgespecError):
     """A step would write past the end of the preallocated cache. Nothing was written."""
 
@@ -84,13 +94,6 @@ class _Graph:
         self._logits, self._hidden = logits, {}
         self._logits_dtype = runner.logits_dtype
 
-    def _out(self, bufs: dict, key, shape, dtype):
-        buf = bufs.get(key)
-        if buf is None:
-            arr = np.empty(shape, dtype=dtype)
-            buf = bufs[key] = (arr, self._ort.OrtValue.ortvalue_from_numpy(arr))
-        return buf
-
     def run(self, s: int, n_logits: int, drop: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Runs the bound step of s tokens plus `drop` trailing copy rows (deterministic mode):
         (logits [n_logits, V], hidden [n_logits, H] or None) of the last n_logits real tokens, views
@@ -100,10 +103,10 @@ class _Graph:
         rows = keep if self.logits_to_keep else s + drop
         if self.logits_to_keep:
             b.bind_cpu_input(f.logits_to_keep, np.array([keep], dtype=np.int64))
-        arr, ov = self._out(self._logits, (1, rows), (1, rows, f.vocab_size), self._logits_dtype)
+        arr, ov = out_buffer(self._ort, self._logits, (1, rows), (1, rows, f.vocab_size), self._logits_dtype)
         b.bind_ortvalue_output(f.logits, ov)
         if self.hidden:
-            harr, hov = self._out(self._hidden, rows, (1, rows, f.hidden_size), np.float32)
+            harr, hov = out_buffer(self._ort, self._hidden, rows, (1, rows, f.hidden_size), np.float32)
             b.bind_ortvalue_output(f.hidden_states, hov)
         self.session.run_with_iobinding(b)
         hidden = harr[0, rows - keep : rows - drop] if self.hidden else None
