@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 from ..core.costmodel import CostModel
@@ -47,6 +48,19 @@ MIN_LEFT = 8.0  # tokens left at least: a reply past the mean length may go on
 SHARE_PRIOR = 0.5  # a model-step source's share of the rounds before any round was seen
 SHARE_STEP = 1.0 / 16.0  # each round moves the share this far toward 1 (it would serve it) or 0: ~16 rounds
 SHARE_FLOOR = 0.05  # a source that served no recent round may still serve the next ones
+
+
+@dataclass
+class AutoEvidence:
+    """What one request's auto hands the next (AutoDrafter.evidence/seed)."""
+
+    posteriors: dict[str, Beta]  # model-step source -> acceptance posterior
+    share: dict[str, float]  # model-step source -> its share of recent rounds
+    reply: float  # mean tokens of the replies so far (faded)
+
+    def forgotten(self) -> "AutoEvidence":
+        """What forget() leaves: the replies' mean length only (it describes the service, not texts)."""
+        return AutoEvidence({}, {}, self.reply)
 
 
 class AutoDrafter(DrafterBase):
@@ -77,14 +91,20 @@ class AutoDrafter(DrafterBase):
         return {"acceptance": {n: b.mean for n, b in self.posteriors.items()}, "share": dict(self.share),
                 "reply_tokens": self.reply}
 
-    def evidence(self) -> dict[str, Beta]:
-        """Its posteriors, for the next request's auto (a batched engine builds one per request)."""
-        return self.posteriors
+    def evidence(self) -> "AutoEvidence":
+        """What the next request's auto starts from (a batched engine builds one per request): its
+        posteriors and shares, and the mean length of its replies (end() has counted this one's)."""
+        return AutoEvidence(self.posteriors, self.share, self.reply)
 
     def seed(self, evidence) -> None:
-        """Starts from a finished request's posteriors (a copy: requests never share them); faded
-        at begin like the serial engine's own."""
-        self.posteriors = copy.deepcopy(evidence) if evidence is not None else {}
+        """Starts from a finished request's evidence (a copy: requests never share it); the posteriors
+        are faded at begin like the serial engine's own."""
+        if evidence is None:
+            self.posteriors, self.share = {}, {}
+            return
+        self.posteriors = copy.deepcopy(evidence.posteriors)
+        self.share = dict(evidence.share)
+        self.reply = evidence.reply
 
     def attach(self, constraint) -> bool:
         """Its grammar source quotes the forced tokens after another source's; its proposals still

@@ -24,7 +24,8 @@ fresh drafters, seeded from what finished requests left:
   slot's requests;
 - the draft heads: one session, a heads drafter per slot over that slot's view of the target (the
   hidden rows of its last verified pass, which the batched pass stores per slot: core/runner.py);
-- `auto`'s acceptance evidence: a new request's auto starts from the last finished request's.
+- `auto`'s evidence (acceptance, shares of rounds, the replies' mean length): a new request's auto
+  starts from the last finished request's.
 
 Every request's drafters are built by the mode table (drafters/modes.py `build_all` over the rows of
 its mode): the same builds as the serial engine's, lent a Kit with the request's index size, the shared
@@ -43,6 +44,7 @@ from typing import Sequence
 from ..core.costmodel import CostModel
 from ..core.runner import StepTimes
 from ..drafters import Drafter, modes
+from ..drafters.auto import AutoEvidence
 from ..drafters.docs import DocsStore
 from ..drafters.recycle import RecycleDrafter
 from ..drafters.suffix_index import SuffixIndex
@@ -175,6 +177,7 @@ class BatchDrafters:
         self.history.start_doc()
         self.history.extend(ctx)
         for name, d in self._parts.pop(drafter, {}).items():
+            d.end(ctx)  # as the serial engine's drafters hear it (auto counts its reply's length)
             ev = d.evidence()
             if ev is not None:
                 self._learned[name] = ev
@@ -187,9 +190,10 @@ class BatchDrafters:
             d.reset()
 
     def forget(self) -> None:
-        """reset_cache(): no history, no learned estimates."""
+        """reset_cache(): no history, no learned estimates (auto keeps its replies' mean length)."""
         self.history.clear()
-        self._learned = {}
+        # auto's replies' mean length describes the service, and survives as the serial auto's does
+        self._learned = {n: ev.forgotten() for n, ev in self._learned.items() if isinstance(ev, AutoEvidence)}
         if self._table is not None:
             self._table.fill(-1)
         for kept in self._kept.values():

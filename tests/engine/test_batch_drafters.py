@@ -3,6 +3,8 @@ request's own text in an index of its own (engine/batch_drafters.py, drafters/su
 docs drafting: one index of the documents read by every request (drafters/docs.py)."""
 from __future__ import annotations
 
+import pytest
+
 from edgespec.core.costmodel import CostModel
 from edgespec.drafters.suffix import SuffixDrafter
 from edgespec.drafters.suffix_index import SEP
@@ -94,18 +96,43 @@ def test_auto_starts_from_the_last_finished_requests_evidence_and_forget_drops_i
     costs = CostModel(times(s1=0.1))
     first, _, _ = bd.for_request("auto", None, costs)
     first.acceptance("model", 0.8)  # the posterior is made from the prior on first use ...
-    first.evidence()["model"].add(2, 30)  # ... then the request shows the draft mostly rejected
-    shown = first.evidence()["model"].mean
+    first.posteriors["model"].add(2, 30)  # ... then the request shows the draft mostly rejected
+    shown = first.posteriors["model"].mean
     assert shown < 0.2
     bd.finished(first, [1, 2, 3])
     second, _, _ = bd.for_request("auto", None, costs)
-    assert second.evidence()["model"] is not first.evidence()["model"]  # a copy: the two never share
+    assert second.posteriors["model"] is not first.posteriors["model"]  # a copy: the two never share
     second.begin([4, 5])
-    b = second.evidence()["model"]
+    b = second.posteriors["model"]
     assert abs(b.mean - shown) < 1e-12 and b.a + b.b < 34 * 0.3  # the same mean, its weight faded
     bd.forget()
     third, _, _ = bd.for_request("auto", None, costs)
-    assert third.evidence() == {}
+    assert third.posteriors == {} and third.share == {}
+
+
+def test_auto_learns_the_replies_length_across_batched_requests_as_the_serial_auto_does():
+    """The serial engine's auto hears every request end and keeps the mean reply length that prices a
+    catch-up (drafters/auto.py `served`); a batched request's auto is built fresh, so the length goes
+    through its evidence. A reset keeps it in both engines: it describes the service, not a text."""
+    from edgespec.drafters.auto import AutoDrafter, REPLY_KEEP, REPLY_PRIOR
+
+    costs = CostModel(times(s1=0.1))
+    serial = AutoDrafter(costs, [])
+    bd = BatchDrafters(suffix_capacity=256, max_len=256)
+    prompt = list(range(10))
+    for reply in (12, 40):  # two requests of 12 and 40 tokens
+        serial.begin(prompt)
+        serial.end(prompt + [7] * reply)
+        d, _, _ = bd.for_request("auto", None, costs)
+        d.begin(prompt)
+        bd.finished(d, prompt + [7] * reply)
+    want = (REPLY_KEEP * (REPLY_KEEP * REPLY_PRIOR + (1 - REPLY_KEEP) * 12) + (1 - REPLY_KEEP) * 40)
+    nxt, _, _ = bd.for_request("auto", None, costs)
+    assert serial.reply == pytest.approx(want) and nxt.reply == pytest.approx(want)
+    bd.forget()
+    serial.forget()
+    after, _, _ = bd.for_request("auto", None, costs)
+    assert after.reply == pytest.approx(want) == serial.reply
 
 
 class _Docs:
