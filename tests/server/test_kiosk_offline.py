@@ -68,10 +68,11 @@ def model(request):
 
 
 class Server:
-    """`edgespec serve BUNDLE --ui` inside the namespace, restartable, its log kept for failures."""
+    """`edgespec serve BUNDLE --ui --parallel N` inside the namespace, restartable, its log kept for failures."""
 
-    def __init__(self, ns: OfflineNamespace, bundle: Path, real: bool, log: Path):
+    def __init__(self, ns: OfflineNamespace, bundle: Path, real: bool, log: Path, parallel: int = 1):
         self.ns, self.bundle, self.real, self.log_path = ns, bundle, real, log
+        self.parallel = parallel
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
@@ -84,7 +85,7 @@ class Server:
                 env["EDGESPEC_TEST_TOKEN_DELAY"] = "0.02"
             env["EDGESPEC_TEST_READY_DELAY"] = str(ready_delay)
         cmd = [sys.executable, "-m", "edgespec", "serve", str(self.bundle), "--ui", "--port", str(PORT),
-               "--threads", "1"]
+               "--threads", "1", "--parallel", str(self.parallel)]
         self.starts += 1
         with open(self.log_path, "a") as log:
             log.write(f"\n===== start {self.starts}: {' '.join(cmd)}\n")
@@ -115,10 +116,12 @@ class Server:
         return "\n".join(self.log_text().splitlines()[-n:])
 
 
-@pytest.fixture(scope="module")
-def server(offline, model, tmp_path_factory):
+@pytest.fixture(scope="module", params=[1, 3], ids=["parallel1", "parallel3"])
+def server(offline, model, tmp_path_factory, request):
+    """The serial engine's server, and the batched one a Jetson serving an app beside the kiosk runs:
+    the page must not tell them apart (stop, a drain, a kill mid-answer)."""
     bundle, real = model
-    s = Server(offline, bundle, real, tmp_path_factory.mktemp("kiosk-server") / "serve.log")
+    s = Server(offline, bundle, real, tmp_path_factory.mktemp("kiosk-server") / "serve.log", request.param)
     yield s
     if s.proc and s.proc.poll() is None:
         s.proc.kill()
@@ -180,7 +183,7 @@ def test_kiosk_offline_end_to_end(offline, server, model, tmp_path):
         try:
             _scenario(page, server, real)
         except BaseException:
-            save_screenshot(page, "kiosk-offline-failure.png")
+            save_screenshot(page, f"kiosk-offline-failure-{server.parallel}.png")
             print("---- edgespec serve log ----\n" + server.log_tail(80))
             print("---- browser console ----\n" + "\n".join(log.console[-40:]))
             raise
@@ -208,7 +211,8 @@ def _scenario(page, server: Server, real: bool) -> None:
     assert len(growth) >= 3 and growth[-1] >= max(growth), f"the answer did not arrive in pieces: {growth}"
     status = page.inner_text("#status")
     assert "tokens/s" in status, status
-    shot = save_screenshot(page, "kiosk-answer.png", also=[DOCS_SHOT] if real and _update_docs_shot() else [])
+    readme = real and server.parallel == 1 and _update_docs_shot()
+    shot = save_screenshot(page, f"kiosk-answer-{server.parallel}.png", also=[DOCS_SHOT] if readme else [])
     print(f"screenshot: {shot}")
 
     # 3. stop mid-answer: the text stops growing, the turn says so, the server cancels
@@ -252,7 +256,7 @@ def _scenario(page, server: Server, real: bool) -> None:
     wait_js(page, "document.querySelector('.turn:last-of-type')?.dataset.state === 'done'", 120_000)
     assert answer_of(page).strip()
     assert "tokens/s" in page.inner_text("#status")
-    save_screenshot(page, "kiosk-recovered.png")
+    save_screenshot(page, f"kiosk-recovered-{server.parallel}.png")
 
 
 def _update_docs_shot() -> bool:
