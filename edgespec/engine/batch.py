@@ -28,14 +28,22 @@ row may flip a near-tie).
 
 Drafting in a batch: every mode of drafters/modes.py, each request with drafters of its own
 (batch_drafters.py: what they share, what a slot keeps); the draft model's steps run batched
-(draft_batch.py), the self-draft's per slot. A tree="on" request's rounds are trees, each verified
+(draft_batch.py), the self-draft's too. A tree="on" request's rounds are trees, each verified
 alone on its slot by the slot's TreeVerifier, beside the round's one batched pass of the other
 requests' chains (round.py); tree="auto" here runs chains (a tree's pass of its own is not priced).
 
 Documents (docs=INDEX) as the serial engine's: a chat turn gets its passages through the same
-engine.read_documents, a declined one is answered at submit, without a slot. The cached reading
-(venue_rows.py) is the serial engine's only: here its turns' passages are quoted and prefilled. A
-pinned system prompt (pin()) is prefilled into every slot, without a copy of its rows.
+engine.read_documents, a declined one is answered at submit, without a slot. A pinned system prompt
+and the cached reading go through the serial engine's pin flow (pinned.pin_system_prompt; pin() here):
+the prompt's rows are computed once, kept as one snapshot and copied into every free slot
+(`hold`); a request admitted to a slot that lost them (another request overwrote it) and that starts
+with the prompt gets them back by a memory copy, as the serial engine's request does. The cached
+reading's passages' rows (venue_rows.py) are computed once in one slot (`compute_venue_rows`: a
+block's positions are the same in every slot) and a turn that qualifies (venue_rows.turn_ids, the
+serial engine's decision) has its passages copied into its slot at admission and prefills only its
+question; the others are quoted and prefilled. `hold` and `compute_venue_rows` (also a reload's
+re-pin, while requests run) take a slot no request holds, between rounds: admission leaves one free
+for them while they wait.
 
 Requests are parsed by the same RequestParser as the serial engine's, and each lives its life in its
 slot as the serial engine's does (sequence.py: prefix reuse, prefill, first token, next k, the
@@ -43,12 +51,14 @@ stop/emit step, final stats); what is the batch's own is here: slots, admission,
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..core.runner import ModelRunner
 from ..core.costmodel import CostModel
@@ -61,7 +71,8 @@ from ..limits import PREFILL_CHUNK
 from . import build, selfdraft
 from .build import Plan
 from .engine import open_knowledge, prepare_request
-from .pinned import PinnedPrefix, fits, prefill_to, prefix_tokens
+from .loop import PrefixCache
+from .pinned import PinnedPrefix, hold_slot, pin_system_prompt
 from .requests import Options, Prepared, Request, RequestParser, Vocabulary, as_prepared, not_loaded
 from .results import GenerationResult, GenerationStats, Stream, Ticket
 from .batch_drafters import BatchDrafters, DraftModel, TargetSlots
@@ -70,6 +81,7 @@ from .round import Conditions, run_round
 from .sequence import Drafting, Sequence, unstarted
 from .settings import Settings
 from .tree_round import TreeVerifier, check_tree_possible
+from .venue_rows import VenueRows, turn_ids
 
 log = logging.getLogger("edgespec.batch")
 
@@ -87,6 +99,8 @@ class _Active:
     costs: CostModel | None = None
     turn: Turn | None = None  # the documents' turn it answers (its result carries the sources)
     tree: TreeVerifier | None = None  # its slot's verifier when it asked for tree="on" (tree_round.py)
+    blocks: tuple[int, ...] = ()  # a turn of the cached reading: its passages, copied in at admission ...
+    rows: VenueRows | None = None  # ... from these rows (the engine's when it was submitted)
 
 
 class BatchEngine:
@@ -106,11 +120,15 @@ class BatchEngine:
         self.prefill_chunk = max(1, min(prefill_chunk, plan.memory.prefill_chunk or PREFILL_CHUNK))
         self.vocab = Vocabulary.of(plan.bundle, plan.bundle.load_tokenizer(), runner.vocab_size)
         self.knowledge = open_knowledge(plan.settings, plan.bundle, self.vocab.tokenizer, runner.max_len)  # docs=INDEX
-        self.pinned: PinnedPrefix | None = None  # serve --system-prompt: pin() prefilled it in every slot
+        self.pinned: PinnedPrefix | None = None  # serve --system-prompt (pinned.py): its rows kept once
+        self.venue_rows: VenueRows | None = None  # the cached reading's passages (venue_rows.py), copied in per turn
+        self.repins_on_reload = False  # pinned.py hooked a re-pin to the documents' reloads
         self._parse = RequestParser(self.vocab, runner.max_len, plan.settings, unavailable=self._unavailable,
                                     tree_check=self._check_tree)
-        self._cached: list[list[int]] = [[] for _ in range(self.slots)]  # what each slot's cache holds
+        self._cached = [PrefixCache() for _ in range(self.slots)]  # what each slot's cache holds
         self._slots = [runner.slot(i) for i in range(self.slots)]  # each slot as one sequence (core/slot.py)
+        self._work = threading.Lock()  # a round, or hold / compute_venue_rows on free slots: one at a time
+        self._reserved = 0  # slots admission leaves free for a hold or compute_venue_rows waiting for one
         # tree="on" requests: a verifier per slot, made at the slot's first such request and kept (what it
         # learnt of runners-up), its trees priced at the slot's own one-row steps (a tree runs alone)
         self._trees: dict[int, TreeVerifier] = {}
@@ -173,6 +191,13 @@ class BatchEngine:
     def max_len(self) -> int:
         return self.runner.max_len
 
+    @property
+    def target(self):
+        """Slot 0 of the target's runner (core/slot.Slot): what the pin flow (pinned.py) reads the
+        graph's facts and the cache's row shapes from, the same in every slot. Steps run on the slots
+        the rounds choose, never through this."""
+        return self._slots[0]
+
     def count_tokens(self, prompt=None, *, messages=None) -> int:
         return len(self.vocab.encode(prompt, messages))
 
@@ -218,10 +243,18 @@ class BatchEngine:
         turn, req = p.turn, p.request
         if req is None:
             return self._declined(turn, on_delta)
+        rows = self.venue_rows  # what turn_ids reads: a reload may replace it meanwhile (see _start)
+        reading = turn_ids(self, p)  # the cached reading (venue_rows.py), as the serial engine decides
+        blocks = ()
+        if reading is not None:
+            blocks, ids = reading
+            req = dataclasses.replace(req, ids=ids)
+        else:
+            rows = None
         with self._cv:
             self._ids += 1
             t = Ticket(self._ids, len(req.ids), on_delta, on_start)
-            self._waiting.append(_Active(t, req, time.perf_counter(), turn=turn))
+            self._waiting.append(_Active(t, req, time.perf_counter(), turn=turn, blocks=blocks, rows=rows))
             self._cv.notify_all()
         return t
 
@@ -237,29 +270,50 @@ class BatchEngine:
         t.done.set()
         return t
 
-    def pin(self, system: str | None) -> PinnedPrefix | None:
-        """`serve --system-prompt` at --parallel N (and, with a whole venue read in the cache, its system
-        turn: knowledge/answer.py): the tokens every conversation with this prompt starts with, prefilled
-        now into every slot, so each slot's prefix reuse skips them from the first conversation on.
-        Requests are not changed: as with the serial engine's pin (pinned.py), a conversation starts with
-        the prompt when it sends it (the kiosk page does). No copy of the rows is kept: a slot a request
-        sharing nothing overwrote reads the prompt again. Only while no request is admitted or waiting."""
-        kn = self.knowledge
-        rendered = kn.system(system) if kn is not None and kn.venue is not None else system
-        tokens, chat = prefix_tokens(self, rendered) if rendered else ([], True)
-        if not tokens:
-            return None
-        if not fits(self, tokens):
-            return None
+    def pin(self, system: str | None, *, save_dir=None) -> PinnedPrefix | None:
+        """`serve --system-prompt` at --parallel N (and the documents' system turn: a whole venue read in
+        the cache, or the cached reading's base and passages): pinned.pin_system_prompt, the serial
+        engine's flow, on this engine (its hold fills every slot). Requests are not changed: a
+        conversation starts with the prompt when it sends it (the kiosk page does). Only while no
+        request is admitted or waiting (a reload's re-pin, which runs any time, waits for a free slot)."""
         with self._cv:
             if self._active or self._waiting:
                 raise InvalidRequest("pin() while requests are running: pin before serving", param=None)
-            for slot in range(self.slots):
-                prefill_to(self._slots[slot], self._cached[slot], tokens, self.prefill_chunk)
-                self._cached[slot] = list(tokens)
-        self.pinned = PinnedPrefix(list(tokens), None, text=system or "", chat=chat)
-        log.info("pinned prefix: %d tokens of system prompt in each of %d slots", len(tokens), self.slots)
-        return self.pinned
+        return pin_system_prompt(self, system, save_dir=save_dir)
+
+    def hold(self, tokens: list[int], rows=None):
+        """Engine.hold for the batch (pinned.py): every slot no request holds gets exactly `tokens`,
+        the first by `rows` written back (ValueError when they do not fit) or prefilled, the others
+        from its snapshot (a memory copy; prefilled each where the cache is not on the host). Returns
+        the snapshot (None: not on the host). Waits for a free slot (see the module docstring)."""
+        with self._free_slots() as free:
+            for slot in free:
+                rows = hold_slot(self._slots[slot], self._cached[slot], tokens, rows, self.pinned, self.prefill_chunk)
+        log.info("pinned prefix: %d tokens in each of %d free slots", len(tokens), len(free))
+        return rows
+
+    def compute_venue_rows(self, rows: VenueRows) -> None:
+        """Engine.compute_venue_rows for the batch: the passages' rows computed once, in one free slot,
+        after the pinned base (any slot's rows: a block's positions are the same in each)."""
+        with self._free_slots() as free:
+            slot = free[0]
+            rows.compute(self._slots[slot], self._cached[slot], self.pinned, self.prefill_chunk)
+
+    @contextmanager
+    def _free_slots(self) -> Iterator[list[int]]:
+        """The slots no request holds (at least one), with no round running while the caller uses them.
+        While it waits for one, admission leaves a slot free, so a running batch's next ending frees it."""
+        with self._cv:
+            self._reserved += 1
+        try:
+            with self._cv:
+                self._cv.wait_for(lambda: len(self._active) < self.slots)
+            with self._work:  # admission (in a round) cannot take the free slot meanwhile: it is reserved
+                yield [s for s in range(self.slots) if s not in self._active]
+        finally:
+            with self._cv:
+                self._reserved -= 1
+                self._cv.notify_all()
 
     def generate(self, prompt: str | None = None, **kw) -> GenerationResult:
         """One request, run to its end on this thread (only while no worker thread runs rounds)."""
@@ -296,11 +350,12 @@ class BatchEngine:
     def reset_cache(self) -> None:
         """Engine.reset_cache for the batch: every slot's cache and the n-gram evidence earlier
         requests left are forgotten. Only between requests: refused while any is admitted or waiting."""
-        with self._cv:
+        with self._work, self._cv:
             if self._active or self._waiting:
                 raise InvalidRequest("reset_cache() while requests are running: wait for them to end", param=None)
             self.runner.reset()
-            self._cached = [[] for _ in range(self.slots)]
+            for c in self._cached:
+                c.clear()
             self._drafters.forget()
 
     def stop(self) -> None:
@@ -311,6 +366,10 @@ class BatchEngine:
 
     def round(self) -> bool:
         """One round (see the module docstring). Returns False when nothing is left to do."""
+        with self._work:
+            return self._round()
+
+    def _round(self) -> bool:
         self._admit()
         for a in list(self._active.values()):
             if a.req.cancel():
@@ -345,7 +404,7 @@ class BatchEngine:
     # -- admission and prefill --------------------------------------------------------------------
     def _admit(self) -> None:
         with self._cv:
-            while self._waiting and len(self._active) < self.slots:
+            while self._waiting and len(self._active) < self.slots - self._reserved:
                 a = self._waiting.popleft()
                 if a.req.cancel():  # gone while waiting
                     a.ticket.result = unstarted(a.req, self.vocab, a.t0)
@@ -353,7 +412,7 @@ class BatchEngine:
                     continue
                 free = [s for s in range(self.slots) if s not in self._active]
                 # the slot holding the longest prefix of this prompt (a returning conversation)
-                slot = max(free, key=lambda s: (common_prefix(self._cached[s], a.req.ids), -s))
+                slot = max(free, key=lambda s: (common_prefix(self._cached[s].tokens, a.req.ids), -s))
                 a.slot = slot
                 self._active[slot] = a
                 self._start(a)
@@ -361,19 +420,24 @@ class BatchEngine:
                     a.ticket.on_start()
 
     def _start(self, a: _Active) -> None:
-        req = a.req
+        req, cache, view = a.req, self._cached[a.slot], self._slots[a.slot]
+        pin, rows = self.pinned, self.venue_rows
+        if pin is not None:  # the slot lost the pinned prefix (another request overwrote it): copied back
+            pin.restore(req.ids, view, cache)
+        if a.blocks and a.rows is rows and pin is not None and pin.tokens == rows.base:
+            rows.arrange(view, cache, req.ids, a.blocks)  # the cached reading: its passages' rows copied in
+        # else (a reload replaced the rows after it was submitted) its assembled tokens are prefilled
         a.costs = self._drafters.costs(a.slot, self.runner.times.table(1))
         d, fallback, k_cap = self._drafters.for_request(req.draft, req.k, a.costs, a.slot)
         a.built = d
         drafter = with_grammar(d, req.constraint)  # under a grammar: its forced tokens first
         drafting = Drafting(drafter, drafter if fallback is d else fallback, k_cap)
         if req.tree == "on":  # its rounds as trees, each verified alone on its slot (engine/round.py)
-            view = self._slots[a.slot]
             a.tree = self._trees.get(a.slot) or self._trees.setdefault(a.slot, TreeVerifier(CostModel(view.times),
                                                                                               view))
-        a.seq = Sequence(req, self._slots[a.slot], self._cached[a.slot], drafting, self.vocab, self.governor,
-                         slot=a.slot, tree=a.tree, t0=a.t0)
-        self._cached[a.slot] = a.seq.ctx  # the slot holds ctx[:length] from here on
+        a.seq = Sequence(req, view, cache.tokens, drafting, self.vocab, self.governor, slot=a.slot, tree=a.tree,
+                         t0=a.t0)
+        cache.tokens = a.seq.ctx  # the slot holds ctx[:length] from here on
 
     def _prefill_chunk(self, a: _Active) -> None:
         self._deliver(a, a.seq.prefill(self.prefill_chunk))
@@ -414,8 +478,7 @@ class BatchEngine:
 
     # -- leaving ------------------------------------------------------------------------------------
     def _end(self, a: _Active) -> None:
-        if a.slot in self._active and self._active[a.slot] is a:
-            del self._active[a.slot]
+        self._leave(a)
         tail = a.seq.tail()
         if tail and a.ticket.on_delta is not None:
             a.ticket.on_delta(tail)
@@ -424,12 +487,18 @@ class BatchEngine:
         a.ticket.result = result if a.turn is None else sourced(result, a.turn)
         a.ticket.done.set()
 
+    def _leave(self, a: _Active) -> None:
+        """Frees its slot (a hold waiting for one hears it)."""
+        with self._cv:
+            if a.slot in self._active and self._active[a.slot] is a:
+                del self._active[a.slot]
+            self._cv.notify_all()
+
     def _fail(self, a: _Active, e: BaseException) -> None:
-        if a.slot in self._active and self._active[a.slot] is a:
-            del self._active[a.slot]
+        self._leave(a)
         if a.slot >= 0:  # the slot's cache may be half-written: forget it
             self.runner.reset(a.slot)
             self._drafters.failed(a.slot, a.built)
-            self._cached[a.slot] = []
+            self._cached[a.slot].clear()
         a.ticket.error = e
         a.ticket.done.set()

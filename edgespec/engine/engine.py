@@ -30,12 +30,13 @@ from ..models.bundle import Bundle
 from . import build, selfdraft
 from .build import Plan
 from .loop import Parts, PrefixCache, decode
-from .pinned import prefill_to
+from .pinned import hold_slot
 from .requests import Options, Prepared, Request, RequestParser, Vocabulary, as_prepared, not_loaded
 from .results import GenerationResult, GenerationStats, Stream
 from .sequence import Drafting
 from .settings import Settings
 from .tree_round import TreeVerifier, check_tree_possible
+from .venue_rows import turn_ids
 
 log = logging.getLogger("edgespec.engine")
 
@@ -187,25 +188,13 @@ class Engine:
         `rows` written back when given (ValueError, the cache untouched, when they do not fit it),
         else what the cache lacks of `tokens` prefilled. Waits for a running request."""
         with self._lock:
-            target = self.target
-            if rows is not None:
-                target.restore(rows)
-            else:
-                if self.pinned is not None:  # a prefix of the pinned one is a memory copy away
-                    self.pinned.restore(tokens, target, self._cache, past=False)
-                prefill_to(target, self._cache.tokens[: target.length], tokens, self.prefill_chunk)
-                rows = target.snapshot(len(tokens))
-            self._cache.tokens = list(tokens)
-            return rows
+            return hold_slot(self.target, self._cache, tokens, rows, self.pinned, self.prefill_chunk)
 
     def compute_venue_rows(self, rows) -> None:
         """Computes a venue's passages' rows (venue_rows.py) after the base the target cache holds
         (the pinned prefix). Waits for a running request."""
         with self._lock:
-            if self.pinned is not None:
-                self.pinned.restore(rows.base, self.target, self._cache, past=False)
-            rows.compute(self.target, self.prefill_chunk)
-            self._cache.tokens = list(rows.base)
+            rows.compute(self.target, self._cache, self.pinned, self.prefill_chunk)
 
     # -- the public calls -------------------------------------------------------------------------
     def generate(self, prompt: str | None = None, **options) -> GenerationResult:
@@ -233,32 +222,11 @@ class Engine:
         turn, req = p.turn, p.request
         if req is None:
             return Stream(declined(turn, self.tokenizer, GenerationResult, GenerationStats), 0)
-        # the cached reading's rows only for passages of the index they were computed from: a turn read
-        # before a reload (it waited in a queue) runs quoted
-        fresh = self.knowledge is not None and p.read == self.knowledge.generation
-        blocks = self._venue_ids(turn, p.options.messages) if fresh else None
+        blocks = turn_ids(self, p)  # the cached reading (venue_rows.py), or None: quoted
         if blocks is not None:
             req = dataclasses.replace(req, ids=blocks[1])
         gen = self._run(req, blocks[0] if blocks is not None else ())
         return Stream(gen if turn is None else with_sources(gen, turn), len(req.ids))
-
-    def _venue_ids(self, turn, messages) -> tuple[tuple[int, ...], list[int]] | None:
-        """A turn of the cached reading (venue_rows.py): (its passages, the request's tokens assembled from
-        the rows' token lists), when it is a single question after the system prompt the rows were
-        computed with (none: the default one); None for anything else, which is quoted and prefilled."""
-        rows, pin = self.venue_rows, self.pinned
-        if rows is None or turn is None or not turn.blocks or pin is None or pin.tokens != rows.base:
-            return None
-        if self.knowledge is None or rows.index is not self.knowledge.index:
-            return None  # a reload's new passages: quoted until their rows are computed
-        system = messages[0].get("content") if messages and messages[0].get("role") == "system" else None
-        users = messages[1:] if system is not None else messages
-        if len(users) != 1 or (system if system is not None else rows.system) != rows.system:
-            return None
-        ids = rows.ids(turn.blocks, turn.question)
-        if ids is None or len(ids) >= self.max_len:
-            return None
-        return turn.blocks, ids
 
     def count_tokens(self, prompt: str | None = None, *, messages=None) -> int:
         return len(self.vocab.encode(prompt, messages))

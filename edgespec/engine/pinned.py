@@ -18,6 +18,13 @@ tokens, other cache shape or dtype) or unreadable is ignored with one log line a
 
     pin = pinned.pin_system_prompt(engine, text, save_dir=edgespec_home() / "pinned")
     engine.pinned = pin          # Engine._run restores it before a request that starts with it
+
+One flow for both engines (the serial Engine, the BatchEngine of --parallel N): pin_system_prompt
+reads and sets the engine's `pinned`, `venue_rows` and `repins_on_reload`, checks rows against
+`engine.target` (the batch's slot 0: every slot's cache has the same shape) and fills the cache
+through `engine.hold(tokens, rows)` and `engine.compute_venue_rows(rows)`. The batch keeps one copy
+of the rows, fills every free slot from it and writes it back into a slot a request overwrote when
+the next request admitted there starts with the prefix (batch.py).
 """
 from __future__ import annotations
 
@@ -80,6 +87,23 @@ def prefill_to(target, held: Sequence[int], tokens: Sequence[int], chunk: int) -
     target.rewind(reuse)
     for i in range(reuse, len(tokens), chunk):
         target.step(tokens[i : i + chunk], 1)
+
+
+def hold_slot(target, cache, tokens: Sequence[int], rows, pinned: PinnedPrefix | None, chunk: int):
+    """Makes one cache slot (target: a core/slot.Slot; cache: its loop.PrefixCache) hold exactly
+    `tokens` and returns the snapshot of their rows (Slot.snapshot; None when the cache is not on
+    the host): `rows` written back when given (ValueError, the slot untouched, when they do not fit
+    it), else what the slot lacks of `tokens` prefilled in chunks of `chunk` (a prefix of the pinned
+    one, `pinned`, is a memory copy away). Engine.hold on its one slot, BatchEngine.hold on each free one."""
+    if rows is not None:
+        target.restore(rows)
+    else:
+        if pinned is not None:
+            pinned.restore(tokens, target, cache, past=False)
+        prefill_to(target, cache.tokens[: target.length], tokens, chunk)
+        rows = target.snapshot(len(tokens))
+    cache.tokens = list(tokens)
+    return rows
 
 
 def fits(engine, tokens: Sequence[int]) -> bool:

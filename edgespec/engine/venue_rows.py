@@ -24,6 +24,11 @@ token for the int4 1.5B's float32 cache: ~350 MB for 6,100 tokens), counted by t
 (build.py). They are saved like the pinned prefix (pinned.py's file, keyed by the bundle, the template
 and every token), so a restart copies instead of computing. A follow-up turn (a conversation with
 earlier turns) and a request with another system prompt are quoted and prefilled as before.
+
+At --parallel N (batch.py) the rows are computed in one slot and kept once, whatever N: a block's
+positions are the same in every slot, so a turn's blocks are copied into whichever slot it is admitted
+to (arrange() remembers what it placed per slot), and turn_ids() decides which turns qualify for both
+engines.
 """
 from __future__ import annotations
 
@@ -51,7 +56,9 @@ class VenueRows:
     encode: Encode
     index: object = None  # the Index whose chunks these are (a reload's new index is not read with them)
     rows: dict[int, tuple[list[np.ndarray], np.ndarray]] = field(default_factory=dict)  # chunk -> (K/V, positions)
-    _placed: list[int] = field(default_factory=list)  # the tokens arrange() last put in the cache
+    # slot index -> the tokens arrange() last put in that slot's cache (the serial engine's is slot 0; a
+    # batch's slots each hold their own turn)
+    _placed: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def tokens(self) -> int:
@@ -79,13 +86,15 @@ class VenueRows:
         return [*self.base, *(t for c in chunks for t in self.blocks[c]), *q, *self.tail]
 
     def arrange(self, target, cache, ids: Sequence[int], chunks: Sequence[int]) -> None:
-        """Makes the target cache hold ids' base and blocks (the base already restored by the pinned
-        prefix): keeps the blocks it still holds from the last arrangement, copies the rest."""
+        """Makes a cache slot (target: a core/slot.Slot; cache: its PrefixCache) hold ids' base and
+        blocks (the base already restored by the pinned prefix): keeps the blocks it still holds from
+        its last arrangement, copies the rest."""
         bounds = [len(self.base)]
         for c in chunks:
             bounds.append(bounds[-1] + len(self.blocks[c]))
+        placed = self._placed.get(target.index, [])
         held = common_prefix(cache.tokens[: target.length], ids)  # blocks only as this object placed them:
-        held = min(held, max(bounds[0], common_prefix(self._placed, ids)))  # never a prefill of the same tokens
+        held = min(held, max(bounds[0], common_prefix(placed, ids)))  # never a prefill of the same tokens
         if held < bounds[0]:
             raise ValueError("venue rows: the cache does not hold the base (pin it first)")
         j = max(i for i, b in enumerate(bounds) if b <= held)
@@ -93,13 +102,17 @@ class VenueRows:
         for c in chunks[j:]:
             kv, pos = self.rows[c]
             target.place(kv, pos)
-        self._placed = list(ids[: bounds[-1]])
+        self._placed[target.index] = list(ids[: bounds[-1]])
         cache.tokens = list(ids[: bounds[-1]])
 
-    def compute(self, target, prefill_chunk: int) -> None:
-        """Every block's rows, after the base (which the target cache holds): one prefill of each
-        block at its layout position, its rows copied out."""
+    def compute(self, target, cache, pinned, prefill_chunk: int) -> None:
+        """Every block's rows, after the base: one prefill of each block at its layout position in
+        one cache slot (target, its PrefixCache `cache`), its rows copied out. The base is written
+        back from `pinned` (pinned.py's PinnedPrefix of it) when the slot lost it; the slot holds
+        the base after. The rows are any slot's: a block's positions are the same in every slot."""
         n0 = len(self.base)
+        if pinned is not None:
+            pinned.restore(self.base, target, cache, past=False)
         if target.length < n0:
             raise ValueError("venue rows: the target cache does not hold the base")
         for c, p in self.layout().items():
@@ -109,6 +122,7 @@ class VenueRows:
                 target.step(toks[i : i + prefill_chunk], 1, position=p if i == 0 else None)
             self.rows[c] = target.rows(n0, n0 + len(toks))
         target.rewind(n0)
+        cache.tokens = list(self.base)
 
     # -- saved next to the pinned prefix (pinned.py's format: the tokens, the rows, a checksum) ------
     def all_tokens(self) -> list[int]:
@@ -127,6 +141,31 @@ class VenueRows:
             n = len(self.blocks[c])
             self.rows[c] = ([r[:, :, at : at + n] for r in rows], np.arange(p, p + n, dtype=np.int64))
             at += n
+
+
+def turn_ids(engine, p) -> tuple[tuple[int, ...], list[int]] | None:
+    """A prepared request (requests.Prepared) as a turn of the cached reading: (its passages, the
+    request's tokens assembled from the rows' token lists) when it is a single question after the
+    system prompt the engine's rows (engine.venue_rows) were computed with (none: the default one),
+    its passages read from the index the rows were computed from; None for anything else, which is
+    quoted and prefilled. Both engines (engine.py, batch.py) decide here, so a turn is read the same
+    way at every --parallel. `engine`: its knowledge, venue_rows, pinned and max_len."""
+    kn, rows, pin, turn = engine.knowledge, engine.venue_rows, engine.pinned, p.turn
+    if kn is None or rows is None or turn is None or not turn.blocks or pin is None or pin.tokens != rows.base:
+        return None
+    # a turn read before a reload (it waited in a queue), or a reload's new passages before their rows
+    # are computed: quoted
+    if p.read != kn.generation or rows.index is not kn.index:
+        return None
+    messages = p.options.messages
+    system = messages[0].get("content") if messages and messages[0].get("role") == "system" else None
+    users = messages[1:] if system is not None else messages
+    if len(users) != 1 or (system if system is not None else rows.system) != rows.system:
+        return None
+    ids = rows.ids(turn.blocks, turn.question)
+    if ids is None or len(ids) >= engine.max_len:
+        return None
+    return turn.blocks, ids
 
 
 def plan(system: str, index, encode_turn: Callable[[str], list[int] | None], head: list[int],

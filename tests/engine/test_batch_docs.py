@@ -1,6 +1,7 @@
 """The venue's documents and the pinned system prompt in the batched engine (docs=INDEX, parallel=3):
 each question answered with the serial engine's text and sources, a declined one without the model,
-three at once; the system prompt prefilled in every slot and reused by each."""
+three at once; the system prompt's rows kept once, in every slot, reused by each and copied back into a
+slot another request overwrote."""
 from __future__ import annotations
 
 import pytest
@@ -94,13 +95,43 @@ def test_a_completion_is_not_retrieved_for(batch):
 def test_a_pinned_system_prompt_is_in_every_slot_and_reused(serial, batch):
     pin = batch.pin(SYSTEM)
     tokens, chat = prefix_tokens(batch, SYSTEM)
-    assert pin.tokens == tokens and pin.text == SYSTEM and chat and pin.rows is None
+    assert pin.tokens == tokens and pin.text == SYSTEM and chat and pin.source == "prefill"
+    # its rows kept once (the serial engine's snapshot: key_0, value_0, ... of the prompt's tokens)
+    assert len(pin.rows) == 2 * batch.bundle.target.layers and {r.shape[2] for r in pin.rows} == {len(tokens)}
     assert batch.runner.lengths == [len(tokens)] * 3
     want = [_alone(serial, q, SYSTEM) for q in ASKS]
     got, _, _ = _three_at_once(batch, SYSTEM)
     for i, (g, w) in enumerate(zip(got, want)):
         assert g.text == w.text and _docs(g) == _docs(w), i
     assert [g.stats.cached_tokens for g in got[:2]] == [len(tokens)] * 2  # each slot skipped the prompt's prefill
+
+
+def test_a_slot_another_request_overwrote_gets_the_pinned_prompt_back_by_copy(serial, batch, monkeypatch):
+    pin = batch.pin(SYSTEM)
+    n = len(pin.tokens)
+    copies = dict.fromkeys(range(3), 0)  # slot -> snapshots written back into it (Slot.restore)
+    for s in range(3):
+        view = batch.runner.slot(s)
+
+        def restore(rows, s=s, real=view.restore):
+            copies[s] += 1
+            real(rows)
+
+        monkeypatch.setattr(view, "restore", restore)
+    others = [batch.submit(f"unrelated text number {i} that shares nothing", max_new_tokens=2) for i in range(3)]
+    while batch.round():
+        pass
+    assert [t.wait(0).stats.cached_tokens for t in others] == [0, 0, 0]  # every slot overwritten
+    assert all(batch.runner.slot(s).length < n for s in range(3))
+    want = [_alone(serial, q, SYSTEM) for q in ASKS]
+    got, _, _ = _three_at_once(batch, SYSTEM)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.token_ids == w.token_ids and _docs(g) == _docs(w), i
+    # the two answered questions found their slots without the prompt: each got its rows back by one copy
+    # and prefilled only its turn (the declined third never took a slot)
+    assert sorted(copies.values()) == [0, 1, 1]
+    assert [g.stats.cached_tokens for g in got[:2]] == [n, n]
+    assert [g.stats.prompt_tokens for g in got[:2]] == [w.stats.prompt_tokens for w in want[:2]]
 
 
 def test_pin_is_refused_while_requests_wait(batch):

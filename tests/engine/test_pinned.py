@@ -104,6 +104,29 @@ def test_a_saved_prefix_starts_a_restart_warm_and_a_corrupt_one_is_ignored(eng, 
     eng.pinned = None
 
 
+def test_a_batch_pins_by_the_same_flow_and_shares_the_saved_rows(eng, tiny_bundle, tmp_path):
+    """--parallel 2: pin_system_prompt fills every slot from one snapshot, saved under the serial
+    engine's key, so either engine's restart loads what the other saved."""
+    from edgespec.engine.batch import BatchEngine
+
+    eng.reset_cache()
+    serial = pin_system_prompt(eng, SYSTEM, save_dir=tmp_path)
+    batch = BatchEngine.open(tiny_bundle, parallel=2, max_len=256, warmup=False, draft="none")
+    try:
+        pin = pin_system_prompt(batch, SYSTEM, save_dir=tmp_path)
+        n = len(pin.tokens)
+        assert pin.source == "file" and pin.tokens == serial.tokens and batch.pinned is pin
+        assert batch.runner.lengths == [n, n]
+        for x, y in zip(serial.rows, pin.rows):
+            np.testing.assert_array_equal(x, y)
+        want = eng.generate(messages=visitor("Where is the map?"), max_new_tokens=6, draft="none")
+        got = batch.generate(messages=visitor("Where is the map?"), max_new_tokens=6)
+        assert got.token_ids == want.token_ids and got.stats.cached_tokens == n
+    finally:
+        batch.close()
+    eng.pinned = None
+
+
 def test_a_stale_saved_prefix_is_ignored(eng, tmp_path, caplog):
     eng.reset_cache()
     other = pin_system_prompt(eng, "Answer in German.", save_dir=tmp_path)

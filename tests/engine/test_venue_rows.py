@@ -3,20 +3,28 @@ copied in after the pinned base for a visitor's turn, which then prefills only i
 the tiny model: rows placed from elsewhere are the rows a step computes there; a turn prefills only the
 question and every drafter writes what the target alone writes from that cache; the second visitor's
 other passages and the first's again give the first's answer; follow-ups and other system prompts are
-quoted as before; a reload recomputes; a saved file is reused, and a corrupt one recomputed."""
+quoted as before; a reload recomputes; a saved file is reused, and a corrupt one recomputed. At
+--parallel 3 (batch.py) three turns at once copy their passages as the serial engine's turn does and
+answer as it does, also in slots other requests overwrote; turns that do not qualify are quoted; a
+reload while a request runs re-pins the free slots."""
 from __future__ import annotations
 
+import contextlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from edgespec.core.runner import CacheFull
 from edgespec.engine import Engine
+from edgespec.engine.batch import BatchEngine
 from edgespec.engine.pinned import pin_system_prompt
 from edgespec.knowledge import answer
 from edgespec.knowledge.answer import tokenizer_sha256
 from edgespec.knowledge.index import build_index
+
+from helpers.batch import generate_all
 
 SYSTEM = "Kiosk."
 PAGES = {"tickets.md": "# Tickets\n\nA family ticket costs 35 euros.\n",
@@ -31,15 +39,14 @@ def _index(tiny_bundle, pages, out, **kw):
     build_index([pages], out, tok, tokenizer_sha256(tiny_bundle), **kw)
 
 
-@pytest.fixture(scope="module")
-def cached_engine(tiny_bundle, tmp_path_factory):
-    """The tiny model reads 512 positions: a three-page venue, short templates (its tokenizer spells
-    most words letter by letter), a small turn room."""
+@contextlib.contextmanager
+def _tiny_venue(tmp_path_factory):
+    """The tiny model reads 512 positions: a three-page venue (its index path), short templates (its
+    tokenizer spells most words letter by letter), a small turn room; the patches last the block."""
     pages = tmp_path_factory.mktemp("pages")
     for name, text in PAGES.items():
         (pages / name).write_text(text)
     out = tmp_path_factory.mktemp("venue") / "venue.idx"
-    _index(tiny_bundle, pages, out, cached=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(answer, "TURN_ROOM", 64)
         mp.setattr(answer, "PREAMBLE", "Passages:")
@@ -47,6 +54,13 @@ def cached_engine(tiny_bundle, tmp_path_factory):
         from edgespec.engine import venue_rows
 
         mp.setattr(venue_rows, "PREAMBLE", "Passages:")
+        yield pages, out
+
+
+@pytest.fixture(scope="module")
+def cached_engine(tiny_bundle, tmp_path_factory):
+    with _tiny_venue(tmp_path_factory) as (pages, out):
+        _index(tiny_bundle, pages, out, cached=True)
         eng = Engine.open(tiny_bundle, docs=str(out), warmup=False, draft="auto")
         eng.test_pages = pages
         eng.test_save = tmp_path_factory.mktemp("pinned")
@@ -58,6 +72,11 @@ def cached_engine(tiny_bundle, tmp_path_factory):
 def _ask(eng, question, **kw):
     kw.setdefault("draft", "none")
     return eng.generate(messages=[{"role": "user", "content": question}], max_new_tokens=kw.pop("n", 8), **kw)
+
+
+def _turns(questions, n=8, **kw):
+    """BatchEngine.submit's arguments for single-question turns (helpers.batch.generate_all)."""
+    return [{"messages": [{"role": "user", "content": q}], "max_new_tokens": n, **kw} for q in questions]
 
 
 # -- the runner -----------------------------------------------------------------------------------------
@@ -207,3 +226,105 @@ def test_the_memory_plan_counts_every_passage_s_rows(cached_engine):
     assert counted % per_token == 0
     # an estimate from the index's counts, before any tokenizer loads (this tokenizer spells titles letter by letter)
     assert abs(counted // per_token - rows.tokens) <= 0.1 * rows.tokens, (counted // per_token, rows.tokens)
+
+
+# -- at --parallel 3 (batch.py) ---------------------------------------------------------------------------
+ASKS = ["How much is a family ticket?", "Does the cafe sell soup?", "When is it open daily?"]
+EXACT = {"warmup": False, "draft": "none", "deterministic": True, "verify": False}  # bitwise at any batch
+
+
+@pytest.fixture(scope="module")
+def cached_pair(tiny_bundle, tmp_path_factory):
+    """The serial engine and a 3-slot BatchEngine on one cached index, each pinned by the same flow."""
+    with _tiny_venue(tmp_path_factory) as (pages, out):
+        _index(tiny_bundle, pages, out, cached=True)
+        serial = Engine.open(tiny_bundle, docs=str(out), **EXACT)
+        batch = BatchEngine.open(tiny_bundle, docs=str(out), parallel=3, **EXACT)
+        for eng in (serial, batch):
+            pin_system_prompt(eng, None)
+        batch.test_pages = pages
+        yield serial, batch
+        serial.close()
+        batch.close()
+
+
+def _sources(r):
+    """The files of a result's sources, by name."""
+    return [Path(s["file"]).name for s in r.docs["sources"]]
+
+
+def _question_only(rows, question: str) -> int:
+    """The prompt tokens a turn of the cached reading prefills: its question and the template's end."""
+    return len(rows.encode(f"Question: {question}")) + len(rows.tail)
+
+
+def test_three_turns_at_once_copy_their_passages_and_answer_as_the_serial_engine(cached_pair):
+    serial, batch = cached_pair
+    rows = batch.venue_rows
+    assert sorted(rows.rows) == [0, 1, 2] and batch.pinned.tokens == rows.base
+    assert batch.runner.lengths == [len(rows.base)] * 3  # the base in every slot, the passages' rows aside
+    assert serial.venue_rows.all_tokens() == rows.all_tokens()
+    want = [_ask(serial, q) for q in ASKS]
+    assert [_sources(w)[0] for w in want] == ["tickets.md", "cafe.md", "hours.md"]
+    # drafting changes nothing: a fixed k, lossless from the assembled cache
+    got = generate_all(batch, [*_turns(ASKS[:1], draft="ngram", k=3), *_turns(ASKS[1:2], draft="suffix", k=3),
+                               *_turns(ASKS[2:])])
+    for q, g, w in zip(ASKS, got, want):
+        assert g.token_ids == w.token_ids and _sources(g) == _sources(w), q
+        assert g.stats.prompt_tokens == w.stats.prompt_tokens, q  # the same assembled prompt
+        # only the question prefilled, as the serial engine's turn: the base and the passages were copied
+        assert g.stats.prompt_tokens - g.stats.cached_tokens == _question_only(rows, q), q
+        assert w.stats.prompt_tokens - w.stats.cached_tokens == _question_only(rows, q), q
+    # every slot overwritten by a request sharing nothing: the base and the passages come back by copy
+    others = generate_all(batch, [{"prompt": f"unrelated text {i} overwrites the slot", "max_new_tokens": 2}
+                                  for i in range(3)])
+    assert [o.stats.cached_tokens for o in others] == [0, 0, 0]
+    again = generate_all(batch, _turns(ASKS[::-1]))
+    for q, g, w in zip(ASKS[::-1], again, want[::-1]):
+        assert g.token_ids == w.token_ids and g.stats.prompt_tokens - g.stats.cached_tokens == _question_only(rows, q)
+
+
+def test_turns_that_do_not_qualify_are_quoted_at_three_slots(cached_pair):
+    serial, batch = cached_pair
+    follow = [{"role": "user", "content": "How much is a family ticket?"}, {"role": "assistant", "content": "35."},
+              {"role": "user", "content": "and the cafe?"}]
+    other = [{"role": "system", "content": "Another kiosk."}, {"role": "user", "content": ASKS[0]}]
+    asks = [{"messages": follow, "max_new_tokens": 6}, {"messages": other, "max_new_tokens": 6},
+            *_turns(ASKS[:1], n=6)]
+    want = [serial.generate(**a) for a in asks]
+    got = generate_all(batch, asks)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.token_ids == w.token_ids and _sources(g) == _sources(w) and g.docs["sources"], i
+        assert g.stats.prompt_tokens == w.stats.prompt_tokens, i
+    n_base = len(batch.venue_rows.base)
+    assert got[0].stats.prompt_tokens - got[0].stats.cached_tokens > 40  # the follow-up's passages prefilled
+    assert got[1].stats.cached_tokens < n_base  # another system prompt: nothing of the base reused
+    assert got[2].stats.prompt_tokens - got[2].stats.cached_tokens == _question_only(batch.venue_rows, ASKS[0])
+
+
+def test_a_reload_while_a_request_runs_re_pins_the_free_slots(cached_pair, tmp_path):
+    serial, batch = cached_pair
+    want = _ask(serial, ASKS[0]).token_ids
+    (tmp_path / "shop.md").write_text("# Shop\n\nIt sells postcards.\n")
+    for name, text in PAGES.items():
+        (tmp_path / name).write_text(text)
+    old = batch.venue_rows
+    running = batch.submit(**_turns(ASKS[:1])[0])
+    batch.round()  # admitted: its passages copied from the rows of before the reload
+    assert batch.active == 1
+    _index(batch.bundle.root, tmp_path, batch.knowledge.path, cached=True)
+    try:
+        for eng in (batch, serial):
+            eng.knowledge.reload()  # the hook re-pins: the batch's base and passages in its two free slots
+        assert batch.venue_rows is not old and sorted(batch.venue_rows.rows) == [0, 1, 2, 3]
+        while batch.round():
+            pass
+        assert running.wait(0).token_ids == want
+        shop = "Does the shop sell postcards?"
+        got, w = generate_all(batch, _turns([shop]))[0], _ask(serial, shop)
+        assert _sources(got)[0] == "shop.md" and got.token_ids == w.token_ids
+        assert got.stats.prompt_tokens - got.stats.cached_tokens == _question_only(batch.venue_rows, shop)
+    finally:
+        _index(batch.bundle.root, batch.test_pages, batch.knowledge.path, cached=True)
+        for eng in (batch, serial):
+            eng.knowledge.reload()

@@ -274,13 +274,11 @@ def engine_opener(path, settings, system: str | None) -> Callable[[], Any]:
             from ...engine.batch import BatchEngine
 
             eng = BatchEngine.open(path, settings)
-            if system is not None or (eng.knowledge is not None and eng.knowledge.venue is not None):
-                eng.pin(system)
-            return eng
-        from ...engine import Engine
+        else:
+            from ...engine import Engine
 
-        eng = Engine.open(path, settings)
-        if system is not None or (eng.knowledge is not None and eng.knowledge.in_cache):
+            eng = Engine.open(path, settings)
+        if system is not None or (eng.knowledge is not None and eng.knowledge.in_cache):  # one pin flow for both
             from ...engine.pinned import pin_system_prompt
             from ...models.files import edgespec_home
 
