@@ -12,6 +12,7 @@ import pytest
 
 from edgespec.core import speculative, tree as treelib
 from edgespec.engine import Engine
+from edgespec.engine import batch as batch_mod
 from edgespec.engine.batch import BatchEngine
 from edgespec.engine import round as round_mod
 
@@ -158,6 +159,40 @@ def test_auto_in_a_batch_ranks_the_loaded_heads_and_self_draft(setups, name):
     got = [t.wait(0) for t in tickets]
     assert _differences(refs, got) == []
     assert sources and all(name in s for s in sources), sources
+
+
+def test_a_round_of_three_self_drafting_slots_runs_one_self_draft_pass_a_step(setups, monkeypatch):
+    """The self-draft's steps batched across slots (engine/draft_batch.py over the self-draft's runner):
+    in a round where 3 requests draft with it at a fixed k, the layer-skipped session runs once a draft
+    step, each pass over every slot still drafting: max(k) runs, where one slot at a time is sum(k)
+    (9 for three at k=3). Counted, not timed; the replies are still the target alone's."""
+    be = setups["self"][1][3]
+    skips = be.self_pair.skips
+    runs, passes, rounds = [0], [], []
+    real_run, real_step, real_round = skips.session.run_with_iobinding, skips.step, batch_mod.run_round
+
+    def counting(bd):
+        runs[0] += 1
+        return real_run(bd)
+
+    def round_counting(target, seqs, cond):
+        r0, p0 = runs[0], len(passes)
+        out = real_round(target, seqs, cond)
+        rounds.append(({s.slot: s.k for s in seqs}, runs[0] - r0, passes[p0:]))
+        return out
+
+    monkeypatch.setattr(skips.session, "run_with_iobinding", counting)
+    monkeypatch.setattr(skips, "step", lambda rows: passes.append(sorted(rows)) or real_step(rows))
+    monkeypatch.setattr(batch_mod, "run_round", round_counting)
+    refs, got = _run(setups, "self", 3)
+    assert _differences(refs, got) == []
+    full = [r for r in rounds if len(r[0]) == 3 and min(r[0].values()) > 0]
+    assert len(full) >= 10, rounds
+    assert [n for ks, n, _ in full] == [max(ks.values()) for ks, _, _ in full]  # one pass a draft step
+    turns = [[sorted(s for s, k in ks.items() if k > j) for j in range(max(ks.values()))] for ks, _, _ in full]
+    assert [p for _, _, p in full] == [[t for t in ts if len(t) > 1] for ts in turns]  # each over every slot
+    # still drafting (a slot drafting alone steps on its own view, no batched pass)
+    assert sum(n for _, n, _ in full) < sum(sum(ks.values()) for ks, _, _ in full)
 
 
 @pytest.mark.parametrize("name", list(FEATURES))

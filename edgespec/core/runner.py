@@ -10,8 +10,16 @@ overwritten by the next step. The buffers are slot-major, so slots [lo, hi) are 
 a step of some slots binds that block by its address (CPU and GPU alike) and pays for those rows only.
 
 One sequence runs on a slot through its view, `runner.slot(b)` (core/slot.py: chains, trees,
-placed rows, snapshots, hidden rows, the self-draft). Slot 0 of a one-slot runner binds the whole
-cache: the serial engine's path.
+placed rows, snapshots, hidden rows). Slot 0 of a one-slot runner binds the whole cache: the serial
+engine's path.
+
+The self-draft (drafters/self.py) is a runner too: `runner.skip(session, kept)` is the layer-skipped
+graph over this runner's cache, the `kept` layers' buffers bound to its own KV names, with lengths of
+its own (where each slot's next draft step writes) and the target's rotary positions. Its slots are
+core/slot.SkipGraph views; its `step(rows)` drafts for several slots in one pass, as the draft
+model's does (engine/draft_batch.py). A slot of its block that drafts nothing in a pass sits at its
+target's length: on a graph without the padded-queries edit its padding is written there, past
+what the target holds, never over a row it reads.
 
 A batched step (`step(rows)`) feeds every slot of the block the same number S of input tokens: slot
 b's real tokens (s_b of them, 0 for an idle slot) right-padded to S. The graph learns which tokens are
@@ -52,7 +60,7 @@ import numpy as np
 from ..models.manifest import ModelFacts
 from ..models.ortcompat import PADDED_QUERIES_KEY
 from .dtypes import NP_DTYPES
-from .slot import CacheFull, Slot, contract_inputs, out_buffer, step_rows
+from .slot import CacheFull, SkipGraph, Slot, contract_inputs, out_buffer, step_rows
 from .steptimes import BatchTimes, StepTimes
 
 __all__ = ["BatchTimes", "CacheFull", "ModelRunner", "Slot", "StepTimes", "graph_batches", "step_rows"]
@@ -74,6 +82,15 @@ def _why_per_row(facts: ModelFacts, version: str) -> str:
     return f"{facts.path} was exported before the batching edit: re-export it with this edgespec for one pass"
 
 
+def _cache(ort, shape: tuple[int, ...], dtype, device: str, device_id: int, n: int) -> tuple[list | None, list]:
+    """n zeroed cache buffers of `shape`: (host arrays or None off the CPU, their OrtValues in binding
+    order: key_0, value_0, key_1, ...)."""
+    if device != "cpu":
+        return None, [ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, device, device_id) for _ in range(n)]
+    arrays = [np.zeros(shape, dtype=dtype) for _ in range(n)]  # host buffers (OrtValues wrap them)
+    return arrays, [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+
+
 def graph_batches(session) -> bool:
     """Whether the graph marks padded queries (export/graph_batch.py): needed for N > 1 slots."""
     try:
@@ -91,7 +108,9 @@ class ModelRunner:
     every row of the slot, as its own chain step would store them)."""
 
     def __init__(self, session, facts: ModelFacts, max_len: int, slots: int = 1, *, device: str = "cpu",
-                 device_id: int = 0, deterministic: bool = False):
+                 device_id: int = 0, deterministic: bool = False, target: ModelRunner | None = None,
+                 layers: Sequence[int] | None = None):
+        """target, layers: the self-draft's (`skip`): its graph runs on target's cache, `layers` of it."""
         import onnxruntime as ort
 
         if max_len < 2:
@@ -100,7 +119,9 @@ class ModelRunner:
             raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
         # whether a step of several multi-token rows is one pass (the padded-queries edit), or a pass per row
         self.one_pass = slots == 1 or graph_batches(session)
-        if not self.one_pass:
+        self.target = target  # the runner whose cache this one's graph runs on (the self-draft's), or None
+        self.layers = None if layers is None else list(layers)  # the cache layers its graph binds (None: all)
+        if not self.one_pass and target is None:
             log.info("batched verify runs a pass per row: %s", _why_per_row(facts, ort.__version__))
         self.ort = ort
         self.session, self.facts, self.slots = session, facts, slots
@@ -113,27 +134,23 @@ class ModelRunner:
         self.has_logits_to_keep = facts.logits_to_keep is not None and facts.logits_to_keep in names
         # contract v2/v3: per-token positions and the attention bias (v3 cuda has no bias: core/slot.py)
         self.bind_positions, self.bind_bias = contract_inputs(facts, names)
-        self.has_hidden = facts.hidden_states is not None and facts.hidden_states in {
-            o.name for o in session.get_outputs()}
+        self.has_hidden = target is None and facts.hidden_states is not None and facts.hidden_states in {
+            o.name for o in session.get_outputs()}  # a self-draft's rows are drafts: no head reads them
         kv_dtype = NP_DTYPES[facts.kv_dtype]
         self.bias_dtype = kv_dtype  # GQA's attention_bias has the attention's float type (= the cache's)
         self.logits_dtype = NP_DTYPES[facts.logits_dtype]
-        # a spare row for a padded full row's mark (several slots), one for a copy (deterministic mode)
-        rows = self.cache_rows = self.max_len + (1 if slots > 1 else 0) + (1 if deterministic else 0)
-        shape = (slots, facts.kv_heads, rows, facts.head_dim)
-        self.arrays: list[np.ndarray] | None = [] if device == "cpu" else None  # host buffers (OrtValues wrap them)
-        self.kv: list = []  # OrtValues, in binding order: key_0, value_0, key_1, ...
-        for _ in range(facts.layers * 2):
-            if device == "cpu":
-                arr = np.zeros(shape, dtype=kv_dtype)
-                self.arrays.append(arr)
-                self.kv.append(ort.OrtValue.ortvalue_from_numpy(arr))
-            else:
-                self.kv.append(ort.OrtValue.ortvalue_from_shape_and_type(list(shape), kv_dtype, device, device_id))
+        if target is None:
+            # a spare row for a padded full row's mark (several slots), one for a copy (deterministic mode)
+            rows = self.cache_rows = self.max_len + (1 if slots > 1 else 0) + (1 if deterministic else 0)
+            self.arrays, self.kv = _cache(ort, (slots, facts.kv_heads, rows, facts.head_dim), kv_dtype, device,
+                                          device_id, facts.layers * 2)
+            self.positions = np.tile(np.arange(rows, dtype=np.int64), (slots, 1))  # [N, rows]: each row's position
+            self.shifted = [False] * slots  # rows and positions may differ (place, step(position=))
+        else:  # the target's buffers and positions (the same objects): a draft step follows its slot's rows
+            rows = self.cache_rows = target.cache_rows
+            self.arrays, self.kv, self.positions, self.shifted = target.arrays, target.kv, target.positions, target.shifted
         # per-slot state
-        self.lengths = [0] * slots  # tokens each slot's cache holds
-        self.positions = np.tile(np.arange(rows, dtype=np.int64), (slots, 1))  # [N, rows]: each row's position
-        self.shifted = [False] * slots  # rows and positions may differ (place, step(position=))
+        self.lengths = [0] * slots  # tokens each slot's cache holds (the self-draft's: where its next step writes)
         self.hidden_rows: list[tuple[np.ndarray, int, list[int]] | None] = [None] * slots  # (rows, first pos, tokens)
         self.ones = np.ones((1, rows), dtype=np.int64)  # a one-row step's attention_mask, sliced per step
         self._zeros = np.zeros(0, dtype=kv_dtype)  # grown on demand up to _ZERO_BIAS_CAP elements
@@ -141,6 +158,7 @@ class ModelRunner:
         self.hidden_bufs: dict[tuple[int, int], tuple[np.ndarray, object]] = {}  # the batched pass's hidden rows
         self._bindings: dict[tuple[int, int], object] = {}
         self._views: dict[int, Slot] = {}
+        self._skips: dict[tuple[int, tuple[int, ...]], ModelRunner] = {}
 
     # -- bindings ---------------------------------------------------------------------------------
     def binding(self, lo: int, hi: int, *, session=None, layers: Sequence[int] | None = None):
@@ -151,7 +169,7 @@ class ModelRunner:
         if session is None:
             b = self._bindings.get((lo, hi))
             if b is None:
-                b = self._bindings[(lo, hi)] = self.binding(lo, hi, session=self.session)
+                b = self._bindings[(lo, hi)] = self.binding(lo, hi, session=self.session, layers=self.layers)
             return b
         f = self.facts
         b = session.io_binding()
@@ -172,13 +190,23 @@ class ModelRunner:
         return b
 
     def slot(self, b: int) -> Slot:
-        """Slot b as one sequence (core/slot.py), made once."""
+        """Slot b as one sequence (core/slot.py; a self-draft's: a SkipGraph), made once."""
         if not 0 <= b < self.slots:
             raise ValueError(f"slot {b} is not in [0, {self.slots})")
         v = self._views.get(b)
         if v is None:
-            v = self._views[b] = Slot(self, b)
+            v = self._views[b] = Slot(self, b) if self.target is None else SkipGraph(self, b)
         return v
+
+    def skip(self, session, kept: Sequence[int]) -> ModelRunner:
+        """The layer-skipped graph `session` over this runner's cache, its `kept` layers (the
+        self-draft: module docstring), as a runner of as many slots; made once per session and layers."""
+        key = (id(session), tuple(kept))
+        r = self._skips.get(key)
+        if r is None:  # it holds the session: the key's id stays its own
+            r = self._skips[key] = ModelRunner(session, self.facts, self.max_len, self.slots, device=self.device,
+                                               device_id=self.device_id, target=self, layers=kept)
+        return r
 
     def pass_range(self, slots) -> tuple[int, int]:
         """The slots [lo, hi) a pass over these active slots runs: the block from the lowest to the
@@ -207,7 +235,7 @@ class ModelRunner:
         for s in range(self.slots) if slot is None else (slot,):
             self.lengths[s] = 0
             self.hidden_rows[s] = None
-            if self.shifted[s]:
+            if self.shifted[s] and self.target is None:  # a self-draft's positions are its target's
                 self.positions[s] = np.arange(self.cache_rows, dtype=np.int64)
                 self.shifted[s] = False
 
@@ -234,7 +262,7 @@ class ModelRunner:
         self.reset()
 
     def kv_bytes(self) -> int:
-        return self.facts.kv_bytes_per_token() * self.cache_rows * self.slots
+        return 0 if self.target is not None else self.facts.kv_bytes_per_token() * self.cache_rows * self.slots
 
     # -- batched steps -----------------------------------------------------------------------------
     def _padded(self, toks) -> np.ndarray:
@@ -261,6 +289,11 @@ class ModelRunner:
         if len(rows) == 1:
             ((slot, toks),) = rows.items()
             return {slot: self.slot(slot).step(toks, len(toks)).copy()}  # the whole cache's binding for one slot
+        if self.target is not None:  # the self-draft: a slot of the block not drafting sits at its target's length
+            lo, hi = self.pass_range(rows)
+            for b in range(lo, hi):
+                if b not in rows:
+                    self.lengths[b] = self.target.lengths[b]
         padded = {slot: self._padded(toks) for slot, toks in rows.items()}
         S = max(len(t) for t in padded.values())
         if not self.one_pass:

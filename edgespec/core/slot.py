@@ -1,5 +1,5 @@
-"""One sequence on one cache slot of a ModelRunner (core/runner.py): `Slot`, and `SkipGraph`, the
-layer-skipped self-draft graph bound on a slot's own buffers.
+"""One sequence on one cache slot of a ModelRunner (core/runner.py): `Slot`, and `SkipGraph`, a slot of
+the layer-skipped self-draft's runner, bound on the target slot's own buffers.
 
 A Slot is a view: its state (length, rotary positions, the last step's hidden rows) is the
 runner's per-slot state, its host cache is `arr[b:b+1]` of the runner's buffers, and its steps run
@@ -29,11 +29,13 @@ row, past `length`, is never read: every position is computed on the same path, 
 cache held or the drafter proposed. The cache gets one spare row for that copy.
 
 The self-draft (drafters/self.py): its graph keeps the target's KV input/output names for the layers
-it keeps, and `slot.skip(session, kept)` binds that slot's buffers of those layers to them. A draft
+it keeps, and its runner (`runner.skip(session, kept)`, core/runner.py) binds the target's buffers of
+those layers to them; `slot.skip(session, kept)` is that runner's slot of the same index. A draft
 step at position L writes the kept layers' row L of the target's cache; the verify of the same round
 overwrites it (it writes rows L..L+k of every layer). Rows before L are the target's exact ones, so
 a draft reads the true past rather than its own approximation of it: nothing to sync, rewind or
-prefill. Its weights are the target's (core/shared_weights.py).
+prefill. Its weights are the target's (core/shared_weights.py). Its runner's `step(rows)` drafts for
+several slots in one pass (engine/draft_batch.py drives it as it drives the draft model's).
 """
 from __future__ import annotations
 
@@ -160,8 +162,9 @@ class Slot:
         return self.facts.kv_bytes_per_token() * self.max_len_rows
 
     def skip(self, session, kept: Sequence[int]) -> "SkipGraph":
-        """The layer-skipped graph `session` on this slot's buffers of the `kept` layers (module docstring)."""
-        return SkipGraph(self, session, kept)
+        """The layer-skipped graph `session` on this slot's buffers of the `kept` layers: this slot of
+        the runner's self-draft runner (module docstring)."""
+        return self.runner.skip(session, kept).slot(self.index)
 
     # -- the last chain step's hidden rows (contract v3) --------------------------------------------
     @property
@@ -352,43 +355,26 @@ class Slot:
         self.runner.reset(self.index)
 
 
-class SkipGraph:
-    """The self-draft graph on a slot's own KV buffers, kept layers only (module docstring).
+class SkipGraph(Slot):
+    """Slot `index` of a self-draft's runner (ModelRunner.skip): the layer-skipped graph on the target
+    slot's own KV buffers, kept layers only (module docstring).
 
     `length` is where the next draft step writes; the drafter sets it to the target's length
     before each proposal (rows at and past the target's length belong to nobody until the verify
     writes them). Its steps are chains at the target slot's positions, never deterministic-mode
-    copies (the verify decides every token)."""
+    copies (the verify decides every token). It trees, places, snapshots and compacts nothing: the
+    cache is the target's."""
 
-    deterministic = False
-    has_hidden = False
+    def __init__(self, runner, index: int):
+        super().__init__(runner, index)
+        self.target = runner.target.slot(index)  # the target's slot whose buffers it drafts on
+        self.kept = runner.layers
+        self.supports_tree, self._kv_np = False, None  # no trees, placed rows, snapshots or compaction
 
-    def __init__(self, target: Slot, session, kept: Sequence[int]):
-        r = target.runner
-        self.target, self.session, self.kept = target, session, list(kept)
-        self.facts, self.max_len, self.vocab_size = target.facts, target.max_len, target.vocab_size
-        self.length = 0
-        self.times = StepTimes()
-        binding = r.binding(target.index, target.index + 1, session=session, layers=self.kept)
-        self._graph = _Graph(r, session, binding, {}, hidden=False)
+    def _set_length(self, n: int) -> None:
+        self.runner.lengths[self.index] = int(n)
 
-    @property
-    def free(self) -> int:
-        return self.max_len - self.length
+    length = Slot.length.setter(_set_length)
 
     def kv_bytes(self) -> int:
         return 0  # the target's buffers
-
-    def step(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
-        """A draft step at `length` (logits [n_logits, V], a view of a reused buffer)."""
-        out, _ = self.target._chain(self._graph, self.length, tokens, n_logits, None, False, self.times)
-        self.length += len(tokens)
-        return out
-
-    def rewind(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot rewind a cache of {self.length} tokens to {length}")
-        self.length = length
-
-    def reset(self) -> None:
-        self.length = 0

@@ -19,9 +19,10 @@ fresh drafters, seeded from what finished requests left:
   rebuilt when they are reloaded), read by every request's docs drafter and written by none;
 - the draft model: one ModelDrafter per slot, kept across the slot's requests (its cache, its
   calibration), drafting through the batched draft step (engine/draft_batch.py);
-- the self-draft (an engine opened with draft="self"): the target's layer-skipped graph bound on each
-  slot's own buffers (engine/selfdraft.py SelfPair.skip), a SelfDrafter per slot, kept across the
-  slot's requests;
+- the self-draft (an engine opened with draft="self"): the target's layer-skipped graph as a runner
+  over the target's cache, each slot's self-draft on that slot's own buffers (engine/selfdraft.py
+  SelfPair.skip), a SelfDrafter per slot, kept across the slot's requests, drafting through one
+  batched step of that runner for every slot drafting with it (engine/draft_batch.py);
 - the draft heads: one session, a heads drafter per slot over that slot's view of the target (the
   hidden rows of its last verified pass, which the batched pass stores per slot: core/runner.py);
 - `auto`'s evidence (acceptance, shares of rounds, the replies' mean length): a new request's auto

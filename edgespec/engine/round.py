@@ -8,10 +8,11 @@ The serial engine (loop.decode) runs every round as a batch of one; the batched 
 1. limits: the governor's (max k, free drafts only, no drafts, pacing), read once per round; under
    "free drafts only" a sequence whose drafter uses a model drafts with its free fallback instead;
 2. propose: each sequence's drafter proposes at most its k tokens (`Seq.k`, already capped by the
-   cache and max_new_tokens), cut at the first id past the usable vocabulary. With
-   `Conditions.drafts` (the batched engine), the drafters that step a model propose as step plans
-   (drafters/base.py) driven together in lockstep (engine/draft_batch.py: one batched draft step a
-   turn for every sequence drafting); without (the serial engine), each proposes with a plain call.
+   cache and max_new_tokens), cut at the first id past the usable vocabulary. Where several
+   sequences' drafters step a model (a batched engine), they propose as step plans (drafters/base.py)
+   driven together in lockstep (`Conditions.drafts`, by default engine/draft_batch.run_plans: one
+   batched step a turn per draft runner, the draft model's or the self-draft's, for every sequence
+   drafting with it); a sequence alone (the serial engine) proposes with a plain call.
    A sequence with a tree verifier of its own (`Conditions.verifier(slot)`: the serial engine's, or
    in a batch the slot's of a tree="on" request) proposes through it and may widen its proposal
    into a tree (engine/tree_round.py);
@@ -43,6 +44,7 @@ from ..core.proposal import EMPTY, Proposal
 from ..core.sampling import SamplingParams
 from ..core.speculative import Round, usable_draft
 from ..drafters.base import Drafter, StepPlan
+from .draft_batch import run_plans
 from .results import GenerationStats
 from .round_shape import RowPlan, choose_width
 
@@ -124,7 +126,7 @@ class Conditions:
     # (a batched engine: the slots whose requests asked for trees); a sequence with one may verify a tree
     tree: object = None
     pass_seconds: Callable[[int], float] | None = None  # a batched pass's seconds by width (round_shape.py)
-    drafts: Drafts | None = None  # proposals whose model steps run batched
+    drafts: Drafts | None = None  # drives proposals whose model steps run batched (None: draft_batch.run_plans)
 
     def verifier(self, slot: int):
         """The tree verifier of the sequence in `slot` (None: it verifies chains)."""
@@ -159,9 +161,9 @@ def run_round(target: Target, seqs: Sequence[Seq], cond: Conditions) -> list[Rou
             prop, draft, trees[i] = tv.propose(drafters[i], s.ctx, ks[i], s.params, s.rng, usable, s.tree)
             made[i] = (prop, draft)
     wants = [i for i, (d, k) in enumerate(zip(drafters, ks)) if k > 0 and d.uses_model and tvs[i] is None]
-    if cond.drafts is not None and len(wants) > 1:
+    if len(wants) > 1:
         plans = [drafters[i].propose_steps(seqs[i].ctx, ks[i], seqs[i].params, seqs[i].rng) for i in wants]
-        for i, p in zip(wants, cond.drafts.run(plans)):
+        for i, p in zip(wants, cond.drafts.run(plans) if cond.drafts is not None else run_plans(plans)):
             made[i] = (p, usable_draft(p, ks[i], usable))
     props = []
     for i, (s, k) in enumerate(zip(seqs, ks)):

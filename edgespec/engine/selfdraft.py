@@ -1,6 +1,8 @@
 """Opening the target and its self-draft on shared weights (drafters/self.py, core/shared_weights.py,
 core/slot.py's SkipGraph): the target as a ModelRunner of one slot (the serial engine) or of N (a
-batched engine), and the layer-skipped session, bound on any slot's own buffers (`SelfPair.skip`)."""
+batched engine), and the layer-skipped session as a runner over the target's cache (`SelfPair.skips`,
+core/runner.py ModelRunner.skip): slot b's self-draft is its slot b (`SelfPair.skip`), and a batched
+engine's round drafts for every slot drafting with it in one pass of it (engine/draft_batch.py)."""
 from __future__ import annotations
 
 import logging
@@ -24,16 +26,11 @@ class SelfPair:
     choice: SkipChoice
     weights: SharedWeights
     model: ModelRunner  # the target's runner, all its slots
-    session: object  # the layer-skipped graph's session
-    kept: list[int]  # the layers it keeps
+    skips: ModelRunner  # the self-draft's runner over the target's cache, all its slots (model.skip)
 
     def skip(self, b: int) -> SkipGraph:
         """The self-draft on slot b's own buffers (slot 0's is `runner`)."""
-        if b == 0:
-            return self.runner
-        graph = self.model.slot(b).skip(self.session, self.kept)
-        graph.shared_weights = self.weights  # the weights live as long as any of its graphs
-        return graph
+        return self.skips.slot(b)
 
 
 def open_pair(model_path: Path, facts: ModelFacts, max_len: int, choice: SkipChoice, *, providers=None,
@@ -72,13 +69,12 @@ def open_pair(model_path: Path, facts: ModelFacts, max_len: int, choice: SkipCho
                               configure=lambda so: weights.configure(so, names, folder=folder),
                               flavor=facts.graph_flavor(), **kw)
     model = ModelRunner(tsess, facts, max_len, slots, device=device, deterministic=deterministic)
-    target = model.slot(0)
     kept = [i for i in range(facts.layers) if i not in set(choice.skip)]
-    runner = target.skip(dsess, kept)
+    skips = model.skip(dsess, kept)
     # both sessions read the weights from memory these arrays own (OrtValues borrow it): they must
-    # live as long as either session does
-    target.shared_weights = runner.shared_weights = weights
-    return SelfPair(target, runner, choice, weights, model, dsess, kept)
+    # live as long as either session does, so as either runner (every slot view holds its runner)
+    model.shared_weights = skips.shared_weights = weights
+    return SelfPair(model.slot(0), skips.slot(0), choice, weights, model, skips)
 
 
 # --- engine wiring -------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Lossless like every drafter (greedy token-identical to the target alone, sampling by chi-square), on
 the 6-layer tiny bundle and the 2-layer one; the KV sharing (a self round writes the target's own
-buffers, and after the verify the target cache equals a fresh prefill); the weight sharing, asserted
+buffers, and after the verify the target cache equals a fresh prefill); several slots drafting in
+one pass of the self-draft's runner, each proposing what it proposes alone; the weight sharing, asserted
 structurally (every weight either session runs on is a view of the one memory map of the target's
 data file, and neither session prepacks a copy); the manifest's skip choice and its fallback.
 """
@@ -227,6 +228,71 @@ def test_self_round_writes_the_target_cache_and_the_verify_repairs_it(tiny_deep_
         np.testing.assert_array_equal(g, w[:, :, : g.shape[2], :])
 
 
+# --- several slots in one pass (engine/draft_batch.py over the self-draft's runner) ------------------
+CTXS = [[5, 17, 33, 9, 100, 7], [250, 31, 8], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]  # one per slot
+
+
+def _three_slots(tiny_deep_bundle, monkeypatch):
+    """A 3-slot target holding each CTXS[b][:-1] in slot b, its self-draft's runner, the usable vocab and
+    a list counting the self-draft session's runs."""
+    b = Bundle.open(tiny_deep_bundle)
+    pair = open_pair(b.model_path("target"), b.target, 64, skip_for(b.target), slots=3)
+    for slot, ctx in enumerate(CTXS):
+        pair.model.slot(slot).step(ctx[:-1], 1)
+    runs = []
+    real = pair.skips.session.run_with_iobinding
+    monkeypatch.setattr(pair.skips.session, "run_with_iobinding", lambda bd: runs.append(1) or real(bd))
+    return pair, b.manifest.tokenizer.usable_vocab, runs
+
+
+def test_three_slots_draft_in_one_pass_what_each_drafts_alone(tiny_deep_bundle, monkeypatch):
+    """Three SelfDrafters' plans driven together (run_plans) propose the tokens each proposes alone,
+    at one self-draft pass a draft step (4 runs for k=4, where alone they are 12), every pass over
+    the three slots; the target's cache lengths are untouched."""
+    from edgespec.engine.draft_batch import run_plans
+
+    pair, usable, runs = _three_slots(tiny_deep_bundle, monkeypatch)
+    drafters = [SelfDrafter(pair.skip(slot), usable, None, adaptive=False) for slot in range(3)]
+    alone = [d.propose(ctx, 4, SamplingParams(), make_rng(0)) for d, ctx in zip(drafters, CTXS)]
+    assert len(runs) == 12
+    passes = []
+    real_step = pair.skips.step
+    monkeypatch.setattr(pair.skips, "step", lambda rows: passes.append(sorted(rows)) or real_step(rows))
+    runs.clear()
+    together = run_plans([d.propose_steps(ctx, 4, SamplingParams(), make_rng(0)) for d, ctx in zip(drafters, CTXS)])
+    assert (len(runs), passes) == (4, [[0, 1, 2]] * 4)
+    assert [p.tokens for p in together] == [p.tokens for p in alone]
+    assert all(len(p.tokens) == 4 and p.source == "self" for p in together)
+    for a, t in zip(alone, together):
+        np.testing.assert_allclose(t.conf, a.conf, rtol=1e-4, atol=1e-5)
+    assert [pair.model.lengths[slot] for slot in range(3)] == [len(ctx) - 1 for ctx in CTXS]
+    assert [pair.skip(slot).length for slot in range(3)] == [len(ctx) + 3 for ctx in CTXS]
+
+
+@pytest.mark.parametrize("one_pass", [True, False])
+def test_a_slot_not_drafting_keeps_its_target_rows(tiny_deep_bundle, monkeypatch, one_pass):
+    """Slots 0 and 2 draft in one pass; slot 1, between them, drafts nothing: its target rows are
+    untouched, with the padded-queries edit (nothing written) and without it (its padding is written at
+    its target's length, past what the target holds), and its self-draft sits at that length."""
+    pair, _, runs = _three_slots(tiny_deep_bundle, monkeypatch)
+    n = len(CTXS[1]) - 1
+    before = [a[1, :, :n].copy() for a in pair.model.arrays]
+    pair.skips.one_pass = one_pass
+    for slot in (0, 2):
+        pair.skip(slot).length = pair.model.lengths[slot]
+    got = pair.skips.step({0: [CTXS[0][-1]], 2: [CTXS[2][-1]]})
+    assert len(runs) == 1 and sorted(got) == [0, 2] and got[0].shape == (1, pair.model.vocab_size)
+    for x, a in zip(before, pair.model.arrays):
+        np.testing.assert_array_equal(x, a[1, :, :n])
+    assert pair.skip(1).length == n == pair.model.lengths[1]
+    for slot in (0, 2):  # the rows each slot's self-draft computes alone
+        skip = pair.skip(slot)
+        skip.length = pair.model.lengths[slot]
+        alone = skip.step([CTXS[slot][-1]], 1)
+        assert int(np.argmax(alone[0])) == int(np.argmax(got[slot][0]))
+        np.testing.assert_allclose(got[slot], alone, rtol=1e-4, atol=1e-5)
+
+
 # --- the weight sharing, structurally --------------------------------------------------------------
 def test_both_sessions_run_on_one_memory_map_of_the_weights(tiny_deep_bundle, monkeypatch):
     seen = []
@@ -309,7 +375,7 @@ def test_tied_embedding_transpose_is_folded_once_and_shared(tied_bundle, monkeyp
     monkeypatch.setattr(SharedWeights, "configure", spy)
     ref = Engine.open(tied_bundle, max_len=64, draft="none")
     eng = Engine.open(tied_bundle, max_len=64, draft="self")
-    w = eng.self_runner.shared_weights
+    w = eng.self_runner.runner.shared_weights  # the self-draft's runner holds them
     assert w.folded == ["/model/embed_tokens/Transpose/output_0"]
     assert not any(n.op_type == "Transpose" and n.input[0] in w.arrays for n in w.proto.graph.node)
     assert seen[0] is None and w.folded[0] in seen[1]  # the target gets all; the draft gets the folded one too

@@ -1,6 +1,7 @@
-"""The draft model's steps of a round's proposals run in lockstep (engine/draft_batch.py), on a fake
-ModelRunner: which rows share a step follows from the plans alone, a long catch-up runs alone, a
-failing plan or step fails alone, each plan gets what it would alone, and no thread is started."""
+"""The draft steps of a round's proposals run in lockstep (engine/draft_batch.py), on fake
+ModelRunners: which rows share a step follows from the plans alone, one pass per runner (the draft
+model's, the self-draft's), a long catch-up runs alone, a failing plan or step fails alone, each plan
+gets what it would alone, and no thread is started."""
 from __future__ import annotations
 
 import threading
@@ -10,7 +11,7 @@ import pytest
 
 from edgespec.core.steptimes import BatchTimes
 from edgespec.drafters.base import drive
-from edgespec.engine.draft_batch import SHORT_ROW, DraftBatch
+from edgespec.engine.draft_batch import SHORT_ROW, DraftBatch, run_plans
 
 V = 8
 
@@ -131,13 +132,24 @@ def test_a_failing_step_is_raised_in_the_plans_of_its_rows_only():
     assert runner.passes == [{0: 1, 2: 1}, {0: 1}]  # the short rows' plans ran on
 
 
-def test_a_step_on_a_foreign_or_doubled_slot_is_refused_to_its_plan():
-    runner = FakeRunner(2)
+def test_each_runner_steps_its_own_slots_in_one_pass_and_a_doubled_slot_is_refused():
+    """The draft model's slots and another runner's (the self-draft's) in one turn: one pass of each,
+    each plan getting its own runner's rows; a view of no runner steps alone."""
+    runner, other = FakeRunner(3), FakeRunner(3)
     db = DraftBatch(runner)
-    with pytest.raises(ValueError, match="not a slot of this draft batch's runner"):
-        db.run([_drafting(FakeRunner(2).slot(0), 0, [1]), _drafting(db.slot(1), 0, [1])])
+    got = run_plans([_drafting(db.slot(0), 1, [1]), _drafting(other.slot(0), 1, [1]), _drafting(db.slot(2), 0, [3]),
+                     _drafting(other.slot(2), 1, [3])])
+    assert runner.passes == [{0: 1, 2: 1}, {0: 1}] and other.passes == [{0: 1, 2: 1}, {0: 1, 2: 1}]
+    assert got == [[1, 1], [1, 1], [5], [5, 7]]
+
+    class Loose:  # one sequence's interface and nothing more
+        def step(self, tokens, n_logits=1):
+            return np.eye(V, dtype=np.float32)[[(tokens[-1] + 3) % V]]
+
+    runner.passes.clear()
+    assert run_plans([_drafting(Loose(), 1, [1]), _drafting(db.slot(1), 0, [1])]) == [[4, 7], [2]]
     assert runner.passes == [{1: 1}]
-    with pytest.raises(ValueError, match="no other proposal of the turn steps"):
+    with pytest.raises(ValueError, match="a slot another proposal of the turn steps"):
         db.run([_drafting(db.slot(0), 0, [1]), _drafting(db.slot(0), 0, [2])])
 
 
