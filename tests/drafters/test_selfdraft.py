@@ -237,6 +237,7 @@ def _three_slots(tiny_deep_bundle, monkeypatch):
     a list counting the self-draft session's runs."""
     b = Bundle.open(tiny_deep_bundle)
     pair = open_pair(b.model_path("target"), b.target, 64, skip_for(b.target), slots=3)
+    assert pair.skips.one_pass and pair.model.one_pass  # the cut graph keeps the padded-queries mark
     for slot, ctx in enumerate(CTXS):
         pair.model.slot(slot).step(ctx[:-1], 1)
     runs = []
