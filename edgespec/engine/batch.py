@@ -1,4 +1,5 @@
-"""Several requests at once: continuous batching with speculation over one ModelRunner with a slot per request.
+"""One or several requests at once: continuous batching with speculation over one ModelRunner with a
+slot per request (slots >= 1: the serial Engine is this engine with one slot, issue 62).
 
     be = BatchEngine.open("bundles/qwen-coder", parallel=4)     # any Settings field (engine/settings.py)
     t1 = be.submit("def fib(n):", max_new_tokens=64)            # validated and tokenized now
@@ -10,8 +11,10 @@ A round (one call of `round()`):
 1. admit: waiting requests take free slots, preferring the slot whose cache holds the longest
    prefix of the prompt (a returning conversation); the slot is rewound to that prefix;
 2. cancelled requests (client gone, timeout, shutdown) leave and free their slot;
-3. prefill: one chunk (at most `prefill_chunk` tokens) of the oldest request still reading its
-   prompt, so the requests already generating keep streaming while a long prompt is read;
+3. prefill: one chunk of the oldest request still reading its prompt: at most `prefill_chunk`
+   tokens (BATCH_PREFILL_CHUNK) while other requests are generating, so they keep streaming while a
+   long prompt is read; the plan's chunk (`plan_chunk`, the serial engine's) while none is, and then
+   the whole prompt in this round: nobody waits for its chunks;
 4. decode: every generating request proposes (its own drafter, its own k from the cost model
    priced at this batch size), the round's width is chosen for the batch as a whole (round_shape.py:
    the pass is as wide as its longest row; adaptive rows are cut to the width with the most expected
@@ -28,12 +31,23 @@ row may flip a near-tie).
 
 Drafting in a batch: every mode of drafters/modes.py, each request with drafters of its own
 (batch_drafters.py: what they share, what a slot keeps); the draft model's steps run batched
-(draft_batch.py), the self-draft's too. A tree="on" request's rounds are trees, each verified
-alone on its slot by the slot's TreeVerifier, beside the round's one batched pass of the other
-requests' chains (round.py); tree="auto" here runs chains (a tree's pass of its own is not priced).
+(draft_batch.py), the self-draft's too; each slot's drafting is priced every round at the round's
+batch width (batch_drafters.price: the verify, the draft model's step, the self-draft's step).
+
+Trees: with one slot, every request gets the slot's TreeVerifier, priced as the serial engine's
+(the slot's cost model: the target's and the draft's step times), so tree="auto" trees when the cost
+model says a tree pays, as the serial engine does. With several, a tree="on" request's rounds are
+trees, each verified alone on its slot by the slot's TreeVerifier (priced at the slot's one-row
+steps), beside the round's one batched pass of the other requests' chains (round.py); tree="auto"
+there runs chains (a tree's pass of its own is not priced beside the other rows).
+
+warmup() (from_plan, when settings.warmup) times the target's steps up to k_max + 1 tokens at every
+batch width, the draft model's and the self-draft's batched steps, and every slot's kept drafters'
+(their warmup(), as the serial engine's), then forgets every cache. cached() is slot 0's tokens, and
+drafter_state() / load_drafter_state() what the drafters have learnt (the bench's lineages).
 
 Documents (docs=INDEX) as the serial engine's: a chat turn gets its passages through the same
-engine.read_documents, a declined one is answered at submit, without a slot. A pinned system prompt
+prepare.read_documents, a declined one is answered at submit, without a slot. A pinned system prompt
 and the cached reading go through the serial engine's pin flow (pinned.pin_system_prompt; pin() here):
 the prompt's rows are computed once, kept as one snapshot and copied into every free slot
 (`hold`); a request admitted to a slot that lost them (another request overwrote it) and that starts
@@ -70,7 +84,7 @@ from ..knowledge.answer import Turn, declined, sourced
 from ..limits import PREFILL_CHUNK
 from . import build, selfdraft
 from .build import Plan
-from .engine import open_knowledge, prepare_request
+from .prepare import open_knowledge, prepare_request
 from .loop import PrefixCache
 from .pinned import PinnedPrefix, hold_slot, pin_system_prompt
 from .requests import Options, Prepared, Request, RequestParser, Vocabulary, as_prepared, not_loaded
@@ -98,7 +112,7 @@ class _Active:
     built: Drafter | None = None  # the drafter batch_drafters built for it (before a grammar wraps it)
     costs: CostModel | None = None
     turn: Turn | None = None  # the documents' turn it answers (its result carries the sources)
-    tree: TreeVerifier | None = None  # its slot's verifier when it asked for tree="on" (tree_round.py)
+    tree: TreeVerifier | None = None  # its slot's verifier (tree_round.py): one slot's, or tree="on"
     blocks: tuple[int, ...] = ()  # a turn of the cached reading: its passages, copied in at admission ...
     rows: VenueRows | None = None  # ... from these rows (the engine's when it was submitted)
 
@@ -117,7 +131,8 @@ class BatchEngine:
         self.governor = governor
         self.memory_plan = plan.memory
         self.model_name = plan.bundle.name
-        self.prefill_chunk = max(1, min(prefill_chunk, plan.memory.prefill_chunk or PREFILL_CHUNK))
+        self.plan_chunk = max(1, plan.memory.prefill_chunk or PREFILL_CHUNK)  # the serial engine's chunk
+        self.prefill_chunk = min(max(1, prefill_chunk), self.plan_chunk)  # while other requests are generating
         self.vocab = Vocabulary.of(plan.bundle, plan.bundle.load_tokenizer(), runner.vocab_size)
         self.knowledge = open_knowledge(plan.settings, plan.bundle, self.vocab.tokenizer, runner.max_len)  # docs=INDEX
         self.pinned: PinnedPrefix | None = None  # serve --system-prompt (pinned.py): its rows kept once
@@ -129,8 +144,8 @@ class BatchEngine:
         self._slots = [runner.slot(i) for i in range(self.slots)]  # each slot as one sequence (core/slot.py)
         self._work = threading.Lock()  # a round, or hold / compute_venue_rows on free slots: one at a time
         self._reserved = 0  # slots admission leaves free for a hold or compute_venue_rows waiting for one
-        # tree="on" requests: a verifier per slot, made at the slot's first such request and kept (what it
-        # learnt of runners-up), its trees priced at the slot's own one-row steps (a tree runs alone)
+        # a verifier per slot, made at the slot's first request that gets one and kept (what it learnt of
+        # runners-up): one slot's every request (see _verifier), several slots' tree="on" requests
         self._trees: dict[int, TreeVerifier] = {}
         self._waiting: deque[_Active] = deque()
         self._active: dict[int, _Active] = {}  # slot -> request
@@ -179,12 +194,10 @@ class BatchEngine:
                                      providers=p.draft_providers if p.draft_providers is not None
                                      else p.providers, threads=p.threads, profile=p.profile, shared_threads=True,
                                      deterministic=s.deterministic)
-        if s.warmup:
-            runner.warmup()
-            if draft is not None:
-                draft.warmup(max_s=2)  # a draft step is 1 token, 2 with a catch-up
         be = cls(p, runner, governor=build.governor(p, spinning=True), draft=draft, self_pair=pair, heads=heads)
         be._check_tree(s.tree)
+        if s.warmup:
+            be.warmup()
         return be
 
     @property
@@ -197,6 +210,55 @@ class BatchEngine:
         graph's facts and the cache's row shapes from, the same in every slot. Steps run on the slots
         the rounds choose, never through this."""
         return self._slots[0]
+
+    def cached(self) -> list[int]:
+        """The tokens whose K/V slot 0 holds now (Engine.cached: what the next request can reuse, the
+        one-slot engine's cache)."""
+        with self._work:
+            return list(self._cached[0].tokens[: self._slots[0].length])
+
+    def warmup(self, k_max: int = 4) -> None:
+        """Engine.warmup for the batch: the target's steps of 1..k_max + 1 tokens twice at every batch
+        width (the first run of a shape pays one-off allocations, the second is what the cost model
+        keeps; one slot: slot 0's, the serial engine's steps), the draft model's and the self-draft's
+        batched steps at every width (several slots), every slot's kept drafters' warmup(); then every
+        cache is forgotten (each slot empty, the drafters' caches reset). Only between requests."""
+        with self._work, self._cv:
+            if self._active or self._waiting:
+                raise InvalidRequest("warmup() while requests are running: wait for them to end", param=None)
+            self.runner.warmup(max_s=min(k_max + 1, self.max_len - 1))
+            if self.slots > 1:  # one slot: its drafters' own warmup() below times the same steps
+                if self._draft_batch is not None:
+                    self._draft_batch.runner.warmup(max_s=2)  # a draft step is 1 token, 2 with a catch-up
+                if self.self_pair is not None:
+                    self.self_pair.skips.warmup(max_s=1)  # it never catches up
+            self._drafters.warmup(self.slots, self.runner.times.table(1))
+            self._forget_caches()
+
+    def _forget_caches(self) -> None:
+        """Every slot empty, and what the drafters held of it forgotten (their learning kept)."""
+        self.runner.reset()
+        if self._draft_batch is not None:
+            self._draft_batch.runner.reset()
+        for c in self._cached:
+            c.clear()
+        self._drafters.reset()
+
+    def drafter_state(self):
+        """What the drafters have learnt (batch_drafters.BatchDrafters.state: the evidence by mode, the
+        recycle table, each slot's kept drafters'), for load_drafter_state: the bench's lineages
+        (bench/lineage.py) let each mode learn as if it were the engine's only one."""
+        with self._work:
+            return self._drafters.state()
+
+    def load_drafter_state(self, state) -> None:
+        """Back to what drafter_state() returned (the shared history of finished requests is not in it)."""
+        with self._work:
+            self._drafters.load_state(state)
+
+    def draft_slot(self, i: int):
+        """Slot i of the draft model's runner (core/slot.Slot), None when the draft is not loaded."""
+        return self._draft_batch.slot(i) if self._draft_batch is not None else None
 
     def count_tokens(self, prompt=None, *, messages=None) -> int:
         return len(self.vocab.encode(prompt, messages))
@@ -227,9 +289,10 @@ class BatchEngine:
     # -- requests ---------------------------------------------------------------------------------
     def prepare(self, prompt: str | None = None, **options) -> Prepared:
         """Engine.prepare for the batch, on the caller's thread: the options are Engine.stream's
-        (requests.Options); tree "on" verifies that request's rounds as trees on its slot, "auto"
-        and "off" run chains. With documents (docs=INDEX) a chat turn reads its passages as the serial engine's
-        does (engine.prepare_request)."""
+        (requests.Options); tree "on" verifies that request's rounds as trees on its slot; "auto"
+        trees when the cost model says a tree pays with one slot, and runs chains with several. With
+        documents (docs=INDEX) a chat turn reads its passages as the serial engine's does
+        (prepare.prepare_request)."""
         return prepare_request(self.knowledge, Options(prompt=prompt, **options), self._parse, self.count_tokens,
                                self.max_len)
 
@@ -288,7 +351,7 @@ class BatchEngine:
         the snapshot (None: not on the host). Waits for a free slot (see the module docstring)."""
         with self._free_slots() as free:
             for slot in free:
-                rows = hold_slot(self._slots[slot], self._cached[slot], tokens, rows, self.pinned, self.prefill_chunk)
+                rows = hold_slot(self._slots[slot], self._cached[slot], tokens, rows, self.pinned, self.plan_chunk)
         log.info("pinned prefix: %d tokens in each of %d free slots", len(tokens), len(free))
         return rows
 
@@ -297,7 +360,7 @@ class BatchEngine:
         after the pinned base (any slot's rows: a block's positions are the same in each)."""
         with self._free_slots() as free:
             slot = free[0]
-            rows.compute(self._slots[slot], self._cached[slot], self.pinned, self.prefill_chunk)
+            rows.compute(self._slots[slot], self._cached[slot], self.pinned, self.plan_chunk)
 
     @contextmanager
     def _free_slots(self) -> Iterator[list[int]]:
@@ -432,15 +495,29 @@ class BatchEngine:
         a.built = d
         drafter = with_grammar(d, req.constraint)  # under a grammar: its forced tokens first
         drafting = Drafting(drafter, drafter if fallback is d else fallback, k_cap)
-        if req.tree == "on":  # its rounds as trees, each verified alone on its slot (engine/round.py)
-            a.tree = self._trees.get(a.slot) or self._trees.setdefault(a.slot, TreeVerifier(CostModel(view.times),
-                                                                                              view))
+        a.tree = self._verifier(a)
         a.seq = Sequence(req, view, cache.tokens, drafting, self.vocab, self.governor, slot=a.slot, tree=a.tree,
                          t0=a.t0)
         cache.tokens = a.seq.ctx  # the slot holds ctx[:length] from here on
 
+    def _verifier(self, a: _Active) -> TreeVerifier | None:
+        """The slot's tree verifier for the request (None: chains). One slot: every request's, as the
+        serial engine's, priced by the slot's cost model (the target's and the draft's steps), so
+        tree="auto" trees where a tree pays. Several: tree="on" requests' only, priced at the slot's
+        one-row steps (a tree runs alone: its pass is not priced beside the other rows)."""
+        if self.slots > 1 and a.req.tree != "on":
+            return None
+        tv = self._trees.get(a.slot)
+        if tv is None:
+            view = self._slots[a.slot]
+            tv = self._trees[a.slot] = TreeVerifier(a.costs if self.slots == 1 else CostModel(view.times), view)
+        return tv
+
     def _prefill_chunk(self, a: _Active) -> None:
-        self._deliver(a, a.seq.prefill(self.prefill_chunk))
+        """One chunk of its prompt: the batch's while others are generating (they keep streaming), the
+        plan's while none is (the serial engine's chunk: fewer, larger passes)."""
+        others = any(x is not a and x.seq.decoding for x in self._active.values())
+        self._deliver(a, a.seq.prefill(self.prefill_chunk if others else self.plan_chunk))
 
     # -- decoding ---------------------------------------------------------------------------------
     def _deliver(self, a: _Active, deltas: list[str]) -> None:
@@ -456,15 +533,13 @@ class BatchEngine:
         stop/emit step."""
         lo, hi = self.runner.pass_range([a.slot for a in decoding])
         table = self.runner.times.pricing(hi - lo)
-        draft = None
-        if self._draft_batch is not None:  # a draft step carries every request drafting with the model
-            drafting = [a.slot for a in decoding if a.seq.part.drafter.uses_model]
-            rows = self._draft_batch.runner.pass_range(drafting) if drafting else (0, 1)
-            draft = self._draft_batch.runner.times.pricing(rows[1] - rows[0])
+        # a draft step carries every request drafting with a model: the draft model's, the self-draft's
+        drafting = [a.slot for a in decoding if a.seq.part.drafter.uses_model]
+        draft = self._step_pricing(self._draft_batch.runner if self._draft_batch is not None else None, drafting)
+        own = self._step_pricing(self.self_pair.skips if self.self_pair is not None else None, drafting)
         for a in decoding:
-            a.costs.target = table  # drafters size proposals at this batch's verify cost ...
-            if draft is not None:
-                a.costs.draft = draft  # ... and at its draft step's
+            # drafters size proposals at this batch's verify cost and its draft steps'
+            self._drafters.price(a.slot, table, draft, own)
             a.seq.next_k()
         trees = {a.slot: a.tree for a in decoding if a.tree is not None}
         cond = Conditions(self.vocab.usable, self.governor, trees, pass_seconds=CostModel(table).verify,
@@ -475,6 +550,15 @@ class BatchEngine:
         for a, r in zip(decoding, rounds):
             a.seq.batch_sizes.append(len(decoding))
             self._deliver(a, a.seq.take(r))
+
+    @staticmethod
+    def _step_pricing(runner: ModelRunner | None, slots: list[int]):
+        """The step table a batched draft step over `slots` of `runner` is priced from (its width's, or
+        one row's until that width has run); None without the runner."""
+        if runner is None:
+            return None
+        lo, hi = runner.pass_range(slots) if slots else (0, 1)
+        return runner.times.pricing(hi - lo)
 
     # -- leaving ------------------------------------------------------------------------------------
     def _end(self, a: _Active) -> None:

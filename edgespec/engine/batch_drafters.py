@@ -28,6 +28,15 @@ fresh drafters, seeded from what finished requests left:
 - `auto`'s evidence (acceptance, shares of rounds, the replies' mean length): a new request's auto
   starts from the last finished request's.
 
+Pricing: each slot's cost model is pointed at the round's batch tables every round (`price`): the
+verify at the batch's width, the draft model's step at the width of its batched step, and the
+self-draft's (a cost model of its own, drafters/modes.py `_self`) at the width of its runner's batched
+step, so adaptive rounds read what a batched step really costs.
+
+What is learnt (`state` / `load_state`, the bench's lineages: bench/lineage.py): the evidence by mode,
+the recycle table's contents and each slot's kept drafters' state(); not the shared history, which is
+text, as the serial drafters' state() keeps their suffix indexes shared (drafters/base.py `shared`).
+
 Every request's drafters are built by the mode table (drafters/modes.py `build_all` over the rows of
 its mode): the same builds as the serial engine's, lent a Kit with the request's index size, the shared
 history, the recycle table and the documents' index. What a request inherits from the last finished
@@ -39,6 +48,7 @@ Modes: every row of drafters/modes.py, `auto` choosing among the sources it rank
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -67,6 +77,15 @@ class DraftModel:
     times: StepTimes  # its one-row step times (the cost model's draft steps)
     vocab_map: object = None  # a pruned draft's logits row -> token id map
     bundle: object = None  # models.bundle.Bundle (its manifest's measured draft agreement)
+
+
+@dataclass
+class LearntState:
+    """What a BatchDrafters has learnt (`state()`), deep-copied: loaded back by `load_state`."""
+
+    learned: dict  # mode -> evidence() of the last finished request's drafter
+    table: object  # the recycle table's contents (None: no table)
+    kept: dict  # slot -> {mode: that slot's kept drafter's state()}
 
 
 @dataclass
@@ -108,6 +127,67 @@ class BatchDrafters:
         if c is None:
             c = self._costs[slot] = CostModel(target, self.draft.times if self.draft is not None else None)
         return c
+
+    def price(self, slot: int, target: StepTimes, draft: StepTimes | None = None,
+              self_draft: StepTimes | None = None) -> None:
+        """Prices the slot's drafting at this round's batch: its cost model's verify at `target` (the
+        batch's pass) and draft steps at `draft` (the draft model's batched step), its kept
+        self-draft's cost model at `target` and `self_draft` (its runner's batched step). A table
+        left None keeps what it was."""
+        c = self._costs.get(slot)
+        if c is not None:
+            c.target = target
+            if draft is not None:
+                c.draft = draft
+        sd = self._kept.get(slot, {}).get("self")
+        if sd is not None and sd.costs is not None:
+            sd.costs.target = target
+            if self_draft is not None:
+                sd.costs.draft = self_draft
+
+    def kept(self, slot: int) -> dict[str, Drafter]:
+        """The slot's kept drafters (the per_slot rows built so far), by mode."""
+        return dict(self._kept.get(slot, {}))
+
+    def warmup(self, slots: int, target: StepTimes) -> None:
+        """Builds each slot's kept drafters (the per_slot rows loadable here) and runs their warmup()
+        (the draft model's, the self-draft's, the heads' steps timed once at open, as the serial
+        engine's drafters are), so the first requests price them from this device's costs; their
+        caches are left reset. `target`: the target's one-row step times (the slot's cost model)."""
+        rows = tuple(r for r in modes.MODES if r.per_slot and self.available(r.name))
+        for slot in range(slots):
+            kit, make = self._kit(self.costs(slot, target), slot), self._make(slot)
+            for row in rows:
+                d = make(row, kit)
+                if d is not None:
+                    d.warmup()
+                    d.reset()
+
+    def reset(self) -> None:
+        """Every slot's caches were reset (a warm-up's, between requests): the kept drafters forget
+        what they held, and keep what they learnt."""
+        for kept in self._kept.values():
+            for d in kept.values():
+                d.reset()
+
+    def state(self) -> LearntState:
+        """A deep copy of what the drafters have learnt (module docstring), for `load_state`; taken
+        between requests (no request's drafters are in it)."""
+        return LearntState(copy.deepcopy(self._learned), None if self._table is None else self._table.copy(),
+                           {slot: {name: d.state() for name, d in kept.items()} for slot, kept in self._kept.items()})
+
+    def load_state(self, state: LearntState) -> None:
+        """Back to what `state()` returned (copied again: one state loads many times). A kept drafter
+        the state does not hold (built after it was taken) is dropped: the slot builds it afresh."""
+        self._learned = copy.deepcopy(state.learned)
+        if self._table is not None and state.table is not None:
+            self._table[...] = state.table  # in place: the slots' recycle drafters hold this table
+        for slot, kept in self._kept.items():
+            saved = state.kept.get(slot, {})
+            for name in [n for n in kept if n not in saved]:
+                del kept[name]
+            for name, d in kept.items():
+                d.load_state(saved[name])
 
     def available(self, mode: str) -> bool:
         """Whether what `mode` drafts with is here: the draft model, the documents, the self-draft, the heads."""
