@@ -1,5 +1,6 @@
 """`edgespec loadtest`: N concurrent streaming clients over the HTTP API, against the serial server
-(`--parallel 1`, requests queue) and the batched one (`--parallel N`), in one run.
+(`--parallel 1`: one slot, requests queue) and the batched one (`--parallel N`), in one run. Both are
+the same server and the same engine (Engine.open), with 1 or N cache slots.
 
 Each configuration serves the same requests: the prompt set's first `requests` prompts, taken from a
 shared list by `concurrency` client threads (closed loop: a client sends its next request when its
@@ -217,13 +218,9 @@ def serve(bundle: str | Path, *, parallel: int, engine_options: dict) -> Iterato
     settings = Settings.of(**engine_options, parallel=parallel)  # checked here, before the server starts
 
     def open_engine():
-        if parallel > 1:
-            from ..engine.batch import BatchEngine
-
-            return BatchEngine.open(bundle, settings)
         from ..engine import Engine
 
-        return Engine.open(bundle, settings)
+        return Engine.open(bundle, settings)  # one engine: `parallel` slots
 
     cfg = ServerConfig(port=0, parallel=parallel, queue_size=64, request_timeout=3600.0, max_tokens_limit=100000)
     svc = Service(cfg, open_engine, default_name=Path(bundle).name, notifier=Notifier(environ={}), hooks=Hooks())

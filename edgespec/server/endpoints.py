@@ -94,8 +94,7 @@ class Endpoints:
                                              state.reloads.waiting),
             "edgespec_docs_reload_running": ("1 while the document index is being read again", int(state.reloads.reading)),
         }
-        if hasattr(sched, "gauges"):  # --parallel N: slots, active requests, batch size of the last round
-            gauges.update(sched.gauges())
+        gauges.update(sched.gauges())  # slots, active requests, batch size of the last round
         gauges.update(memory_gauges(state.engine))  # resident memory, suffix indexes, caches: scripts/soak.sh
         text = state.metrics.render(gauges, {"version": __version__, "model": state.model_id},
                                     governor=state.engine.governor if state.engine is not None else None)

@@ -1,14 +1,19 @@
-"""Batch-1 generation: one worker thread owns the engine; requests wait in a bounded queue.
+"""Generation: one worker thread runs the engine's rounds; requests wait in a bounded queue and take
+one of the engine's slots (`--parallel`, 1 by default) as soon as one is free, between rounds.
 
-Why a thread and not the event loop: Engine calls block for a whole target pass (tens of ms to
-seconds on a Pi), which would freeze every other connection, /health and the watchdog. The worker
-posts each text delta back to the event loop with `call_soon_threadsafe`, so the HTTP side never
-touches the models: it only calls the engine's `prepare` (the tokenizer, the documents' index), and
-the worker runs the Prepared a job carries.
+Why a thread and not the event loop: a round blocks for a whole target pass (tens of ms to seconds
+on a Pi), which would freeze every other connection, /health and the watchdog. The engine calls each
+job's `on_delta` from this thread, which posts the text back to the event loop with
+`call_soon_threadsafe`, so the HTTP side never touches the models: it only calls the engine's
+`prepare` (the tokenizer, the documents' index), and the worker submits the Prepared a job carries.
 
-Cancellation is cooperative: each job carries a `should_stop()` that the engine calls before every
-target pass, so a client that goes away, a per-request timeout or a shutdown frees the engine
-within one pass.
+One worker at every --parallel, 1 included: the engine is one (a batch of `slots` requests), so is
+the loop that drives it, and what a request sees (queueing, cancellation, errors) does not depend on
+the slot count.
+
+Cancellation is cooperative: each job carries a `should_stop()` that the engine calls at every
+round, so a client that goes away, a per-request timeout or a shutdown frees its slot within one
+pass; the other jobs keep generating.
 """
 from __future__ import annotations
 
@@ -75,18 +80,45 @@ class Job:
             pass
 
 
+
+
+@dataclass
+class Running:
+    """Every job holding a slot, behind the one-job face the service's drain uses: `id` to log,
+    `started` (the earliest), `cancel` for all of them (the SIGTERM drain once its grace is over)."""
+
+    jobs: list[Job]
+
+    @property
+    def id(self) -> str:
+        return ",".join(j.id for j in self.jobs)
+
+    @property
+    def started(self) -> float | None:
+        return min((j.started for j in self.jobs if j.started is not None), default=None)
+
+    def cancel(self, reason: str) -> None:
+        for j in self.jobs:
+            j.cancel(reason)
+
+
 class Scheduler:
+    """The queue in front of the engine and the worker that runs its rounds (ServedEngine's submit
+    and round): queued jobs go to the engine while it has a free slot, between rounds."""
+
     def __init__(self, max_queue: int = 8, *, token_delay: float = 0.0, embed_queue: int = 2):
         self.max_queue = max_queue
-        self.engine: Any = None
+        self.engine: Any = None  # a ServedEngine (served.py), from start()
         self._cv = threading.Condition()
         self._queue: deque[Job] = deque()
-        self._running: Job | None = None
+        self._jobs: dict[Any, Job] = {}  # the engine's Ticket -> its job, for every job holding a slot
         self._accepting = True
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._job_seconds = 5.0  # moving average of a job's run time, for Retry-After
+        self._last_round = 0.0  # when the worker last began or ended a round, or admitted a job
         self._token_delay = token_delay  # test hook: slows the worker so tests can act mid-request
+        self.last_batch = 0  # requests verified in the last target pass (the engine's, read after each round)
         # POST /v1/embeddings: run by this worker in slices between generation's rounds (slices.py)
         self.embeddings = SliceQueue("embeddings", embed_queue, self._cv)
 
@@ -97,7 +129,7 @@ class Scheduler:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """Ends the worker after its current job; True if it ended within `timeout`."""
+        """Ends the worker once its running jobs are done; True if it ended within `timeout`."""
         with self._cv:
             self._stopping = True
             self._accepting = False
@@ -114,8 +146,26 @@ class Scheduler:
         return len(self._queue)
 
     @property
-    def running(self) -> Job | None:
-        return self._running
+    def slots(self) -> int:
+        """Requests that generate at once (--parallel): the engine's slots (1 before it is loaded)."""
+        return self.engine.slots if self.engine is not None else 1
+
+    @property
+    def active(self) -> int:
+        return len(self._jobs)
+
+    @property
+    def running(self) -> Running | None:
+        jobs = list(self._jobs.values())
+        return Running(jobs) if jobs else None
+
+    def gauges(self) -> dict[str, tuple[str, float | int]]:
+        """/metrics gauges of the engine's slots: how many, how many are held, how full the last round was."""
+        return {
+            "edgespec_slots": ("requests that can generate at once (--parallel)", self.slots),
+            "edgespec_active_requests": ("requests holding a slot now", self.active),
+            "edgespec_batch_size": ("requests verified in the last target pass", self.last_batch),
+        }
 
     def retry_after(self) -> int:
         """Seconds until a queue slot is likely free: what 429 and 503 put in Retry-After."""
@@ -129,7 +179,7 @@ class Scheduler:
             if len(self._queue) >= self.max_queue:
                 raise APIError(
                     429,
-                    f"the generation queue is full ({self.max_queue} waiting, one generating); retry later",
+                    f"the generation queue is full ({self.max_queue} waiting, {self.slots} generating); retry later",
                     code="queue_full",
                     headers={"Retry-After": str(self.retry_after())},
                 )
@@ -146,8 +196,8 @@ class Scheduler:
             except ValueError:
                 return False
 
-    def drain(self) -> Job | None:
-        """Shutdown: refuse new jobs, answer every waiting one with 503; returns the running job."""
+    def drain(self) -> Running | None:
+        """Shutdown: refuse new jobs, answer every waiting one with 503; returns the running jobs."""
         with self._cv:
             self._accepting = False
             waiting = list(self._queue)
@@ -157,63 +207,92 @@ class Scheduler:
             job.cancel(SHUTDOWN)
             job.post("error", APIError(503, "the server is shutting down before this request could start; retry",
                                        code="shutting_down", headers={"Retry-After": "5"}))
-        return self._running
+        return self.running
 
     def healthy(self, stall_seconds: float) -> bool:
-        """False when one job has held the engine for longer than any request may: the worker is stuck
-        inside a pass (cancellation is checked between passes), and only a restart can free it."""
+        """False when the worker is dead, or when jobs hold slots and no round has finished for
+        `stall_seconds`: the worker is stuck inside a pass (cancellation is seen between rounds), and
+        only a restart can free it."""
         if self._thread is not None and not self._thread.is_alive() and not self._stopping:
             return False
-        job = self._running
-        return job is None or job.started is None or time.monotonic() - job.started < stall_seconds
+        return not self._jobs or time.monotonic() - self._last_round < stall_seconds
 
     # -- worker ---------------------------------------------------------------------------------
     def _loop(self) -> None:
+        rounds = 0
         while True:
             with self._cv:
-                while not self._queue and not self.embeddings.pending and not self._stopping:
+                self._admit_locked()
+                while not self._jobs and not self.embeddings.pending and not (self._stopping and not self._queue):
                     self._cv.wait()
-                if self._stopping and not self._queue:
+                    self._admit_locked()
+                if self._stopping and not self._queue and not self._jobs:
                     return
-                job = self._queue.popleft() if self._queue else None
-                if job is None or job.cancelled:  # gone while waiting; its handler has already answered
-                    job = None
-                else:
-                    self._running = job
-            if job is None:  # no generation waiting: a slice of the other work, then look again
+            if not self._jobs:  # nothing generating: a slice of the other work, then look again
                 self.embeddings.run_one()
                 continue
-            try:
-                self._run(job)
-            except Exception:  # noqa: BLE001 - a bug here must not kill the only worker
-                log.exception("the worker failed on %s", job.id)
-                job.finished = job.finished or time.monotonic()
-                job.post("error", RuntimeError("worker failure"))
-            finally:
-                with self._cv:
-                    self._running = None
+            self._round()
+            if self._token_delay:
+                time.sleep(self._token_delay)
+            rounds += 1
+            if rounds % SLICE_EVERY == 0:  # the other work's share: one round in SLICE_EVERY (slices.py)
+                self.embeddings.run_one()
 
-    def _run(self, job: Job) -> None:
-        job.started = time.monotonic()
-        job.post("start")
+    def _round(self) -> None:
+        """One engine round, then every job it finished answered (its result or its error)."""
+        self._last_round = time.monotonic()
         try:
-            stream = self.engine.stream(job.prepared)
-            for n, delta in enumerate(stream, 1):
-                if delta:
-                    if job.first_delta is None:
-                        job.first_delta = time.monotonic()
-                    job.post("delta", delta)
-                if self._token_delay:
-                    time.sleep(self._token_delay)
-                if n % SLICE_EVERY == 0:  # the other work's share: one gap in SLICE_EVERY (slices.py)
-                    self.embeddings.run_one()
-            result = stream.result
-        except Exception as e:  # noqa: BLE001 - every failure goes back to its request, the worker lives on
-            if not isinstance(e, ValueError):  # ValueErrors are the caller's fault; anything else is ours
-                log.exception("generation %s failed", job.id)
-            job.finished = time.monotonic()
-            job.post("error", e)
+            self.engine.round()
+        except Exception as e:  # noqa: BLE001 - a bug here must not kill the only worker
+            log.exception("a round failed")
+            for job in self._jobs.values():
+                job.finished = job.finished or time.monotonic()
+                job.post("error", RuntimeError(f"worker failure: {type(e).__name__}"))
+            self._jobs.clear()
+            return
+        self._last_round = time.monotonic()
+        self.last_batch = self.engine.last_batch
+        for ticket, job in list(self._jobs.items()):
+            if ticket.done.is_set():
+                del self._jobs[ticket]
+                self._answer(job, ticket)
+
+    def _answer(self, job: Job, ticket: Any) -> None:
+        if ticket.error is not None:
+            self._fail(job, ticket.error)
         else:
             job.finished = time.monotonic()
-            job.post("done", result)
-        self._job_seconds = 0.8 * self._job_seconds + 0.2 * (job.finished - job.started)
+            job.post("done", ticket.result)
+        self._job_seconds = 0.8 * self._job_seconds + 0.2 * (job.finished - (job.started or job.finished))
+
+    @staticmethod
+    def _fail(job: Job, e: BaseException) -> None:
+        """Every failure goes back to its request; the worker lives on."""
+        job.finished = time.monotonic()
+        if not isinstance(e, ValueError):  # ValueErrors are the caller's fault; anything else is ours
+            log.error("generation %s failed: %r", job.id, e)
+        job.post("error", e)
+
+    def _admit_locked(self) -> None:
+        """Queued jobs go to the engine while it has free slots (held: self._cv)."""
+        while self._queue and len(self._jobs) < self.slots:
+            job = self._queue.popleft()
+            if job.cancelled:  # gone while waiting; its handler has already answered
+                continue
+            job.started = self._last_round = time.monotonic()
+            job.post("start")
+
+            def on_delta(delta: str, job: Job = job) -> None:
+                if job.first_delta is None:
+                    job.first_delta = time.monotonic()
+                job.post("delta", delta)
+
+            try:
+                ticket = self.engine.submit(job.prepared, on_delta=on_delta)
+            except Exception as e:  # noqa: BLE001 - a bug here fails its request, not the worker
+                self._fail(job, e)
+                continue
+            if ticket.done.is_set():  # done at submission (a turn the documents declined): answered now
+                self._answer(job, ticket)
+            else:
+                self._jobs[ticket] = job

@@ -6,16 +6,16 @@ Life of the process:
   -> Engine.open + a short warm-up generation (a visitor's, with a pinned system prompt; the
      loop's worker thread started meanwhile)  ->  READY=1, /ready 200
   -> WATCHDOG=1 every third of WatchdogSec from the event loop, only while the worker is not stuck
-  -> SIGTERM/SIGINT: STOPPING=1, stop accepting, 503 to queued requests, the running one may finish
-     within --drain-timeout and is cancelled after it, then exit 0. A second one cancels the running
-     request at once; its stream still ends with an error event and [DONE] (FORCE_GRACE).
+  -> SIGTERM/SIGINT: STOPPING=1, stop accepting, 503 to queued requests, the running ones may finish
+     within --drain-timeout and are cancelled after it, then exit 0. A second one cancels the running
+     requests at once; its stream still ends with an error event and [DONE] (FORCE_GRACE).
   SIGHUP re-reads the API key from where it was read at start (a bad file keeps the old key);
   SIGUSR1 and SIGUSR2 are logged and ignored. Their default action would end the process where it
   stands, cutting every stream without an error event.
 
 Test hooks (only with EDGESPEC_TEST_HOOKS=1 in the environment, for the systemd and drain tests):
   EDGESPEC_TEST_READY_DELAY=S  wait S seconds after the warm-up before READY=1
-  EDGESPEC_TEST_TOKEN_DELAY=S  sleep S seconds after each generated piece (a slow engine)
+  EDGESPEC_TEST_TOKEN_DELAY=S  sleep S seconds after each engine round (a slow engine)
   SIGUSR2                      block the event loop for good (a hung serving loop: the watchdog fires)
 """
 from __future__ import annotations
@@ -130,14 +130,8 @@ class Service:
         self.notifier = notifier or Notifier()
         self.hooks = hooks or Hooks.from_env()
         api_key = read_api_key(config.api_key_file)
-        if config.parallel > 1:  # several requests at once: continuous batching
-            from .batch_scheduler import BatchScheduler
-
-            self.scheduler = BatchScheduler(config.queue_size, token_delay=self.hooks.token_delay,
-                                            embed_queue=config.embed_queue_size)
-        else:
-            self.scheduler = Scheduler(config.queue_size, token_delay=self.hooks.token_delay,
-                                       embed_queue=config.embed_queue_size)
+        self.scheduler = Scheduler(config.queue_size, token_delay=self.hooks.token_delay,
+                                   embed_queue=config.embed_queue_size)
         self.state = ServerState(config, self.scheduler, default_name=default_name, api_key=api_key)
         if config.ui and "/" not in self.state.static:
             raise ConfigError("--ui: the kiosk page is not installed (edgespec/static/index.html is missing)")
@@ -299,7 +293,7 @@ class Service:
     def _drain(self, sig: int) -> None:
         name = _signal_name(sig)
         if self.state.phase == "draining":  # a second signal: stop now
-            log.warning("%s again: cancelling the running request now", name)
+            log.warning("%s again: cancelling the running requests now", name)
             running = self.scheduler.running
             if running is None:
                 self.server.force_exit = True
@@ -311,7 +305,7 @@ class Service:
         self.state.phase = "draining"
         running = self.scheduler.drain()
         if running is not None:
-            log.info("%s: draining; the running request %s may finish within %.0f s", name, running.id,
+            log.info("%s: draining; the running requests %s may finish within %.0f s", name, running.id,
                      self.config.drain_timeout)
             self.loop.call_later(self.config.drain_timeout, running.cancel, SHUTDOWN)
         else:

@@ -6,7 +6,7 @@ the cores the target's pass needs, and every token waits (measured before this q
 requests doubled a stream's median token gap). onnxruntime's pool threads cannot be given a lower
 priority from Python, and a session on the process's shared pool competes with the target inside it.
 On the worker thread, a slice never runs at the same time as a target pass; while a request
-generates, one slice runs after every SLICE_EVERY-th round (or delta), so at most one gap in
+generates, one slice runs after every SLICE_EVERY-th round, so at most one gap in
 SLICE_EVERY is longer and a stream's median token gap stays what it is alone. With no generation
 waiting, slices run back to back, and a new generation request waits for one slice at most.
 
@@ -27,7 +27,7 @@ from .apierror import APIError
 
 log = logging.getLogger(__name__)
 
-SLICE_EVERY = 3  # while a request generates: one slice after every third round (or streamed delta)
+SLICE_EVERY = 3  # while a request generates: one slice after every third round
 
 
 @dataclass

@@ -80,6 +80,23 @@ def test_tiny_loadtest_reports_both_servers(tiny_bundle):
     assert "vs serial" in text and "batched" in text
 
 
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_serve_and_loadtest_open_one_engine_at_every_parallel(tiny_bundle, parallel):
+    """One engine (issue 62): --parallel sets its slots, not which class serves."""
+    from edgespec.bench.loadtest import serve
+    from edgespec.cli.commands.serve import engine_opener
+    from edgespec.engine import Engine
+    from edgespec.engine.settings import Settings
+
+    eng = engine_opener(tiny_bundle, Settings.of(max_len=64, verify=False, warmup=False, parallel=parallel), None)()
+    try:
+        assert (type(eng), eng.slots) == (Engine, parallel)
+    finally:
+        eng.close()
+    with serve(tiny_bundle, parallel=parallel, engine_options={"max_len": 64, "verify": False}) as served:
+        assert (type(served.engine), served.engine.slots) == (Engine, parallel)
+
+
 def test_loadtest_refuses_a_mode_the_bundle_cannot_draft_with(tiny_bundle, capsys):
     from edgespec.cli.commands.loadtest import run
 

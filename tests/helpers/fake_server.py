@@ -1,6 +1,6 @@
-"""A fake engine with the Engine interface and a real server around it (uvicorn on a free port, in a
-thread), for the server tests: they talk to it over plain sockets and see exactly what went over the
-wire. Shared here so no test module imports another."""
+"""A fake engine with the served interface (server/served.py) and a real server around it (uvicorn on
+a free port, in a thread), for the server tests: they talk to it over plain sockets and see exactly
+what went over the wire. Shared here so no test module imports another."""
 from __future__ import annotations
 
 import http.client
@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from edgespec.engine.requests import Options
-from edgespec.engine.results import GenerationResult, GenerationStats
+from edgespec.engine.results import GenerationResult, GenerationStats, Ticket
 from edgespec.errors import DraftUnavailable, PromptTooLong
 from edgespec.server.config import ServerConfig
 from edgespec.server.sdnotify import Notifier
-from edgespec.server.served import ServedEngine, ServedStream
+from edgespec.server.served import ServedEngine
 from edgespec.server.service import Hooks, Service
 
 from .wait import wait_for
@@ -29,20 +29,7 @@ def wait_until(predicate, timeout=10.0, what="the condition"):
     return wait_for(what, predicate, timeout=timeout, every=0.005)
 
 
-# --- a fake engine with the Engine interface -------------------------------------------------------
-class FakeStream(ServedStream):
-    def __init__(self, gen):
-        self._gen = gen
-        self._result = None
-
-    def __iter__(self):
-        self._result = yield from self._gen
-
-    @property
-    def result(self):
-        return self._result
-
-
+# --- a fake engine with the served interface --------------------------------------------------------
 @dataclass
 class FakePrepared:
     prompt_tokens: int
@@ -52,22 +39,37 @@ class FakePrepared:
 
 
 @dataclass
+class FakeRun:
+    """One submitted request: its ticket, what it was prepared with, the words written so far."""
+
+    ticket: Ticket
+    prepared: FakePrepared
+    words: list = field(default_factory=list)
+
+
+@dataclass
 class FakeEngine(ServedEngine):
-    """Writes ' w0 w1 ...' one word per target pass; `delay` seconds per pass; checks `cancel` before
-    each pass like the real Engine. Records what it was asked and how each run ended."""
+    """The served engine's surface (server/served.py) with `slots` slots: each round writes one word
+    (' w0 w1 ...') to every request holding a slot and takes `delay` seconds (one target pass); it
+    checks each request's `cancel` at every round like the real engine. Records what it was asked and
+    how each run ended."""
 
     delay: float = 0.0
     max_len: int = 64
     model_name: str = "fake-model"
     energy: float | None = None
-    fail_with: Exception | None = None
-    runs: list = field(default_factory=list)  # (kwargs, finish_reason, tokens)
-    busy: threading.Event = field(default_factory=threading.Event)
+    fail_with: Exception | None = None  # raised by submit: the worker's failure path
+    runs: list = field(default_factory=list)  # (kwargs, finish_reason, tokens), as each run ends
+    busy: threading.Event = field(default_factory=threading.Event)  # set while a request holds a slot
     slots: int = 1
+    last_batch: int = 0
     knowledge: object = None
     pinned: object = None
     governor: object = None
     prepared: int = 0  # prepare() calls
+    submitted: int = 0  # submit() calls that took a request (its ticket's id)
+    waiting: list = field(default_factory=list)  # FakeRuns submitted, not yet in a slot
+    active: list = field(default_factory=list)  # FakeRuns holding a slot
 
     def drafter_stats(self):
         return {}  # no drafters: no suffix index to report
@@ -79,7 +81,7 @@ class FakeEngine(ServedEngine):
         return len(text.split())
 
     def prepare(self, prompt=None, *, messages=None, max_new_tokens=16, cancel=None, draft=None, **kw):
-        """As the real engines' prepare: every refusal here, before the request is queued."""
+        """As the real engine's prepare: every refusal here, before the request is queued."""
         self.prepared += 1
         Options(prompt=prompt, messages=messages, max_new_tokens=max_new_tokens, draft=draft, **kw)  # its checks
         if draft == "model":
@@ -89,41 +91,66 @@ class FakeEngine(ServedEngine):
             raise PromptTooLong(n, max_new_tokens, self.max_len)
         return FakePrepared(n, max_new_tokens, cancel, dict(prompt=prompt, messages=messages, draft=draft, **kw))
 
-    def stream(self, prompt=None, **kw):
-        p = prompt if isinstance(prompt, FakePrepared) else self.prepare(prompt, **kw)
+    def submit(self, prompt, *, on_delta=None, on_start=None):
         if self.fail_with is not None:
             raise self.fail_with
-        return FakeStream(self._gen(p.prompt_tokens, p.max_new_tokens, p.cancel, p.kw))
+        self.submitted += 1
+        t = Ticket(self.submitted, prompt.prompt_tokens, on_delta, on_start)
+        self.waiting.append(FakeRun(t, prompt))
+        return t
 
-    def _gen(self, n, max_new, cancel, kw):
-        out, reason = [], "length"
-        self.busy.set()
-        try:
-            for i in range(max_new):
-                if cancel is not None and cancel():
-                    reason = "cancelled"
-                    break
-                if n + i >= self.max_len:
-                    reason = "cache_full"
-                    break
-                if kw.get("seed") == 666 and i == 1:
-                    raise RuntimeError("kaboom")
-                time.sleep(self.delay)
-                out.append(f" w{i}")
-                yield f" w{i}"
-        finally:
+    def round(self):
+        while self.waiting and len(self.active) < self.slots:
+            run = self.waiting.pop(0)
+            self.active.append(run)
+            if run.ticket.on_start is not None:
+                run.ticket.on_start()
+        for run in list(self.active):
+            self._check(run)
+        self.last_batch = len(self.active)
+        if self.active:
+            self.busy.set()
+            time.sleep(self.delay)  # the pass
+            for run in list(self.active):
+                word = f" w{len(run.words)}"
+                run.words.append(word)
+                if run.ticket.on_delta is not None:
+                    run.ticket.on_delta(word)
+                if len(run.words) >= run.prepared.max_new_tokens:
+                    self._end(run, "length")
+        if not self.active:
             self.busy.clear()
-        self.runs.append((kw, reason, len(out)))
-        stats = GenerationStats(prompt_tokens=n, new_tokens=len(out), target_passes=len(out), drafted=2 * len(out),
-                                accepted=len(out), acceptance_rate=0.5, decode_tokens_per_second=123.0,
+        return bool(self.active or self.waiting)
+
+    def _check(self, run):
+        """Before a request's pass, as the real engine: stopped, at the cache's end, or failing."""
+        p = run.prepared
+        if p.cancel is not None and p.cancel():
+            self._end(run, "cancelled")
+        elif len(run.words) >= p.max_new_tokens:
+            self._end(run, "length")
+        elif p.prompt_tokens + len(run.words) >= self.max_len:
+            self._end(run, "cache_full")
+        elif p.kw.get("seed") == 666 and len(run.words) == 1:
+            self.active.remove(run)
+            run.ticket.error = RuntimeError("kaboom")
+            run.ticket.done.set()
+
+    def _end(self, run, reason):
+        self.active.remove(run)
+        n, p = len(run.words), run.prepared
+        self.runs.append((p.kw, reason, n))
+        stats = GenerationStats(prompt_tokens=p.prompt_tokens, new_tokens=n, target_passes=n, drafted=2 * n,
+                                accepted=n, acceptance_rate=0.5, decode_tokens_per_second=123.0,
                                 drafter="fake", energy_j_per_token=self.energy)
-        return GenerationResult("".join(out), list(range(len(out))), reason, stats)
+        run.ticket.result = GenerationResult("".join(run.words), list(range(n)), reason, stats)
+        run.ticket.done.set()
 
     def generate(self, prompt=None, **kw):
-        s = self.stream(prompt, **kw)
-        for _ in s:
-            pass
-        return s.result
+        t = self.submit(self.prepare(prompt, **kw))
+        while not t.done.is_set():
+            self.round()
+        return t.wait(0)
 
     def close(self):
         pass

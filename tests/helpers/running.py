@@ -1,5 +1,5 @@
-"""One running `edgespec serve` in this process, with the real `openai` package as its client: the
-serial server (`parallel=1`, Engine) or the batched one (BatchEngine), on a tiny bundle."""
+"""One running `edgespec serve` in this process, with the real `openai` package as its client, on a
+tiny bundle: one Engine with `parallel` slots (1: requests queue; N: they generate together)."""
 from __future__ import annotations
 
 import signal
@@ -22,16 +22,12 @@ class RunningServer:
         import openai
 
         from edgespec.engine import Engine
-        from edgespec.engine.batch import BatchEngine
 
         cfg.setdefault("port", 0)
         self.bundle = bundle
 
         def open_engine():
-            opts = {"max_len": max_len, "verify": False, **(engine or {})}
-            if parallel > 1:
-                return BatchEngine.open(bundle, parallel=parallel, **opts)
-            return Engine.open(bundle, **opts)
+            return Engine.open(bundle, **{"max_len": max_len, "verify": False, **(engine or {}), "parallel": parallel})
 
         self.service = Service(ServerConfig(parallel=parallel, **cfg), open_engine, default_name=bundle.name,
                                notifier=Notifier(environ={}), hooks=Hooks(token_delay=token_delay))

@@ -105,11 +105,11 @@ def test_three_streamed_clients_at_once_get_what_each_gets_alone(served, alone, 
     released = threading.Event()
     original = sched._admit_locked
 
-    def admit_together(be):
+    def admit_together():
         if sched.depth and not released.is_set():
             assert sched._cv.wait_for(lambda: sched.depth >= len(ASKS), DEADLINE), "three requests never queued"
             released.set()
-        original(be)
+        original()
 
     sched._admit_locked = admit_together
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -16,7 +17,6 @@ from edgespec.knowledge.embedder import load_embedder  # noqa: E402
 from edgespec.knowledge.onnx_embedder import Embedded  # noqa: E402
 from edgespec.server.access import check_auth  # noqa: E402
 from edgespec.server.apierror import APIError  # noqa: E402
-from edgespec.server.batch_scheduler import BatchScheduler  # noqa: E402
 from edgespec.server.scheduler import Job, Scheduler  # noqa: E402
 from edgespec.server.slices import SLICE_EVERY, SliceJob  # noqa: E402
 from helpers.fake_server import CHAT, FakeEngine, assert_openai_error, chat_body, serve, wait_until  # noqa: E402,F401
@@ -90,20 +90,15 @@ def test_an_embeddings_request_over_the_token_budget_is_413_naming_it(serve, tin
     assert status == 200 and got["usage"]["prompt_tokens"] == 4
 
 
-class RecordingEngine:
-    """A stream of `n` deltas; each one recorded in `log`, as the slices are."""
+@dataclass
+class RecordingEngine(FakeEngine):
+    """The server tests' fake engine, each round recorded in `log` as the slices are."""
 
-    def __init__(self, log, n):
-        self.log, self.n = log, n
+    log: list = field(default_factory=list)
 
-    def stream(self, prepared):
-        def gen():
-            for i in range(self.n):
-                self.log.append("d")
-                yield f" w{i}"
-            return "result"
-
-        return gen()
+    def round(self):
+        self.log.append("d")
+        return super().round()
 
 
 def _slice_job(log, n, loop):
@@ -116,51 +111,31 @@ def _slice_job(log, n, loop):
     return SliceJob(work(), loop, loop.create_future())
 
 
-@pytest.mark.parametrize("batched", [False, True])
-def test_slices_run_one_per_slice_every_rounds_while_a_request_generates(batched):
+@pytest.mark.parametrize("slots", [1, 2])
+def test_slices_run_one_per_slice_every_rounds_while_a_request_generates(slots):
     loop = asyncio.new_event_loop()
     log: list[str] = []
     try:
-        if batched:
-            sched, engine = BatchScheduler(4), _BatchRecorder(log, 12)
-        else:
-            sched, engine = Scheduler(4), RecordingEngine(log, 12)
+        sched, engine = Scheduler(4), RecordingEngine(slots=slots, log=log)
         job = Job("j1", _Request(), loop, deadline=time.monotonic() + 60)
+        job.prepared = engine.prepare("hello there", max_new_tokens=12)
         sched.submit(job)
         side = _slice_job(log, 6, loop)
         sched.embeddings.submit(side)
         sched.start(engine)
-        wait_until(lambda: log.count("s") == 6 and log.count("d") == 12, what="both finished")
+        wait_until(lambda: log.count("s") == 6 and engine.runs, what="both finished")
         sched.stop()
     finally:
         loop.close()
+    assert engine.runs == [(engine.runs[0][0], "length", 12)]
     gen_part = "".join(log)
-    # while the request generates, a slice after every SLICE_EVERY rounds and never two in a row;
-    # the slices left when it ends run back to back
+    # while the request generates (one word a round), a slice after every SLICE_EVERY rounds and never
+    # two in a row; the slices left when it ends run back to back
     assert gen_part == ("d" * SLICE_EVERY + "s") * 4 + "ss", gen_part
 
 
 class _Request:
     stream = True
-
-
-class _BatchRecorder:
-    """BatchEngine's surface for the batch scheduler: one ticket that finishes after n rounds."""
-
-    slots = 2
-    last_batch = 1
-
-    def __init__(self, log, n):
-        self.log, self.n, self.ticket = log, n, None
-
-    def submit(self, prepared, on_delta=None):
-        self.ticket = type("T", (), {"done": threading.Event(), "error": None, "result": "r"})()
-        return self.ticket
-
-    def round(self):
-        self.log.append("d")
-        if self.log.count("d") == self.n:
-            self.ticket.done.set()
 
 
 class FakeKnowledge:

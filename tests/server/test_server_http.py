@@ -3,6 +3,7 @@ as the client): shapes, every bad request, 413, auth, queue overflow, disconnect
 metrics, the kiosk page. The real Engine and the `openai` client are in test_server_openai.py."""
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import signal
@@ -224,21 +225,56 @@ def test_failure_before_the_queue_is_500_json(serve):
     assert s.post(CHAT, chat_body())[0] == 200
 
 
-def test_stuck_or_dead_worker_is_unhealthy():
-    from edgespec.server.scheduler import Job, Scheduler
+class _StuckEngine(FakeEngine):
+    """A round that waits for `gate` (a pass that never ends, until the test lets it), or raises
+    SystemExit, which the worker does not catch (only Exception): its thread ends (a dead worker)."""
+
+    def __init__(self, *, die=False):
+        super().__init__()
+        self.gate, self.die, self.inside = threading.Event(), die, threading.Event()
+
+    def round(self):
+        if self.die:
+            raise SystemExit
+        self.inside.set()
+        assert self.gate.wait(10), "the test never opened the gate"
+        return super().round()
+
+
+def _one_job(eng):
+    from edgespec.server.scheduler import Job
     from edgespec.server.validate import GenRequest
 
-    sched = Scheduler(2)
+    job = Job("j", GenRequest(kind="chat", model="m", max_tokens=1), loop=asyncio.new_event_loop(),
+              deadline=time.monotonic() + 60)
+    job.prepared = eng.prepare("hi", max_new_tokens=1)
+    return job
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the worker dies on purpose
+def test_stuck_or_dead_worker_is_unhealthy():
+    """Healthy means: no slot held, or a round finished within the stall time; a dead worker never is."""
+    from edgespec.server.scheduler import Scheduler
+
+    sched, eng = Scheduler(2), _StuckEngine()
     assert sched.healthy(10)
-    job = Job("j", GenRequest(kind="chat", model="m", max_tokens=1), loop=None, deadline=0)
-    job.started = time.monotonic() - 100  # one pass has held the engine for 100 s
-    sched._running = job
-    assert not sched.healthy(50) and sched.healthy(200)
-    sched._running = None
-    sched._thread = threading.Thread(target=lambda: None)
-    sched._thread.start()
-    sched._thread.join()
-    assert not sched.healthy(50)  # the worker thread died: only a restart helps
+    job = _one_job(eng)
+    sched.submit(job)
+    sched.start(eng)
+    assert eng.inside.wait(10)  # one pass holds the engine
+    assert sched.active == 1 and not sched.healthy(0) and sched.healthy(3600)
+    eng.gate.set()
+    wait_until(lambda: sched.active == 0, what="the job to finish")
+    assert eng.runs[0][1:] == ("length", 1) and sched.healthy(0)  # nothing held: healthy at any stall time
+    assert sched.stop()
+    job.loop.close()
+
+    dead, eng = Scheduler(2), _StuckEngine(die=True)
+    job = _one_job(eng)
+    dead.submit(job)
+    dead.start(eng)
+    wait_until(lambda: not dead.healthy(3600), what="the dead worker to be unhealthy")  # only a restart helps
+    job.loop.close()
 
 
 # --- security --------------------------------------------------------------------------------------

@@ -266,19 +266,15 @@ def system_prompt(value) -> str | None:
 
 
 def engine_opener(path, settings, system: str | None) -> Callable[[], Any]:
-    """What the service calls to load its engine: the serial one (--parallel 1) or the batched one,
-    with the pinned system prompt (and a venue read in the cache) before it serves anyone."""
+    """What the service calls to load its engine (one engine at every --parallel: its slots are
+    settings.parallel), with the pinned system prompt (and a venue read in the cache) before it
+    serves anyone."""
 
     def open_engine():
-        if settings.batched:
-            from ...engine.batch import BatchEngine
+        from ...engine import Engine
 
-            eng = BatchEngine.open(path, settings)
-        else:
-            from ...engine import Engine
-
-            eng = Engine.open(path, settings)
-        if system is not None or (eng.knowledge is not None and eng.knowledge.in_cache):  # one pin flow for both
+        eng = Engine.open(path, settings)
+        if system is not None or (eng.knowledge is not None and eng.knowledge.in_cache):
             from ...engine.pinned import pin_system_prompt
             from ...models.files import edgespec_home
 
