@@ -23,7 +23,6 @@ from edgespec.drafters import modes
 from edgespec.edge.flavor import cpu_runs_float16
 from edgespec.engine import Engine
 from edgespec.errors import DraftUnavailable
-from edgespec.engine.batch import BatchEngine
 from edgespec.core.sampling import SamplingParams
 
 from helpers.batch import generate_all
@@ -209,7 +208,7 @@ def batch_engines(request):
     """A batched engine per fp32 bundle and slot count (1: the batch of one; 3), keyed (name, slots),
     the draft model loaded (its `auto` loads it). The cuda-flavored bundles cannot batch
     (core/runner.py)."""
-    out = {(name, n): BatchEngine.open(request.getfixturevalue(fx), parallel=n, draft="auto", max_len=256)
+    out = {(name, n): Engine.open(request.getfixturevalue(fx), parallel=n, draft="auto", max_len=256)
            for name, fx in BATCH_BUNDLES.items() for n in SLOTS}
     yield out
     for be in out.values():
@@ -271,7 +270,7 @@ def test_seeded_sampling_batch_of_one_equals_the_serial_engine(request, fx):
     draws follow."""
     path = request.getfixturevalue(fx)
     eng = Engine.open(path, draft="auto", max_len=256)
-    be = BatchEngine.open(path, parallel=1, draft="auto", max_len=256)
+    be = Engine.open(path, parallel=1, draft="auto", max_len=256)
     prompts = _prompts(eng, 80, 3)
     drafted = 0
     for mode, (i, p) in itertools.product(BATCH_MODES, enumerate(prompts)):
@@ -303,7 +302,7 @@ def tools_engines(request):
     for name in ("agree", "llama"):
         path = request.getfixturevalue(BATCH_BUNDLES[name])
         out[name] = (Engine.open(path, draft="auto", max_len=448),
-                     {n: BatchEngine.open(path, parallel=n, draft="auto", max_len=448) for n in SLOTS})
+                     {n: Engine.open(path, parallel=n, draft="auto", max_len=448) for n in SLOTS})
     yield out
     for eng, bes in out.values():
         eng.close()
@@ -338,7 +337,7 @@ def test_deterministic_sampling_batched_equals_batch_of_one(tiny_bundle):
     """Deterministic mode's promise, batched: a seeded sampled request replays (it runs without
     drafts, requests.pin_for_determinism) and gets the same tokens in a batch as alone, whatever
     mode it names; greedy requests keep their drafters and equal the target alone."""
-    be = BatchEngine.open(tiny_bundle, parallel=3, draft="auto", max_len=256, deterministic=True)
+    be = Engine.open(tiny_bundle, parallel=3, draft="auto", max_len=256, deterministic=True)
     eng = Engine.open(tiny_bundle, draft="auto", max_len=256, deterministic=True)
     rng = np.random.default_rng(5)
     prompts = [random_prompt(eng, rng, int(rng.integers(2, 30))) for _ in range(4)]
@@ -359,7 +358,7 @@ def test_batched_sampling_with_the_draft_model_matches_exact_target_distribution
     """Rejection sampling in batched rounds: three requests at a time, each drafting with the draft
     model (its steps batched across them), sampled with its own seed: the tokens are distributed as
     the target's exact distribution (the draft disagrees often, so rejections and residuals run)."""
-    be = BatchEngine.open(tiny_bundle_disagree, parallel=3, draft="model", max_len=64)
+    be = Engine.open(tiny_bundle_disagree, parallel=3, draft="model", max_len=64)
     eng = Engine.open(tiny_bundle_disagree, draft="none", max_len=64)
     params = SamplingParams(temperature=1.5, top_k=3)
     prompt = "def add(a, b):"
@@ -429,7 +428,7 @@ def test_greedy_docs_drafter_batched_equals_target_alone(engines, batch_engines,
     engine without documents refuses the mode, saying why."""
     eng, seed = engines["agree"], 61
     deng = _docs_engine(eng, tiny_bundle, _prompts(eng, seed, 3), tmp_path, 256, max_new_tokens=40)
-    be = BatchEngine.open(tiny_bundle, parallel=slots, max_len=256, docs=str(tmp_path / "docs.idx"))
+    be = Engine.open(tiny_bundle, parallel=slots, max_len=256, docs=str(tmp_path / "docs.idx"))
     got = check_batched_lossless(be, deng, seed, 3, (1, 3), modes_=["docs", "auto"])
     copied = sum(g.stats.accepted_by_source.get("docs", 0) for g in got)
     assert copied >= 40, [g.stats.accepted_by_source for g in got]

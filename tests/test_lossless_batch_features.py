@@ -13,7 +13,6 @@ import pytest
 from edgespec.core import speculative, tree as treelib
 from edgespec.engine import Engine
 from edgespec.engine import batch as batch_mod
-from edgespec.engine.batch import BatchEngine
 from edgespec.engine import round as round_mod
 
 from helpers.batch import generate_all
@@ -38,7 +37,7 @@ def setups(request):
     for name, (fx, mode, _) in FEATURES.items():
         path = request.getfixturevalue(fx)
         out[name] = (Engine.open(path, max_len=192, draft="none"),
-                     {n: BatchEngine.open(path, parallel=n, draft=mode, max_len=192) for n in SLOTS})
+                     {n: Engine.open(path, parallel=n, draft=mode, max_len=192) for n in SLOTS})
     yield out
     for eng, bes in out.values():
         eng.close()
@@ -225,7 +224,7 @@ def test_heads_in_a_batch_on_a_graph_without_per_row_lengths(request):
         pytest.skip("this CPU has no float16 arithmetic, or this onnxruntime is below the cuda flavor's floor")
     path = request.getfixturevalue("tiny_cuda_heads_bundle")
     eng = Engine.open(path, max_len=192, draft="none", providers="cpu")
-    be = BatchEngine.open(path, parallel=3, draft="heads", max_len=192, providers="cpu")
+    be = Engine.open(path, parallel=3, draft="heads", max_len=192, providers="cpu")
     assert not be.runner.one_pass and be.runner.has_hidden
     prompts = _prompts(eng, 41)
     refs = [eng.generate(p, max_new_tokens=NEW) for p in prompts]

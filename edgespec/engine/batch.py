@@ -1,11 +1,12 @@
-"""One or several requests at once: continuous batching with speculation over one ModelRunner with a
-slot per request (slots >= 1: the serial Engine is this engine with one slot, issue 62).
+"""The engine's core: continuous batching with speculation over one ModelRunner with a slot per
+request (`parallel` slots, 1 by default). Engine (engine.py) opens it and is its synchronous face;
+a server's worker drives it directly.
 
-    be = BatchEngine.open("bundles/qwen-coder", parallel=4)     # any Settings field (engine/settings.py)
-    t1 = be.submit("def fib(n):", max_new_tokens=64)            # validated and tokenized now
-    t2 = be.submit(messages=[...], temperature=0.7, seed=1)
-    while be.round(): pass                                      # or be.run(): a worker thread
-    t1.result, t2.result                                        # GenerationResult, as Engine's
+    eng = Engine.open("bundles/qwen-coder", parallel=4)         # any Settings field (engine/settings.py)
+    t1 = eng.submit("def fib(n):", max_new_tokens=64)           # validated and tokenized now
+    t2 = eng.submit(messages=[...], temperature=0.7, seed=1)
+    while eng.round(): pass                                     # or eng.run(): a worker thread
+    t1.result, t2.result                                        # GenerationResult, as Engine.generate's
 
 A round (one call of `round()`):
 1. admit: waiting requests take free slots, preferring the slot whose cache holds the longest
@@ -13,8 +14,9 @@ A round (one call of `round()`):
 2. cancelled requests (client gone, timeout, shutdown) leave and free their slot;
 3. prefill: one chunk of the oldest request still reading its prompt: at most `prefill_chunk`
    tokens (BATCH_PREFILL_CHUNK) while other requests are generating, so they keep streaming while a
-   long prompt is read; the plan's chunk (`plan_chunk`, the serial engine's) while none is, and then
-   the whole prompt in this round: nobody waits for its chunks;
+   long prompt is read; the plan's chunk (`plan_chunk`) while none is, and then the whole prompt in
+   this round, which ends with its first token (a caller waiting on the round streams it before any
+   decode pass);
 4. decode: every generating request proposes (its own drafter, its own k from the cost model
    priced at this batch size), the round's width is chosen for the batch as a whole (round_shape.py:
    the pass is as wide as its longest row; adaptive rows are cut to the width with the most expected
@@ -34,34 +36,32 @@ Drafting in a batch: every mode of drafters/modes.py, each request with drafters
 (draft_batch.py), the self-draft's too; each slot's drafting is priced every round at the round's
 batch width (batch_drafters.price: the verify, the draft model's step, the self-draft's step).
 
-Trees: with one slot, every request gets the slot's TreeVerifier, priced as the serial engine's
-(the slot's cost model: the target's and the draft's step times), so tree="auto" trees when the cost
-model says a tree pays, as the serial engine does. With several, a tree="on" request's rounds are
+Trees: with one slot, every request gets the slot's TreeVerifier, priced by the slot's cost model
+(the target's and the draft's step times), so tree="auto" trees when the cost model says a tree
+pays. With several, a tree="on" request's rounds are
 trees, each verified alone on its slot by the slot's TreeVerifier (priced at the slot's one-row
 steps), beside the round's one batched pass of the other requests' chains (round.py); tree="auto"
 there runs chains (a tree's pass of its own is not priced beside the other rows).
 
 warmup() (from_plan, when settings.warmup) times the target's steps up to k_max + 1 tokens at every
 batch width, the draft model's and the self-draft's batched steps, and every slot's kept drafters'
-(their warmup(), as the serial engine's), then forgets every cache. cached() is slot 0's tokens, and
+(their warmup()), then forgets every cache. cached() is slot 0's tokens, and
 drafter_state() / load_drafter_state() what the drafters have learnt (the bench's lineages).
 
-Documents (docs=INDEX) as the serial engine's: a chat turn gets its passages through the same
-prepare.read_documents, a declined one is answered at submit, without a slot. A pinned system prompt
-and the cached reading go through the serial engine's pin flow (pinned.pin_system_prompt; pin() here):
+Documents (docs=INDEX): a chat turn gets its passages through prepare.read_documents, a declined one is answered at submit, without a slot. A pinned system prompt
+and the cached reading go through the pin flow (pinned.pin_system_prompt; pin() here):
 the prompt's rows are computed once, kept as one snapshot and copied into every free slot
 (`hold`); a request admitted to a slot that lost them (another request overwrote it) and that starts
-with the prompt gets them back by a memory copy, as the serial engine's request does. The cached
+with the prompt gets them back by a memory copy. The cached
 reading's passages' rows (venue_rows.py) are computed once in one slot (`compute_venue_rows`: a
-block's positions are the same in every slot) and a turn that qualifies (venue_rows.turn_ids, the
-serial engine's decision) has its passages copied into its slot at admission and prefills only its
+block's positions are the same in every slot) and a turn that qualifies (venue_rows.turn_ids) has its passages copied into its slot at admission and prefills only its
 question; the others are quoted and prefilled. `hold` and `compute_venue_rows` (also a reload's
 re-pin, while requests run) take a slot no request holds, between rounds: admission leaves one free
 for them while they wait.
 
-Requests are parsed by the same RequestParser as the serial engine's, and each lives its life in its
-slot as the serial engine's does (sequence.py: prefix reuse, prefill, first token, next k, the
-stop/emit step, final stats); what is the batch's own is here: slots, admission, chunk order.
+Requests are parsed once, by the RequestParser (requests.py), and each lives its life in its slot
+(sequence.py: prefix reuse, prefill, first token, next k, the stop/emit step, final stats); what is
+the batch's own is here: slots, admission, chunk order.
 """
 from __future__ import annotations
 
@@ -85,15 +85,13 @@ from ..limits import PREFILL_CHUNK
 from . import build, selfdraft
 from .build import Plan
 from .prepare import open_knowledge, prepare_request
-from .loop import PrefixCache
 from .pinned import PinnedPrefix, hold_slot, pin_system_prompt
 from .requests import Options, Prepared, Request, RequestParser, Vocabulary, as_prepared, not_loaded
 from .results import GenerationResult, GenerationStats, Stream, Ticket
 from .batch_drafters import BatchDrafters, DraftModel, TargetSlots
 from .draft_batch import DraftBatch
 from .round import Conditions, run_round
-from .sequence import Drafting, Sequence, unstarted
-from .settings import Settings
+from .sequence import Drafting, PrefixCache, Sequence, unstarted
 from .tree_round import TreeVerifier, check_tree_possible
 from .venue_rows import VenueRows, turn_ids
 
@@ -131,7 +129,7 @@ class BatchEngine:
         self.governor = governor
         self.memory_plan = plan.memory
         self.model_name = plan.bundle.name
-        self.plan_chunk = max(1, plan.memory.prefill_chunk or PREFILL_CHUNK)  # the serial engine's chunk
+        self.plan_chunk = max(1, plan.memory.prefill_chunk or PREFILL_CHUNK)
         self.prefill_chunk = min(max(1, prefill_chunk), self.plan_chunk)  # while other requests are generating
         self.vocab = Vocabulary.of(plan.bundle, plan.bundle.load_tokenizer(), runner.vocab_size)
         self.knowledge = open_knowledge(plan.settings, plan.bundle, self.vocab.tokenizer, runner.max_len)  # docs=INDEX
@@ -168,20 +166,6 @@ class BatchEngine:
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
-    def open(cls, bundle, settings: Settings | None = None, **options) -> "BatchEngine":
-        """Loads the target with `parallel` cache slots (and the draft model, as many, when the mode
-        wants it: see the module docstring).
-        `settings`, or its fields as keywords (engine/settings.py; `parallel` is required);
-        suffix_capacity: tokens of finished requests the shared suffix history keeps (batch_drafters.py)."""
-        if settings is None:
-            if "parallel" not in options:
-                raise TypeError("BatchEngine.open: parallel= is required")
-            settings = Settings.of(**options)
-        elif options:
-            raise TypeError("BatchEngine.open: pass either settings or keyword options, not both")
-        return cls.from_plan(build.plan(settings, bundle))
-
-    @classmethod
     def from_plan(cls, p: Plan) -> "BatchEngine":
         s, b = p.settings, p.bundle
         runner, pair = selfdraft.open_target(p, s.parallel)  # with the self-draft where the mode loads it
@@ -194,7 +178,8 @@ class BatchEngine:
                                      providers=p.draft_providers if p.draft_providers is not None
                                      else p.providers, threads=p.threads, profile=p.profile, shared_threads=True,
                                      deterministic=s.deterministic)
-        be = cls(p, runner, governor=build.governor(p, spinning=True), draft=draft, self_pair=pair, heads=heads)
+        governor = build.governor(p, spinning=build.sessions_spin("draft" in p.runners))
+        be = cls(p, runner, governor=governor, draft=draft, self_pair=pair, heads=heads)
         be._check_tree(s.tree)
         if s.warmup:
             be.warmup()
@@ -220,7 +205,7 @@ class BatchEngine:
     def warmup(self, k_max: int = 4) -> None:
         """Engine.warmup for the batch: the target's steps of 1..k_max + 1 tokens twice at every batch
         width (the first run of a shape pays one-off allocations, the second is what the cost model
-        keeps; one slot: slot 0's, the serial engine's steps), the draft model's and the self-draft's
+        keeps; one slot: slot 0's), the draft model's and the self-draft's
         batched steps at every width (several slots), every slot's kept drafters' warmup(); then every
         cache is forgotten (each slot empty, the drafters' caches reset). Only between requests."""
         with self._work, self._cv:
@@ -288,11 +273,12 @@ class BatchEngine:
 
     # -- requests ---------------------------------------------------------------------------------
     def prepare(self, prompt: str | None = None, **options) -> Prepared:
-        """Engine.prepare for the batch, on the caller's thread: the options are Engine.stream's
-        (requests.Options); tree "on" verifies that request's rounds as trees on its slot; "auto"
+        """Everything a request needs before it runs, on the caller's thread (bad input raises here):
+        the options (requests.Options: messages, max_new_tokens, temperature, top_p, top_k, seed,
+        stop, draft, k, cancel, tree, json_schema, grammar, tools, tool_choice, strict) checked and
+        the prompt tokenized; tree "on" verifies that request's rounds as trees on its slot; "auto"
         trees when the cost model says a tree pays with one slot, and runs chains with several. With
-        documents (docs=INDEX) a chat turn reads its passages as the serial engine's does
-        (prepare.prepare_request)."""
+        documents (docs=INDEX) a chat turn reads its passages first (prepare.prepare_request)."""
         return prepare_request(self.knowledge, Options(prompt=prompt, **options), self._parse, self.count_tokens,
                                self.max_len)
 
@@ -307,7 +293,7 @@ class BatchEngine:
         if req is None:
             return self._declined(turn, on_delta)
         rows = self.venue_rows  # what turn_ids reads: a reload may replace it meanwhile (see _start)
-        reading = turn_ids(self, p)  # the cached reading (venue_rows.py), as the serial engine decides
+        reading = turn_ids(self, p)  # the cached reading (venue_rows.py)
         blocks = ()
         if reading is not None:
             blocks, ids = reading
@@ -334,9 +320,9 @@ class BatchEngine:
         return t
 
     def pin(self, system: str | None, *, save_dir=None) -> PinnedPrefix | None:
-        """`serve --system-prompt` at --parallel N (and the documents' system turn: a whole venue read in
-        the cache, or the cached reading's base and passages): pinned.pin_system_prompt, the serial
-        engine's flow, on this engine (its hold fills every slot). Requests are not changed: a
+        """`serve --system-prompt` (and the documents' system turn: a whole venue read in the cache, or
+        the cached reading's base and passages): pinned.pin_system_prompt on this engine (its hold
+        fills every free slot). Requests are not changed: a
         conversation starts with the prompt when it sends it (the kiosk page does). Only while no
         request is admitted or waiting (a reload's re-pin, which runs any time, waits for a free slot)."""
         with self._cv:
@@ -345,7 +331,7 @@ class BatchEngine:
         return pin_system_prompt(self, system, save_dir=save_dir)
 
     def hold(self, tokens: list[int], rows=None):
-        """Engine.hold for the batch (pinned.py): every slot no request holds gets exactly `tokens`,
+        """A pinned prefix (pinned.py): every slot no request holds gets exactly `tokens`,
         the first by `rows` written back (ValueError when they do not fit) or prefilled, the others
         from its snapshot (a memory copy; prefilled each where the cache is not on the host). Returns
         the snapshot (None: not on the host). Waits for a free slot (see the module docstring)."""
@@ -356,7 +342,7 @@ class BatchEngine:
         return rows
 
     def compute_venue_rows(self, rows: VenueRows) -> None:
-        """Engine.compute_venue_rows for the batch: the passages' rows computed once, in one free slot,
+        """The cached reading (venue_rows.py): the passages' rows computed once, in one free slot,
         after the pinned base (any slot's rows: a block's positions are the same in each)."""
         with self._free_slots() as free:
             slot = free[0]
@@ -377,13 +363,6 @@ class BatchEngine:
             with self._cv:
                 self._reserved -= 1
                 self._cv.notify_all()
-
-    def generate(self, prompt: str | None = None, **kw) -> GenerationResult:
-        """One request, run to its end on this thread (only while no worker thread runs rounds)."""
-        t = self.submit(prompt, **kw)
-        while self.round():
-            pass
-        return t.wait(0)
 
     def close(self) -> None:
         self.stop()
@@ -439,13 +418,17 @@ class BatchEngine:
                 a.seq.stop("cancelled")
                 self._end(a)
         prefilling = [a for a in self._active.values() if not a.seq.decoding]
+        if prefilling and not any(a.seq.decoding for a in self._active.values()):
+            # nobody is generating: the prompt is read now, and the round ends with its first token,
+            # so a caller waiting on this round (Engine.stream) has it before any decode pass
+            first = min(prefilling, key=lambda x: x.ticket.id)
+            while first.slot in self._active and not first.seq.decoding:
+                self._guard(first, self._prefill_chunk, first)
+            with self._cv:
+                return bool(self._active or self._waiting)
         if prefilling:
             first = min(prefilling, key=lambda x: x.ticket.id)
             self._guard(first, self._prefill_chunk, first)
-            # alone (nothing generating), finish the prompt now: nobody waits for its chunks
-            while first.slot in self._active and not first.seq.decoding and not any(
-                    x.seq.decoding for x in self._active.values()):
-                self._guard(first, self._prefill_chunk, first)
         decoding = [a for a in self._active.values() if a.seq.decoding]
         if decoding:
             try:
@@ -501,21 +484,26 @@ class BatchEngine:
         cache.tokens = a.seq.ctx  # the slot holds ctx[:length] from here on
 
     def _verifier(self, a: _Active) -> TreeVerifier | None:
-        """The slot's tree verifier for the request (None: chains). One slot: every request's, as the
-        serial engine's, priced by the slot's cost model (the target's and the draft's steps), so
-        tree="auto" trees where a tree pays. Several: tree="on" requests' only, priced at the slot's
+        """The slot's tree verifier for the request (None: chains). One slot: every request's, priced by
+        the slot's cost model (the target's and the draft's steps), so tree="auto" trees where a tree
+        pays. Several: tree="on" requests' only, priced at the slot's
         one-row steps (a tree runs alone: its pass is not priced beside the other rows)."""
         if self.slots > 1 and a.req.tree != "on":
             return None
-        tv = self._trees.get(a.slot)
+        return self.tree_verifier(a.slot)
+
+    def tree_verifier(self, slot: int = 0) -> TreeVerifier:
+        """The slot's tree verifier, made at its first use and kept (what it learnt of runners-up)."""
+        tv = self._trees.get(slot)
         if tv is None:
-            view = self._slots[a.slot]
-            tv = self._trees[a.slot] = TreeVerifier(a.costs if self.slots == 1 else CostModel(view.times), view)
+            view = self._slots[slot]
+            costs = self._drafters.costs(slot, self.runner.times.table(1)) if self.slots == 1 else CostModel(view.times)
+            tv = self._trees[slot] = TreeVerifier(costs, view)
         return tv
 
     def _prefill_chunk(self, a: _Active) -> None:
         """One chunk of its prompt: the batch's while others are generating (they keep streaming), the
-        plan's while none is (the serial engine's chunk: fewer, larger passes)."""
+        plan's while none is (fewer, larger passes)."""
         others = any(x is not a and x.seq.decoding for x in self._active.values())
         self._deliver(a, a.seq.prefill(self.prefill_chunk if others else self.plan_chunk))
 
@@ -577,6 +565,19 @@ class BatchEngine:
             if a.slot in self._active and self._active[a.slot] is a:
                 del self._active[a.slot]
             self._cv.notify_all()
+
+    def abandon(self, ticket: Ticket, error: BaseException) -> None:
+        """The request leaves now, between rounds, failed with `error`, and its slot's cache is forgotten:
+        what its caller does when an exception other than a clean close ends its stream (a half-read
+        answer's text must not seed the next turn as if it were whole). Nothing when it already ended."""
+        with self._work:
+            with self._cv:
+                gone = [a for a in self._waiting if a.ticket is ticket]
+                for a in gone:
+                    self._waiting.remove(a)
+                gone += [a for a in self._active.values() if a.ticket is ticket]
+            for a in gone:
+                self._fail(a, error)
 
     def _fail(self, a: _Active, e: BaseException) -> None:
         self._leave(a)

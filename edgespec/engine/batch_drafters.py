@@ -145,23 +145,25 @@ class BatchDrafters:
             if self_draft is not None:
                 sd.costs.draft = self_draft
 
-    def kept(self, slot: int) -> dict[str, Drafter]:
-        """The slot's kept drafters (the per_slot rows built so far), by mode."""
+    def kept(self, slot: int, target: StepTimes | None = None) -> dict[str, Drafter]:
+        """The slot's kept drafters (its per_slot rows), by mode: the ones built so far, or with
+        `target` (the target's one-row step times: the slot's cost model) every one loadable here,
+        built now where its first request has not built it yet."""
+        if target is not None:
+            kit, make = self._kit(self.costs(slot, target), slot), self._make(slot)
+            for row in modes.MODES:
+                if row.per_slot and self.available(row.name):
+                    make(row, kit)
         return dict(self._kept.get(slot, {}))
 
     def warmup(self, slots: int, target: StepTimes) -> None:
-        """Builds each slot's kept drafters (the per_slot rows loadable here) and runs their warmup()
-        (the draft model's, the self-draft's, the heads' steps timed once at open, as the serial
-        engine's drafters are), so the first requests price them from this device's costs; their
-        caches are left reset. `target`: the target's one-row step times (the slot's cost model)."""
-        rows = tuple(r for r in modes.MODES if r.per_slot and self.available(r.name))
+        """Builds each slot's kept drafters and runs their warmup() (the draft model's, the
+        self-draft's, the heads' steps timed once at open), so the first requests price them from
+        this device's costs; their caches are left reset."""
         for slot in range(slots):
-            kit, make = self._kit(self.costs(slot, target), slot), self._make(slot)
-            for row in rows:
-                d = make(row, kit)
-                if d is not None:
-                    d.warmup()
-                    d.reset()
+            for d in self.kept(slot, target).values():
+                d.warmup()
+                d.reset()
 
     def reset(self) -> None:
         """Every slot's caches were reset (a warm-up's, between requests): the kept drafters forget

@@ -80,7 +80,7 @@ def open_pair(model_path: Path, facts: ModelFacts, max_len: int, choice: SkipCho
 # --- engine wiring -------------------------------------------------------------------------------
 def open_for_engine(bundle, max_len: int, *, required: bool, providers=None, threads=None,
                     profile=None, deterministic: bool = False, slots: int = 1) -> SelfPair | None:
-    """open_pair for Engine.open (one slot) and BatchEngine.open (`slots`). With required=False, a
+    """open_pair for the engine (engine/batch.py from_plan, `slots` cache slots). With required=False, a
     self-draft that cannot be made is logged and skipped (None)."""
     import onnxruntime as ort
 
@@ -123,6 +123,7 @@ def open_target(p, slots: int) -> tuple[ModelRunner, SelfPair | None]:
                                profile=p.profile, deterministic=s.deterministic, slots=slots)
         if pair is not None:
             return pair.model, pair
+    # with the draft model both take turns on one shared pool; alone, a pool of its own (onnxruntime's default)
     return build.load_model(b.model_path("target"), b.target, p.max_len, slots=slots, providers=p.providers,
-                            threads=p.threads, profile=p.profile, shared_threads=True,
+                            threads=p.threads, profile=p.profile, shared_threads="draft" in p.runners,
                             deterministic=s.deterministic), None

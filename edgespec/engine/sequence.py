@@ -1,12 +1,11 @@
-"""One request's life, written once for both engines: the serial Engine drives one Sequence at a
-time (the batch of one, loop.py), the BatchEngine one per cache slot (batch.py).
+"""One request's life in one cache slot: the engine (batch.py) drives one Sequence per slot.
 
     seq = Sequence(req, runner, cached, drafting, vocab, governor)  # prefix reuse: the slot rewound
     while not seq.decoding:
         deltas = seq.prefill(chunk)        # a chunk of the prompt; after the last, the first token's text
     while seq.running():                   # asked after delivering the deltas: a stop, cancel, a full cache
         seq.next_k()                       # the round's proposal cap (seq.part.k)
-        (r,) = run_round(target, [seq.part], cond)   # engine/round.py: a batch runs every part at once
+        (r,) = run_round(target, [seq.part], cond)   # engine/round.py: the engine runs every part at once
         deltas = seq.take(r)               # the round's tokens as text, up to a stop condition
     tail, result = seq.tail(), seq.result()          # what the detokenizer held back; the final stats
 
@@ -18,14 +17,13 @@ is a drafter of its own), the drafter's prefill, and the first token; then round
 next k (the cap, the cache's free rows and max_new_tokens), until a stop condition: EOS, a stop
 string (also split across tokens), max_new_tokens, `cancel`, or a full cache; the final stats.
 
-Where the engines differ is theirs: which slot a request takes and when its chunks run (batch.py),
-the lock, the pinned prefix and the tree verifier (engine.py, loop.py), what the drafters learn
-when a request ends (each engine's factory).
+What is the engine's is there (batch.py): which slot a request takes and when its chunks run, the
+pinned prefix, the tree verifier, what the drafters learn when a request ends.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence as Seq_
 
 from ..core.detokenize import TextStream
@@ -52,6 +50,16 @@ class CacheSlot(Protocol):
     def step(self, tokens: Seq_[int], n_logits: int = 1): ...  # -> [n_logits, V]
 
     def rewind(self, length: int) -> None: ...
+
+
+@dataclass
+class PrefixCache:
+    """The tokens whose K/V a slot's cache holds (a prefix of this list: the slot's length says how much)."""
+
+    tokens: list[int] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.tokens = []
 
 
 @dataclass

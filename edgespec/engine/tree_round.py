@@ -33,7 +33,6 @@ if they had widened and pruned.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 

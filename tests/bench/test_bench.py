@@ -503,7 +503,7 @@ def test_conversation_turns_run_in_order_from_one_reset(tiny_bundle):
     eng = Engine.open(tiny_bundle, draft="auto", max_len=512)
     resets = []
     orig = eng.reset_cache
-    eng.reset_cache = lambda: (resets.append(len(eng._drafters["suffix"].index)), orig())[1]
+    eng.reset_cache = lambda: (resets.append(len(eng.history)), orig())[1]
     try:
         run = bench.run_bench(eng, prompts, modes, max_new_tokens=16, repeats=1, warmup=False)
     finally:
@@ -527,8 +527,8 @@ def test_the_warmup_teaches_no_mode(tiny_bundle, monkeypatch):
     draft's estimates in an engine, so `auto` in the bench did not start where a server's `auto` would."""
     from edgespec.engine import Engine
 
-    eng = Engine.open(tiny_bundle, draft="auto", max_len=512)
-    model = eng._drafters["model"]
+    eng = Engine.open(tiny_bundle, draft="auto", max_len=512)  # its warmup built the slot's draft drafter
+    model = eng.slot_drafters(0)["model"]
     prior = model.mean.a + model.mean.b
     # the draft drafts every round: whether it pays on the tiny model is the machine's timing (drafters/model.py)
     monkeypatch.setattr(model, "pays", lambda k: True)
@@ -557,37 +557,35 @@ def test_the_warmup_teaches_no_mode(tiny_bundle, monkeypatch):
 
 
 def test_each_mode_learns_as_if_it_ran_alone():
-    """Two modes share one drafter object (as `auto` shares the draft model with `model`): what one
-    mode's generations taught it must not be there when the other mode runs, and comes back when its
-    own mode runs again; what is not learned (step times, the other drafters) stays the same object."""
+    """A finished request's estimates seed the next request's drafters of the same modes, whatever mode
+    ran it (engine/batch_drafters.py): what one mode's generations taught must not be there when another
+    mode runs, and comes back when its own mode runs again."""
     from edgespec.bench.lineage import Lineages
-    from edgespec.core.runner import StepTimes
-    from edgespec.drafters.base import Beta, DrafterBase
+    from edgespec.core.costmodel import CostModel
+    from edgespec.drafters.auto import REPLY_KEEP, REPLY_PRIOR
+    from edgespec.engine.batch_drafters import BatchDrafters
+    from helpers.costs import times
 
-    class Learner(DrafterBase):
-        def __init__(self, times):
-            self.acc, self.seen, self.times = Beta(0.5), [], times
+    bd = BatchDrafters(suffix_capacity=256, max_len=256)
+    engine = types.SimpleNamespace(drafter_state=bd.state, load_drafter_state=bd.load_state)
+    costs, prompt = CostModel(times(s1=0.1)), list(range(10))
 
-    class Mixer(DrafterBase):
-        def __init__(self, source):
-            self.sources, self.rounds = [source], 0
+    def finish(mode: str, reply: int) -> None:
+        d, _, _ = bd.for_request(mode, None, costs)
+        d.begin(prompt)
+        bd.finished(d, prompt + [7] * reply)
 
-    times = StepTimes()
-    learner = Learner(times)
-    engine = types.SimpleNamespace(drafters={"model": learner, "auto": Mixer(learner)})
+    def auto_reply() -> float:  # the mean reply length the next auto request starts from
+        return bd.for_request("auto", None, costs)[0].reply
+
     lines = Lineages(engine, lambda e: None)
-    lines.enter("model")
-    for _ in range(20):
-        learner.acc.add(True, False)
-    learner.seen.append("model")
-    lines.leave("model")
     lines.enter("auto")
-    assert learner.acc.mean == pytest.approx(0.5) and learner.seen == []  # the engine's start, not model's run
-    engine.drafters["auto"].rounds += 1
-    learner.seen.append("auto")
+    finish("auto", 40)
+    assert auto_reply() == pytest.approx(REPLY_KEEP * REPLY_PRIOR + (1 - REPLY_KEEP) * 40)
     lines.leave("auto")
-    lines.enter("model")
-    assert learner.acc.mean > 0.9 and learner.seen == ["model"] and engine.drafters["auto"].rounds == 0
-    assert learner.times is times and engine.drafters["auto"].sources[0] is learner
+    lines.enter("suffix")
+    assert auto_reply() == REPLY_PRIOR  # the engine's start, not auto's run
+    finish("suffix", 12)
+    lines.leave("suffix")
     lines.enter("auto")
-    assert learner.seen == ["auto"] and engine.drafters["auto"].rounds == 1
+    assert auto_reply() == pytest.approx(REPLY_KEEP * REPLY_PRIOR + (1 - REPLY_KEEP) * 40)  # its own, back

@@ -17,7 +17,6 @@ import pytest
 from edgespec.core.runner import ModelRunner
 from edgespec.edge import providers as prov
 from edgespec.engine import Engine, build
-from edgespec.engine.batch import BatchEngine
 from edgespec.errors import InvalidRequest
 from edgespec.models.bundle import Bundle
 from helpers.batch import generate_all
@@ -152,7 +151,7 @@ def test_greedy_tokens_do_not_depend_on_cache_chunking_or_drafter(quant_bundle):
 def test_batched_requests_get_the_tokens_they_get_alone(quant_bundle):
     alone = Engine.open(quant_bundle, draft="none", deterministic=True, verify=False, warmup=False, threads=1)
     want = [alone.generate(p, max_new_tokens=30).token_ids for p in PROMPTS]
-    be = BatchEngine.open(quant_bundle, parallel=2, draft="suffix", deterministic=True, verify=False,
+    be = Engine.open(quant_bundle, parallel=2, draft="suffix", deterministic=True, verify=False,
                           warmup=False, threads=1)
     assert be.runner.deterministic
     assert be.generate(PROMPTS[0], max_new_tokens=30).token_ids == want[0]
@@ -168,7 +167,7 @@ def test_three_slots_give_each_request_its_tokens_alone_with_every_drafter(quant
     alone = Engine.open(quant_bundle, draft="none", deterministic=True, verify=False, warmup=False, threads=1)
     want = [alone.generate(p, max_new_tokens=30).token_ids for p in PROMPTS]
     alone.close()
-    be = BatchEngine.open(quant_bundle, parallel=3, draft=draft, deterministic=True, verify=False,
+    be = Engine.open(quant_bundle, parallel=3, draft=draft, deterministic=True, verify=False,
                           warmup=False, threads=1)
     k = {} if draft in ("none", "auto") else {"k": 3}
     got = generate_all(be, [{"prompt": p, "max_new_tokens": 30, **k} for p in PROMPTS])
@@ -189,7 +188,7 @@ def test_a_seeded_sampled_request_replays(quant_bundle):
     assert again.stats.cached_tokens > 0
     assert again.token_ids == first.token_ids
     assert eng.generate(PROMPTS[0], **{**kw, "seed": 12}).token_ids != first.token_ids
-    be = BatchEngine.open(quant_bundle, parallel=2, deterministic=True, verify=False, warmup=False, threads=1)
+    be = Engine.open(quant_bundle, parallel=2, deterministic=True, verify=False, warmup=False, threads=1)
     both = generate_all(be, [{"prompt": PROMPTS[0], **kw}, {"prompt": PROMPTS[2], **kw}])
     assert both[0].token_ids == first.token_ids
 

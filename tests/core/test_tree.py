@@ -248,14 +248,14 @@ def test_compact_refuses_a_path_that_is_not_one(tiny_bundle):
 
 def _check_caches_match_fresh_prefill(eng: Engine, bundle) -> None:
     """Every row the target and draft caches hold equals a fresh prefill of the tokens they claim."""
-    held = eng._cache.tokens[: eng.target.length]
+    held = eng.cached()
     fresh = _runner(bundle, "target", eng.max_len)
     fresh.step(held, 1)
     for got, want in zip(_rows(eng.target, len(held)), _rows(fresh, len(held))):
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
-    model = eng._drafters["model"]
+    model = eng.slot_drafters(0)["model"]
     dt = list(model.tokens)
-    assert dt == eng._cache.tokens[: len(dt)]  # the draft holds a prefix of the context
+    assert dt == held[: len(dt)]  # the draft holds a prefix of the context
     if dt:
         fresh_d = _runner(bundle, "draft", eng.max_len)
         fresh_d.step(dt, 1)
@@ -271,7 +271,7 @@ def tree_engines(tiny_bundle, tiny_bundle_disagree, tiny_llama_bundle):
 
 def test_caches_after_tree_rounds_equal_a_fresh_prefill(tree_engines):
     eng, path = tree_engines["agree"]
-    eng._tree.width = 3
+    eng.tree_verifier().width = 3
     prompt = "one two three one two four one two three one two"
     r = eng.generate(prompt, max_new_tokens=40, draft="auto", k=4, tree="on")
     assert r.stats.tree_rounds > 0
@@ -303,7 +303,7 @@ def test_greedy_tree_output_is_target_alone_output_for_widths_and_depths(tree_en
     for i, prompt in enumerate(_prompts(eng, 7 + len(name), 3)):
         ref = eng.generate(prompt, max_new_tokens=32, draft="none")
         for width in (1, 2, 3, 4):
-            eng._tree.width = width
+            eng.tree_verifier().width = width
             for depth in (1, 2, 4, 6):
                 for draft in ("model", "auto", "ngram"):
                     r = eng.generate(prompt, max_new_tokens=32, draft=draft, k=depth, tree="on")
@@ -311,7 +311,7 @@ def test_greedy_tree_output_is_target_alone_output_for_widths_and_depths(tree_en
                     shapes.update(r.stats.tree_shapes)
                     if (r.token_ids, r.text, r.finish_reason) != (ref.token_ids, ref.text, ref.finish_reason):
                         bad.append((i, width, depth, draft))
-    eng._tree.width = 4
+    eng.tree_verifier().width = 4
     assert not bad, bad[:5]
     assert trees > 50 and len(shapes) > 10  # trees really ran, in many shapes
 
@@ -321,28 +321,28 @@ def test_greedy_tree_widens_a_suffix_chain_with_the_index_alternatives(tree_engi
     longest match (SuffixIndex.alternatives); the output stays the target's."""
     eng, _ = tree_engines["agree"]
     sources: list[str] = []
-    widen = eng._tree._widen
+    widen = eng.tree_verifier()._widen
 
     def spy(*a, **kw):
         tree = widen(*a, **kw)
         sources.extend(tree.source)
         return tree
 
-    eng._tree._widen = spy
+    eng.tree_verifier()._widen = spy
     bad = []
     try:
         prompts = ["one two three one two four one two five one two three one two", *_prompts(eng, 21, 2)]
         for i, prompt in enumerate(prompts):
             ref = eng.generate(prompt, max_new_tokens=32, draft="none")
             for width in (2, 4):
-                eng._tree.width = width
+                eng.tree_verifier().width = width
                 for depth in (2, 6):
                     r = eng.generate(prompt, max_new_tokens=32, draft="suffix", k=depth, tree="on")
                     if r.token_ids != ref.token_ids:
                         bad.append((i, width, depth))
     finally:
-        del eng._tree._widen
-        eng._tree.width = 4
+        del eng.tree_verifier()._widen
+        eng.tree_verifier().width = 4
     assert not bad, bad[:5]
     assert sources.count("suffix-alt") > 10 and sources.count("suffix") > 10
 
@@ -358,11 +358,11 @@ def test_greedy_tree_is_lossless_at_the_cache_limit(tree_engines, name):
     ref = eng.generate(prompt, max_new_tokens=400, draft="none")
     assert ref.finish_reason in ("cache_full", "stop")
     for width in (2, 4):
-        eng._tree.width = width
+        eng.tree_verifier().width = width
         for depth in (3, 6):
             r = eng.generate(prompt, max_new_tokens=400, draft="auto", k=depth, tree="on")
             assert (r.token_ids, r.finish_reason) == (ref.token_ids, ref.finish_reason), (width, depth)
-    eng._tree.width = 4
+    eng.tree_verifier().width = 4
 
 
 def test_auto_tree_is_lossless_and_records_its_choice(tree_engines):

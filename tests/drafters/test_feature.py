@@ -151,7 +151,7 @@ def test_the_feature_drafter_grows_its_chain_only_while_a_call_pays(tiny_feature
     token its first call gave (`--draft heads` always makes that call; `auto` decides whether a round
     drafts at all, from the rate its rounds delivered)."""
     eng = Engine.open(tiny_feature_bundle, max_len=128, draft="heads", warmup=False)
-    d = eng._drafters["heads"]
+    d = eng.slot_drafters(0)["heads"]
     for i in range(3):  # positions the drafter believes in, whatever this tiny model's export measured
         d.mean[i].add(50, 0)
         for b in d.by_conf[i]:

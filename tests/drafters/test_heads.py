@@ -154,7 +154,7 @@ def test_bad_heads_options_are_refused_before_anything_runs(tmp_path, opts, matc
 
 def test_heads_propose_and_auto_uses_them_on_a_heads_bundle(tiny_heads_bundle):
     eng = Engine.open(tiny_heads_bundle, max_len=128)
-    assert "heads" in eng._drafters and any(s.name == "heads" for s in eng._drafters["auto"].sources)
+    assert "heads" in eng.modes() and "heads" in eng.auto_sources()
     ref = eng.generate("def add(a, b):", max_new_tokens=40, draft="none")
     r = eng.generate("def add(a, b):", max_new_tokens=40, draft="heads", k=3)
     assert r.token_ids == ref.token_ids
@@ -170,7 +170,7 @@ def _oracle_heads(eng, monkeypatch):
 
     b = Bundle.open(eng.bundle.root)
     oracle = load_runner(b.model_path("target"), b.target, 64)
-    drafter = eng._drafters["heads"]
+    drafter = eng.slot_drafters(0)["heads"]
     real_draft, ctxs = heads_mod.HeadsDrafter.draft, []
 
     def draft(self, ctx, k, params, rng):

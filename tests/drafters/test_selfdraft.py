@@ -129,7 +129,7 @@ def test_greedy_equals_target_alone_every_k(deep):
 def test_greedy_two_layer_bundle_and_auto_has_self_when_opened_with_it(tiny_bundle_nodraft):
     ref = Engine.open(tiny_bundle_nodraft, max_len=128, draft="none")
     eng = Engine.open(tiny_bundle_nodraft, max_len=128, draft="self")
-    assert eng._drafters["self"] in eng._drafters["auto"].sources  # one more option of auto
+    assert "self" in eng.auto_sources()  # one more option of auto
     for prompt in ("def add(a, b):", "the the the the", "x"):
         want = ref.generate(prompt, max_new_tokens=32).token_ids
         for mode, k in (("self", None), ("self", 4), ("auto", None), ("auto", 3)):
@@ -140,12 +140,12 @@ def test_auto_alone_does_not_load_self(tiny_bundle_nodraft):
     """Loading it turns weight prepacking off for the target too (docs/speed.md): auto does not
     pay that by itself, with or without a draft model."""
     eng = Engine.open(tiny_bundle_nodraft, max_len=64, draft="auto", warmup=False)
-    assert eng.self_runner is None and "self" not in eng._drafters
+    assert eng.self_pair is None and "self" not in eng.modes()
 
 
 def test_auto_does_not_load_self_when_a_draft_model_is_loaded(tiny_bundle):
     eng = Engine.open(tiny_bundle, max_len=64, draft="auto")
-    assert eng.self_runner is None and "self" not in eng._drafters
+    assert eng.self_pair is None and "self" not in eng.modes()
     with pytest.raises(DraftUnavailable, match="draft='self' is not possible"):
         eng.generate("hi", max_new_tokens=4, draft="self")
 
@@ -376,7 +376,7 @@ def test_tied_embedding_transpose_is_folded_once_and_shared(tied_bundle, monkeyp
     monkeypatch.setattr(SharedWeights, "configure", spy)
     ref = Engine.open(tied_bundle, max_len=64, draft="none")
     eng = Engine.open(tied_bundle, max_len=64, draft="self")
-    w = eng.self_runner.runner.shared_weights  # the self-draft's runner holds them
+    w = eng.self_pair.weights  # the self-draft pair holds them (its runner and the target's alike)
     assert w.folded == ["/model/embed_tokens/Transpose/output_0"]
     assert not any(n.op_type == "Transpose" and n.input[0] in w.arrays for n in w.proto.graph.node)
     assert seen[0] is None and w.folded[0] in seen[1]  # the target gets all; the draft gets the folded one too

@@ -195,7 +195,7 @@ def test_a_later_request_copies_an_earlier_answer(eng):
     fresh = eng.generate("def add(a, b):", max_new_tokens=40, draft="suffix")
     assert fresh.token_ids == first.token_ids
     assert fresh.stats.accepted < again.stats.accepted
-    assert len(eng._drafters["suffix"].index) == len(eng.encode("def add(a, b):")) + 40
+    assert len(eng.history) == len(eng.encode("def add(a, b):")) + 40
 
 
 def test_recycle_mode_drafts_from_the_verify_rows(eng):
@@ -214,10 +214,10 @@ def test_the_first_token_does_not_wait_for_the_draft_prefill(eng):
     eng.reset_cache()
     s = eng.stream("def mul(a, b):", max_new_tokens=24, draft="model", k=2)
     deltas = [next(s)]
-    assert eng._drafters["model"].runner.length == 0
+    assert eng.draft_runner.length == 0
     deltas += list(s)
     assert s.result.token_ids == ref.token_ids
-    assert eng._drafters["model"].runner.length > 0
+    assert eng.draft_runner.length > 0
 
 
 def test_a_stream_closed_early_leaves_a_clean_document(eng):
@@ -227,8 +227,8 @@ def test_a_stream_closed_early_leaves_a_clean_document(eng):
     s = eng.stream("def add(a, b):", max_new_tokens=40, draft="suffix")
     next(s)
     s.close()
-    first_doc = list(eng._drafters["suffix"].index.text)
+    first_doc = list(eng.history.text)
     assert first_doc[: len(eng.encode("def add(a, b):"))] == eng.encode("def add(a, b):")
     r = eng.generate("x = [1, 2", max_new_tokens=8, draft="none")
     ids = eng.encode("x = [1, 2")
-    assert list(eng._drafters["suffix"].index.text) == [*first_doc, SEP, *ids, *r.token_ids]
+    assert list(eng.history.text) == [*first_doc, SEP, *ids, *r.token_ids]

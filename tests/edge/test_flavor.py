@@ -273,10 +273,9 @@ def test_a_cuda_graph_is_refused_on_a_cpu_without_float16(monkeypatch):
 # --- one flavor choice on every path (issue 19) ----------------------------------------------------
 def test_batch_engine_refuses_a_cpu_graph_on_cuda(tiny_bundle_nodraft, fake_cuda):
     """`serve --parallel N` opens its graph through the same choice as Engine: the same refusal."""
-    from edgespec.engine.batch import BatchEngine
 
     with pytest.raises(ProviderError, match=r"is the cpu flavor .* re-export with `edgespec export \.\.\. --ep cuda`"):
-        BatchEngine.open(tiny_bundle_nodraft, parallel=2, providers="cuda,cpu", verify=False, warmup=False)
+        Engine.open(tiny_bundle_nodraft, parallel=2, providers="cuda,cpu", verify=False, warmup=False)
 
 
 def test_batched_runner_judges_the_graph_the_flavor_choice_loads(tiny_both_flavors_bundle, fake_cuda):

@@ -220,17 +220,17 @@ def test_spinning_off_is_refused_loudly_on_the_shared_pool(monkeypatch, caplog):
 
 @pytest.fixture
 def recorded_loads(monkeypatch):
-    """What Engine.open hands load_runner, per model (the real load_runner still runs)."""
+    """What Engine.open hands load_model, per model (the real load_model still runs)."""
     import edgespec.engine.build as engine_mod
 
-    real = engine_mod.load_runner
+    real = engine_mod.load_model
     calls: list[dict] = []
 
     def spy(path, facts, max_len, **kw):
         calls.append({"model": Path(path).parent.name, **kw})
         return real(path, facts, max_len, **kw)
 
-    monkeypatch.setattr(engine_mod, "load_runner", spy)
+    monkeypatch.setattr(engine_mod, "load_model", spy)
     return calls
 
 

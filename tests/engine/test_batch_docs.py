@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from edgespec.engine import Engine
-from edgespec.engine.batch import BatchEngine
 from edgespec.engine.pinned import prefix_tokens
 from edgespec.errors import InvalidRequest
 from edgespec.knowledge.answer import DECLINE, tokenizer_sha256
@@ -39,7 +38,7 @@ def serial(tiny_bundle, index):
 
 @pytest.fixture(scope="module")
 def batch(tiny_bundle, index):
-    eng = BatchEngine.open(tiny_bundle, parallel=3, docs=str(index), **OPTS)
+    eng = Engine.open(tiny_bundle, parallel=3, docs=str(index), **OPTS)
     yield eng
     eng.close()
 
@@ -164,7 +163,7 @@ def whole_venue(tiny_bundle, tmp_path_factory):
             mp.setattr(answer, name, short)
         opts = {**OPTS, "max_len": None}  # the plan sizes the cache for the venue
         serial = Engine.open(tiny_bundle, docs=str(out), **opts)
-        batch = BatchEngine.open(tiny_bundle, parallel=2, docs=str(out), **opts)
+        batch = Engine.open(tiny_bundle, parallel=2, docs=str(out), **opts)
         yield serial, batch
         serial.close()
         batch.close()

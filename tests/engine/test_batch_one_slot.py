@@ -24,7 +24,7 @@ def test_tree_auto_at_one_slot_trees_and_equals_the_serial_engine_and_target_alo
     """tree="auto" at parallel=1: the slot's verifier, priced by the slot's cost model (its verify frozen
     flat, so trees pay), widens rounds into trees as the serial engine's does; the tokens are the
     serial engine's and the target alone's."""
-    be = BatchEngine.open(tiny_bundle_disagree, parallel=1, draft="model", max_len=160, verify=False, warmup=False)
+    be = Engine.open(tiny_bundle_disagree, parallel=1, draft="model", max_len=160, verify=False, warmup=False)
     eng = Engine.open(tiny_bundle_disagree, draft="model", max_len=160, verify=False, warmup=False)
     try:
         freeze(be.runner.times.table(1), **FLAT)
@@ -45,7 +45,7 @@ def test_tree_auto_at_one_slot_trees_and_equals_the_serial_engine_and_target_alo
 
 
 def test_tree_auto_runs_chains_with_several_slots(tiny_bundle_disagree):
-    be = BatchEngine.open(tiny_bundle_disagree, parallel=2, draft="model", max_len=160, verify=False, warmup=False)
+    be = Engine.open(tiny_bundle_disagree, parallel=2, draft="model", max_len=160, verify=False, warmup=False)
     try:
         for rows in (1, 2):
             freeze(be.runner.times.table(rows), **FLAT)
@@ -58,7 +58,7 @@ def test_tree_auto_runs_chains_with_several_slots(tiny_bundle_disagree):
 # --- 2. the prefill chunk -------------------------------------------------------------------------
 def _chunked(plan_chunk: int, bundle, parallel: int) -> BatchEngine:
     p = build.plan(Settings.of(parallel=parallel, draft="none", max_len=400, verify=False, warmup=False), bundle)
-    return BatchEngine.from_plan(dataclasses.replace(p, memory=dataclasses.replace(p.memory, prefill_chunk=plan_chunk)))
+    return Engine.from_plan(dataclasses.replace(p, memory=dataclasses.replace(p.memory, prefill_chunk=plan_chunk)))
 
 
 def _steps(view, sizes: list[int]):
@@ -103,7 +103,7 @@ def test_a_long_prompt_alone_is_read_in_the_plans_chunks(tiny_bundle):
 # --- 3. warmup --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("slots", [1, 2])
 def test_warmup_times_every_step_and_drafter_and_leaves_every_slot_empty(tiny_bundle, slots):
-    be = BatchEngine.open(tiny_bundle, parallel=slots, draft="auto", max_len=64, verify=False, warmup=True)
+    be = Engine.open(tiny_bundle, parallel=slots, draft="auto", max_len=64, verify=False, warmup=True)
     try:
         for rows in range(1, slots + 1):  # each size up to k_max + 1 twice, at every width
             assert be.runner.times.table(rows).count == {s: 2 for s in range(1, 6)}
@@ -123,7 +123,7 @@ def test_warmup_times_every_step_and_drafter_and_leaves_every_slot_empty(tiny_bu
 # --- 4. the self-draft priced at the batch's width ------------------------------------------------
 def test_the_self_draft_quotes_its_batched_step_at_the_rounds_width(tiny_deep_bundle):
     pytest.importorskip("onnx")
-    be = BatchEngine.open(tiny_deep_bundle, parallel=3, draft="self", max_len=96, verify=False, warmup=False)
+    be = Engine.open(tiny_deep_bundle, parallel=3, draft="self", max_len=96, verify=False, warmup=False)
     try:
         skips = be.self_pair.skips.times
         freeze(skips.table(1), s1=0.004)
@@ -149,7 +149,7 @@ def test_the_self_draft_quotes_its_batched_step_at_the_rounds_width(tiny_deep_bu
 
 # --- 5. cached() --------------------------------------------------------------------------------
 def test_cached_is_what_slot_zero_holds(tiny_bundle):
-    be = BatchEngine.open(tiny_bundle, parallel=1, draft="none", max_len=96, verify=False, warmup=False)
+    be = Engine.open(tiny_bundle, parallel=1, draft="none", max_len=96, verify=False, warmup=False)
     try:
         assert be.cached() == []
         prompt = "the quick brown fox"
@@ -172,7 +172,7 @@ def _seeds(be: BatchEngine) -> tuple:
 
 
 def test_drafter_state_restores_what_the_next_request_is_seeded_with(tiny_bundle):
-    be = BatchEngine.open(tiny_bundle, parallel=1, draft="auto", max_len=160, verify=False, warmup=False)
+    be = Engine.open(tiny_bundle, parallel=1, draft="auto", max_len=160, verify=False, warmup=False)
     try:
         be.generate("one two three one two three", max_new_tokens=10, draft="recycle", k=2)
         state = be.drafter_state()

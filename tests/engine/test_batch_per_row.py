@@ -8,7 +8,6 @@ import onnxruntime
 import pytest
 
 from edgespec.engine import Engine
-from edgespec.engine.batch import BatchEngine
 from edgespec.models import ortcompat
 from edgespec.models.kernels import floor_problem
 from helpers.batch import generate_all
@@ -29,7 +28,7 @@ def _alone(eng, **kw):
 
 def _check(bundle, reqs, **open_kw) -> list[list[int]]:
     """Runs `reqs` batched and alone; returns each batched step's row lengths."""
-    be = BatchEngine.open(bundle, parallel=3, max_len=160, verify=False, providers="cpu", **open_kw)
+    be = Engine.open(bundle, parallel=3, max_len=160, verify=False, providers="cpu", **open_kw)
     alone = Engine.open(bundle, draft="none", max_len=160, verify=False, warmup=False, providers="cpu")
     steps: list[list[int]] = []
     step = be.runner.step

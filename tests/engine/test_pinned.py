@@ -107,11 +107,10 @@ def test_a_saved_prefix_starts_a_restart_warm_and_a_corrupt_one_is_ignored(eng, 
 def test_a_batch_pins_by_the_same_flow_and_shares_the_saved_rows(eng, tiny_bundle, tmp_path):
     """--parallel 2: pin_system_prompt fills every slot from one snapshot, saved under the serial
     engine's key, so either engine's restart loads what the other saved."""
-    from edgespec.engine.batch import BatchEngine
 
     eng.reset_cache()
     serial = pin_system_prompt(eng, SYSTEM, save_dir=tmp_path)
-    batch = BatchEngine.open(tiny_bundle, parallel=2, max_len=256, warmup=False, draft="none")
+    batch = Engine.open(tiny_bundle, parallel=2, max_len=256, warmup=False, draft="none")
     try:
         pin = pin_system_prompt(batch, SYSTEM, save_dir=tmp_path)
         n = len(pin.tokens)

@@ -8,7 +8,6 @@ import dataclasses
 import pytest
 
 from edgespec.engine import Engine
-from edgespec.engine.batch import BatchEngine
 from edgespec.engine.results import GenerationStats
 
 CLOCKS = {"ttft_s", "prefill_s", "decode_tokens_per_second", "total_s"}  # seconds measured, not counted
@@ -19,7 +18,7 @@ PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
 def engines(tiny_bundle):
     opts = dict(draft="auto", max_len=160, verify=False, warmup=False, deterministic=True)
     serial = Engine.open(tiny_bundle, **opts)
-    batch = BatchEngine.open(tiny_bundle, parallel=2, **opts)
+    batch = Engine.open(tiny_bundle, parallel=2, **opts)
     yield serial, batch
     serial.close()
     batch.close()

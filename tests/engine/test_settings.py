@@ -11,10 +11,9 @@ from edgespec.bench import run as bench
 from edgespec.cli.main import main
 from edgespec.drafters import modes
 from edgespec.engine import Engine
-from edgespec.engine.batch import BatchEngine
 from edgespec.engine.requests import Options
 from edgespec.engine.settings import Settings
-from edgespec.errors import InvalidRequest
+from edgespec.errors import BundleNotFound, InvalidRequest
 from edgespec.limits import TREE_MODES
 from edgespec.server import validate
 
@@ -51,11 +50,8 @@ def test_settings_are_frozen_and_converted_once():
 def test_engine_open_takes_settings_or_keywords_not_both(tmp_path):
     with pytest.raises(TypeError, match="either settings or keyword options"):
         Engine.open(tmp_path / "none", Settings(), k=2)
-    with pytest.raises(InvalidRequest, match="open a BatchEngine") as e:
+    with pytest.raises(BundleNotFound):  # any parallel opens the one engine: the missing bundle stops it
         Engine.open(tmp_path / "none", parallel=2)
-    assert e.value.param == "parallel"
-    with pytest.raises(TypeError, match="parallel= is required"):
-        BatchEngine.open(tmp_path / "none")
 
 
 def test_help_texts_list_every_mode_of_the_table(capsys):
@@ -99,10 +95,10 @@ def test_the_engine_builds_every_row_it_has_a_runner_for(tiny_bundle):
     eng = Engine.open(tiny_bundle, max_len=64, warmup=False)
     try:
         # tiny_bundle has a draft model, no self-draft record and no heads; the engine has no documents
-        assert set(eng._drafters) == {m.name for m in modes.MODES if m.runner not in ("self", "heads", "docs")}
+        assert set(eng.modes()) == {m.name for m in modes.MODES if m.runner not in ("self", "heads", "docs")}
         ranked = [m.name for m in sorted((m for m in modes.MODES if m.auto_rank is not None
                                           and m.runner not in ("self", "heads", "docs")), key=lambda m: m.auto_rank)]
-        assert [s.name for s in eng._drafters["auto"].sources] == ranked == ["suffix", "model", "grammar"]
+        assert eng.auto_sources() == ranked == ["suffix", "model", "grammar"]
     finally:
         eng.close()
 
@@ -110,6 +106,6 @@ def test_the_engine_builds_every_row_it_has_a_runner_for(tiny_bundle):
 def test_heads_is_one_row_the_engine_builds_when_the_bundle_has_them(tiny_heads_bundle):
     eng = Engine.open(tiny_heads_bundle, max_len=64, warmup=False)
     try:
-        assert "heads" in eng._drafters and eng._drafters["heads"] in eng._drafters["auto"].sources
+        assert "heads" in eng.modes() and "heads" in eng.auto_sources()
     finally:
         eng.close()

@@ -18,7 +18,6 @@ import pytest
 
 from edgespec.core.runner import CacheFull
 from edgespec.engine import Engine
-from edgespec.engine.batch import BatchEngine
 from edgespec.engine.pinned import pin_system_prompt
 from edgespec.knowledge import answer
 from edgespec.knowledge.answer import tokenizer_sha256
@@ -239,7 +238,7 @@ def cached_pair(tiny_bundle, tmp_path_factory):
     with _tiny_venue(tmp_path_factory) as (pages, out):
         _index(tiny_bundle, pages, out, cached=True)
         serial = Engine.open(tiny_bundle, docs=str(out), **EXACT)
-        batch = BatchEngine.open(tiny_bundle, docs=str(out), parallel=3, **EXACT)
+        batch = Engine.open(tiny_bundle, docs=str(out), parallel=3, **EXACT)
         for eng in (serial, batch):
             pin_system_prompt(eng, None)
         batch.test_pages = pages
