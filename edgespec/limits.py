@@ -16,7 +16,7 @@ K_LIMIT = 16  # largest k a request may ask for (each verify row costs a full-vo
 DEFAULT_K_CAP = 8  # adaptive k never proposes more than this per round
 DEFAULT_MAX_LEN = 2048  # cache length when neither the caller, the bundle (export --max-context) nor a device profile sets one (edge/cache_length.py)
 PREFILL_CHUNK = 512  # tokens per prefill step: bounds activation memory on long prompts
-# tokens the suffix index keeps: the drafter's bound (a batched server's shared history too: its requests
+# tokens the suffix index keeps: the engine's shared history of finished requests (its requests
 # read it in place, each beside an index of its own text, which the memory plan's slot cost counts)
 SUFFIX_CAPACITY = 1 << 20
 # host bytes the suffix index costs per token held: the int32 buffer plus its suffix automaton (measured
@@ -38,7 +38,7 @@ QUANTS = ("int4", "int8", "fp16", "fp32")  # weight precisions an export may be 
 MODEL_QUANTS = QUANTS + ("mixed",)
 # what one request may ask for, checked once where a request enters the engine (engine/requests.py
 # Options, core/sampling.py SamplingParams, engine/settings.py check_k): the Python API and the server alike
-PARALLEL_LIMIT = 64  # cache slots of a batched engine at most (--parallel)
+PARALLEL_LIMIT = 64  # cache slots of the engine at most (--parallel)
 STOP_LIMIT = 16  # stop strings per request
 TOP_K_LIMIT = 1 << 31  # beyond any vocabulary; keeps the engine's integer arithmetic in range
 SEED_LIMIT = 2**63 - 1  # largest seed (a seed is >= 0: numpy's generators refuse negative ones)

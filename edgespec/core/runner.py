@@ -10,8 +10,8 @@ overwritten by the next step. The buffers are slot-major, so slots [lo, hi) are 
 a step of some slots binds that block by its address (CPU and GPU alike) and pays for those rows only.
 
 One sequence runs on a slot through its view, `runner.slot(b)` (core/slot.py: chains, trees,
-placed rows, snapshots, hidden rows). Slot 0 of a one-slot runner binds the whole cache: the serial
-engine's path.
+placed rows, snapshots, hidden rows). Slot 0 of a one-slot runner (the engine at --parallel 1)
+binds the whole cache.
 
 The self-draft (drafters/self.py) is a runner too: `runner.skip(session, kept)` is the layer-skipped
 graph over this runner's cache, the `kept` layers' buffers bound to its own KV names, with lengths of

@@ -3,8 +3,8 @@ the layer-skipped self-draft's runner, bound on the target slot's own buffers.
 
 A Slot is a view: its state (length, rotary positions, the last step's hidden rows) is the
 runner's per-slot state, its host cache is `arr[b:b+1]` of the runner's buffers, and its steps run
-on a binding of that slot's block alone (the whole cache's binding for a one-slot runner: the
-serial engine's path, allocating nothing per step beyond the tokens). Everything a single sequence
+on a binding of that slot's block alone (the whole cache's binding for a one-slot runner, the
+engine at --parallel 1, allocating nothing per step beyond the tokens). Everything a single sequence
 does runs on any slot: chains, trees + `compact`, rows placed at positions of their own, snapshots
 for a pinned prefix, the hidden rows draft heads read, and the self-draft.
 

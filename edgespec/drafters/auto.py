@@ -92,13 +92,13 @@ class AutoDrafter(DrafterBase):
                 "reply_tokens": self.reply}
 
     def evidence(self) -> "AutoEvidence":
-        """What the next request's auto starts from (a batched engine builds one per request): its
+        """What the next request's auto starts from (the engine builds one per request): its
         posteriors and shares, and the mean length of its replies (end() has counted this one's)."""
         return AutoEvidence(self.posteriors, self.share, self.reply)
 
     def seed(self, evidence) -> None:
         """Starts from a finished request's evidence (a copy: requests never share it); the posteriors
-        are faded at begin like the serial engine's own."""
+        are faded at begin."""
         if evidence is None:
             self.posteriors, self.share = {}, {}
             return

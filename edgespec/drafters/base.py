@@ -22,7 +22,7 @@
     end(ctx)                                   a request ended (whatever mode ran it): its final text
     warmup()                                   time the steps its proposals run (at engine open)
     evidence() -> object | None                what this request learned that the next may start from
-    seed(evidence)                             start from a finished request's evidence (a batched
+    seed(evidence)                             start from a finished request's evidence (the
                                                engine builds drafters per request: drafters/modes.py)
     attach(constraint) -> bool                 the request's grammar; True: it drafts under it itself,
                                                False: its proposals get the forced tokens in front
@@ -37,8 +37,8 @@ decide speed. `DrafterBase` gives the no-op defaults, so a drafter writes only w
 A step plan is how a proposal that steps a model is run by whoever owns the steps. It yields each
 step it needs as an ask, `(runner, tokens, n_logits)`: feed `tokens` to `runner` (one sequence's
 interface, core/slot.py) and send back the logits of the last n_logits of them, [n_logits, V]; it returns the
-Proposal. Alone, `drive` runs each ask on its runner in turn (the serial engine, a warm-up); a
-batched engine runs the asks of every request drafting in a round together, one batched draft step
+Proposal. Alone, `drive` runs each ask on its runner in turn (a lone request's round, a warm-up);
+the engine runs the asks of every request drafting in a round together, one batched draft step
 per turn (engine/draft_batch.py). The free drafters run no model step: the default plan returns
 their proposal without yielding.
 """
@@ -238,8 +238,8 @@ class DrafterBase:
 
     def seed(self, evidence: object | None) -> None:
         """Start from what `evidence()` of a finished request's drafter returned (None: from the
-        priors). A batched engine builds fresh drafters per request and seeds them so; the serial
-        engine's drafters live across requests and need none."""
+        priors). The engine builds fresh drafters per request and seeds them so (engine/batch_drafters.py);
+        a slot's kept drafters (modes.py `per_slot`) live across its requests."""
 
     def attach(self, constraint) -> bool:
         """The request's grammar (core/constraint.Constraint; None: unconstrained). True: this

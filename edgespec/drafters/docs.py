@@ -10,7 +10,7 @@ token's acceptance estimated per (matched length, frequency) and the chain cut w
 Unlike the suffix drafter it never writes: requests' own text stays in the suffix index (`auto`
 asks both, each quoting its rate), and Engine.reset_cache() forgets only what it learned.
 
-A batched engine builds a docs drafter per request (engine/batch_drafters.py), all of them over one
+The engine builds a docs drafter per request (engine/batch_drafters.py), all of them over one
 `DocsStore`: the documents' index is built once per load of the documents, not per request, and is
 only read (a lookup writes nothing), so requests drafting side by side share it safely; each
 request's acceptance estimates are its own (seeded from the last finished request's).
@@ -27,7 +27,7 @@ from .suffix_index import Chain, SuffixIndex
 
 class DocsStore:
     """The documents' suffix index, rebuilt when the documents are reloaded: one per engine, read by
-    every docs drafter over it (the serial engine's one, a batched engine's one per request)."""
+    every docs drafter over it (the engine's, one per request)."""
 
     def __init__(self, knowledge):
         """knowledge: a knowledge.answer.Knowledge (its `index`, read again after a reload)."""

@@ -54,13 +54,13 @@ def conf_bin(c: float) -> int:
 
 
 class ModelDrafter(DrafterBase):
-    """The small draft model on its own in-place KV cache (a core/slot.Slot: slot 0 of its own runner, or
-    a batched engine's slot of the draft model's).
+    """The small draft model on its own in-place KV cache (a core/slot.Slot: in the engine, its request
+    slot's slot of the draft model's runner, engine/draft_batch.py; else slot 0 of a runner of its own).
 
     Its cache holds a prefix of the context; `_sync` feeds whatever is missing in one step (the
     target's last token, or a whole new prompt), so rewinding after a rejection is free. A proposal
-    is a step plan (drafters/base.py): `propose` drives it on its own runner, a batched engine runs
-    the plans of all its requests' drafters together (engine/draft_batch.py). With
+    is a step plan (drafters/base.py): `propose` drives it alone, the engine runs the plans of all
+    its requests' drafters drafting in a round together (engine/draft_batch.py). With
     `adaptive`, it stops drafting as soon as its own confidence says one more token is not worth
     its cost.
 

@@ -1,9 +1,9 @@
 """The drafting modes, one row each: what a `draft` setting may name, and everything the layers above
 need to know about it. Validation (engine settings, requests, the server), the CLI's help texts and
 the bench's columns all read this table; every mode runs at every --parallel; the engine builds its drafters
-through each row's `build`: the serial engine all of them once (`build_all`), a batched engine the rows
-of each request's mode per request (`build_all` over `request_rows`, engine/batch_drafters.py). A new
-drafter is its module plus one row here.
+through each row's `build`: the rows of each request's mode, per request (`build_all` over
+`request_rows`, engine/batch_drafters.py; the `per_slot` rows once per slot). A new drafter is its
+module plus one row here.
 
 This module imports nothing heavy at import time (the CLI reads it to write `--help`): each `build`
 imports its drafter when an engine is opened.
@@ -19,8 +19,7 @@ from ..limits import DRAFT_MODES
 
 @dataclass
 class Kit:
-    """What an engine lends the drafters it builds (engine/engine.py; a batched request's:
-    engine/batch_drafters.py)."""
+    """What the engine lends the drafters it builds for a request (engine/batch_drafters.py)."""
 
     costs: Any  # core.costmodel.CostModel over the target's (and draft's) measured step times
     usable: int  # ids >= usable are never proposed
@@ -31,10 +30,10 @@ class Kit:
     vocab_map: Any = None  # the pruned draft's logits row -> token id map (`export --draft-vocab`)
     bundle: Any = None  # models.bundle.Bundle (its manifest's records: the draft heads')
     sources: list | None = None  # the built drafters `auto` chooses between (by auto_rank), for its row's build
-    shared: Any = None  # a batched request's: the finished requests' SuffixIndex, read and never written
-    recycle_table: Any = None  # a batched engine's recycle table, one for every request
+    shared: Any = None  # the finished requests' SuffixIndex, read and never written
+    recycle_table: Any = None  # the engine's recycle table, one for every request
     docs: Any = None  # knowledge.answer.Knowledge: the documents an engine answers from (the docs drafter's text)
-    docs_store: Any = None  # a batched engine's index over them (drafters/docs.DocsStore), one for every request
+    docs_store: Any = None  # the engine's index over them (drafters/docs.DocsStore), one for every request
 
     def runner(self, name: str):
         return (self.runners or {}).get(name)
@@ -53,7 +52,7 @@ class DraftMode:
     build: Callable[[Kit], Any] | None = None  # the engine's drafter (None: nothing to build)
     chooses: bool = False  # its build chooses between the other rows' drafters (Kit.sources): built last
     fallback: bool = False  # the free drafter a limit that forbids model steps drafts with instead
-    per_slot: bool = False  # a batched engine keeps its drafter with the slot across requests (its
+    per_slot: bool = False  # the engine keeps its drafter with the slot across requests (its
     # cache, its calibration) instead of building one per request
 
 
@@ -179,7 +178,7 @@ def build_all(kit: Kit, rows: tuple[DraftMode, ...] = MODES,
               make: Callable[[DraftMode, Kit], Any] | None = None) -> dict[str, Any]:
     """Every drafter of `rows` the table can build with what `kit` holds, by mode name: the rows
     that choose between others last, over the built drafters they rank (auto_rank). `make(row,
-    kit)`: how a row's drafter is made (default: its build; a batched engine reuses what it keeps
+    kit)`: how a row's drafter is made (default: its build; the engine reuses what it keeps
     with a slot)."""
     built: dict[str, Any] = {}
     for row in sorted(rows, key=lambda r: r.chooses):
@@ -192,15 +191,14 @@ def build_all(kit: Kit, rows: tuple[DraftMode, ...] = MODES,
 
 
 def request_rows(name: str) -> tuple[DraftMode, ...]:
-    """The rows a batched request in mode `name` builds: its own and, for a row that chooses, the
+    """The rows a request in mode `name` builds: its own and, for a row that chooses, the
     rows it ranks."""
     row = get(name)
     return (row, *(r for r in _ranked(MODES) if r is not row)) if row.chooses else (row,)
 
 
 def built_over(name: str) -> set[str]:
-    """The modes mode `name`'s drafter is, or is built over (auto: the sources a batched request's
-    has; the serial engine's may have more, never fewer)."""
+    """The modes mode `name`'s drafter is, or is built over (auto: the sources it ranks)."""
     return {r.name for r in request_rows(name)}
 
 

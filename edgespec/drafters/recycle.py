@@ -38,7 +38,7 @@ class RecycleDrafter(FreeLookupDrafter):
 
     def __init__(self, vocab: int, costs: CostModel | None = None, *, width: int = RECYCLE_WIDTH,
                  adaptive: bool = True, table: np.ndarray | None = None):
-        """table: a [vocab, width] table shared with other drafters (a batched engine's requests),
+        """table: a [vocab, width] table shared with other drafters (the engine's requests),
         else its own."""
         if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
             raise InvalidRequest(f"recycle table: vocab must be a positive integer, got {vocab!r}", param="vocab")

@@ -1,7 +1,7 @@
 """Self-speculative drafting (`draft="self"`): the target with some decoder layers skipped drafts for
 itself. No second model, no second tokenizer, no second copy of the weights (core/shared_weights.py;
 the skipped graph runs on the target's own cache slot: core/slot.py's SkipGraph, a slot of the
-self-draft's runner, so a batched engine's round drafts for all its slots in one pass a step:
+self-draft's runner, so the engine's round drafts for all its slots in one pass a step:
 engine/draft_batch.py).
 
 The layers to skip: the exporter's measured choice, stored in the manifest

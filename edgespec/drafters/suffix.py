@@ -12,7 +12,7 @@ to 32 tokens, not 5) and frequency among all earlier occurrences instead of the 
 requests it also copies what earlier answers said (a visitor's follow-up quoting the last answer,
 the same question asked again, a repeated system prompt).
 
-Two levels (batched requests, engine/batch_drafters.py): `index` holds only this request's text and
+Two levels (the engine's requests, engine/batch_drafters.py): `index` holds only this request's text and
 `shared` the finished requests' history, read here and never written. A lookup asks both and keeps
 the better chain: the longer match, then the more tokens expected accepted (the own text first on a
 tie: it is the most recent). Requests running side by side so never see each other's text, and none
@@ -56,8 +56,8 @@ class SuffixDrafter(FreeLookupDrafter):
 
     def __init__(self, index: SuffixIndex, costs: CostModel | None = None, *, adaptive: bool = True,
                  shared: SuffixIndex | None = None):
-        self.index = index  # the text this drafter appends to (the serial engine's: every request's)
-        self.shared = shared  # read-only earlier text (batched requests: the finished ones'), or None
+        self.index = index  # the text this drafter appends to (in the engine: its request's own)
+        self.shared = shared  # read-only earlier text (in the engine: the finished requests'), or None
         self.costs = costs
         self.adaptive = adaptive and costs is not None
         self.min_gain = NGRAM_MIN_GAIN

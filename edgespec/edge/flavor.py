@@ -12,8 +12,8 @@ flavor is tested on machines without a GPU. An ARM core without the ARMv8.2 half
 instructions (a Raspberry Pi 4's Cortex-A72) cannot: onnxruntime's float16 kernels die there with an
 illegal instruction, so that case is refused with one line instead.
 
-`planned` and `open_session` are the one choice every path makes: the serial engine's runners, the
-batched engine's (`serve --parallel N`), the memory plan and `edgespec plan` (which count the graph the
+`planned` and `open_session` are the one choice every path makes: the engine's runners (at every
+`--parallel`), the memory plan and `edgespec plan` (which count the graph the
 engine will load), `plan --measure` (an engine opened the same way). The rest are pure functions over
 names, so tests fake the provider list without a GPU.
 """

@@ -439,7 +439,7 @@ def suffix_index_bytes(tokens: int = SUFFIX_CAPACITY) -> int:
 def slots_that_fit(bundle, plan_: "MemoryPlan", budget_bytes: int, *, cap: int = MAX_AUTO_SLOTS) -> int:
     """How many cache slots fit `budget_bytes` next to the weights: the plan (weights, one slot,
     working memory) plus `slot_bytes` per extra slot, and the draft model's cache slot per extra slot
-    when the plan loads it (a batched engine gives the draft a slot per request, engine/draft_batch.py);
+    when the plan loads it (the engine gives the draft a slot per request slot, engine/draft_batch.py);
     at least 1 (the plan itself was checked)."""
     b = _open(bundle)
     extra = budget_bytes - plan_.predicted_bytes

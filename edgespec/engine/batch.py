@@ -61,7 +61,7 @@ for them while they wait.
 
 Requests are parsed once, by the RequestParser (requests.py), and each lives its life in its slot
 (sequence.py: prefix reuse, prefill, first token, next k, the stop/emit step, final stats); what is
-the batch's own is here: slots, admission, chunk order.
+the engine's own is here: slots, admission, chunk order.
 """
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ class _Active:
 class BatchEngine:
     def __init__(self, plan: Plan, runner: ModelRunner, *, governor=None, draft: ModelRunner | None = None,
                  prefill_chunk: int = BATCH_PREFILL_CHUNK, self_pair=None, heads=None):
-        """The batched engine over ModelRunners already loaded for `plan` (BatchEngine.open loads
+        """The engine over ModelRunners already loaded for `plan` (Engine.open loads
         them): the target's, and the draft model's (as many slots) when the plan loads it;
         self_pair: the target's runner's self-draft (engine/selfdraft.SelfPair), heads: the draft
         heads' session, when loaded."""
@@ -197,13 +197,12 @@ class BatchEngine:
         return self._slots[0]
 
     def cached(self) -> list[int]:
-        """The tokens whose K/V slot 0 holds now (Engine.cached: what the next request can reuse, the
-        one-slot engine's cache)."""
+        """The tokens whose K/V slot 0 holds now (with one slot: what the next request can reuse)."""
         with self._work:
             return list(self._cached[0].tokens[: self._slots[0].length])
 
     def warmup(self, k_max: int = 4) -> None:
-        """Engine.warmup for the batch: the target's steps of 1..k_max + 1 tokens twice at every batch
+        """Times the target's steps of 1..k_max + 1 tokens twice at every batch
         width (the first run of a shape pays one-off allocations, the second is what the cost model
         keeps; one slot: slot 0's), the draft model's and the self-draft's
         batched steps at every width (several slots), every slot's kept drafters' warmup(); then every
@@ -390,7 +389,7 @@ class BatchEngine:
             self.round()
 
     def reset_cache(self) -> None:
-        """Engine.reset_cache for the batch: every slot's cache and the n-gram evidence earlier
+        """Every slot's cache and the n-gram evidence earlier
         requests left are forgotten. Only between requests: refused while any is admitted or waiting."""
         with self._work, self._cv:
             if self._active or self._waiting:

@@ -1,11 +1,11 @@
-"""Drafters for batched requests: each request its own, all of them learning from the ones before.
+"""The engine's drafters: each request its own, all of them learning from the ones before.
 
-A batched request cannot share the serial engine's drafter objects: several run side by side, and a
+Requests cannot share drafter objects: several run side by side (--parallel N), and a
 drafter holds per-request state (its last lookup, the text it has indexed). So every request gets
 fresh drafters, seeded from what finished requests left:
 
 - the suffix index, in two levels (drafters/suffix.py): a shared history of finished requests'
-  prompts and answers (bounded like the serial engine's, oldest evicted), which every request reads
+  prompts and answers (bounded by --suffix-capacity, oldest evicted), which every request reads
   and none writes while it runs, and a small index of the request's own prompt and output (sized by
   the slot's max_len, not the history's capacity). A lookup takes the better of the two chains. So
   requests running together never see each other's text, admission copies nothing (the history is
@@ -13,7 +13,7 @@ fresh drafters, seeded from what finished requests left:
   docs/speed.md), and a running slot costs its own text's index only. When a request ends, its
   text joins the history, between rounds: requests still running draft from it from then on;
 - acceptance estimates (n-gram per matched length, suffix per length and frequency bin): a new
-  request starts from the last finished request's, faded as the serial drafters fade them.
+  request starts from the last finished request's, faded at its begin.
 
 - the documents (an engine opened with docs=INDEX): one index over them (drafters/docs.DocsStore,
   rebuilt when they are reloaded), read by every request's docs drafter and written by none;
@@ -35,10 +35,10 @@ step, so adaptive rounds read what a batched step really costs.
 
 What is learnt (`state` / `load_state`, the bench's lineages: bench/lineage.py): the evidence by mode,
 the recycle table's contents and each slot's kept drafters' state(); not the shared history, which is
-text, as the serial drafters' state() keeps their suffix indexes shared (drafters/base.py `shared`).
+text, as every drafter's state() keeps its suffix indexes shared (drafters/base.py `shared`).
 
 Every request's drafters are built by the mode table (drafters/modes.py `build_all` over the rows of
-its mode): the same builds as the serial engine's, lent a Kit with the request's index size, the shared
+its mode): lent a Kit with the request's index size, the shared
 history, the recycle table and the documents' index. What a request inherits from the last finished
 one goes through the drafter interface (`evidence()` of the finished one's drafters, `seed` of the new
 one's, by mode name); the rows marked `per_slot` (the draft model, recycle, the self-draft, the
@@ -63,14 +63,14 @@ from ..limits import DEFAULT_K_CAP, DEFAULT_MAX_LEN, SUFFIX_CAPACITY
 
 
 def request_index_capacity(max_len: int) -> int:
-    """Tokens a batched request's own suffix index holds: its whole text (prompt and output fit the
+    """Tokens a request's own suffix index holds: its whole text (prompt and output fit the
     slot's cache of max_len tokens; one more for the token sampled last), at least the index's 16."""
     return max(16, max_len + 1)
 
 
 @dataclass
 class DraftModel:
-    """The draft model of a batched engine: its slots (engine/draft_batch.py) and what a
+    """The engine's draft model: its slots (engine/draft_batch.py) and what a
     ModelDrafter needs beside them."""
 
     slots: list  # slot -> core/slot.Slot (one sequence's interface over one slot of the draft ModelRunner)
@@ -112,7 +112,7 @@ class BatchDrafters:
         self.target = target
         self._docs_store = DocsStore(docs) if docs is not None else None  # built once, read by every request
         self._learned: dict[str, object] = {}  # mode -> evidence() of the last finished request's drafter
-        # the recycle table is shared by every request (as the serial engine's learns across requests);
+        # the recycle table is shared by every request (it learns across requests);
         # each slot keeps its own drafter over it (its estimates, its last lookup)
         self._table = RecycleDrafter(usable).table if usable is not None else None
         self._kept: dict[int, dict[str, Drafter]] = {}  # slot -> its per_slot rows' drafters
@@ -260,7 +260,7 @@ class BatchDrafters:
         self.history.start_doc()
         self.history.extend(ctx)
         for name, d in self._parts.pop(drafter, {}).items():
-            d.end(ctx)  # as the serial engine's drafters hear it (auto counts its reply's length)
+            d.end(ctx)  # auto counts its reply's length
             ev = d.evidence()
             if ev is not None:
                 self._learned[name] = ev
@@ -275,7 +275,7 @@ class BatchDrafters:
     def forget(self) -> None:
         """reset_cache(): no history, no learned estimates (auto keeps its replies' mean length)."""
         self.history.clear()
-        # auto's replies' mean length describes the service, and survives as the serial auto's does
+        # auto's replies' mean length describes the service, and survives
         self._learned = {n: ev.forgotten() for n, ev in self._learned.items() if isinstance(ev, AutoEvidence)}
         if self._table is not None:
             self._table.fill(-1)

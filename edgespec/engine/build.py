@@ -1,7 +1,7 @@
 """Building an engine's parts: the one place where the edge concerns (device profiles, providers,
 graph flavors, memory plan, governor) are consulted. Everything here runs before the first request:
 
-    Settings (settings.py) + bundle + board --plan()--> Plan --> Engine.from_plan / BatchEngine.from_plan
+    Settings (settings.py) + bundle + board --plan()--> Plan --> Engine.from_plan (batch.py)
 """
 from __future__ import annotations
 
@@ -103,8 +103,8 @@ def auto_slots(bundle, settings: Settings | None = None, **options) -> int:
 
 @dataclass(frozen=True)
 class Plan:
-    """Settings + bundle + board: what an engine loads, and how. Engine and BatchEngine are built
-    from one (their `from_plan`); nothing below re-reads an option."""
+    """Settings + bundle + board: what an engine loads, and how. The engine is built from one
+    (`from_plan`); nothing below re-reads an option."""
 
     settings: Settings
     bundle: Bundle
@@ -150,7 +150,7 @@ def plan(settings: Settings, bundle) -> Plan:
         from ..drafters.heads import NO_HEADS
 
         raise DraftUnavailable(NO_HEADS.format(name=b.name), param="draft")
-    want_draft = "draft" in row.loads and b.draft is not None  # batched: a slot per request (engine/draft_batch.py)
+    want_draft = "draft" in row.loads and b.draft is not None  # a slot per request slot (engine/draft_batch.py)
     mem = memory_plan(b, max_len=venue_max_len(settings, b, profile), want_draft=want_draft, profile=profile,
                       budget=settings.memory_budget, providers=d["providers"], docs=settings.docs)
     for note in mem.notes:  # what a budget changed matters; the rest is detail

@@ -1,6 +1,6 @@
 """Drafting for several requests in one batched step per draft runner, on one thread.
 
-A batched engine loads the draft model as a ModelRunner with one cache slot per request slot
+The engine loads the draft model as a ModelRunner with one cache slot per request slot
 (core/runner.py), and the self-draft as a runner over the target's cache (ModelRunner.skip): a slot
 per request slot too. Each slot's drafter drafts on that slot's view (core/slot.py), one sequence's
 interface. A proposal is a step plan (drafters/base.py): a generator that yields each
@@ -38,7 +38,7 @@ SHORT_ROW = 4  # tokens: a catch-up longer than this (a prompt) runs alone rathe
 
 
 class DraftBatch:
-    """The draft model's runner of a batched engine: its slots, one per request slot, which
+    """The engine's draft model runner: its slots, one per request slot, which
     `run_plans` steps together (module docstring)."""
 
     def __init__(self, runner: ModelRunner):

@@ -9,7 +9,7 @@ class is its synchronous face, as vLLM's `LLM` sits on its engine core: `generat
 submit one request and run the engine's rounds on the caller's thread until that request is done.
 Several threads may call them at once; one of them runs each round, and every request admitted
 rides in it, so at parallel=N they share the target's passes. A server runs the same engine's
-rounds on its worker instead (server/batch_scheduler.py: submit, then round).
+rounds on its worker instead (server/scheduler.py: submit, then round).
 
 Its options are one Settings (settings.py), checked once; build.plan turns them with the bundle and
 the board into the Plan it is built from (the memory plan, the governor, what is loaded).

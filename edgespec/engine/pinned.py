@@ -1,8 +1,8 @@
 """A pinned prefix: the tokens every conversation starts with (a kiosk's system prompt), prefilled
 once before the server is ready and kept for every later conversation.
 
-Why: the engine reuses the longest common prefix of the target cache and the next request
-(loop.py), so visitors after the first already skip the system prompt's prefill; but the first
+Why: the engine reuses the longest common prefix of a slot's cache and the request admitted to it
+(batch.py), so visitors after the first already skip the system prompt's prefill; but the first
 visitor after every start paid it all (44 s for a 900-token prompt on a loaded 2-core board), and a
 request that shares nothing with it (another client, the server's warm-up) overwrites those rows.
 Pinning keeps a copy of the prefix's K/V rows (`Slot.snapshot`: kv_bytes_per_token x its
@@ -17,14 +17,13 @@ sha256 of all of it. A restart loads it instead of prefilling; a file that is co
 tokens, other cache shape or dtype) or unreadable is ignored with one log line and replaced.
 
     pin = pinned.pin_system_prompt(engine, text, save_dir=edgespec_home() / "pinned")
-    engine.pinned = pin          # Engine._run restores it before a request that starts with it
+    engine.pinned = pin          # admission restores it before a request that starts with it
 
-One flow for both engines (the serial Engine, the BatchEngine of --parallel N): pin_system_prompt
-reads and sets the engine's `pinned`, `venue_rows` and `repins_on_reload`, checks rows against
-`engine.target` (the batch's slot 0: every slot's cache has the same shape) and fills the cache
-through `engine.hold(tokens, rows)` and `engine.compute_venue_rows(rows)`. The batch keeps one copy
-of the rows, fills every free slot from it and writes it back into a slot a request overwrote when
-the next request admitted there starts with the prefix (batch.py).
+At every --parallel: pin_system_prompt reads and sets the engine's `pinned`, `venue_rows` and
+`repins_on_reload`, checks rows against `engine.target` (slot 0: every slot's cache has the same
+shape) and fills the cache through `engine.hold(tokens, rows)` and `engine.compute_venue_rows(rows)`.
+The engine keeps one copy of the rows, fills every free slot from it and writes it back into a slot
+a request overwrote when the next request admitted there starts with the prefix (batch.py).
 """
 from __future__ import annotations
 
@@ -80,7 +79,7 @@ def visit(system: str, user: str, chat: bool = True) -> dict:
 
 
 def prefill_to(target, held: Sequence[int], tokens: Sequence[int], chunk: int) -> None:
-    """Makes a cache (a core/slot.Slot: the serial target, or one slot of a batched one) hold
+    """Makes a cache (a core/slot.Slot: one slot of the target's runner) hold
     exactly `tokens`, given that it holds `held` now: kept as far as the two agree, the rest
     prefilled in chunks of `chunk` tokens."""
     reuse = min(common_prefix(list(held), list(tokens)), target.length)
@@ -90,11 +89,11 @@ def prefill_to(target, held: Sequence[int], tokens: Sequence[int], chunk: int) -
 
 
 def hold_slot(target, cache, tokens: Sequence[int], rows, pinned: PinnedPrefix | None, chunk: int):
-    """Makes one cache slot (target: a core/slot.Slot; cache: its loop.PrefixCache) hold exactly
+    """Makes one cache slot (target: a core/slot.Slot; cache: its sequence.PrefixCache) hold exactly
     `tokens` and returns the snapshot of their rows (Slot.snapshot; None when the cache is not on
     the host): `rows` written back when given (ValueError, the slot untouched, when they do not fit
     it), else what the slot lacks of `tokens` prefilled in chunks of `chunk` (a prefix of the pinned
-    one, `pinned`, is a memory copy away). Engine.hold on its one slot, BatchEngine.hold on each free one."""
+    one, `pinned`, is a memory copy away). The engine's hold, on each free slot."""
     if rows is not None:
         target.restore(rows)
     else:

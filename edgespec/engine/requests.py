@@ -1,7 +1,7 @@
 """A request checked and tokenized before anything runs: bad input raises InvalidRequest naming the
-parameter, and nothing has been touched yet. The serial engine and the batched one parse requests
-with the same `RequestParser` (each tells it which modes it can run), and read the bundle's text
-side (tokenizer, chat template, EOS ids) through the same `Vocabulary`."""
+parameter, and nothing has been touched yet. The engine parses requests with a `RequestParser` (it
+tells it which modes it can run), and reads the bundle's text side (tokenizer, chat template, EOS
+ids) through a `Vocabulary`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -19,8 +19,8 @@ from .structured import Structured, check_structured, plain_tool_turns, tools_pr
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Options:
-    """A request's options as a caller gives them, by keyword: Engine.generate/stream and
-    BatchEngine.submit pass theirs on as one of these, and the server maps a request body onto them.
+    """A request's options as a caller gives them, by keyword: Engine.generate/stream/submit
+    pass theirs on as one of these, and the server maps a request body onto them.
 
     prompt or messages: the text (a completion) or chat turns (the bundle's chat template);
     max_new_tokens; sampling: temperature (0: greedy), top_p, top_k, seed; stop: a string or a
@@ -87,7 +87,7 @@ class Prepared:
     runs with (the documents' passages in its last turn, where the engine reads documents), its
     Request (parsed, checked and tokenized: None when the documents declined the turn, which is
     answered without the model) and that turn (knowledge.answer.Turn; None without documents).
-    Engine.stream and BatchEngine.submit run it as given: nothing is parsed or tokenized again."""
+    Engine.stream and submit run it as given: nothing is parsed or tokenized again."""
 
     options: Options
     request: Request | None
@@ -101,7 +101,7 @@ class Prepared:
 
 
 def as_prepared(prompt, options: dict, prepare: Callable[..., Prepared]) -> Prepared:
-    """What Engine.stream and BatchEngine.submit run: a Prepared as given, else prepare(prompt, **options)."""
+    """What Engine.stream and submit run: a Prepared as given, else prepare(prompt, **options)."""
     if isinstance(prompt, Prepared):
         if options:
             raise TypeError(f"a Prepared request runs as prepared: pass {', '.join(sorted(options))} to prepare()")
@@ -199,7 +199,7 @@ def cancel_fn(cancel) -> Callable[[], bool]:
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """The bundle's text side, as both engines use it: the tokenizer, prompt/messages -> ids, the
+    """The bundle's text side, as the engine uses it: the tokenizer, prompt/messages -> ids, the
     ids a model may choose (`usable`: logits rows past it are padding) and the end-of-text ids."""
 
     tokenizer: object
@@ -230,9 +230,8 @@ def _token_text(v) -> str:
 
 class RequestParser:
     """One request's parameters -> a Request, for an engine opened with `settings` (its defaults for
-    draft, k and tree). Each engine says what it cannot run: `unavailable(mode)` returns why a mode is
-    not possible here (None: it is), `tree_check(mode)` raises for a tree mode it cannot run. A
-    batched engine (settings.parallel > 1) also refuses the modes the table marks not batched."""
+    draft, k and tree). The engine says what it cannot run: `unavailable(mode)` returns why a mode is
+    not possible here (None: it is), `tree_check(mode)` raises for a tree mode it cannot run."""
 
     def __init__(self, vocab: Vocabulary, max_len: int, settings: Settings, *,
                  unavailable: Callable[[str], str | None], tree_check: Callable[[str], None] | None = None):

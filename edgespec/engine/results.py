@@ -16,7 +16,7 @@ class GenerationStats:
     acceptance_rate: float = 0.0  # accepted / drafted
     tokens_per_pass: float = 0.0  # new tokens / target passes (1.0 for the target alone)
     ttft_s: float = 0.0  # request start -> first token chosen (tokenizing and prefill included)
-    prefill_s: float = 0.0  # time in this request's own prompt passes (a batched server's decode
+    prefill_s: float = 0.0  # time in this request's own prompt passes (other requests' decode
     #                         rounds wait for them: loadtest's decode tok/s leaves them out)
     decode_tokens_per_second: float = 0.0  # tokens after the first / time after the first
     total_s: float = 0.0

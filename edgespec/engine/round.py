@@ -2,20 +2,20 @@
 
     rounds = run_round(target, seqs, conditions)      # seqs: [Seq], one per sequence; -> [Round]
 
-The serial engine (loop.decode) runs every round as a batch of one; the batched engine
-(batch.BatchEngine) runs one for all the requests generating. What a round does, in order:
+The engine (batch.BatchEngine) runs one for all the requests generating, however many slots it
+has. What a round does, in order:
 
 1. limits: the governor's (max k, free drafts only, no drafts, pacing), read once per round; under
    "free drafts only" a sequence whose drafter uses a model drafts with its free fallback instead;
 2. propose: each sequence's drafter proposes at most its k tokens (`Seq.k`, already capped by the
    cache and max_new_tokens), cut at the first id past the usable vocabulary. Where several
-   sequences' drafters step a model (a batched engine), they propose as step plans (drafters/base.py)
+   sequences' drafters step a model, they propose as step plans (drafters/base.py)
    driven together in lockstep (`Conditions.drafts`, by default engine/draft_batch.run_plans: one
    batched step a turn per draft runner, the draft model's or the self-draft's, for every sequence
-   drafting with it); a sequence alone (the serial engine) proposes with a plain call.
-   A sequence with a tree verifier of its own (`Conditions.verifier(slot)`: the serial engine's, or
-   in a batch the slot's of a tree="on" request) proposes through it and may widen its proposal
-   into a tree (engine/tree_round.py);
+   drafting with it); a sequence drafting alone with a model proposes with a plain call.
+   A sequence with a tree verifier of its own (`Conditions.verifier(slot)`: with one slot, every
+   request's; with several, the slot's of a tree="on" request) proposes through it and may widen
+   its proposal into a tree (engine/tree_round.py);
 3. width: in a batch of several chains, the pass is as wide as its longest row, so adaptive rows are
    cut to the width with the most expected tokens per second for the batch (round_shape.py);
 4. verify: one target pass over every chain row (`Target.step`); each tree is verified by its
@@ -71,7 +71,7 @@ class Governor(Protocol):
 
 class Target(Protocol):
     """The target as a round sees it: a cache slot per sequence, one pass for all their rows.
-    core/runner.ModelRunner is one; OneSlot puts one sequence (a core/slot.Slot) behind it."""
+    core/runner.ModelRunner is one (the engine's); OneSlot puts one core/slot.Slot behind it."""
 
     def step(self, rows: Mapping[int, Sequence[int]]) -> Mapping[int, np.ndarray]: ...  # {slot: [s, V]}
 
@@ -79,7 +79,8 @@ class Target(Protocol):
 
 
 class OneSlot:
-    """One sequence (a core/slot.Slot) as the batch of one (slot 0): the serial engine's target."""
+    """One sequence (a core/slot.Slot) as a round's only one (slot 0): a bare target for a round
+    outside the engine (tests that drive one proposer)."""
 
     def __init__(self, runner):
         self.runner = runner
@@ -112,7 +113,7 @@ class Seq:
     rng: np.random.Generator
     stats: GenerationStats
     fixed_k: bool = False  # the client chose k: a batch's width choice never cuts it
-    tree: str = "off"  # "auto" | "on" | "off": only a batch of one with a tree verifier widens
+    tree: str = "off"  # "auto" | "on" | "off": only a sequence with a tree verifier widens
     constraint: Constraint | None = None  # the request's grammar (core/constraint.py): rows masked, drafts cut
 
 
@@ -122,8 +123,9 @@ class Conditions:
 
     usable: int  # ids >= usable are never accepted (logits padding rows)
     governor: Governor | None = None
-    # engine/tree_round.TreeVerifier of the one sequence (the serial engine), or {slot: TreeVerifier}
-    # (a batched engine: the slots whose requests asked for trees); a sequence with one may verify a tree
+    # {slot: engine/tree_round.TreeVerifier} (the engine's: with one slot, its request's; with several,
+    # the slots whose requests asked for trees), or one TreeVerifier for every sequence (a bare round);
+    # a sequence with one may verify a tree
     tree: object = None
     pass_seconds: Callable[[int], float] | None = None  # a batched pass's seconds by width (round_shape.py)
     drafts: Drafts | None = None  # drives proposals whose model steps run batched (None: draft_batch.run_plans)

@@ -1,8 +1,8 @@
 """Opening the target and its self-draft on shared weights (drafters/self.py, core/shared_weights.py,
-core/slot.py's SkipGraph): the target as a ModelRunner of one slot (the serial engine) or of N (a
-batched engine), and the layer-skipped session as a runner over the target's cache (`SelfPair.skips`,
-core/runner.py ModelRunner.skip): slot b's self-draft is its slot b (`SelfPair.skip`), and a batched
-engine's round drafts for every slot drafting with it in one pass of it (engine/draft_batch.py)."""
+core/slot.py's SkipGraph): the target as a ModelRunner of the engine's `parallel` slots, and the
+layer-skipped session as a runner over the target's cache (`SelfPair.skips`, core/runner.py
+ModelRunner.skip): slot b's self-draft is its slot b (`SelfPair.skip`), and the engine's round
+drafts for every slot drafting with it in one pass of it (engine/draft_batch.py)."""
 from __future__ import annotations
 
 import logging
@@ -112,7 +112,7 @@ def open_for_engine(bundle, max_len: int, *, required: bool, providers=None, thr
 
 
 def open_target(p, slots: int) -> tuple[ModelRunner, SelfPair | None]:
-    """A batched engine's target (engine/batch.py): its runner of `slots` cache slots for the plan `p`
+    """The engine's target (engine/batch.py): its runner of `slots` cache slots for the plan `p`
     (engine/build.Plan), on weights shared with the self-draft where the plan loads it and it can be
     made (then also its SelfPair), else on its own."""
     from . import build

@@ -40,7 +40,7 @@ from .structured import tool_calls
 
 class CacheSlot(Protocol):
     """The target's cache slot a request runs in: one slot of the target's ModelRunner as one
-    sequence (core/slot.Slot; the serial engine's is slot 0 of a one-slot runner)."""
+    sequence (core/slot.Slot)."""
 
     max_len: int
 
@@ -109,8 +109,9 @@ class Sequence:
     def __init__(self, req: Request, runner: CacheSlot, cached: Seq_[int], drafting: Drafting, vocab: Vocabulary,
                  governor: Governor | None = None, *, slot: int = 0, tree=None, t0: float | None = None):
         """cached: the tokens whose K/V the slot holds (a prefix of them: runner.length); tree: the
-        serial engine's TreeVerifier (engine/tree_round.py), which may verify this request's rounds
-        as trees (a batch verifies chains); t0: when the request arrived (default: now)."""
+        slot's TreeVerifier (engine/tree_round.py) when the request gets one (batch.py: with one slot
+        every request, with several tree="on" ones), which may verify its rounds as trees (None:
+        chains); t0: when the request arrived (default: now)."""
         self.req, self.runner, self.vocab, self.governor, self.tree = req, runner, vocab, governor, tree
         self.t0 = time.perf_counter() if t0 is None else t0
         self.stats = GenerationStats(prompt_tokens=len(req.ids), drafter=req.draft,
@@ -212,7 +213,7 @@ class Sequence:
 
 
 def unstarted(req: Request, vocab: Vocabulary, t0: float) -> GenerationResult:
-    """The result of a request cancelled before it took a cache slot (a batched one still waiting)."""
+    """The result of a request cancelled before it took a cache slot (still waiting for one)."""
     st = finish_stats(GenerationStats(prompt_tokens=len(req.ids), drafter=req.draft), 0, t0, 0.0, None, None)
     return GenerationResult("", [], "cancelled", st, tool_calls("", req.structured, vocab.grammars))
 

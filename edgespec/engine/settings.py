@@ -1,10 +1,10 @@
 """An engine's settings, resolved once where they enter: CLI flags, EDGESPEC_* variables (serve),
-or Python keywords (Engine.open / BatchEngine.open). `Settings.of(...)` checks every value and
+or Python keywords (Engine.open). `Settings.of(...)` checks every value and
 raises the named error for the first bad one (each an EdgespecError naming its option), before
 any bundle is read; what comes out is frozen and flows down unchanged:
 
     Settings  --build.plan(settings, bundle)-->  Plan (board, providers, memory plan, runners)
-              --> Engine.from_plan / BatchEngine.from_plan
+              --> Engine.from_plan (batch.py)
 
 A default lives here once (the dataclass's field) or, for what depends on the bundle and the board
 (the cache length, the provider order), in the plan step: `max_len=None` is the bundle's export
@@ -36,7 +36,7 @@ class Settings:
     memory_budget: int | None = None  # bytes
     power_budget_w: float | None = None
     max_temp_c: float | None = None
-    parallel: int = 1  # cache slots (BatchEngine); 1: the serial engine
+    parallel: int = 1  # cache slots: requests decoded together (engine/batch.py)
     verify: bool = True  # sha256 of the bundle's files at open
     warmup: bool = True  # time the step sizes once at open
     deterministic: bool = False  # the runners' deterministic mode (core/runner.py); requests pinned to chains
@@ -46,7 +46,7 @@ class Settings:
     def of(cls, *, memory_budget=None, power_budget=None, max_temp=None, providers=None, draft_providers=None,
            **kw) -> "Settings":
         """Checks and converts every value (sizes like "3GiB", watts like "10W", provider lists like
-        "cuda,cpu"), then the combinations (a batched engine's modes). Unknown keywords are a TypeError,
+        "cuda,cpu"), then the combinations (tree="on" in deterministic mode). Unknown keywords are a TypeError,
         as for any Python call."""
         known = {f.name for f in fields(cls)} - {"power_budget_w", "max_temp_c"}
         unknown = sorted(set(kw) - known)

@@ -1,8 +1,9 @@
 """A round of tree verification: chain proposal -> widened into a tree -> one target pass -> accept
 the longest path -> compact the caches. One sequence on its own cache slot (engine/round.py runs the
-round and asks `propose` for the tree, `verify` for its pass): the serial engine's one verifier, or in
-a batched engine a verifier per slot whose request asked for tree="on", its tree verified alone on
-that slot while the other requests' chains go in the round's one batched pass.
+round and asks `propose` for the tree, `verify` for its pass): the engine keeps a verifier per slot.
+With one slot every request gets it (tree="auto" trees where the cost model says it pays); with
+several, a request that asked for tree="on" does, its tree verified alone on its slot while the
+other requests' chains go in the round's one batched pass.
 
 The round starts like a chain round (the drafter proposes, with its own adaptive length) and then
 widens the chain with candidates that cost no extra draft step, offered through the drafter
@@ -328,7 +329,7 @@ class TreeVerifier:
 
 def check_tree_possible(mode: str, target: Slot, bundle_name: str) -> None:
     """tree="on" on a graph that cannot run trees is refused with the fix, by name, before a request
-    runs (both engines: a batched one's slots run the same graph); "auto" and "off" just chain."""
+    runs (every slot runs the same graph); "auto" and "off" just chain."""
     if mode != "on" or target.can_tree:
         return
     why = ("its graphs follow contract v1 (format_version 1): re-export the bundle with this "

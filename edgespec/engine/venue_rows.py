@@ -25,10 +25,9 @@ token for the int4 1.5B's float32 cache: ~350 MB for 6,100 tokens), counted by t
 and every token), so a restart copies instead of computing. A follow-up turn (a conversation with
 earlier turns) and a request with another system prompt are quoted and prefilled as before.
 
-At --parallel N (batch.py) the rows are computed in one slot and kept once, whatever N: a block's
+At every --parallel (batch.py) the rows are computed in one slot and kept once: a block's
 positions are the same in every slot, so a turn's blocks are copied into whichever slot it is admitted
-to (arrange() remembers what it placed per slot), and turn_ids() decides which turns qualify for both
-engines.
+to (arrange() remembers what it placed per slot), and turn_ids() decides which turns qualify.
 """
 from __future__ import annotations
 
@@ -56,8 +55,7 @@ class VenueRows:
     encode: Encode
     index: object = None  # the Index whose chunks these are (a reload's new index is not read with them)
     rows: dict[int, tuple[list[np.ndarray], np.ndarray]] = field(default_factory=dict)  # chunk -> (K/V, positions)
-    # slot index -> the tokens arrange() last put in that slot's cache (the serial engine's is slot 0; a
-    # batch's slots each hold their own turn)
+    # slot index -> the tokens arrange() last put in that slot's cache (each slot holds its own turn)
     _placed: dict[int, list[int]] = field(default_factory=dict)
 
     @property
@@ -148,7 +146,7 @@ def turn_ids(engine, p) -> tuple[tuple[int, ...], list[int]] | None:
     request's tokens assembled from the rows' token lists) when it is a single question after the
     system prompt the engine's rows (engine.venue_rows) were computed with (none: the default one),
     its passages read from the index the rows were computed from; None for anything else, which is
-    quoted and prefilled. Both engines (engine.py, batch.py) decide here, so a turn is read the same
+    quoted and prefilled. The engine decides here (batch.py, at submit), so a turn is read the same
     way at every --parallel. `engine`: its knowledge, venue_rows, pinned and max_len."""
     kn, rows, pin, turn = engine.knowledge, engine.venue_rows, engine.pinned, p.turn
     if kn is None or rows is None or turn is None or not turn.blocks or pin is None or pin.tokens != rows.base:

@@ -377,13 +377,13 @@ def declined(turn: Turn, tokenizer, result_type, stats_type) -> Generator[str, N
 
 
 def with_sources(gen: Generator[str, None, Any], turn: Turn) -> Generator[str, None, Any]:
-    """The serial engine's generation, its result carrying the turn's sources."""
+    """A generation (a stream that returns its result), its result carrying the turn's sources."""
     return sourced((yield from gen), turn)
 
 
 def sourced(result, turn: Turn):
     """A generation's result carrying the turn's sources, its first token counted from the retrieval
-    (the serial engine's stream through with_sources, the batched engine's ticket directly)."""
+    (the engine's ticket's, engine/batch.py)."""
     result.docs = turn.docs()
     result.stats.ttft_s += turn.retrieval_s
     return result

@@ -307,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
         settings = Settings.of(**options)  # every engine option checked once, before the bundle loads
         parallel = _parallel(getattr(args, "parallel", None), path, settings)
         config.parallel = parallel
-        settings = settings.replace(parallel=parallel)  # a batched server's modes checked here
+        settings = settings.replace(parallel=parallel)  # the slot count checked here
 
         system = system_prompt(getattr(args, "system_prompt", None))
         embedder_spec = _pick(getattr(args, "embedder", None), "EDGESPEC_EMBEDDER")
