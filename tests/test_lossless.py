@@ -127,7 +127,7 @@ def test_greedy_near_the_cache_limit(tiny_bundle, tiny_llama_bundle):
         eng = Engine.open(path, max_len=48)
         rng = np.random.default_rng(7)
         for free in (1, 2, 3, 5, 8, 12):
-            ids = rng.integers(3, eng.usable, size=48 - free).tolist()
+            ids = rng.integers(3, eng.vocab.usable, size=48 - free).tolist()
             prompt = eng.tokenizer.decode(ids)
             n = eng.count_tokens(prompt)
             if n >= 48:

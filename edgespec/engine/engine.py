@@ -107,15 +107,6 @@ class Engine(BatchEngine):
     def tokenizer(self):
         return self.vocab.tokenizer
 
-    @property
-    def usable(self) -> int:
-        """Rows of the logits that are tokens (the rest is padding: never chosen)."""
-        return self.vocab.usable
-
-    @property
-    def eos_ids(self):
-        return self.vocab.eos_ids
-
     # -- the public calls -------------------------------------------------------------------------
     def generate(self, prompt: str | Prepared | None = None, **options) -> GenerationResult:
         """The whole answer at once; options as stream's."""

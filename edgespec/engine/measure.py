@@ -38,8 +38,8 @@ def measure_engine(bundle, *, max_len: int, load_draft: bool, fill: bool = True,
     after_load = measure_rss().get("rss", 0)
     if fill:
         rng = np.random.default_rng(0)
-        chunk = eng.prefill_chunk
-        for runner in (eng.target, getattr(eng, "draft_runner", None)):
+        chunk = eng.plan_chunk  # the chunk a prompt read alone is read in
+        for runner in (eng.target, eng.draft_runner):
             if runner is None:
                 continue
             runner.reset()

@@ -48,7 +48,7 @@ from typing import Any, Generator
 
 from ..errors import InvalidRequest
 from ..models.bundlefiles import read_json
-from .index import Hit, Index, IndexUnusable, read_manifest
+from .index import Hit, Index, read_manifest
 from .scripts import script_of
 
 log = logging.getLogger("edgespec.knowledge")
@@ -374,11 +374,6 @@ def declined(turn: Turn, tokenizer, result_type, stats_type) -> Generator[str, N
     ids = tokenizer.encode(DECLINE, add_special_tokens=False).ids
     stats = stats_type(new_tokens=len(ids), ttft_s=turn.retrieval_s, total_s=turn.retrieval_s)
     return result_type(DECLINE, list(ids), "stop", stats, docs=turn.docs())
-
-
-def with_sources(gen: Generator[str, None, Any], turn: Turn) -> Generator[str, None, Any]:
-    """A generation (a stream that returns its result), its result carrying the turn's sources."""
-    return sourced((yield from gen), turn)
 
 
 def sourced(result, turn: Turn):

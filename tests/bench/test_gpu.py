@@ -65,7 +65,7 @@ def test_greedy_speculative_equals_target_alone_on_cuda(tiny_cuda_bundle):
     eng = Engine.open(tiny_cuda_bundle, max_len=256, providers="cuda,cpu")
     rng = np.random.default_rng(0)
     for i in range(4):
-        prompt = eng.tokenizer.decode(rng.integers(3, eng.usable, size=12).tolist()) or "x"
+        prompt = eng.tokenizer.decode(rng.integers(3, eng.vocab.usable, size=12).tolist()) or "x"
         ref = eng.generate(prompt, max_new_tokens=32, draft="none")
         for mode, k in (("model", 1), ("model", 4), ("model", 8), ("ngram", 4), ("auto", None)):
             assert eng.generate(prompt, max_new_tokens=32, draft=mode, k=k).token_ids == ref.token_ids, (i, mode, k)

@@ -116,7 +116,7 @@ def test_the_bench_runs_each_prompt_through_the_peer_and_prints_it_beside_the_mo
 
     eng = Engine.open(Bundle.open(tiny_bundle, verify=False), draft="ngram")
     try:
-        assert not set(server.answer["tokens"]) & set(eng.eos_ids)
+        assert not set(server.answer["tokens"]) & set(eng.vocab.eos_ids)
         assert server.bodies[0]["prompt"] == eng.encode(**load_prompts("code")[0].request())
     finally:
         eng.close()

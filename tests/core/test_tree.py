@@ -288,7 +288,7 @@ def _prompts(eng: Engine, seed: int, n: int) -> list[str]:
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
-        ids = rng.integers(3, eng.usable, size=int(rng.integers(3, 30))).tolist()
+        ids = rng.integers(3, eng.vocab.usable, size=int(rng.integers(3, 30))).tolist()
         ids = ids + ids[: int(rng.integers(0, len(ids)))]  # repeats: the n-gram drafter finds alternatives
         text = eng.tokenizer.decode(ids)
         out.append(text if text.strip() else "x" + text)
@@ -351,7 +351,7 @@ def test_greedy_tree_widens_a_suffix_chain_with_the_index_alternatives(tree_engi
 def test_greedy_tree_is_lossless_at_the_cache_limit(tree_engines, name):
     eng, _ = tree_engines[name]
     rng = np.random.default_rng(11)
-    ids = rng.integers(3, eng.usable, size=22).tolist()
+    ids = rng.integers(3, eng.vocab.usable, size=22).tolist()
     prompt = eng.tokenizer.decode(ids * 3)
     n = eng.count_tokens(prompt)
     assert n < eng.max_len - 20

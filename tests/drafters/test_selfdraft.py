@@ -155,7 +155,7 @@ def test_greedy_near_the_cache_limit(tiny_deep_bundle):
     eng = Engine.open(tiny_deep_bundle, max_len=40, draft="self")
     rng = np.random.default_rng(5)
     for free in (1, 2, 3, 5, 8, 12):
-        ids = rng.integers(3, eng.usable, size=40 - free).tolist()
+        ids = rng.integers(3, eng.vocab.usable, size=40 - free).tolist()
         prompt = eng.tokenizer.decode(ids)
         if eng.count_tokens(prompt) >= 40:
             continue
@@ -185,7 +185,7 @@ def test_sampled_rounds_are_drafted_and_valid(deep):
     """Quick sampling check (the chi-square test is marked slow): sampled self rounds run, draft,
     and give tokens of the usable vocabulary."""
     r = deep["self"].generate("abc", max_new_tokens=24, temperature=0.8, seed=3, k=3)
-    assert r.stats.drafted > 0 and all(0 <= t < deep["self"].usable for t in r.token_ids)
+    assert r.stats.drafted > 0 and all(0 <= t < deep["self"].vocab.usable for t in r.token_ids)
 
 
 # --- the KV sharing ------------------------------------------------------------------------------

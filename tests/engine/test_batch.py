@@ -150,7 +150,7 @@ def test_rows_of_different_widths_near_the_cache_end(tiny_bundle):
     for free in (3, 8, 12, 20):
         reqs = []
         for j, (mode, k) in enumerate([("model", 4), ("suffix", 1), ("ngram", 2)]):
-            ids = rng.integers(3, small.usable, size=64).tolist()
+            ids = rng.integers(3, small.vocab.usable, size=64).tolist()
             m = 64
             while small.count_tokens(small.tokenizer.decode(ids[:m])) > 64 - free - 2 * j:
                 m -= 1

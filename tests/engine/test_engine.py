@@ -320,11 +320,11 @@ def test_concurrent_requests_are_serialised(eng, fresh):
 
 # --- vocabulary, chat template, sampling ---------------------------------------------------------
 def test_only_usable_ids_are_ever_chosen(eng):
-    assert eng.usable < eng.target.vocab_size  # the tiny models have padding rows
+    assert eng.vocab.usable < eng.target.vocab_size  # the tiny models have padding rows
     for mode in ("none", "model", "ngram", "auto"):
         for seed in range(3):
             r = eng.generate("def add(a, b):", max_new_tokens=30, temperature=3.0, seed=seed, draft=mode)
-            assert max(r.token_ids, default=0) < eng.usable
+            assert max(r.token_ids, default=0) < eng.vocab.usable
 
 
 @pytest.mark.parametrize("draft,k", [("none", None), ("model", 2), ("ngram", 3)])
@@ -431,3 +431,40 @@ def test_rng_is_per_request(eng):
     for _ in s:
         pass
     assert s.result.token_ids == alone
+
+
+# --- the face over the one engine ------------------------------------------------------------------
+def test_threads_calling_generate_share_the_engines_rounds(tiny_bundle, monkeypatch):
+    """Engine.generate is a synchronous face over the one engine: three threads calling it at once on
+    a 3-slot engine ride in the same rounds (one pass verifies several of them) and each gets the
+    tokens it gets alone. The first round waits until all three are submitted, so the sharing does not
+    depend on which thread gets there first."""
+    from helpers.wait import wait_for
+
+    eng = Engine.open(tiny_bundle, parallel=3, max_len=256, draft="none", deterministic=True, warmup=False)
+    alone = Engine.open(tiny_bundle, max_len=256, draft="none", deterministic=True, warmup=False)
+    prompts = ["def add(a, b):", "class Stack:", "x = [1, 2"]
+    want = [alone.generate(p, max_new_tokens=24).token_ids for p in prompts]
+    submitted, submit, first_round = [], eng.submit, eng.round
+    monkeypatch.setattr(eng, "submit", lambda *a, **kw: submitted.append(1) or submit(*a, **kw))
+
+    def round_once_all_are_in():
+        wait_for("all three requests submitted", lambda: len(submitted) == 3, timeout=60, every=0.01)
+        return first_round()
+
+    monkeypatch.setattr(eng, "round", round_once_all_are_in)
+    got: list = [None] * 3
+
+    def ask(i: int) -> None:
+        got[i] = eng.generate(prompts[i], max_new_tokens=24)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a generate call never returned"
+    assert [g.token_ids for g in got] == want
+    assert max(g.stats.batch_size_mean for g in got) > 1  # they shared passes
+    eng.close()
+    alone.close()

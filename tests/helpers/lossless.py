@@ -14,7 +14,7 @@ MODES = ["model", "ngram", "suffix", "recycle", "auto"]
 
 def random_prompt(eng, rng: np.random.Generator, n_tokens: int) -> str:
     """Text from random token ids (of the usable vocabulary, no special tokens)."""
-    ids = rng.integers(3, eng.usable, size=n_tokens).tolist()
+    ids = rng.integers(3, eng.vocab.usable, size=n_tokens).tolist()
     text = eng.tokenizer.decode(ids)
     return text if text.strip() else "x" + text
 
@@ -53,11 +53,11 @@ def exact_target_distribution(eng, prompt: str, params, depth: int = 3) -> dict[
     def walk(prefix: list[int], p: float) -> None:
         runner.rewind(len(ids) - 1)
         row = runner.step([*ids[-1:], *prefix], len(prefix) + 1)[-1]
-        dist = probs(row, params, eng.usable)
+        dist = probs(row, params, eng.vocab.usable)
         for t in np.flatnonzero(dist):
             q = p * dist[t]
-            if int(t) in eng.eos_ids or len(prefix) == depth - 1:
-                key = tuple(prefix) if int(t) in eng.eos_ids else (*prefix, int(t))
+            if int(t) in eng.vocab.eos_ids or len(prefix) == depth - 1:
+                key = tuple(prefix) if int(t) in eng.vocab.eos_ids else (*prefix, int(t))
                 exact[key] = exact.get(key, 0.0) + q
             else:
                 walk([*prefix, int(t)], q)

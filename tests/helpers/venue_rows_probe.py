@@ -61,7 +61,7 @@ def main() -> None:
         out, logits = [], t.step(tail, 1)
         for _ in range(40):
             tok = int(np.argmax(logits[-1][: eng.vocab.usable]))
-            if tok in eng.eos_ids:
+            if tok in eng.vocab.eos_ids:
                 break
             out.append(tok)
             logits = t.step([tok], 1)
