@@ -77,7 +77,7 @@ def test_serve_parallel_2_draft_model_drafts_for_both_clients(tiny_bundle, alone
     assert opts == {"draft": "model", "deterministic": True}
     r = RunningServer(tiny_bundle, parallel=2, engine=opts)
     try:
-        assert r.service.state.engine._draft_batch is not None  # the draft model is loaded, a slot per client
+        assert r.service.state.engine.has_draft  # the draft model is loaded, a slot per client
         results = together([lambda i=i: r.client.chat.completions.create(model=r.bundle.name, messages=_msgs(ASKS[i]),
                                                                          max_tokens=40, extra_body={"draft_k": 3})
                            for i in range(2)])
