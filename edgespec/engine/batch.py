@@ -417,17 +417,17 @@ class BatchEngine:
                 a.seq.stop("cancelled")
                 self._end(a)
         prefilling = [a for a in self._active.values() if not a.seq.decoding]
-        if prefilling and not any(a.seq.decoding for a in self._active.values()):
-            # nobody is generating: the prompt is read now, and the round ends with its first token,
-            # so a caller waiting on this round (Engine.stream) has it before any decode pass
-            first = min(prefilling, key=lambda x: x.ticket.id)
-            while first.slot in self._active and not first.seq.decoding:
-                self._guard(first, self._prefill_chunk, first)
-            with self._cv:
-                return bool(self._active or self._waiting)
         if prefilling:
             first = min(prefilling, key=lambda x: x.ticket.id)
+            alone = not any(a.seq.decoding for a in self._active.values())
             self._guard(first, self._prefill_chunk, first)
+            if alone:
+                # nobody is generating: the whole prompt is read now, and the round ends with its first
+                # token, so a caller waiting on this round (Engine.stream) has it before any decode pass
+                while first.slot in self._active and not first.seq.decoding:
+                    self._guard(first, self._prefill_chunk, first)
+                with self._cv:
+                    return bool(self._active or self._waiting)
         decoding = [a for a in self._active.values() if a.seq.decoding]
         if decoding:
             try:
@@ -529,8 +529,7 @@ class BatchEngine:
             self._drafters.price(a.slot, table, draft, own)
             a.seq.next_k()
         trees = {a.slot: a.tree for a in decoding if a.tree is not None}
-        cond = Conditions(self.vocab.usable, self.governor, trees, pass_seconds=CostModel(table).verify,
-                          drafts=self._draft_batch)
+        cond = Conditions(self.vocab.usable, self.governor, trees, pass_seconds=CostModel(table).verify)
         rounds = run_round(self.runner, [a.seq.part for a in decoding], cond)
         self.rounds += 1
         self.last_batch = len(decoding)

@@ -50,11 +50,7 @@ class DraftBatch:
         return self._slots[i]
 
     def close(self) -> None:
-        """Nothing to release: the plans run on the caller's thread."""
-
-    def run(self, plans: Sequence[StepPlan]) -> list[Proposal]:
-        """run_plans: the draft model's plans, and any other runner's the round has."""
-        return run_plans(plans)
+        """Nothing to release: the plans run on the caller's thread (run_plans, in the round)."""
 
 
 def run_plans(plans: Sequence[StepPlan]) -> list[Proposal]:

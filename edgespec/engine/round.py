@@ -9,10 +9,10 @@ has. What a round does, in order:
    "free drafts only" a sequence whose drafter uses a model drafts with its free fallback instead;
 2. propose: each sequence's drafter proposes at most its k tokens (`Seq.k`, already capped by the
    cache and max_new_tokens), cut at the first id past the usable vocabulary. Where several
-   sequences' drafters step a model, they propose as step plans (drafters/base.py)
-   driven together in lockstep (`Conditions.drafts`, by default engine/draft_batch.run_plans: one
-   batched step a turn per draft runner, the draft model's or the self-draft's, for every sequence
-   drafting with it); a sequence drafting alone with a model proposes with a plain call.
+   sequences' drafters step a model, they propose as step plans (drafters/base.py) driven together
+   in lockstep (engine/draft_batch.run_plans: one batched step a turn per draft runner, the draft
+   model's or the self-draft's, for every sequence drafting with it); a sequence drafting alone
+   with a model proposes with a plain call.
    A sequence with a tree verifier of its own (`Conditions.verifier(slot)`: with one slot, every
    request's; with several, the slot's of a tree="on" request) proposes through it and may widen
    its proposal into a tree (engine/tree_round.py);
@@ -43,7 +43,7 @@ from ..core.constraint import Constraint
 from ..core.proposal import EMPTY, Proposal
 from ..core.sampling import SamplingParams
 from ..core.speculative import Round, usable_draft
-from ..drafters.base import Drafter, StepPlan
+from ..drafters.base import Drafter
 from .draft_batch import run_plans
 from .results import GenerationStats
 from .round_shape import RowPlan, choose_width
@@ -93,12 +93,6 @@ class OneSlot:
         self.runner.rewind(length)
 
 
-class Drafts(Protocol):
-    """Drives proposals' step plans together, batching their model steps (engine/draft_batch.py)."""
-
-    def run(self, plans: Sequence[StepPlan]) -> list[Proposal]: ...
-
-
 @dataclass
 class Seq:
     """One sequence's part in a round. Invariant between rounds (core/speculative.py): ctx[-1] is the
@@ -128,7 +122,6 @@ class Conditions:
     # a sequence with one may verify a tree
     tree: object = None
     pass_seconds: Callable[[int], float] | None = None  # a batched pass's seconds by width (round_shape.py)
-    drafts: Drafts | None = None  # drives proposals whose model steps run batched (None: draft_batch.run_plans)
 
     def verifier(self, slot: int):
         """The tree verifier of the sequence in `slot` (None: it verifies chains)."""
@@ -165,7 +158,7 @@ def run_round(target: Target, seqs: Sequence[Seq], cond: Conditions) -> list[Rou
     wants = [i for i, (d, k) in enumerate(zip(drafters, ks)) if k > 0 and d.uses_model and tvs[i] is None]
     if len(wants) > 1:
         plans = [drafters[i].propose_steps(seqs[i].ctx, ks[i], seqs[i].params, seqs[i].rng) for i in wants]
-        for i, p in zip(wants, cond.drafts.run(plans) if cond.drafts is not None else run_plans(plans)):
+        for i, p in zip(wants, run_plans(plans)):
             made[i] = (p, usable_draft(p, ks[i], usable))
     props = []
     for i, (s, k) in enumerate(zip(seqs, ks)):

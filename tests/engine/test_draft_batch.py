@@ -80,7 +80,7 @@ def test_steps_are_grouped_by_turn_and_each_plan_gets_its_own_rows():
     slots = [db.slot(i) for i in range(3)]
     for _ in range(3):  # the same grouping every time
         runner.passes.clear()
-        got = db.run([_drafting(slots[0], 3, [1]), _drafting(slots[1], 1, [2, 3]), _drafting(slots[2], 0, [4])])
+        got = run_plans([_drafting(slots[0], 3, [1]), _drafting(slots[1], 1, [2, 3]), _drafting(slots[2], 0, [4])])
         assert runner.passes == [{0: 1, 1: 2, 2: 1}, {0: 1, 1: 1}, {0: 1}, {0: 1}]
     # each plan's tokens follow its own slot's rows, as if it ran alone
     alone = FakeRunner(3)
@@ -95,7 +95,7 @@ def test_a_long_catch_up_runs_alone_and_a_failing_plan_fails_alone():
     a, b = db.slot(0), db.slot(1)
     long_prompt = list(range(SHORT_ROW + 3))
     runner.passes.clear()
-    db.run([_drafting(a, 1, long_prompt), _drafting(b, 1, [5])])
+    run_plans([_drafting(a, 1, long_prompt), _drafting(b, 1, [5])])
     assert runner.passes == [{1: 1}, {0: len(long_prompt)}, {0: 1, 1: 1}]  # not padded to the prompt
 
     def broken():
@@ -104,9 +104,9 @@ def test_a_long_catch_up_runs_alone_and_a_failing_plan_fails_alone():
 
     runner.passes.clear()
     with pytest.raises(RuntimeError, match="drafter bug"):
-        db.run([_drafting(a, 2, [1]), broken()])
+        run_plans([_drafting(a, 2, [1]), broken()])
     assert runner.passes == [{0: 1, 1: 1}, {0: 1}, {0: 1}]  # the other plan ran to its end
-    assert db.run([_drafting(a, 0, [1]), _drafting(b, 0, [1])]) == [[1], [2]]  # and the batch still runs
+    assert run_plans([_drafting(a, 0, [1]), _drafting(b, 0, [1])]) == [[1], [2]]  # and the batch still runs
 
 
 def test_a_failing_step_is_raised_in_the_plans_of_its_rows_only():
@@ -127,7 +127,7 @@ def test_a_failing_step_is_raised_in_the_plans_of_its_rows_only():
 
     short = _drafting(db.slot(0), 1, [1])
     with pytest.raises(MemoryError, match="out of memory"):
-        db.run([short, catching(db.slot(1), list(range(SHORT_ROW + 1))), _drafting(db.slot(2), 0, [3])])
+        run_plans([short, catching(db.slot(1), list(range(SHORT_ROW + 1))), _drafting(db.slot(2), 0, [3])])
     assert seen == ["draft step out of memory"]  # thrown where the plan asked for the step
     assert runner.passes == [{0: 1, 2: 1}, {0: 1}]  # the short rows' plans ran on
 
@@ -150,14 +150,14 @@ def test_each_runner_steps_its_own_slots_in_one_pass_and_a_doubled_slot_is_refus
     assert run_plans([_drafting(Loose(), 1, [1]), _drafting(db.slot(1), 0, [1])]) == [[4, 7], [2]]
     assert runner.passes == [{1: 1}]
     with pytest.raises(ValueError, match="a slot another proposal of the turn steps"):
-        db.run([_drafting(db.slot(0), 0, [1]), _drafting(db.slot(0), 0, [2])])
+        run_plans([_drafting(db.slot(0), 0, [1]), _drafting(db.slot(0), 0, [2])])
 
 
 def test_a_plan_driven_alone_steps_its_slot_alone():
     runner = FakeRunner(2)
     db = DraftBatch(runner)
     assert drive(_drafting(db.slot(1), 1, [3])) == [4, 5]
-    assert db.run([_drafting(db.slot(1), 1, [3])]) == [[4, 5]]
+    assert run_plans([_drafting(db.slot(1), 1, [3])]) == [[4, 5]]
     assert runner.passes == [{1: 1}, {1: 1}, {1: 1}, {1: 1}]
 
 
@@ -172,5 +172,5 @@ def test_run_starts_no_thread():
 
     runner = FakeRunner(3, on_step=look)
     db = DraftBatch(runner)
-    db.run([_drafting(db.slot(0), 2, [1]), _drafting(db.slot(1), 1, [2]), _drafting(db.slot(2), 0, [3])])
+    run_plans([_drafting(db.slot(0), 2, [1]), _drafting(db.slot(1), 1, [2]), _drafting(db.slot(2), 0, [3])])
     assert inside == [(before, True, [])] * 3
