@@ -27,7 +27,7 @@ FOREIGN = {
     "edgespec/cli/commands/serve.py:_SubParsersAction": "argparse: the type add_subparsers() returns, "
                                                         "in an annotation (it has no public name)",
     "edgespec/edge/providers.py:_pybind_state": "onnxruntime: the shared thread pool is set only there",
-    "edgespec/knowledge/readers.py:_p": "python-docx: a paragraph's XML, the only way to its list numbering",
+    "edgespec/docs/readers.py:_p": "python-docx: a paragraph's XML, the only way to its list numbering",
     "edgespec/models/template.py:_PassArg": "jinja2: which context a filter takes, as jinja2 itself reads it",
 }
 

@@ -387,8 +387,8 @@ def _with_docs(bundle, texts, out, max_len):
     """An engine over `bundle` with an index of these texts, one document each."""
     from tokenizers import Tokenizer
 
-    from edgespec.knowledge.answer import tokenizer_sha256
-    from edgespec.knowledge.index import build_index
+    from edgespec.docs.answer import tokenizer_sha256
+    from edgespec.docs.index import build_index
 
     docs = out / "docs"
     docs.mkdir()

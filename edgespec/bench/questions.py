@@ -340,7 +340,7 @@ class EngineAsker:
 
     def __init__(self, engine):
         self.engine = engine
-        kn = getattr(engine, "knowledge", None)
+        kn = engine.docs
         if kn is not None and kn.in_cache:  # the venue's system turn, pinned as `serve` pins it
             from ..engine.pinned import pin_system_prompt
             from ..models.files import edgespec_home
@@ -369,7 +369,7 @@ class EngineAsker:
     def _prompt_ids(self, messages: list[dict], docs: bool) -> list[int]:
         """The tokens the target will prefill for these messages (with docs: the turn retrieval writes;
         [] for a turn retrieval declines, which runs no model)."""
-        kn = getattr(self.engine, "knowledge", None)
+        kn = self.engine.docs
         if docs and kn is not None:
             turn = kn.turn(messages)
             if turn.declined:
@@ -379,17 +379,17 @@ class EngineAsker:
 
     @contextmanager
     def _documents(self, on: bool) -> Iterator[None]:
-        kept = getattr(self.engine, "knowledge", None)
+        kept = self.engine.docs
         if on and kept is None:
             raise InvalidRequest("--conditions docs needs --docs INDEX (an engine with documents)", param="docs")
         if on:
             yield
             return
-        self.engine.knowledge = None
+        self.engine.docs = None
         try:
             yield
         finally:
-            self.engine.knowledge = kept
+            self.engine.docs = kept
 
 
 def load_average() -> str:

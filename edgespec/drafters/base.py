@@ -274,7 +274,7 @@ def shared(v: Any) -> bool:
 
     mod = type(v).__module__
     return (isinstance(v, (DrafterBase, Slot, SkipGraph, SuffixIndex, CostModel, StepTimes))
-            or mod.startswith("onnxruntime") or mod.startswith("edgespec.knowledge"))
+            or mod.startswith("onnxruntime") or mod.startswith("edgespec.docs"))
 
 
 def _memo(d: DrafterBase) -> dict[int, Any]:

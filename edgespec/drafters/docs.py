@@ -1,7 +1,7 @@
 """The docs drafter: proposals copied from a venue's documents (an engine opened with docs=INDEX).
 
 The whole document store, not only the passages a turn retrieved into its prompt, is one read-only
-suffix index over every passage's tokens (knowledge/answer.py builds it with the index, and a reload
+suffix index over every passage's tokens (docs/answer.py builds it with the index, and a reload
 swaps it whole). An answer that quotes any passage, an opening time or a rule word for word, drafts
 for free: this is retrieval-based drafting (REST, He et al., NAACL 2024) on the suffix drafter's
 machinery (suffix.py): the longest match of the context's tail, its most frequent continuation, each
@@ -29,18 +29,18 @@ class DocsStore:
     """The documents' suffix index, rebuilt when the documents are reloaded: one per engine, read by
     every docs drafter over it (the engine's, one per request)."""
 
-    def __init__(self, knowledge):
-        """knowledge: a knowledge.answer.Knowledge (its `index`, read again after a reload)."""
-        self.knowledge = knowledge
-        self.generation = knowledge.generation  # read before the index: a reload in between rebuilds again
-        self.index = store(knowledge.index)
+    def __init__(self, docs):
+        """docs: a docs.answer.Docs (its `index`, read again after a reload)."""
+        self.docs = docs
+        self.generation = docs.generation  # read before the index: a reload in between rebuilds again
+        self.index = store(docs.index)
 
     def current(self) -> SuffixIndex:
         """The index over the documents as they are now (a new object after a reload: drafters
         still holding the old one keep reading it unchanged)."""
-        generation = self.knowledge.generation
+        generation = self.docs.generation
         if generation != self.generation:
-            self.generation, self.index = generation, store(self.knowledge.index)
+            self.generation, self.index = generation, store(self.docs.index)
         return self.index
 
     def __deepcopy__(self, memo) -> "DocsStore":
@@ -83,7 +83,7 @@ class DocsDrafter(SuffixDrafter):
 
 
 def store(index) -> SuffixIndex:
-    """A suffix index over every passage of a knowledge.index.Index (a separator between passages)."""
+    """A suffix index over every passage of a docs.index.Index (a separator between passages)."""
     n = len(index.chunks)
     out = SuffixIndex(max(len(index.ids) + n + 1, 1024))
     for i in range(n):

@@ -32,7 +32,7 @@ class Kit:
     sources: list | None = None  # the built drafters `auto` chooses between (by auto_rank), for its row's build
     shared: Any = None  # the finished requests' SuffixIndex, read and never written
     recycle_table: Any = None  # the engine's recycle table, one for every request
-    docs: Any = None  # knowledge.answer.Knowledge: the documents an engine answers from (the docs drafter's text)
+    docs: Any = None  # docs.answer.Docs: the documents an engine answers from (the docs drafter's text)
     docs_store: Any = None  # the engine's index over them (drafters/docs.DocsStore), one for every request
 
     def runner(self, name: str):

@@ -67,7 +67,7 @@ CPU_FP16_KV_FACTOR = 2.5
 # rows, 41.6 MiB for SmolLM2's 49,152, i.e. ~19 MiB + ~460 bytes a row; rounded up below
 GRAMMAR_BASE = 20 << 20
 GRAMMAR_BYTES_PER_TOKEN = 480
-# A sentence-embedding model (knowledge/onnx_embedder.py), measured on all-MiniLM-L6-v2 int8 (26 MB of files,
+# A sentence-embedding model (docs/onnx_embedder.py), measured on all-MiniLM-L6-v2 int8 (26 MB of files,
 # 6 Dec, onnxruntime 1.32, CPU): +47-51 MB RSS once loaded, +132 MB more after embedding 32 texts of 256 tokens
 # in runs of BATCH_TOKENS (2048) padded tokens: the arena keeps its largest run's activations. multilingual-e5-small
 # int8 (135 MB of files, 7 Dec): +458 MB once loaded (its tokenizer's 250,002 SentencePiece pieces alone 288 MB in
@@ -226,9 +226,9 @@ def embedder_bytes(files_bytes: int) -> int:
     return int(EMBEDDER_FILE_FACTOR * files_bytes) + EMBEDDER_WORKING if files_bytes else 0
 
 
-def knowledge_lines(embedder_files: int = 0, index_files: int = 0) -> dict[str, int]:
+def doc_lines(embedder_files: int = 0, index_files: int = 0) -> dict[str, int]:
     """The breakdown lines of a venue's documents, from the bytes of the embedder's and the index's files
-    (knowledge/embedder_folder.py files_bytes): for `plan` and the engine's memory plan."""
+    (docs/embedder_folder.py files_bytes): for `plan` and the engine's memory plan."""
     parts = {}
     if embedder_files:
         parts["embedder"] = embedder_bytes(embedder_files)
@@ -239,13 +239,13 @@ def knowledge_lines(embedder_files: int = 0, index_files: int = 0) -> dict[str, 
 
 def predict(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int = PREFILL_CHUNK,
             flavor: str | None = None, device: str = "cpu", suffix_tokens: int = SUFFIX_CAPACITY,
-            knowledge: dict[str, int] | None = None) -> dict[str, int]:
+            doc_lines: dict[str, int] | None = None) -> dict[str, int]:
     """The host breakdown (bytes) for one choice of max_len and draft; `plan` searches over these.
     `flavor`: the graphs the runtime will load (None: each model's primary graph). `device` "cuda":
     the KV caches are device memory (predict_device), not host memory. The weights stay counted
     here too until a measurement on a board says how much of the host copy onnxruntime releases.
     `suffix_tokens`: the suffix index's capacity, counted full (it fills as requests accumulate).
-    `knowledge`: knowledge_lines()' lines (an embedding model, a document index), counted as they are."""
+    `doc_lines`: doc_lines()' lines (an embedding model, a document index), counted as they are."""
     b = _open(bundle)
     t = graph_facts(b, "target", flavor)
     parts = {
@@ -257,7 +257,7 @@ def predict(bundle, max_len: int, load_draft: bool, *, prefill_chunk: int = PREF
         "draft_kv": 0,
         "suffix_index": suffix_index_bytes(suffix_tokens),
         "grammar": grammar_bytes(t),
-        **(knowledge or {}),
+        **(doc_lines or {}),
         "margin": UNACCOUNTED,
     }
     if load_draft and b.draft is not None:
@@ -309,7 +309,7 @@ def plan(
     flavor: str | None = None,
     device: str = "cpu",
     context_bytes: int | None = None,
-    knowledge: dict[str, int] | None = None,
+    doc_lines: dict[str, int] | None = None,
 ) -> MemoryPlan:
     """Chooses max_len and whether to load the draft so the prediction fits `budget_bytes`.
 
@@ -319,7 +319,7 @@ def plan(
     `device` "cuda" (the graphs run on the CUDA provider) adds the device side (predict_device, with
     a measured `context_bytes` if given); on a profile with `memory_shared_with_gpu` it counts
     against the budget with the host side, so shrinking, dropping the draft and refusing follow the sum.
-    `knowledge`: knowledge_lines()' lines, fixed costs beside the LLM (no retreat shrinks them).
+    `doc_lines`: doc_lines()' lines, fixed costs beside the LLM (no retreat shrinks them).
     Raises BudgetError, with the numbers, when even the target alone at the floor length is too big.
     """
     b = _open(bundle)
@@ -350,7 +350,7 @@ def plan(
 
     def make(length: int, draft: bool) -> MemoryPlan:
         parts = predict(b, length, draft, prefill_chunk=prefill_chunk, flavor=flavor, device=device,
-                        knowledge=knowledge)
+                        doc_lines=doc_lines)
         dev = predict_device(b, length, draft, prefill_chunk=prefill_chunk,
                              context_bytes=context_bytes) if device == "cuda" else {}
         return MemoryPlan(

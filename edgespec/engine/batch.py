@@ -80,11 +80,11 @@ from ..core.proposal import common_prefix
 from ..drafters import Drafter
 from ..drafters.grammar import with_grammar
 from ..errors import InvalidRequest
-from ..knowledge.answer import Turn, declined, sourced
+from ..docs.answer import Turn, declined, sourced
 from ..limits import PREFILL_CHUNK
 from . import build, selfdraft
 from .build import Plan
-from .prepare import open_knowledge, prepare_request
+from .prepare import open_docs, prepare_request
 from .pinned import PinnedPrefix, hold_slot, pin_system_prompt
 from .requests import Options, Prepared, Request, RequestParser, Vocabulary, as_prepared, not_loaded
 from .results import GenerationResult, GenerationStats, Stream, Ticket
@@ -132,7 +132,7 @@ class BatchEngine:
         self.plan_chunk = max(1, plan.memory.prefill_chunk or PREFILL_CHUNK)
         self.prefill_chunk = min(max(1, prefill_chunk), self.plan_chunk)  # while other requests are generating
         self.vocab = Vocabulary.of(plan.bundle, plan.bundle.load_tokenizer(), runner.vocab_size)
-        self.knowledge = open_knowledge(plan.settings, plan.bundle, self.vocab.tokenizer, runner.max_len)  # docs=INDEX
+        self.docs = open_docs(plan.settings, plan.bundle, self.vocab.tokenizer, runner.max_len)  # docs=INDEX
         self.pinned: PinnedPrefix | None = None  # serve --system-prompt (pinned.py): its rows kept once
         self.venue_rows: VenueRows | None = None  # the cached reading's passages (venue_rows.py), copied in per turn
         self.repins_on_reload = False  # pinned.py hooked a re-pin to the documents' reloads
@@ -162,7 +162,7 @@ class BatchEngine:
         skips = [self_pair.skip(i) for i in range(self.slots)] if self_pair is not None else None
         target = TargetSlots(self._slots, plan.bundle, skips, heads)
         self._drafters = BatchDrafters(plan.settings.suffix_capacity, runner.max_len, usable=self.vocab.usable,
-                                       draft=dm, docs=self.knowledge, target=target)
+                                       draft=dm, docs=self.docs, target=target)
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
@@ -278,7 +278,7 @@ class BatchEngine:
         the prompt tokenized; tree "on" verifies that request's rounds as trees on its slot; "auto"
         trees when the cost model says a tree pays with one slot, and runs chains with several. With
         documents (docs=INDEX) a chat turn reads its passages first (prepare.prepare_request)."""
-        return prepare_request(self.knowledge, Options(prompt=prompt, **options), self._parse, self.count_tokens,
+        return prepare_request(self.docs, Options(prompt=prompt, **options), self._parse, self.count_tokens,
                                self.max_len)
 
     def submit(self, prompt: str | Prepared | None = None, *, on_delta: Callable[[str], None] | None = None,
@@ -307,7 +307,7 @@ class BatchEngine:
         return t
 
     def _declined(self, turn: Turn, on_delta) -> Ticket:
-        """A turn the documents decline: its answer streamed and its ticket done now (knowledge/answer.py)."""
+        """A turn the documents decline: its answer streamed and its ticket done now (docs/answer.py)."""
         s = Stream(declined(turn, self.vocab.tokenizer, GenerationResult, GenerationStats), 0)
         for delta in s:
             if on_delta is not None:

@@ -102,7 +102,7 @@ class BatchDrafters:
     def __init__(self, suffix_capacity: int = SUFFIX_CAPACITY, max_len: int = DEFAULT_MAX_LEN, *,
                  usable: int | None = None, draft: DraftModel | None = None, docs=None,
                  target: TargetSlots | None = None):
-        """docs: the engine's knowledge.answer.Knowledge (None: no documents, no "docs" mode);
+        """docs: the engine's docs.answer.Docs (None: no documents, no "docs" mode);
         target: the target's slots and what drafts on them (the self-draft, the draft heads)."""
         self.history = SuffixIndex(suffix_capacity)  # finished requests' text: read by all, written between rounds
         self.request_capacity = request_index_capacity(max_len)

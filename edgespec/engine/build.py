@@ -168,10 +168,10 @@ def plan(settings: Settings, bundle) -> Plan:
 
 def venue_max_len(settings: Settings, b: Bundle, profile) -> int | None:
     """The cache length asked for; when none is and the documents' whole venue goes in the cache
-    (knowledge/answer.py), the default grown to hold it with a conversation beside it."""
+    (docs/answer.py), the default grown to hold it with a conversation beside it."""
     if settings.max_len is not None or settings.docs is None:
         return settings.max_len
-    from ..knowledge.answer import TURN_ROOM, venue_tokens_estimate
+    from ..docs.answer import TURN_ROOM, venue_tokens_estimate
 
     venue = venue_tokens_estimate(settings.docs)
     default = cache_length.default_max_len(b, profile)
@@ -186,23 +186,23 @@ def memory_plan(b: Bundle, *, max_len, want_draft: bool, profile, budget: int | 
     where a cuda graph's cache lives. `docs`: a document index, counted with the embedding model it names."""
     import onnxruntime as ort
 
-    from ..knowledge.embedder_folder import files_bytes
+    from ..docs.embedder_folder import files_bytes
 
     available = ort.get_available_providers()
     first = flavor.first_usable(prov.normalize(providers), available)
     graph = flavor.planned(b.target, providers, available).graph_flavor()
     device = prov.device_of(first) if first and graph == "cuda" else "cpu"
-    knowledge = None
+    doc_lines = None
     if docs:
-        knowledge = memory.knowledge_lines(*files_bytes(docs=docs))
+        doc_lines = memory.doc_lines(*files_bytes(docs=docs))
         if device == "cpu":  # the venue's rows kept on the host (pinned.py, venue_rows.py)
-            from ..knowledge.answer import venue_rows_estimate
+            from ..docs.answer import venue_rows_estimate
 
             venue = venue_rows_estimate(docs)
             if venue is not None:
-                knowledge["venue_rows"] = venue * b.target.kv_bytes_per_token()
+                doc_lines["venue_rows"] = venue * b.target.kv_bytes_per_token()
     return memory.plan(b, max_len=max_len, want_draft=want_draft, budget_bytes=budget, profile=profile,
-                       flavor=graph, device=device, knowledge=knowledge)
+                       flavor=graph, device=device, doc_lines=doc_lines)
 
 
 def sessions_spin(load_draft: bool) -> bool:

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..core.proposal import common_prefix
 from ..errors import InvalidRequest
-from ..knowledge import answer as _answer
+from ..docs import answer as _answer
 
 log = logging.getLogger("edgespec.engine")
 
@@ -185,10 +185,10 @@ def pin_system_prompt(engine, system: str | None, *, save_dir: str | os.PathLike
                       keep_same: bool = False) -> PinnedPrefix | None:
     """Prefills (or loads) the system prompt's prefix into the engine's target cache and pins it:
     sets `engine.pinned`, returns it. None (and a log line) when the prompt does not fit the cache.
-    An engine whose documents put the whole venue in the cache (knowledge/answer.py) pins the system
+    An engine whose documents put the whole venue in the cache (docs/answer.py) pins the system
     turn its requests get, the venue in it (`system` None: the default system prompt's), and pins
     it again after every reload of the documents (`keep_same`: a pin of the same tokens is kept as it is)."""
-    kn = getattr(engine, "knowledge", None)
+    kn = engine.docs
     venue = kn is not None and kn.venue is not None
     if kn is not None and not engine.repins_on_reload:
         engine.repins_on_reload = True

@@ -86,13 +86,13 @@ class Prepared:
     """A request made ready to run by an engine's `prepare()`, on the caller's thread: the options it
     runs with (the documents' passages in its last turn, where the engine reads documents), its
     Request (parsed, checked and tokenized: None when the documents declined the turn, which is
-    answered without the model) and that turn (knowledge.answer.Turn; None without documents).
+    answered without the model) and that turn (docs.answer.Turn; None without documents).
     Engine.stream and submit run it as given: nothing is parsed or tokenized again."""
 
     options: Options
     request: Request | None
     turn: Any = None
-    read: int | None = None  # the documents' reload count (Knowledge.generation) when the turn was read
+    read: int | None = None  # the documents' reload count (Docs.generation) when the turn was read
 
     @property
     def prompt_tokens(self) -> int:

@@ -55,7 +55,7 @@ class GenerationResult:
     # a request with tools: the call the answer made, OpenAI-shaped ([{"id", "type": "function",
     # "function": {"name", "arguments": JSON text}}]); None for a text answer (engine/structured.py)
     tool_calls: list[dict] | None = None
-    # an engine with documents (docs=INDEX): {"sources": [...], "declined": bool, ...} (knowledge/answer.py)
+    # an engine with documents (docs=INDEX): {"sources": [...], "declined": bool, ...} (docs/answer.py)
     docs: dict | None = None
 
 

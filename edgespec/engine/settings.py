@@ -40,7 +40,7 @@ class Settings:
     verify: bool = True  # sha256 of the bundle's files at open
     warmup: bool = True  # time the step sizes once at open
     deterministic: bool = False  # the runners' deterministic mode (core/runner.py); requests pinned to chains
-    docs: Any = None  # an index folder (`edgespec index`): chat turns answer from its documents (knowledge/answer.py)
+    docs: Any = None  # an index folder (`edgespec index`): chat turns answer from its documents (docs/answer.py)
 
     @classmethod
     def of(cls, *, memory_budget=None, power_budget=None, max_temp=None, providers=None, draft_providers=None,
@@ -91,7 +91,7 @@ class Settings:
         if self.deterministic and self.tree == "on":
             raise InvalidRequest("tree='on' is not possible in deterministic mode: use tree='auto' or 'off'",
                                  param="tree")
-        from ..knowledge.answer import check_docs
+        from ..docs.answer import check_docs
 
         check_docs(self.docs)
         p = self.parallel

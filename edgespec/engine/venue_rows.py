@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core.proposal import common_prefix
-from ..knowledge.answer import PREAMBLE, block_text
+from ..docs.answer import PREAMBLE, block_text
 
 log = logging.getLogger("edgespec.engine")
 
@@ -147,8 +147,8 @@ def turn_ids(engine, p) -> tuple[tuple[int, ...], list[int]] | None:
     system prompt the engine's rows (engine.venue_rows) were computed with (none: the default one),
     its passages read from the index the rows were computed from; None for anything else, which is
     quoted and prefilled. The engine decides here (batch.py, at submit), so a turn is read the same
-    way at every --parallel. `engine`: its knowledge, venue_rows, pinned and max_len."""
-    kn, rows, pin, turn = engine.knowledge, engine.venue_rows, engine.pinned, p.turn
+    way at every --parallel. `engine`: its docs, venue_rows, pinned and max_len."""
+    kn, rows, pin, turn = engine.docs, engine.venue_rows, engine.pinned, p.turn
     if kn is None or rows is None or turn is None or not turn.blocks or pin is None or pin.tokens != rows.base:
         return None
     # a turn read before a reload (it waited in a queue), or a reload's new passages before their rows

@@ -1,5 +1,5 @@
 """POST /v1/embeddings in OpenAI's shape, answered by the embedder `serve --embedder` loaded (a sentence-
-embedding model beside the LLM: its own small onnxruntime session, knowledge/onnx_embedder.py).
+embedding model beside the LLM: its own small onnxruntime session, docs/onnx_embedder.py).
 
 The model is `serve --embedder`'s, else the one the `--docs` index names (served_embedder).
 
@@ -79,7 +79,7 @@ def served_embedder(state: ServerState):
     the model /v1/embeddings answers with, or None."""
     if state.embedder is not None:
         return state.embedder
-    emb = state.knowledge.embedder if state.knowledge is not None else None
+    emb = state.docs.embedder if state.docs is not None else None
     return emb if hasattr(emb, "encode_ids") else None
 
 

@@ -102,11 +102,11 @@ class Endpoints:
 
     async def docs_reload(self, request: Request) -> Response:
         """POST /v1/docs/reload: read the document index again (after `edgespec index` rebuilt it), as
-        SIGHUP does; a bad index is refused and the one in use stays (knowledge/answer.py). Coalesced
+        SIGHUP does; a bad index is refused and the one in use stays (docs/answer.py). Coalesced
         (reload.py): concurrent calls share one reload, at most one per --reload-interval. An admin's
         action: with an API key set, the kiosk page's session does not admit it."""
         check_auth(self.state, request.headers, _peer(request), session=False)
-        if self.state.knowledge is None:
+        if self.state.docs is None:
             raise APIError(404, "this server has no documents: serve it with --docs INDEX", code="no_documents")
         try:
             body, joined = await self.state.reloads.reload(self.state.engine)

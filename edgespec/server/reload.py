@@ -18,7 +18,7 @@ from typing import Any
 def reload_docs(engine) -> dict[str, Any]:
     """The engine's documents read again. LookupError: it has none; InvalidRequest: the index cannot be
     used (the one in use stays)."""
-    kn = engine.knowledge
+    kn = engine.docs
     if kn is None:
         raise LookupError("this server has no documents: serve it with --docs INDEX")
     idx = kn.reload()

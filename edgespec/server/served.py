@@ -21,7 +21,7 @@ class ServedEngine(Protocol):
     max_len: int
     slots: int  # requests that generate at once (--parallel)
     last_batch: int  # requests verified in the last round's target pass (for /metrics)
-    knowledge: Any  # knowledge.answer.Knowledge: the documents it answers from (--docs), else None
+    docs: Any  # docs.answer.Docs: the documents it answers from (--docs), else None
     pinned: Any  # engine.pinned.PinnedPrefix: the pinned system prompt (--system-prompt), else None
     governor: Any  # edge.governor.Governor: the power/thermal governor, else None
 

@@ -340,7 +340,7 @@ class Service:
     def _on_hup(self) -> None:
         """SIGHUP: the API key and (serve --docs) the document index read again (in the loop)."""
         self.reload_api_key()
-        if self.state.knowledge is not None:
+        if self.state.docs is not None:
             asyncio.ensure_future(self._reload_docs())
 
     async def _reload_docs(self) -> None:

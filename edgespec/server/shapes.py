@@ -48,7 +48,7 @@ def stats_dict(stats: GenerationStats | None, *, finish_reason: str, queue_s: fl
 
 def edgespec_field(result: GenerationResult, queue_s: float | None) -> dict[str, Any]:
     """The response's `edgespec` field: the stats, and an answer from documents' sources and whether
-    it declined (engine results' `docs`, knowledge/answer.py)."""
+    it declined (engine results' `docs`, docs/answer.py)."""
     d = stats_dict(result.stats, finish_reason=result.finish_reason, queue_s=queue_s)
     d.update(result.docs or {})
     return d

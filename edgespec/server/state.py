@@ -39,9 +39,9 @@ class ServerState:
         self.session = secrets.token_urlsafe(32) if config.ui and api_key else None
 
     @property
-    def knowledge(self):
+    def docs(self):
         """The loaded engine's documents (serve --docs): None before an engine is loaded, or without."""
-        return self.engine.knowledge if self.engine is not None else None
+        return self.engine.docs if self.engine is not None else None
 
     def set_engine(self, engine: ServedEngine) -> None:
         """Called once the engine is loaded and warm; from then on /ready is 200."""

@@ -130,7 +130,7 @@ def test_a_condition_may_name_its_own_modes():
     assert len(samples) == 3 * 3
 
 
-class _Knowledge:
+class _Docs:
     """Retrieval that quotes one fixed passage (or declines questions that say so)."""
 
     in_cache = False  # passages quoted per turn: nothing for the asker to pin
@@ -145,7 +145,7 @@ class _Engine:
     """What EngineAsker calls: prompts encode to their characters' codes; hold and generate are recorded."""
 
     def __init__(self):
-        self.knowledge = _Knowledge()
+        self.docs = _Docs()
         self.seen, self.held, self.resets = [], [], 0
 
     def reset_cache(self):
@@ -158,18 +158,18 @@ class _Engine:
         self.held.append("".join(map(chr, tokens)))
 
     def generate(self, messages, **kw):
-        self.seen.append(self.knowledge)
+        self.seen.append(self.docs)
         return type("R", (), {"text": "x", "stats": Stats(2, 0.1, 0.2), "docs": None})()
 
 
 def test_plain_and_by_hand_set_the_documents_aside_for_the_call():
     e = _Engine()
-    kn = e.knowledge
+    kn = e.docs
     asker = qs.EngineAsker(e)
     asker.ask([{"role": "user", "content": "q"}], draft="none", docs=False, max_new_tokens=4)
     asker.ask([{"role": "user", "content": "q"}], draft="none", docs=True, max_new_tokens=4)
-    assert e.seen == [None, kn] and e.knowledge is kn and e.resets == 2
-    e.knowledge = None
+    assert e.seen == [None, kn] and e.docs is kn and e.resets == 2
+    e.docs = None
     with pytest.raises(InvalidRequest, match="needs --docs INDEX"):
         asker.ask([{"role": "user", "content": "q"}], draft="none", docs=True, max_new_tokens=4)
 

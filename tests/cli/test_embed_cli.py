@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edgespec.cli.main import main
-from edgespec.knowledge.embedder import load_embedder
+from edgespec.docs.embedder import load_embedder
 
 
 def test_embeds_arguments_as_json_lines(tiny_embedder_dir, capsys):

@@ -266,7 +266,7 @@ def test_plan_counts_the_embedder_and_the_document_index(tiny_bundle, tiny_embed
     size = (index / "manifest.json").stat().st_size + 1000
     assert rc == 0 and "embedder" in text and "doc_index" in text
     p = memory.plan(tiny_bundle, max_len=None, want_draft=True, budget_bytes=None,
-                    knowledge={"embedder": int(memory.EMBEDDER_FILE_FACTOR * files) + memory.EMBEDDER_WORKING, "doc_index": int(2.0 * size)})
+                    doc_lines={"embedder": int(memory.EMBEDDER_FILE_FACTOR * files) + memory.EMBEDDER_WORKING, "doc_index": int(2.0 * size)})
     assert units.format_size(p.predicted_bytes) in text
 
 

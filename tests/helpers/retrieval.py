@@ -32,9 +32,9 @@ def top1(venue: Path, bundle: str, embedder: str) -> dict:
     """{"hits": Counter by lang, "total": Counter by lang, "misses": [(id, expected, got)], "seconds"}."""
     from tokenizers import Tokenizer
 
-    from edgespec.knowledge.answer import tokenizer_sha256
-    from edgespec.knowledge.embedder import load_embedder
-    from edgespec.knowledge.index import Index, build_index
+    from edgespec.docs.answer import tokenizer_sha256
+    from edgespec.docs.embedder import load_embedder
+    from edgespec.docs.index import Index, build_index
     from edgespec.models.bundle import resolve_bundle
 
     root = resolve_bundle(bundle)
@@ -85,7 +85,7 @@ def translated(venue: Path, bundle: str) -> tuple[list[str], float]:
     """The answerable questions translated by the bundle's model (greedy, 40 tokens at most), and the seconds
     each took on average."""
     from edgespec import Engine
-    from edgespec.knowledge.scripts import script_of
+    from edgespec.docs.scripts import script_of
 
     qs = [q for q in map(json.loads, (venue / "questions.jsonl").read_text("utf-8").splitlines()) if q.get("expect")]
     eng, out, t0 = Engine.open(bundle), [], time.monotonic()
@@ -104,11 +104,11 @@ def variants(venue: Path, bundle: str, embedder: str, translations: list[str] | 
     """{variant: (hits, questions, ["id->page got", ...])}: each ranking's first passage against the page named."""
     from tokenizers import Tokenizer
 
-    from edgespec.knowledge.answer import tokenizer_sha256
-    from edgespec.knowledge.embedder import load_embedder
-    from edgespec.knowledge.index import Index, build_index, embedded_text
-    from edgespec.knowledge.normalize import for_matching
-    from edgespec.knowledge.scripts import language_basis, neutral, script_of
+    from edgespec.docs.answer import tokenizer_sha256
+    from edgespec.docs.embedder import load_embedder
+    from edgespec.docs.index import Index, build_index, embedded_text
+    from edgespec.docs.normalize import for_matching
+    from edgespec.docs.scripts import language_basis, neutral, script_of
     from edgespec.models.bundle import resolve_bundle
 
     root = resolve_bundle(bundle)

@@ -1,5 +1,5 @@
-"""Shared by the document tests (knowledge/, the lossless row): a word-level tokenizer ordered like a BPE vocabulary (the
-commonest words first, knowledge/index.py COMMON_SHARE), a fake embedding model, and the test venue."""
+"""Shared by the document tests (docs/, the lossless row): a word-level tokenizer ordered like a BPE vocabulary (the
+commonest words first, docs/index.py COMMON_SHARE), a fake embedding model, and the test venue."""
 from __future__ import annotations
 
 import hashlib
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-VENUE = Path(__file__).parent.parent / "knowledge" / "venue"
+VENUE = Path(__file__).parent.parent / "docs" / "venue"
 QUESTIONS = VENUE.parent / "venue_questions.jsonl"
 COMMON = ("the a an is are was were be to of in on at for and or not no do does did can i you it this that "
           "what when where which who how much many why there their from by with as its my me we time day "

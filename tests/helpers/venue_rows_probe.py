@@ -68,7 +68,7 @@ def main() -> None:
         return eng.tokenizer.decode(out).replace("\n", " ")[:100]
 
     for q in qs:
-        turn = eng.knowledge.turn([{"role": "user", "content": q["question"]}])
+        turn = eng.docs.turn([{"role": "user", "content": q["question"]}])
         if turn.declined or not turn.blocks:
             print(f"{q['id']}: declined by the gate")
             continue

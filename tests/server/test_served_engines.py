@@ -18,7 +18,7 @@ MEMBERS = sorted({*ServedEngine.__annotations__,
 
 
 def test_the_protocol_lists_what_the_server_calls():
-    assert MEMBERS == ["close", "count_tokens", "drafter_stats", "generate", "governor", "knowledge", "last_batch",
+    assert MEMBERS == ["close", "count_tokens", "docs", "drafter_stats", "generate", "governor", "last_batch",
                        "max_len", "model_name", "pinned", "prepare", "round", "slots", "submit"]
 
 
@@ -39,7 +39,7 @@ def test_the_engine_provides_what_the_server_reads(tiny_bundle, parallel):
         missing = [m for m in MEMBERS if not hasattr(eng, m)]
         assert missing == []
         assert eng.slots == parallel
-        assert eng.knowledge is None and eng.pinned is None  # no --docs, no --system-prompt
+        assert eng.docs is None and eng.pinned is None  # no --docs, no --system-prompt
         assert eng.model_name == "qwen-agree"  # the tiny bundle's name
         # prepare: the request checked and tokenized once; the engine runs the Prepared as it is
         p = eng.prepare("def add(a, b):", max_new_tokens=4)

@@ -16,8 +16,8 @@ pytest.importorskip("uvicorn", reason="the server extra is not installed (pip in
 import openai  # noqa: E402
 
 from edgespec.engine import Engine  # noqa: E402
-from edgespec.knowledge.answer import DECLINE, tokenizer_sha256  # noqa: E402
-from edgespec.knowledge.index import build_index  # noqa: E402
+from edgespec.docs.answer import DECLINE, tokenizer_sha256  # noqa: E402
+from edgespec.docs.index import build_index  # noqa: E402
 from helpers.running import DEADLINE, together  # noqa: E402
 from helpers.venue import VENUE  # noqa: E402
 from helpers.wait import wait_for  # noqa: E402

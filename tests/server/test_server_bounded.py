@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
 
-from edgespec.knowledge.embedder import load_embedder  # noqa: E402
-from edgespec.knowledge.onnx_embedder import Embedded  # noqa: E402
+from edgespec.docs.embedder import load_embedder  # noqa: E402
+from edgespec.docs.onnx_embedder import Embedded  # noqa: E402
 from edgespec.server.access import check_auth  # noqa: E402
 from edgespec.server.apierror import APIError  # noqa: E402
 from edgespec.server.scheduler import Job, Scheduler  # noqa: E402
@@ -138,7 +138,7 @@ class _Request:
     stream = True
 
 
-class FakeKnowledge:
+class FakeDocs:
     """Its reloads wait for `gate` (the test holds the first one while others arrive)."""
 
     def __init__(self):
@@ -154,7 +154,7 @@ class FakeKnowledge:
 
 def test_docs_reloads_are_coalesced_and_spaced(serve):  # noqa: F811
     s = serve(reload_interval=0.5)
-    kn = s.service.state.engine.knowledge = FakeKnowledge()
+    kn = s.service.state.engine.docs = FakeDocs()
     gate = s.service.state.reloads
     out: list = []
     first = threading.Thread(target=lambda: out.append(s.post("/v1/docs/reload", {})))

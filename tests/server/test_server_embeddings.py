@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
 
-from edgespec.knowledge.embedder import load_embedder  # noqa: E402
+from edgespec.docs.embedder import load_embedder  # noqa: E402
 from helpers.fake_server import assert_openai_error, serve  # noqa: E402,F401
 
 EMB = "/v1/embeddings"
@@ -87,7 +87,7 @@ def test_a_server_without_an_embedder_says_how_to_add_one(serve):  # noqa: F811
 
 def test_the_embedder_of_the_docs_index_answers_when_none_was_given(serve, tiny_embedder_dir):  # noqa: F811
     s = serve()
-    s.service.state.engine.knowledge = type("K", (), {"embedder": load_embedder(tiny_embedder_dir)})()
+    s.service.state.engine.docs = type("K", (), {"embedder": load_embedder(tiny_embedder_dir)})()
     status, _, body = s.post(EMB, {"model": "tiny-bert", "input": "the museum"})
     assert status == 200 and len(body["data"][0]["embedding"]) == 32
 

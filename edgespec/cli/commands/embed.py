@@ -23,7 +23,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ...errors import InvalidRequest
-    from ...knowledge.embedder import load_embedder
+    from ...docs.embedder import load_embedder
 
     texts = list(args.texts) if args.texts else [ln.rstrip("\r\n") for ln in sys.stdin]
     if not texts:

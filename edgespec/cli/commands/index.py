@@ -1,5 +1,5 @@
 """`edgespec index DOCS... -o INDEX`: a venue's documents made into an index a kiosk answers from
-(knowledge/index.py; docs/kiosk.md). Every file's fate is one line on stderr: what was read (format,
+(docs/index.py; docs/kiosk.md). Every file's fate is one line on stderr: what was read (format,
 encoding, pages) or why it was skipped; the exit code is EXIT_SKIPPED when the index was built but some
 file or folder was skipped, so a script that refreshes a kiosk's pages can tell."""
 from __future__ import annotations
@@ -38,7 +38,7 @@ def register(sub) -> None:
                    "the facts; docs/kiosk.md compares the three readings)")
     p.add_argument("--keep-flagged", action="store_true", help="keep the lines that address an assistant instead of "
                    "a visitor (by default they are left out of the index; each is a warning either way: "
-                   "knowledge/injection.py)")
+                   "docs/injection.py)")
     p.set_defaults(func=run)
 
 
@@ -46,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
     from tokenizers import Tokenizer
 
     from ...errors import BundleNotFound
-    from ...knowledge.answer import tokenizer_sha256
-    from ...knowledge.documents import read_documents
-    from ...knowledge.index import DEFAULT_MAX_CHARS, build_index
+    from ...docs.answer import tokenizer_sha256
+    from ...docs.documents import read_documents
+    from ...docs.index import DEFAULT_MAX_CHARS, build_index
     from ...models.bundle import not_found_message, resolve_bundle
 
     if args.whole_venue and args.cached_passages:
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"read {d.source}: {d.note}", file=sys.stderr)
     for path, why in reading.skipped:
         print(f"skipped {path}: {why}", file=sys.stderr)
-    from ...knowledge.injection import screen
+    from ...docs.injection import screen
 
     # a page's orders to the model: warned about, and left out unless --keep-flagged
     reading, flags = screen(reading, strict=not args.keep_flagged)
@@ -88,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _embedder(spec: str):
     """--embedder: auto (the default embedding model when pulled, else BM25 alone, said on stderr), none, or one."""
-    from ...knowledge.embedder import load_embedder
-    from ...knowledge.embedder_folder import EmbedderError
+    from ...docs.embedder import load_embedder
+    from ...docs.embedder_folder import EmbedderError
 
     if spec in ("none", ""):
         return None

@@ -53,7 +53,7 @@ def run(args) -> int:
     ctx_bytes = (context or {}).get("context_bytes")
     plan = memory.plan(bundle, max_len=args.max_len, want_draft=want_draft, budget_bytes=budget, profile=profile,
                        flavor=flavor, device=device, context_bytes=ctx_bytes,
-                       knowledge=_knowledge(args))
+                       doc_lines=_doc_lines(args))
     warning = memcheck.fits_now(plan, args.root) if here else None
     if modes.get(args.draft).runner == "draft" and not plan.load_draft:
         plan.notes.append("--draft model asked for, but the plan has no draft model: the engine would refuse")
@@ -120,17 +120,17 @@ def run(args) -> int:
     return 0
 
 
-def _knowledge(args) -> dict:
+def _doc_lines(args) -> dict:
     """The memory plan's lines for --embedder and --docs (the embedder the index names, without --embedder)."""
     from pathlib import Path
 
     from ...edge import memory
     from ...errors import InvalidRequest
-    from ...knowledge.embedder_folder import files_bytes
+    from ...docs.embedder_folder import files_bytes
 
     if args.docs is not None and not (Path(args.docs) / "manifest.json").is_file():
         raise InvalidRequest(f"--docs {args.docs}: no index here (manifest.json is missing): build one with `edgespec index`")
-    return memory.knowledge_lines(*files_bytes(args.embedder, args.docs))
+    return memory.doc_lines(*files_bytes(args.embedder, args.docs))
 
 
 def _memory_source(profile) -> str:

@@ -70,7 +70,7 @@ def _export_half():
 def export_embedder(name: str, zip_path, *, form: str, force: bool) -> None:
     """The pulled zip -> $EDGESPEC_HOME/embedders/<name> (numpy + onnx, parity against a numpy forward),
     skipped when a folder that checks out was already exported from this very zip in this form."""
-    from ...knowledge.embedder_folder import check_folder, embedders_dir
+    from ...docs.embedder_folder import check_folder, embedders_dir
     from ...models import catalog
 
     dest = embedders_dir() / name

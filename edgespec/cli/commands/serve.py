@@ -274,7 +274,7 @@ def engine_opener(path, settings, system: str | None) -> Callable[[], Any]:
         from ...engine import Engine
 
         eng = Engine.open(path, settings)
-        if system is not None or (eng.knowledge is not None and eng.knowledge.in_cache):
+        if system is not None or (eng.docs is not None and eng.docs.in_cache):
             from ...engine.pinned import pin_system_prompt
             from ...models.files import edgespec_home
 
@@ -313,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
         embedder_spec = _pick(getattr(args, "embedder", None), "EDGESPEC_EMBEDDER")
         embedder = None
         if embedder_spec:  # small (26 MB) and checked like a bundle: loaded here, before the LLM, refused in one line
-            from ...knowledge.embedder import load_embedder
+            from ...docs.embedder import load_embedder
 
             embedder = load_embedder(embedder_spec, threads=settings.threads)
 

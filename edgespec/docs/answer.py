@@ -1,7 +1,7 @@
 """Answers from a venue's documents: each chat turn's question retrieves passages (index.py) that
 the model reads, and the reply carries them as its sources.
 
-    kn = Knowledge.open("venue.idx", bundle, tokenizer, max_len=engine.max_len)  # an engine with docs=INDEX
+    kn = Docs.open("venue.idx", bundle, tokenizer, max_len=engine.max_len)  # an engine with docs=INDEX
     turn = kn.turn(messages)            # -> Turn: the messages to generate from, sources, declined
     Engine.stream(messages=...)         # does this itself, and puts turn.sources on the result's `docs`
 
@@ -17,7 +17,7 @@ the manifest's "reading"):
   retrieval ranked first. The model reads the whole venue (the page beside the right one included), and
   a reload re-pins it (`on_reload`). Its price is attention over the venue's rows at every step.
 - **Passages quoted into the turn** ("passages", the default; a venue too large to read whole; a
-  Knowledge built without the engine's cache length): the best passages, within `budget` tokens, go
+  Docs built without the engine's cache length): the best passages, within `budget` tokens, go
   into the last user turn, and are prefilled with the question (TTFT on a 2-core board is mostly this
   prefill). The default because it held more facts: on the museum venue 17 of 24 and 5 of 6
   unanswerable declined, against 15 and 3 read whole, where the 1.5B quoted the right page's
@@ -51,7 +51,7 @@ from ..models.bundlefiles import read_json
 from .index import Hit, Index, read_manifest
 from .scripts import script_of
 
-log = logging.getLogger("edgespec.knowledge")
+log = logging.getLogger("edgespec.docs")
 
 # Passages' tokens per turn at most: their prefill is most of a visitor's wait (the 1.5B target prefills
 # ~62 tokens/s on this 2-core VM when it is quiet, docs/speed.md's pinned-prompt run). On the museum venue
@@ -65,7 +65,7 @@ VENUE_SOURCES = 3  # sources named (and shown) for a turn when the whole venue i
 # not a prefill, so their budget is chosen by facts alone (docs/kiosk.md's table).
 CACHED_BUDGET = 480
 CACHED_PASSAGES = 6
-# Measured with Qwen2.5's tokenizer on tests/knowledge/venue (6 pages, 10 answerable and 6 unanswerable
+# Measured with Qwen2.5's tokenizer on tests/docs/venue (6 pages, 10 answerable and 6 unanswerable
 # questions) and tests/data/venues/museum (12 pages, 24 and 6): the answerable questions' best coverage
 # was 0.44-1.0, the unanswerable ones' 0.0-0.31 but for two, 0.48 and 0.54, that use only the venue's
 # own words ("How many visitors came to the museum last year?": no page has the number, every page the
@@ -205,7 +205,7 @@ def _quoted_tokens(path) -> tuple[str | None, int | None]:
 
 
 @dataclass
-class Knowledge:
+class Docs:
     """An index served by an engine (see the module docstring). `reload()` swaps in the index folder's
     current contents whole, or keeps the old one and raises. `max_len`: the engine's cache length
     (None: the passages are always quoted per turn)."""
@@ -240,7 +240,7 @@ class Knowledge:
         return self.index.manifest.get("reading") == "cached"
 
     @classmethod
-    def open(cls, path, bundle, tokenizer, embedder=None, **kw) -> "Knowledge":
+    def open(cls, path, bundle, tokenizer, embedder=None, **kw) -> "Docs":
         """The index at `path` for an engine serving `bundle` (its tokenizer.json must be the one the
         index was built with); `embedder`: the embedding model (None: the one the manifest names)."""
         path = Path(path)
@@ -389,7 +389,7 @@ def tokenizer_sha256(bundle_root: Path) -> str:
 
 
 def open_embedder(model_id: str):
-    """The embedding model an index names, loaded to embed questions (knowledge/onnx_embedder.py)."""
+    """The embedding model an index names, loaded to embed questions (docs/onnx_embedder.py)."""
     from .onnx_embedder import open_embedder as _open
 
     return _open(model_id)

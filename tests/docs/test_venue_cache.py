@@ -1,4 +1,4 @@
-"""The whole venue in the cache (knowledge/answer.py): the system turn holds every passage, the same for
+"""The whole venue in the cache (docs/answer.py): the system turn holds every passage, the same for
 every visitor, pinned once (engine/pinned.py); a turn carries only the question and the passages'
 numbers; follow-ups are searched with the question before them; the memory plan sizes the cache for
 the venue and counts its pinned rows."""
@@ -8,10 +8,10 @@ import pytest
 
 from edgespec.engine import Engine
 from edgespec.engine.pinned import pin_system_prompt
-from edgespec.knowledge import answer
-from edgespec.knowledge.answer import (DEFAULT_SYSTEM, TURN_ROOM, VENUE_LIMIT, Knowledge, tokenizer_sha256,
+from edgespec.docs import answer
+from edgespec.docs.answer import (DEFAULT_SYSTEM, TURN_ROOM, VENUE_LIMIT, Docs, tokenizer_sha256,
                                        venue_tokens_estimate)
-from edgespec.knowledge.index import build_index
+from edgespec.docs.index import build_index
 
 from helpers.venue import VENUE
 
@@ -22,7 +22,7 @@ SYSTEM = {"role": "system", "content": "You are the museum's kiosk."}
 def venue(tmp_path, words):
     tok, sha = words
     build_index([VENUE], tmp_path / "venue.idx", tok, sha, whole_venue=True)
-    return Knowledge(tmp_path / "venue.idx", tok, sha, max_len=8192)
+    return Docs(tmp_path / "venue.idx", tok, sha, max_len=8192)
 
 
 def test_the_system_turn_holds_every_passage_and_is_the_same_for_every_question(venue):
@@ -63,12 +63,12 @@ def test_a_follow_up_is_searched_with_the_question_before_it(venue):
 def test_a_venue_too_large_for_the_cache_is_quoted_per_turn(tmp_path, words):
     tok, sha = words
     build_index([VENUE], tmp_path / "v.idx", tok, sha, whole_venue=True)
-    small = Knowledge(tmp_path / "v.idx", tok, sha, max_len=TURN_ROOM + 16)
+    small = Docs(tmp_path / "v.idx", tok, sha, max_len=TURN_ROOM + 16)
     t = small.turn([SYSTEM, {"role": "user", "content": "How much is a child ticket?"}])
     assert small.venue is None and t.messages[0] == SYSTEM and "> " in t.messages[1]["content"]
-    assert Knowledge(tmp_path / "v.idx", tok, sha).venue is None  # no cache length given: quoted
+    assert Docs(tmp_path / "v.idx", tok, sha).venue is None  # no cache length given: quoted
     build_index([VENUE], tmp_path / "p.idx", tok, sha)  # the default reading: passages quoted per turn
-    assert Knowledge(tmp_path / "p.idx", tok, sha, max_len=8192).venue is None
+    assert Docs(tmp_path / "p.idx", tok, sha, max_len=8192).venue is None
     assert venue_tokens_estimate(tmp_path / "p.idx") is None
 
 
@@ -108,7 +108,7 @@ def venue_engine(tiny_bundle, tmp_path_factory):
 
 
 def test_the_plan_sizes_the_cache_for_the_venue_and_counts_its_pinned_rows(venue_engine):
-    kn = venue_engine.knowledge
+    kn = venue_engine.docs
     est = venue_tokens_estimate(kn.path)
     assert kn.venue is not None and venue_engine.max_len >= est + answer.TURN_ROOM
     plan = venue_engine.memory_plan
@@ -124,7 +124,7 @@ def test_a_visitor_prefills_only_the_question_and_answers_as_without_the_pin(ven
         msgs = [SYSTEM, {"role": "user", "content": "How much is a family ticket?"}]
         eng.generate("unrelated text that overwrites the cache", max_new_tokens=2)
         r = eng.generate(messages=msgs, max_new_tokens=6)
-        turn = eng.knowledge.turn(msgs).messages[-1]["content"]
+        turn = eng.docs.turn(msgs).messages[-1]["content"]
         asked = len(eng.tokenizer.encode(turn, add_special_tokens=False).ids)
         assert r.stats.cached_tokens >= venue_tokens and r.stats.prompt_tokens - r.stats.cached_tokens <= asked + 16  # + the turn's markers
         assert r.docs["sources"][0]["file"].endswith("tickets.md")
@@ -143,7 +143,7 @@ def test_a_reload_pins_the_new_venue(venue_engine, tmp_path):
     from tokenizers import Tokenizer
 
     eng = venue_engine
-    kn = eng.knowledge
+    kn = eng.docs
     pin = pin_system_prompt(eng, None)
     more = tmp_path / "more"
     more.mkdir()
@@ -177,11 +177,11 @@ class _Bilingual:
 def test_a_question_in_another_script_is_left_to_the_model(tmp_path, words):
     tok, sha = words
     build_index([VENUE], tmp_path / "v.idx", tok, sha, _Bilingual())
-    kn = Knowledge(tmp_path / "v.idx", tok, sha, _Bilingual())
+    kn = Docs(tmp_path / "v.idx", tok, sha, _Bilingual())
     t = kn.turn([{"role": "user", "content": "大人の入園料はいくらですか？"}])  # no word of it is in the pages
     assert t.match < kn.min_coverage and not t.declined
     assert t.sources[0].file.endswith("tickets.md")
-    bare = Knowledge(tmp_path / "v.idx", tok, sha, _Bilingual())
+    bare = Docs(tmp_path / "v.idx", tok, sha, _Bilingual())
     bare.index.vectors = None  # without vectors nothing says where it belongs: declined, as before
     assert bare.turn([{"role": "user", "content": "大人の入園料はいくらですか？"}]).declined
     # a question in the pages' own script is gated by its words as before
@@ -192,7 +192,7 @@ def test_a_reload_that_changes_nothing_keeps_the_pin(venue_engine):
     eng = venue_engine
     pin = pin_system_prompt(eng, None)
     try:
-        eng.knowledge.reload()
+        eng.docs.reload()
         assert eng.pinned is pin  # no prefill, no copy: the same tokens are pinned already
     finally:
         eng.pinned = None

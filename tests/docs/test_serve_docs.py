@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("openai", reason="the test extra is not installed (pip install .[test])")
 pytest.importorskip("uvicorn", reason="the server extra is not installed (pip install .[server])")
 
-from edgespec.knowledge.answer import DECLINE, tokenizer_sha256  # noqa: E402
-from edgespec.knowledge.index import build_index  # noqa: E402
+from edgespec.docs.answer import DECLINE, tokenizer_sha256  # noqa: E402
+from edgespec.docs.index import build_index  # noqa: E402
 from helpers.running import RunningServer  # noqa: E402
 from helpers.venue import VENUE  # noqa: E402
 
@@ -60,7 +60,7 @@ def test_the_answer_carries_its_sources_plain_and_streamed(served):
 
 def test_a_declined_question_is_answered_without_the_model(served):
     server, _ = served
-    kn = server.service.state.engine.knowledge
+    kn = server.service.state.engine.docs
     kn.min_coverage, old = 1.01, kn.min_coverage
     try:
         resp = server.client.chat.completions.create(model=server.bundle.name, max_tokens=20,
@@ -72,7 +72,7 @@ def test_a_declined_question_is_answered_without_the_model(served):
 
 def test_reload_reads_a_rebuilt_index_and_refuses_a_broken_one(served, tiny_bundle):
     server, root = served
-    kn = server.service.state.engine.knowledge
+    kn = server.service.state.engine.docs
     n, gen = len(kn.index.chunks), kn.generation
     (root / "docs" / "shop.md").write_text("# Shop\n\nThe museum shop sells brass compasses for 25 euros.\n")
     _build(tiny_bundle, [root / "docs"], root / "venue.idx")

@@ -86,7 +86,7 @@ def decode(raw: bytes) -> tuple[str, str]:
 # A few lines of French or Portuguese decode cleanly in a dozen single-byte code pages, and charset-normalizer
 # then ranks cp1250 or cp850 first ("à" read as "ŕ"); Windows' Western page is what such a file is, unless
 # it reads clearly worse: its curly quotes cost 0.05 of charset-normalizer's "chaos", Cyrillic in cp1251
-# does not decode as cp1252 at all (measured on the sentences in tests/knowledge/test_readers.py).
+# does not decode as cp1252 at all (measured on the sentences in tests/docs/test_readers.py).
 WESTERN_SLACK = 0.1
 
 

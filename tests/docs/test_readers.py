@@ -6,8 +6,8 @@ import codecs
 
 import pytest
 
-from edgespec.knowledge.documents import Document, chunk_document
-from edgespec.knowledge.readers import Unread, decode, html_text, read_bytes
+from edgespec.docs.documents import Document, chunk_document
+from edgespec.docs.readers import Unread, decode, html_text, read_bytes
 
 from helpers.docfiles import make_docx, make_pdf
 

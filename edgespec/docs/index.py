@@ -8,7 +8,7 @@ Two retrievers over the same chunks (documents.py), ranked together by a convex 
 normalised scores (LEX_WEIGHT x BM25 / its best + the rest x the cosine min-max scaled; Bruch et al.,
 "An Analysis of Fusion Functions for Hybrid Retrieval", 2023): BM25 over the serving model's
 tokenizer's tokens of the lowercased text (any language the model reads, no word splitter), and,
-when the index was built with an embedding model (knowledge/embedder.py's Embedder), the cosine of
+when the index was built with an embedding model (docs/embedder.py's Embedder), the cosine of
 unit vectors. Reciprocal-rank fusion was measured first and lost a question on the test venue:
 it throws away how far BM25's best passage leads (4.0 against 1.0 for "Which bus goes to the
 museum?", whose passage all-MiniLM-L6-v2 ranked 12th). How well the
@@ -167,7 +167,7 @@ def build_index(paths, out, tokenizer, tokenizer_sha256: str, embedder=None, *,
             "embedder": None if embedder is None else {"model_id": embedder.model_id, "dim": int(embedder.dim)},
             "tokenizer": {"sha256": tokenizer_sha256, "from": tokenizer_from},
             "chunking": {"max_chars": max_chars},
-            "reading": "whole" if whole_venue else "cached" if cached else "passages",  # how a turn reads the venue (knowledge/answer.py)
+            "reading": "whole" if whole_venue else "cached" if cached else "passages",  # how a turn reads the venue (docs/answer.py)
             "counts": {"documents": len(reading.documents), "chunks": len(chunks), "tokens": int(sum(map(len, ids)))},
             "documents": [{"source": d.source, "title": d.title, "size": d.size, "sha256": d.sha256, "read": d.note}
                           for d in reading.documents],
@@ -267,7 +267,7 @@ class Index:
         self.ids, self.ids_offsets = arrays["ids.npy"], arrays["ids_offsets.npy"]
         self.vectors = arrays.get("vectors.npy")
         # passages in several scripts: the embedding's language directions taken out, and the vectors alone rank
-        # (BM25 only matches a question's own language: knowledge/scripts.py)
+        # (BM25 only matches a question's own language: docs/scripts.py)
         self._basis = None if self.vectors is None else language_basis(self.vectors, [script_of(c.text) for c in chunks])
         self._neutral = None if self._basis is None else neutral(self.vectors, self._basis)
         self._common = int(tokenizer.get_vocab_size() * COMMON_SHARE)  # ids under it: not counted in a question

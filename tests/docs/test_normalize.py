@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.knowledge.answer import MIN_COVERAGE
-from edgespec.knowledge.index import Index, build_index
-from edgespec.knowledge.normalize import for_matching
+from edgespec.docs.answer import MIN_COVERAGE
+from edgespec.docs.index import Index, build_index
+from edgespec.docs.normalize import for_matching
 
 MUSEUM = Path(__file__).parent.parent / "data" / "venues" / "museum"
 CYRILLIC = str.maketrans({"a": "а", "e": "е", "o": "о", "p": "р", "c": "с"})

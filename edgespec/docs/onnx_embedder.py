@@ -32,7 +32,7 @@ class Embedded:
 
 
 class OnnxEmbedder:
-    """Implements knowledge.embedder.Embedder. `threads`: onnxruntime's intra-op threads (None: its default);
+    """Implements docs.embedder.Embedder. `threads`: onnxruntime's intra-op threads (None: its default);
     `providers`: onnxruntime provider names (None: the CPU, where a small encoder leaves the GPU to the LLM)."""
 
     def __init__(self, folder: str | Path, *, threads: int | None = None, providers: list[str] | None = None,

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from edgespec.knowledge.documents import (MAX_DOC_BYTES, IndexInputError, check_unchanged, chunk_all, html_text,
+from edgespec.docs.documents import (MAX_DOC_BYTES, IndexInputError, check_unchanged, chunk_all, html_text,
                                           read_documents)
 
 from helpers.venue import VENUE

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from edgespec.cli.main import main
-from edgespec.knowledge.documents import read_documents
-from edgespec.knowledge.injection import flag_line, screen
+from edgespec.docs.documents import read_documents
+from edgespec.docs.injection import flag_line, screen
 
 VENUES = Path(__file__).parent.parent / "data" / "venues"
 INJECTION = VENUES / "injection"

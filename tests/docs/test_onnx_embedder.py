@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("onnx")
 from edgespec.errors import InvalidRequest  # noqa: E402
-from edgespec.knowledge import onnx_embedder  # noqa: E402
-from edgespec.knowledge.embedder import Embedder, load_embedder  # noqa: E402
-from edgespec.knowledge.embedder_folder import EmbedderError  # noqa: E402
+from edgespec.docs import onnx_embedder  # noqa: E402
+from edgespec.docs.embedder import Embedder, load_embedder  # noqa: E402
+from edgespec.docs.embedder_folder import EmbedderError  # noqa: E402
 
 TEXTS = ["the museum opens at nine", "tickets for children are free", "where is the lift?", "", "a"]
 
@@ -142,7 +142,7 @@ def test_runs_are_cut_by_rows_and_by_padded_tokens(monkeypatch):
 
 
 def test_an_index_finds_its_embedder_by_model_id(tiny_embedder_dir, tmp_path, monkeypatch):
-    from edgespec.knowledge.onnx_embedder import open_embedder
+    from edgespec.docs.onnx_embedder import open_embedder
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     with pytest.raises(EmbedderError, match=r"no embedder folder under .*embedders holds tiny-BERT/int8: `edgespec pull minilm`"):
@@ -154,7 +154,7 @@ def test_an_index_finds_its_embedder_by_model_id(tiny_embedder_dir, tmp_path, mo
 
 
 def test_files_bytes_finds_the_embedder_an_index_names_without_loading_it(tiny_embedder_dir, tmp_path, monkeypatch):
-    from edgespec.knowledge.embedder_folder import files_bytes
+    from edgespec.docs.embedder_folder import files_bytes
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     index = tmp_path / "index"

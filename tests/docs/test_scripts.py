@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.knowledge.index import Index, build_index
-from edgespec.knowledge.scripts import language_basis, neutral, script_of
+from edgespec.docs.index import Index, build_index
+from edgespec.docs.scripts import language_basis, neutral, script_of
 
 # one "meaning" dimension per concept, spelled in either language
 CONCEPTS = {"ticket": 1, "price": 1, "入場料": 1, "料金": 1, "parking": 2, "car": 2, "駐車場": 2, "車": 2,

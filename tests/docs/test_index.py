@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from edgespec.knowledge.documents import IndexInputError
-from edgespec.knowledge.index import Index, IndexUnusable, build_index
+from edgespec.docs.documents import IndexInputError
+from edgespec.docs.index import Index, IndexUnusable, build_index
 from edgespec.models.files import sha256_file
 
 from helpers.venue import QUESTIONS, VENUE, FakeEmbedder
@@ -43,8 +43,8 @@ def test_every_answerable_question_finds_its_fact_in_the_top_passages(built, wor
 
 
 def test_coverage_separates_answerable_from_unanswerable(built, words):
-    """The decline decision's number (knowledge/answer.py MIN_COVERAGE sits between these)."""
-    from edgespec.knowledge.answer import MIN_COVERAGE
+    """The decline decision's number (docs/answer.py MIN_COVERAGE sits between these)."""
+    from edgespec.docs.answer import MIN_COVERAGE
 
     idx = Index.open(built, words[0], words[1])
     best = {}
