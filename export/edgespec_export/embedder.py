@@ -28,7 +28,7 @@ import numpy as np
 
 from edgespec import __version__
 from edgespec.errors import ExportError
-from edgespec.knowledge.embedder_folder import FILES, MANIFEST_NAME, EmbedderManifest, open_folder
+from edgespec.docs.embedder_folder import FILES, MANIFEST_NAME, EmbedderManifest, open_folder
 from edgespec.models.manifest import file_entry
 
 PARITY_MIN = 0.999  # cosine of each sentence's vector against the numpy reference
@@ -343,7 +343,7 @@ def _encode(tok, texts, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
 def parity(model_bytes: bytes, src: Source, sentences, pad_id: int, max_tokens: int) -> dict:
     """Cosine of the graph's vectors against the numpy reference, per sentence, all in one padded batch
     (so padding is exercised): {"min_cosine", "mean_cosine", "sentences"}."""
-    from edgespec.knowledge.onnx_embedder import make_session
+    from edgespec.docs.onnx_embedder import make_session
 
     tok = _tokenizer(src.tokenizer_json, max_tokens)
     ids, mask = _encode(tok, sentences, pad_id)
@@ -429,7 +429,7 @@ def export_embedder(source: Path, out: Path, *, name: str, model_id: str, form: 
 
 def export_catalog_model(name: str, zip_path: Path, *, form: str = "int8", out: Path | None = None) -> Exported:
     """`edgespec pull <embedding model>`'s second half: the verified zip -> $EDGESPEC_HOME/embedders/<name>."""
-    from edgespec.knowledge.embedder_folder import embedders_dir
+    from edgespec.docs.embedder_folder import embedders_dir
     from edgespec.models.catalog import known
 
     m = known(name)

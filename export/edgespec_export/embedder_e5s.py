@@ -31,7 +31,7 @@ from edgespec.errors import ExportError
 
 MAGIC = b"E5S1"
 Q4_0 = np.dtype([("d", "<f2"), ("qs", "u1", (16,))])
-QUERY_PREFIX, PASSAGE_PREFIX = "query: ", "passage: "  # E5 was trained with these (knowledge/embedder_folder.py)
+QUERY_PREFIX, PASSAGE_PREFIX = "query: ", "passage: "  # E5 was trained with these (docs/embedder_folder.py)
 _NAMES = {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
           "ao": "attention.output.dense", "aln": "attention.output.LayerNorm", "fi": "intermediate.dense",
           "fo": "output.dense", "oln": "output.LayerNorm"}
