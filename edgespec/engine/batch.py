@@ -5,7 +5,7 @@ a server's worker drives it directly.
     eng = Engine.open("bundles/qwen-coder", parallel=4)         # any Settings field (engine/settings.py)
     t1 = eng.submit("def fib(n):", max_new_tokens=64)           # validated and tokenized now
     t2 = eng.submit(messages=[...], temperature=0.7, seed=1)
-    while eng.round(): pass                                     # or eng.run(): a worker thread
+    while eng.round(): pass                                     # a server's worker: round() in its thread
     t1.result, t2.result                                        # GenerationResult, as Engine.generate's
 
 A round (one call of `round()`):
@@ -149,7 +149,6 @@ class BatchEngine:
         self._active: dict[int, _Active] = {}  # slot -> request
         self._cv = threading.Condition()
         self._ids = 0
-        self._stopping = False
         self.rounds = 0
         self.last_batch = 0  # rows in the last decode round (for /metrics)
         # each request's drafters, and what they share; the draft model's steps batched across requests
@@ -162,7 +161,8 @@ class BatchEngine:
         skips = [self_pair.skip(i) for i in range(self.slots)] if self_pair is not None else None
         target = TargetSlots(self._slots, plan.bundle, skips, heads)
         self._drafters = BatchDrafters(plan.settings.suffix_capacity, runner.max_len, usable=self.vocab.usable,
-                                       draft=dm, docs=self.docs, target=target)
+                                       draft=dm, docs=self.docs, target=target,
+                                       times=runner.times.table(1))
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
@@ -216,7 +216,7 @@ class BatchEngine:
                     self._draft_batch.runner.warmup(max_s=2)  # a draft step is 1 token, 2 with a catch-up
                 if self.self_pair is not None:
                     self.self_pair.skips.warmup(max_s=1)  # it never catches up
-            self._drafters.warmup(self.slots, self.runner.times.table(1))
+            self._drafters.warmup(self.slots)
             self._forget_caches()
 
     def _forget_caches(self) -> None:
@@ -364,7 +364,6 @@ class BatchEngine:
                 self._cv.notify_all()
 
     def close(self) -> None:
-        self.stop()
         if self._draft_batch is not None:
             self._draft_batch.close()
         if self.governor is not None:
@@ -377,17 +376,6 @@ class BatchEngine:
         """Why `mode` cannot run here (None: it can): the draft model was not loaded."""
         return None if self._drafters.available(mode) else not_loaded(mode, self.bundle, self.settings.draft)
 
-    # -- the worker -----------------------------------------------------------------------------
-    def run(self, idle_wait: float = 0.5) -> None:
-        """Runs rounds until `stop()`; sleeps on a condition while nothing is active."""
-        while True:
-            with self._cv:
-                while not self._waiting and not self._active and not self._stopping:
-                    self._cv.wait(idle_wait)
-                if self._stopping and not self._waiting and not self._active:
-                    return
-            self.round()
-
     def reset_cache(self) -> None:
         """Every slot's cache and the n-gram evidence earlier
         requests left are forgotten. Only between requests: refused while any is admitted or waiting."""
@@ -398,12 +386,6 @@ class BatchEngine:
             for c in self._cached:
                 c.clear()
             self._drafters.forget()
-
-    def stop(self) -> None:
-        """The worker returns once every admitted and waiting request has ended."""
-        with self._cv:
-            self._stopping = True
-            self._cv.notify_all()
 
     def round(self) -> bool:
         """One round (see the module docstring). Returns False when nothing is left to do."""
@@ -472,7 +454,7 @@ class BatchEngine:
         if a.blocks and a.rows is rows and pin is not None and pin.tokens == rows.base:
             rows.arrange(view, cache, req.ids, a.blocks)  # the cached reading: its passages' rows copied in
         # else (a reload replaced the rows after it was submitted) its assembled tokens are prefilled
-        a.costs = self._drafters.costs(a.slot, self.runner.times.table(1))
+        a.costs = self._drafters.costs(a.slot)
         d, fallback, k_cap = self._drafters.for_request(req.draft, req.k, a.costs, a.slot)
         a.built = d
         drafter = with_grammar(d, req.constraint)  # under a grammar: its forced tokens first
@@ -496,7 +478,7 @@ class BatchEngine:
         tv = self._trees.get(slot)
         if tv is None:
             view = self._slots[slot]
-            costs = self._drafters.costs(slot, self.runner.times.table(1)) if self.slots == 1 else CostModel(view.times)
+            costs = self._drafters.costs(slot) if self.slots == 1 else CostModel(view.times)
             tv = self._trees[slot] = TreeVerifier(costs, view)
         return tv
 

@@ -101,15 +101,17 @@ class TargetSlots:
 class BatchDrafters:
     def __init__(self, suffix_capacity: int = SUFFIX_CAPACITY, max_len: int = DEFAULT_MAX_LEN, *,
                  usable: int | None = None, draft: DraftModel | None = None, docs=None,
-                 target: TargetSlots | None = None):
+                 target: TargetSlots | None = None, times: StepTimes | None = None):
         """docs: the engine's docs.answer.Docs (None: no documents, no "docs" mode);
-        target: the target's slots and what drafts on them (the self-draft, the draft heads)."""
+        target: the target's slots and what drafts on them (the self-draft, the draft heads);
+        times: the target's one-row step times, which each slot's cost model starts from."""
         self.history = SuffixIndex(suffix_capacity)  # finished requests' text: read by all, written between rounds
         self.request_capacity = request_index_capacity(max_len)
         self.usable = usable
         self.draft = draft
         self.docs = docs
         self.target = target
+        self.times = times
         self._docs_store = DocsStore(docs) if docs is not None else None  # built once, read by every request
         self._learned: dict[str, object] = {}  # mode -> evidence() of the last finished request's drafter
         # the recycle table is shared by every request (it learns across requests);
@@ -119,13 +121,13 @@ class BatchDrafters:
         self._costs: dict[int, CostModel] = {}
         self._parts: dict[Drafter, dict[str, Drafter]] = {}  # a request's drafter -> what it was built of
 
-    def costs(self, slot: int, target: StepTimes) -> CostModel:
-        """The slot's cost model: the batch's target pass times (the engine points `target` at the
-        batch's table each round) and the draft's step times. Kept per slot: its model drafter
-        prices its proposals with it across requests."""
+    def costs(self, slot: int) -> CostModel:
+        """The slot's cost model: the target's pass times (`price` points it at the batch's table
+        each round) and the draft's step times. Kept per slot: its model drafter prices its
+        proposals with it across requests."""
         c = self._costs.get(slot)
         if c is None:
-            c = self._costs[slot] = CostModel(target, self.draft.times if self.draft is not None else None)
+            c = self._costs[slot] = CostModel(self.times, self.draft.times if self.draft is not None else None)
         return c
 
     def price(self, slot: int, target: StepTimes, draft: StepTimes | None = None,
@@ -145,23 +147,22 @@ class BatchDrafters:
             if self_draft is not None:
                 sd.costs.draft = self_draft
 
-    def kept(self, slot: int, target: StepTimes | None = None) -> dict[str, Drafter]:
+    def kept(self, slot: int, build: bool = False) -> dict[str, Drafter]:
         """The slot's kept drafters (its per_slot rows), by mode: the ones built so far, or with
-        `target` (the target's one-row step times: the slot's cost model) every one loadable here,
-        built now where its first request has not built it yet."""
-        if target is not None:
-            kit, make = self._kit(self.costs(slot, target), slot), self._make(slot)
+        `build` every one loadable here, built now where its first request has not built it yet."""
+        if build:
+            kit, make = self._kit(self.costs(slot), slot), self._make(slot)
             for row in modes.MODES:
                 if row.per_slot and self.available(row.name):
                     make(row, kit)
         return dict(self._kept.get(slot, {}))
 
-    def warmup(self, slots: int, target: StepTimes) -> None:
+    def warmup(self, slots: int) -> None:
         """Builds each slot's kept drafters and runs their warmup() (the draft model's, the
         self-draft's, the heads' steps timed once at open), so the first requests price them from
         this device's costs; their caches are left reset."""
         for slot in range(slots):
-            for d in self.kept(slot, target).values():
+            for d in self.kept(slot, build=True).values():
                 d.warmup()
                 d.reset()
 

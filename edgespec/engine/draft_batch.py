@@ -28,7 +28,7 @@ round (a warm-up, a proposal driven alone) a drafter's slot steps alone.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 from ..core.runner import ModelRunner, Slot
 from ..core.proposal import Proposal
@@ -80,11 +80,21 @@ def run_plans(plans: Sequence[StepPlan]) -> list[Proposal]:
     return done
 
 
+@runtime_checkable
+class RunnerSlot(Protocol):
+    """A view that is slot `index` of `runner` (core/slot.Slot; the tests' fake slots): its short
+    rows can share one step of that runner with the other slots' rows."""
+
+    runner: Any
+    index: int
+
+    def step(self, tokens: Sequence[int], n_logits: int): ...
+
+
 def _owner(view) -> tuple[object, int | None]:
     """(runner, b) when `view` is slot b of a runner (`runner.slot(b) is view`), else (None, None)."""
-    runner, index = getattr(view, "runner", None), getattr(view, "index", None)
-    if isinstance(index, int) and callable(getattr(runner, "slot", None)) and runner.slot(index) is view:
-        return runner, index
+    if isinstance(view, RunnerSlot) and isinstance(view.index, int) and view.runner.slot(view.index) is view:
+        return view.runner, view.index
     return None, None
 
 

@@ -84,7 +84,7 @@ class Engine(BatchEngine):
         """The drafters a slot keeps across its requests, by mode (the draft model's, recycle's, the
         self-draft's, the heads': drafters/modes.py per_slot; built now where none was yet); a
         request's other drafters are its own (batch_drafters.py)."""
-        return self._drafters.kept(slot, self.runner.times.table(1))
+        return self._drafters.kept(slot, build=True)
 
     @property
     def history(self):

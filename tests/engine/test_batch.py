@@ -193,19 +193,14 @@ def test_cancel_frees_the_slot_and_the_others_finish(batch, alone):
     assert waiting.wait(0).token_ids == _alone(alone, prompt=PROMPTS[4], max_new_tokens=10).token_ids
 
 
-def test_worker_thread_and_streamed_deltas(batch, alone):
+def test_streamed_deltas_join_to_the_text(batch):
     parts: dict[int, list[str]] = {0: [], 1: []}
-    th = threading.Thread(target=batch.run, daemon=True)
-    th.start()
-    try:
-        ts = [batch.submit(PROMPTS[i], max_new_tokens=20, draft="auto", on_delta=parts[i].append) for i in (0, 1)]
-        for i, t in enumerate(ts):
-            r = t.wait(60)
-            assert "".join(parts[i]) == r.text
-    finally:
-        batch.stop()
-        th.join(60)
-    assert not th.is_alive()
+    ts = [batch.submit(PROMPTS[i], max_new_tokens=20, draft="auto", on_delta=parts[i].append) for i in (0, 1)]
+    while batch.round():
+        pass
+    for i, t in enumerate(ts):
+        r = t.wait(0)
+        assert len(parts[i]) > 1 and "".join(parts[i]) == r.text and r.text
 
 
 @pytest.mark.parametrize("mode", ["self", "heads"])
