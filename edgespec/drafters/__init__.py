@@ -8,7 +8,8 @@
 - `SelfDrafter`   (self.py)   the target with layers skipped.
 - `AutoDrafter`   (auto.py)   per round, the source (or none) promising the most tokens per second.
 
-The interface they all implement is `base.Drafter` (a Protocol); the engine uses nothing else. Which
+The interface they all implement is `base.Drafter` (a Protocol in two parts: the `Session` a request's
+round drives, the `Learner` that carries across requests); the engine uses nothing else. Which
 modes exist, and how the engine builds each, is the table in modes.py (one row per drafter).
 
 The names below are imported on first use (PEP 562), so that reading the mode table (the CLI's help
@@ -20,7 +21,7 @@ import importlib
 
 _WHERE = {
     "EMPTY": "..core.proposal", "Proposal": "..core.proposal", "common_prefix": "..core.proposal",
-    "AutoDrafter": ".auto", "Beta": ".base", "Drafter": ".base", "DrafterBase": ".base", "NoDrafter": ".base",
+    "AutoDrafter": ".auto", "Beta": ".base", "Drafter": ".base", "DrafterBase": ".base", "Session": ".base", "Learner": ".base", "NoDrafter": ".base",
     "Quote": ".base", "DraftCost": ".base", "ModelDrafter": ".model", "NgramDrafter": ".ngram",
     "ngram_lookup": ".ngram", "ngram_match": ".ngram", "RecycleDrafter": ".recycle", "SuffixDrafter": ".suffix",
     "SuffixIndex": ".suffix_index",

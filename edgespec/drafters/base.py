@@ -1,4 +1,5 @@
-"""The drafter interface: everything the engine and `auto` ask of a drafter, and nothing else.
+"""The drafter interface: everything the engine and `auto` ask of a drafter, and nothing else, in
+two parts. A request's drafter is a `Session`: the round and `auto` call these while the request runs.
 
     begin(ctx)                                 a new request starts (may share a prefix with the last)
     prefill(ctx)                               prompt processing the drafter wants before decoding
@@ -9,9 +10,7 @@
                                                that yields each model step it needs (`drive`)
     feedback(proposal, accepted, valid_len)    learn from the verdict; forget cache rows past valid_len
     observe(rows, tokens)                      the target's verified logits rows (free candidates to keep)
-    set_adaptive(on)                           choose k per round from measured costs, or use k as given
     reset()                                    forget any cache (the engine's caches were invalidated)
-    forget()                                   forget what earlier requests taught (Engine.reset_cache)
     uses_model                                 drafting costs model steps (a power limit may forbid it)
     quote(ctx, k) -> Quote | None              a free drafter: its proposal and its rate, for `auto`
     cost(ctx) -> DraftCost | None              a drafter that costs model steps: their seconds, for `auto`
@@ -19,13 +18,20 @@
                                                many children per node (0: a chain): record runners-up
     alternatives(ctx, k, width)                other continuations a tree may verify beside the
                                                proposal's chain: [(tokens, source label)]
-    end(ctx)                                   a request ended (whatever mode ran it): its final text
-    warmup()                                   time the steps its proposals run (at engine open)
-    evidence() -> object | None                what this request learned that the next may start from
-    seed(evidence)                             start from a finished request's evidence (the
-                                               engine builds drafters per request: drafters/modes.py)
     attach(constraint) -> bool                 the request's grammar; True: it drafts under it itself,
                                                False: its proposals get the forced tokens in front
+    end(ctx)                                   a request ended (whatever mode ran it): its final text
+    evidence() -> object | None                what this request learned that the next may start from
+
+What carries across requests is the `Learner` part: the engine (engine/batch_drafters.py, one per
+engine) builds each request's drafters from the mode table (drafters/modes.py), seeds them with
+what the last finished request of the mode handed on, and keeps a slot's model-backed drafters
+(`per_slot` rows) across its requests, so those are sessions and learners at once.
+
+    seed(evidence)                             start from a finished request's evidence
+    set_adaptive(on)                           choose k per round from measured costs, or use k as given
+    warmup()                                   time the steps its proposals run (at engine open)
+    forget()                                   forget what earlier requests taught (Engine.reset_cache)
     stats() -> dict                            its learnt numbers, plain values (/metrics, the bench)
     state() -> dict / load_state(state)        what it has learnt, copied out and put back (the bench
                                                runs each mode as if it were the engine's only one)
@@ -106,7 +112,9 @@ class DraftCost:
 
 
 @runtime_checkable
-class Drafter(Protocol):
+class Session(Protocol):
+    """A request's drafter, as the round and `auto` use it (the module docstring, first table)."""
+
     name: str
 
     def begin(self, ctx: Sequence[int]) -> None: ...
@@ -126,38 +134,49 @@ class Drafter(Protocol):
 
     def observe(self, rows: np.ndarray, tokens: Sequence[int]) -> None: ...
 
-    def set_adaptive(self, on: bool) -> None: ...
-
     def reset(self) -> None: ...
-
-    def forget(self) -> None: ...
 
     @property
     def uses_model(self) -> bool: ...
 
     def quote(self, ctx: Sequence[int], k: int) -> Quote | None: ...
 
+    def cost(self, ctx: Sequence[int]) -> DraftCost | None: ...
+
     def set_tree_width(self, width: int) -> None: ...
 
     def alternatives(self, ctx: Sequence[int], k: int, width: int) -> list[tuple[list[int], str]]: ...
 
+    def attach(self, constraint) -> bool: ...
+
     def end(self, ctx: Sequence[int]) -> None: ...
-
-    def warmup(self) -> None: ...
-
-    def cost(self, ctx: Sequence[int]) -> DraftCost | None: ...
 
     def evidence(self) -> object | None: ...
 
+
+@runtime_checkable
+class Learner(Protocol):
+    """What a drafter carries across requests, as the engine's BatchDrafters, /metrics and the
+    bench use it (the module docstring, second table)."""
+
     def seed(self, evidence: object | None) -> None: ...
 
-    def attach(self, constraint) -> bool: ...
+    def set_adaptive(self, on: bool) -> None: ...
+
+    def warmup(self) -> None: ...
+
+    def forget(self) -> None: ...
 
     def stats(self) -> dict: ...
 
     def state(self) -> dict: ...
 
     def load_state(self, state: dict) -> None: ...
+
+
+@runtime_checkable
+class Drafter(Session, Learner, Protocol):
+    """Both parts: what a row of the mode table builds (`DrafterBase` gives every method a no-op)."""
 
 
 class DrafterBase:

@@ -24,7 +24,7 @@ has. What a round does, in order:
    what it accepted, feedback and observe to its drafter, count the round in its stats;
 6. the governor hears of the tokens, and paces.
 
-A round does not know which drafter it drives: it meets them through drafters.base.Drafter only.
+A round does not know which drafter it drives: it meets them through drafters.base.Session only.
 
 Every sequence accepts exactly what it would alone: greedy rows are the target's argmax whatever
 their neighbours; a sampled row draws from its own RNG in its own order (bitwise with the runners'
@@ -43,7 +43,7 @@ from ..core.constraint import Constraint
 from ..core.proposal import EMPTY, Proposal
 from ..core.sampling import SamplingParams
 from ..core.speculative import Round, usable_draft
-from ..drafters.base import Drafter
+from ..drafters.base import Session
 from .draft_batch import run_plans
 from .results import GenerationStats
 from .round_shape import RowPlan, choose_width
@@ -100,8 +100,8 @@ class Seq:
 
     slot: int
     ctx: list[int]
-    drafter: Drafter
-    fallback: Drafter  # what a "free drafts only" limit drafts with for a drafter that uses a model
+    drafter: Session
+    fallback: Session  # what a "free drafts only" limit drafts with for a drafter that uses a model
     k: int  # most proposals this round (capped by the free cache and max_new_tokens)
     params: SamplingParams
     rng: np.random.Generator
@@ -200,11 +200,11 @@ def run_round(target: Target, seqs: Sequence[Seq], cond: Conditions) -> list[Rou
     return rounds
 
 
-def _propose(d: Drafter, s: Seq, k: int) -> Proposal:
+def _propose(d: Session, s: Seq, k: int) -> Proposal:
     return d.propose(s.ctx, k, s.params, s.rng) if k > 0 else EMPTY
 
 
-def _accept(target: Target, s: Seq, d: Drafter, prop: Proposal, draft: list[int], logits: np.ndarray,
+def _accept(target: Target, s: Seq, d: Session, prop: Proposal, draft: list[int], logits: np.ndarray,
             usable: int, cut_q: np.ndarray | None = None) -> Round:
     base = len(s.ctx) - 1  # == the slot's length before the pass
     # the one place logits become the accept decision (core/speculative.accept; under a constraint

@@ -31,7 +31,7 @@ from ..core.proposal import common_prefix
 from ..core.sampling import make_rng
 from ..core.speculative import Round, first_token
 from ..drafters import modes
-from ..drafters.base import Drafter
+from ..drafters.base import Session
 from .requests import Request, Vocabulary
 from .results import GenerationResult, GenerationStats
 from .round import Governor, Seq
@@ -66,8 +66,8 @@ class PrefixCache:
 class Drafting:
     """What a request drafts with (its engine's drafters, built by drafters/modes.py)."""
 
-    drafter: Drafter  # under a grammar, already wrapped (drafters/grammar.with_grammar)
-    fallback: Drafter  # what a "free drafts only" limit drafts with for a drafter that uses a model
+    drafter: Session  # under a grammar, already wrapped (drafters/grammar.with_grammar)
+    fallback: Session  # what a "free drafts only" limit drafts with for a drafter that uses a model
     k_cap: int  # most proposals a round (0: the target alone)
 
 

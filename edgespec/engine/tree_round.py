@@ -43,7 +43,7 @@ from ..core.proposal import EMPTY, Proposal
 from ..core.slot import Slot
 from ..core.sampling import SamplingParams
 from ..core.speculative import Round, usable_draft
-from ..drafters.base import Beta, Drafter
+from ..drafters.base import Beta, Session
 from ..errors import InvalidRequest
 
 DEFAULT_TREE_WIDTH = 4  # most children per node (the chain's token + runners-up / alternatives)
@@ -68,7 +68,7 @@ class TreeStats:
 class TreeVerifier:
     """Widens a batch-of-one round into a tree and verifies it (see the module docstring); keeps the
     learned acceptance of runners-up and alternative copies, which the auto decision needs. It meets
-    the drafter through drafters.base.Drafter only: `set_tree_width` (runners-up recorded in
+    the drafter through drafters.base.Session only: `set_tree_width` (runners-up recorded in
     Proposal.alts), `alternatives` (free lookups' other continuations), the proposal's own
     per-token estimates (Proposal.accept) and draft cost (Proposal.draft_s)."""
 
@@ -89,7 +89,7 @@ class TreeVerifier:
         self.stats = TreeStats()
 
     # -- the round ----------------------------------------------------------------------------------
-    def propose(self, drafter: Drafter, ctx: list[int], k: int, params: SamplingParams, rng: np.random.Generator,
+    def propose(self, drafter: Session, ctx: list[int], k: int, params: SamplingParams, rng: np.random.Generator,
                 usable: int, mode: str) -> tuple[Proposal, list[int], treelib.Tree | None]:
         """The round's proposal, its usable chain, and the tree it widens into (None: verify the
         chain, engine/round.py)."""
@@ -112,7 +112,7 @@ class TreeVerifier:
             tree = self._prune(tree, prop, draft)
         return prop, draft, None if tree.is_chain() else tree
 
-    def _widen(self, ctx, prop: Proposal, draft: list[int], k: int, drafter: Drafter, usable: int,
+    def _widen(self, ctx, prop: Proposal, draft: list[int], k: int, drafter: Session, usable: int,
                max_nodes: int) -> treelib.Tree:
         paths: list[tuple[list[int], list | None, str]] = []
         q = None if prop.q is None else list(prop.q[: len(draft)])
@@ -275,7 +275,7 @@ class TreeVerifier:
         return prop.draft_s
 
     # -- verify -------------------------------------------------------------------------------------
-    def verify(self, drafter: Drafter, ctx: list[int], prop: Proposal, draft: list[int], tree: treelib.Tree,
+    def verify(self, drafter: Session, ctx: list[int], prop: Proposal, draft: list[int], tree: treelib.Tree,
                params: SamplingParams, rng: np.random.Generator, usable: int) -> Round:
         """One target pass over the flattened tree, the accepted path compacted to the cache rows
         after ctx[:-1] (the round's invariant, core/speculative.py)."""
