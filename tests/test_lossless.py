@@ -56,6 +56,7 @@ def engine(engines, name):
     return engines[name]
 
 
+@pytest.mark.arm64
 @pytest.mark.parametrize("name", list(SEEDS))
 def test_greedy_equals_target_alone_quick(engines, name):
     check_greedy_lossless(engine(engines, name), 10 + SEEDS[name], 2, (1, 3, 8))
@@ -93,6 +94,7 @@ def test_greedy_under_a_grammar_equals_constrained_target_alone(engines, name, k
         assert r.text.startswith("set ") and " to " in r.text
 
 
+@pytest.mark.arm64
 def test_cuda_flavored_bundle_really_runs_float16(engines):
     """The cuda-flavored engines above really run the float16 graph (not a float32 one)."""
     for name in ("cuda-agree", "cuda-disagree"):
@@ -102,6 +104,7 @@ def test_cuda_flavored_bundle_really_runs_float16(engines):
             assert runner.runner.kv[0].data_type() == "tensor(float16)"
 
 
+@pytest.mark.arm64
 @pytest.mark.parametrize("bundle", ["tiny_heads_bundle", "tiny_feature_bundle"])
 @pytest.mark.parametrize("k", [1, 3, None])
 def test_greedy_heads_equal_target_alone(request, bundle, k):
@@ -111,6 +114,7 @@ def test_greedy_heads_equal_target_alone(request, bundle, k):
     check_greedy_lossless(eng, 20, 2, (1, 3) if k is None else (k,), modes=["heads", "auto"])
 
 
+@pytest.mark.arm64
 def test_greedy_model_draft_accepts_when_it_agrees(engines):
     """The agreeing draft is accepted most of the time and saves target passes; the test above
     would pass vacuously if every proposal were rejected."""
@@ -120,6 +124,7 @@ def test_greedy_model_draft_accepts_when_it_agrees(engines):
     assert r.stats.target_passes < r.stats.new_tokens
 
 
+@pytest.mark.arm64
 def test_greedy_near_the_cache_limit(tiny_bundle, tiny_llama_bundle):
     """Prompts that leave 1..12 free positions: the last rounds must shrink k to fit, the output
     still equals the target's, and both stop with cache_full at the same token."""
@@ -244,6 +249,7 @@ def check_batched_lossless(be, eng, seed: int, n_prompts: int, ks, modes_=BATCH_
     return out
 
 
+@pytest.mark.arm64
 @pytest.mark.parametrize("slots", SLOTS)
 @pytest.mark.parametrize("name", list(BATCH_BUNDLES))
 def test_greedy_batched_equals_batch_of_one_equals_target_alone_quick(engines, batch_engines, name, slots):
@@ -258,6 +264,7 @@ def test_greedy_batched_every_drafter_every_k_equals_target_alone(engines, batch
     check_batched_lossless(batch_engines[name, 3], engines[name], 40 + SEEDS[name], 6, range(1, 9))
 
 
+@pytest.mark.arm64
 @pytest.mark.parametrize("fx", ["tiny_bundle", "tiny_bundle_disagree"])
 def test_seeded_sampling_batch_of_one_equals_the_serial_engine(request, fx):
     """parallel=1 is the serial engine: a seeded sampled request with a fixed k gets the same tokens on
@@ -333,6 +340,7 @@ def test_greedy_batched_under_a_grammar_equals_constrained_target_alone(request,
         assert ended and all(g.tool_calls[0]["function"]["name"] == "valve" for g in ended)
 
 
+@pytest.mark.arm64
 def test_deterministic_sampling_batched_equals_batch_of_one(tiny_bundle):
     """Deterministic mode's promise, batched: a seeded sampled request replays (it runs without
     drafts, requests.pin_for_determinism) and gets the same tokens in a batch as alone, whatever

@@ -6,6 +6,8 @@ from edgespec.models.bundle import Bundle
 from edgespec.engine.build import load_runner
 from edgespec.core.runner import CacheFull
 
+pytestmark = pytest.mark.arm64  # the cache's arithmetic: run on the emulated aarch64 too (tests/edge/test_arm64.py)
+
 
 @pytest.fixture
 def runner(tiny_bundle):

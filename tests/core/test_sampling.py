@@ -225,6 +225,7 @@ class _FixedProposer:
 SAMPLING = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=4, top_p=0.9)]
 
 
+@pytest.mark.arm64
 @pytest.mark.parametrize("agree", [True, False], ids=["draft-agrees", "draft-disagrees"])
 @pytest.mark.parametrize("pi", [0, 1], ids=["t1", "t0.7-k4-p0.9"])
 def test_speculative_sampling_matches_target_distribution(agree, pi):
