@@ -1,5 +1,5 @@
 """`edgespec index DOCS... -o INDEX`: a venue's documents made into an index a kiosk answers from
-(docs/index.py; docs/kiosk.md). Every file's fate is one line on stderr: what was read (format,
+(edgespec/docs/index.py; docs/kiosk.md). Every file's fate is one line on stderr: what was read (format,
 encoding, pages) or why it was skipped; the exit code is EXIT_SKIPPED when the index was built but some
 file or folder was skipped, so a script that refreshes a kiosk's pages can tell."""
 from __future__ import annotations
@@ -38,7 +38,7 @@ def register(sub) -> None:
                    "the facts; docs/kiosk.md compares the three readings)")
     p.add_argument("--keep-flagged", action="store_true", help="keep the lines that address an assistant instead of "
                    "a visitor (by default they are left out of the index; each is a warning either way: "
-                   "docs/injection.py)")
+                   "edgespec/docs/injection.py)")
     p.set_defaults(func=run)
 
 
