@@ -364,8 +364,6 @@ class BatchEngine:
                 self._cv.notify_all()
 
     def close(self) -> None:
-        if self._draft_batch is not None:
-            self._draft_batch.close()
         if self.governor is not None:
             self.governor.close()
 

@@ -49,9 +49,6 @@ class DraftBatch:
         """Slot i of the draft runner as one sequence: what slot i's drafter drafts on."""
         return self._slots[i]
 
-    def close(self) -> None:
-        """Nothing to release: the plans run on the caller's thread (run_plans, in the round)."""
-
 
 def run_plans(plans: Sequence[StepPlan]) -> list[Proposal]:
     """Drives the plans to their end, one batched step per runner a turn; returns what each returned,
